@@ -1,0 +1,141 @@
+"""The producer API: enqueue jobs, and inspect or repair them."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from .db import Connection, create_pool
+from .errors import InvalidInput
+from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, State
+from .store import Store
+from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate
+
+
+class Client:
+    """Enqueue and manage jobs.
+
+    ``Client(dsn)`` opens a small connection pool of its own (close it with :meth:`close` or a
+    ``with`` block); ``Client(pool)`` uses a ``psycopg_pool.ConnectionPool`` you own, whose
+    connections must be in autocommit mode.
+
+    Every method that writes takes ``conn=``: pass your own psycopg connection to make the
+    write part of your transaction; the job then exists only if your transaction commits, and
+    workers are notified at that commit.
+    """
+
+    def __init__(
+        self,
+        dsn_or_pool: str | ConnectionPool[Connection],
+        *,
+        schema: str = "public",
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        notify: bool = True,
+    ) -> None:
+        self.store = Store(schema)
+        self.max_payload_bytes = max_payload_bytes
+        self.notify = notify
+        if isinstance(dsn_or_pool, str):
+            self._pool = create_pool(dsn_or_pool, purpose="client", schema=schema)
+            self._owns_pool = True
+        else:
+            self._pool, self._owns_pool = dsn_or_pool, False
+
+    def close(self) -> None:
+        """Close the pool if this client opened it."""
+        if self._owns_pool:
+            self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def connection(self, conn: Connection | None = None) -> Iterator[Connection]:
+        """Yield ``conn`` if given, else a connection from the pool."""
+        if conn is not None:
+            yield conn
+        else:
+            with self._pool.connection() as pooled:
+                yield pooled
+
+    def enqueue(
+        self,
+        task: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        run_at: dt.datetime | None = None,
+        delay: float | dt.timedelta | None = None,
+        max_attempts: int = 5,
+        idempotency_key: str | None = None,
+        conn: Connection | None = None,
+    ) -> EnqueueResult:
+        """Enqueue one job and return its id.
+
+        ``payload`` must be JSON-serialisable (no NaN/Infinity, no U+0000, at most
+        ``max_payload_bytes`` encoded). ``run_at`` (timezone-aware) or ``delay`` (seconds on the
+        database clock) schedules it for later. With an ``idempotency_key`` already used by a
+        stored job, nothing is inserted and the result carries that job's id with
+        ``duplicate=True``. Invalid input raises InvalidInput and stores nothing.
+        """
+        spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, idempotency_key)
+        job = validate(spec, max_payload_bytes=self.max_payload_bytes)
+        with self.connection(conn) as c:
+            return self.store.enqueue(c, job, notify=self.notify)
+
+    def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
+        """Enqueue many jobs in one statement; results are in input order.
+
+        Every job is validated first: one invalid job raises InvalidInput (naming its index)
+        and none is stored. Idempotency keys are honoured against stored jobs and within the
+        batch (the first occurrence wins).
+        """
+        validated = []
+        for index, spec in enumerate(jobs):
+            try:
+                validated.append(validate(spec, max_payload_bytes=self.max_payload_bytes))
+            except InvalidInput as exc:
+                raise InvalidInput(f"job {index}: {exc}") from exc
+        with self.connection(conn) as c:
+            return self.store.enqueue_many(c, validated, notify=self.notify)
+
+    def get(self, job_id: int) -> JobRecord:
+        """Every field of one job, with its error history; raises JobNotFound."""
+        with self.connection() as c:
+            return self.store.get(c, job_id)
+
+    def counts(self) -> list[QueueCount]:
+        """Job counts by queue and state."""
+        with self.connection() as c:
+            return self.store.counts(c)
+
+    def requeue(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
+        """Make failed, dead or cancelled jobs available again, with a fresh attempt budget.
+
+        All or nothing: raises JobNotFound or InvalidTransition if any id cannot be requeued.
+        """
+        with self.connection(conn) as c:
+            return self.store.requeue(c, job_ids)
+
+    def requeue_matching(
+        self, states: Iterable[State], *, queue: str | None = None, task: str | None = None
+    ) -> int:
+        """Requeue every failed/dead/cancelled job matching the filter; return how many."""
+        with self.connection() as c:
+            return self.store.requeue_matching(c, states, queue=queue, task=task)
+
+    def cancel(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
+        """Cancel available or running jobs (a running handler is told at its next heartbeat).
+
+        All or nothing: raises JobNotFound or InvalidTransition if any id cannot be cancelled.
+        """
+        with self.connection(conn) as c:
+            return self.store.cancel(c, job_ids)

@@ -1,0 +1,123 @@
+"""Connections: DSN checking and masking, connection and pool factories, error translation.
+
+Every connection miniqueue opens sets ``application_name`` (so operators can see what each
+backend is) and pins ``search_path`` to the queue's schema. Connections are never shared
+across ``fork()``: create them in the process that uses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import ConnectionPool
+
+from .errors import ConfigError, DatabaseUnavailable, SchemaOutOfDate
+
+_URL_PASSWORD_RE = re.compile(r"(://[^:/@\s]*:)([^@]*)(@)")
+_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+Connection = psycopg.Connection[Any]
+
+
+def mask_dsn(dsn: str) -> str:
+    """Return ``dsn`` with any password replaced by ``***``, safe to log or print."""
+    masked = _URL_PASSWORD_RE.sub(r"\1***\3", dsn)
+    return _KV_PASSWORD_RE.sub(r"\1***", masked)
+
+
+def _scrub(text: str, dsn: str) -> str:
+    """Remove from ``text`` any password that ``dsn`` contains, even one the parser echoed."""
+    secrets = [m.group(2) for m in _URL_PASSWORD_RE.finditer(dsn)]
+    secrets += [m.group(2).strip("'") for m in _KV_PASSWORD_RE.finditer(dsn)]
+    for secret in filter(None, secrets):
+        text = text.replace(secret, "***")
+    return text
+
+
+def check_dsn(dsn: str) -> dict[str, str]:
+    """Parse ``dsn`` (URL or ``key=value`` form) and return its parts, or raise ConfigError.
+
+    The error names the problem and never echoes the password.
+    """
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise ConfigError("database URL is empty: pass --database-url or set DATABASE_URL")
+    try:
+        parts = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"database URL {mask_dsn(dsn)} is invalid: {_scrub(str(exc), dsn)}") from None
+    port = parts.get("port")
+    if port is not None and not all(p.isdigit() and 0 < int(p) < 65536 for p in port.split(",")):
+        raise ConfigError(f"database URL {mask_dsn(dsn)} is invalid: port {port!r} is not a number from 1 to 65535")
+    return parts
+
+
+def check_schema(schema: str) -> str:
+    """Return ``schema`` if it is a plain lower-case SQL identifier, else raise ConfigError."""
+    if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
+        raise ConfigError(f"schema name {schema!r} is invalid: use 1-63 characters of a-z, 0-9 or '_', not starting with a digit")
+    return schema
+
+
+def conninfo(dsn: str, *, purpose: str, schema: str = "public") -> str:
+    """The connection string miniqueue uses: ``dsn`` plus application_name and a pinned search_path."""
+    check_dsn(dsn)
+    return make_conninfo(
+        dsn,
+        application_name=f"miniqueue:{purpose}"[:63],
+        options=f"-c search_path={check_schema(schema)},pg_catalog",
+    )
+
+
+def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool = True) -> Connection:
+    """Open one connection (autocommit by default: one statement, one round trip)."""
+    info = conninfo(dsn, purpose=purpose, schema=schema)
+    with translate_errors(dsn):
+        return psycopg.connect(info, autocommit=autocommit)
+
+
+def create_pool(
+    dsn: str, *, purpose: str, schema: str = "public", min_size: int = 1, max_size: int = 4, timeout: float = 30.0
+) -> ConnectionPool[Connection]:
+    """Open a pool of autocommit connections; it opens lazily and waits at most ``timeout`` s for one."""
+    info = conninfo(dsn, purpose=purpose, schema=schema)
+    return ConnectionPool(
+        info,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        timeout=timeout,
+        open=True,
+        name=f"miniqueue-{purpose}",
+    )
+
+
+@contextlib.contextmanager
+def translate_errors(dsn: str | None = None) -> Iterator[None]:
+    """Turn psycopg's connectivity and missing-schema errors into miniqueue's own.
+
+    The one place where psycopg exceptions become :class:`MiniqueueError` subclasses; other
+    database errors (constraint violations and the like) are bugs and propagate unchanged.
+    """
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        raise SchemaOutOfDate(
+            f"the miniqueue tables are missing ({exc.diag.message_primary}): run `miniqueue migrate` first"
+        ) from exc
+    except psycopg.errors.UndefinedColumn as exc:
+        raise SchemaOutOfDate(
+            f"the miniqueue schema is out of date ({exc.diag.message_primary}): run `miniqueue migrate`"
+        ) from exc
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if dsn:
+            detail = _scrub(detail, dsn)
+        where = f" at {mask_dsn(dsn)}" if dsn else ""
+        raise DatabaseUnavailable(f"database unavailable{where}: {detail}") from exc

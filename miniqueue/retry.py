@@ -1,0 +1,46 @@
+"""Retry backoff: exponential with full jitter.
+
+The delay before retry *n* is uniform in ``[0, min(cap, base * 2**n)]`` (the "full jitter" of
+the AWS Architecture Blog, 2015), so many jobs failing at once spread out instead of retrying
+in lockstep. With the defaults: attempt 1 waits 0-2 s, attempt 2 0-4 s, attempt 3 0-8 s, ...,
+never more than 30 minutes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+#: A backoff policy: maps the attempt that just failed (1-based) to a delay in seconds.
+Backoff = Callable[[int], float]
+
+DEFAULT_BASE_SECONDS = 1.0
+DEFAULT_CAP_SECONDS = 30 * 60.0
+
+
+def backoff_ceiling(attempt: int, *, base: float = DEFAULT_BASE_SECONDS, cap: float = DEFAULT_CAP_SECONDS) -> float:
+    """The largest delay full jitter may pick after failed attempt ``attempt`` (1-based)."""
+    if attempt < 1:
+        raise ValueError(f"attempt {attempt} is invalid: attempts count from 1")
+    # Cap the exponent first: 2**attempt overflows a float long before attempt 10,000.
+    return min(cap, base * 2.0 ** min(attempt, 64))
+
+
+def exponential_backoff(
+    base: float = DEFAULT_BASE_SECONDS, cap: float = DEFAULT_CAP_SECONDS, rng: random.Random | None = None
+) -> Backoff:
+    """Build a full-jitter backoff policy with the given base and cap (seconds)."""
+    if base <= 0 or cap <= 0:
+        raise ValueError(f"backoff base {base} and cap {cap} must both be positive")
+    # The module-level generator by default: Python reseeds it in every forked child, so
+    # sibling workers do not draw the same "random" delays.
+    uniform = rng.uniform if rng is not None else random.uniform
+
+    def backoff(attempt: int) -> float:
+        return uniform(0.0, backoff_ceiling(attempt, base=base, cap=cap))
+
+    return backoff
+
+
+#: The policy used when a task does not name its own.
+default_backoff: Backoff = exponential_backoff()

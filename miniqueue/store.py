@@ -1,0 +1,596 @@
+"""The store: every SQL statement miniqueue runs, one method per statement.
+
+Only this module executes SQL. Every value is bound as a parameter; the schema is the one
+identifier, quoted once at construction. All times come from the database clock (``now()``).
+
+Worker-side transitions are *fenced*: each is one conditional ``UPDATE`` matching
+``id AND state = 'running' AND leased_by = <worker> AND attempt = <attempt claimed>``. A
+transition that matches no row raises :class:`~miniqueue.errors.LeaseLost` (or, in the batch
+forms, leaves that id out of the result): the worker no longer holds the job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from .db import Connection, check_schema, translate_errors
+from .errors import InvalidInput, InvalidTransition, JobNotFound, LeaseLost
+from .job import (
+    REQUEUEABLE_STATES,
+    TERMINAL_STATES,
+    AttemptError,
+    EnqueueResult,
+    JobRecord,
+    Lease,
+    QueueCount,
+    State,
+)
+from .validation import NewJob
+
+# --- SQL --------------------------------------------------------------------------------------
+# {jobs} is replaced by the schema-qualified table name; everything else is a bound parameter.
+
+
+def _append_error(error: str, table: str = "") -> str:
+    """The error-history entry every failure appends: which attempt, when, who held it, why."""
+    return (
+        f"{table}errors || jsonb_build_array(jsonb_build_object('attempt', {table}attempt, 'at', now(), "
+        f"'worker', {table}leased_by, 'error', {error}))"
+    )
+
+
+# The fence every worker-side transition matches.
+_FENCE = "state = 'running' AND leased_by = %(worker)s"
+
+# Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
+# NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
+_ENQUEUE = """
+WITH ins AS (
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM {jobs}
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+"""
+
+# Look up the job holding an idempotency key (when a concurrent insert won the race).
+_BY_IDEMPOTENCY_KEY = "SELECT id FROM {jobs} WHERE idempotency_key = %(key)s"
+
+# Insert many jobs in one statement. Ids are drawn up front so each input row can be matched
+# to its outcome (inserted, duplicate of an existing job, or duplicate within the batch).
+_ENQUEUE_MANY = """
+WITH src AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+      FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[], %(priorities)s::int[],
+                  %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[], %(keys)s::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, ord)
+), ins AS (
+    INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key)
+    SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
+           COALESCE(run_at, now() + make_interval(secs => delay)), key
+      FROM src ORDER BY ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, queue, scheduled_at, idempotency_key
+), notified AS (
+    SELECT pg_notify(%(channel)s, queue)
+      FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
+     WHERE %(notify)s
+)
+SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+  FROM src s
+  LEFT JOIN ins i ON i.id = s.id
+  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
+  LEFT JOIN {jobs} e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+ WHERE (SELECT count(*) FROM notified) >= 0
+ ORDER BY s.ord
+"""
+
+_CLAIM_SET = """
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY({pick}))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+"""
+
+# Claim from one queue: `queue = $1` keeps the ordered scan of the claim index.
+_PICK_ONE_QUEUE = """
+    SELECT id FROM {jobs}
+     WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
+
+# Claim from several queues: an ordered index scan per queue, merged. (`queue = ANY(...)`
+# would scan and sort every available row of every queue on each claim.)
+_PICK_MANY_QUEUES = """
+    SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at FROM {jobs}
+         WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s"""
+
+# Complete a batch of leases; returns the ids that were still held. `id = ANY` lets the
+# planner use the primary key instead of a nested loop over the unnest.
+_COMPLETE = """
+UPDATE {jobs} j
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS c(id, attempt)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = c.id AND j.attempt = c.attempt AND {fence}
+RETURNING j.id
+"""
+
+# Extend a batch of leases by `lease` seconds from now; returns the ids still held.
+_RENEW = """
+UPDATE {jobs} j
+   SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS c(id, attempt)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = c.id AND j.attempt = c.attempt AND {fence}
+RETURNING j.id, j.lease_expires_at
+"""
+
+# Record failed attempts: retry after the given backoff, or dead once attempts are exhausted.
+_RECORD_FAILURES = """
+UPDATE {jobs} j
+   SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+       scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
+                           ELSE now() + make_interval(secs => f.backoff) END,
+       finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+       last_error = f.error, errors = {append}, lease_expires_at = NULL, leased_by = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
+       AS f(id, attempt, error, backoff)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND {fence}
+RETURNING j.id, j.state
+"""
+
+# Fail a job permanently: the handler said never retry.
+_FAIL = """
+UPDATE {jobs}
+   SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = {append},
+       lease_expires_at = NULL, leased_by = NULL
+ WHERE id = %(id)s AND attempt = %(attempt)s AND {fence}
+RETURNING id
+"""
+
+# Put a job back to sleep without spending an attempt (the attempt number still moves on when
+# it is next claimed; max_attempts moves with it so the budget is unchanged).
+_SNOOZE = """
+UPDATE {jobs}
+   SET state = 'available', scheduled_at = now() + make_interval(secs => %(delay)s),
+       max_attempts = max_attempts + 1, lease_expires_at = NULL, leased_by = NULL
+ WHERE id = %(id)s AND attempt = %(attempt)s AND {fence}
+RETURNING id
+"""
+
+# Return expired leases to the queue (or dead, when attempts are exhausted). The outer WHERE
+# re-checks the expiry in the same statement, so a job completed or renewed between the scan
+# and the update is left alone.
+_RECOVER_EXPIRED = """
+UPDATE {jobs}
+   SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
+       scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at ELSE now() END,
+       finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
+       last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
+                           leased_by, attempt, max_attempts),
+       errors = {append_lost}, lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM {jobs}
+         WHERE state = 'running' AND lease_expires_at < now()
+         ORDER BY lease_expires_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND state = 'running' AND lease_expires_at < now()
+RETURNING id, state
+"""
+
+# The leases a worker holds (used by the supervisor after reaping a dead worker). The
+# lease_expires_at condition is always true for running jobs; it lets the planner use the
+# reaper's partial index.
+_LEASES_OF = """
+SELECT id, attempt FROM {jobs}
+ WHERE state = 'running' AND leased_by = %(worker)s AND lease_expires_at IS NOT NULL
+"""
+
+# Requeue finished jobs by id or by filter, with a fresh attempt budget (attempt keeps counting).
+_REQUEUE = """
+UPDATE {jobs}
+   SET state = 'available', scheduled_at = now(), max_attempts = attempt + attempt_budget,
+       finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
+ WHERE state = ANY(%(states)s::text[])
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+RETURNING id
+"""
+
+# Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat.
+_CANCEL = """
+UPDATE {jobs}
+   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running')
+RETURNING id
+"""
+
+# The state of each given job (to explain why a transition did not apply).
+_STATES = "SELECT id, state FROM {jobs} WHERE id = ANY(%(ids)s::bigint[])"
+
+# One job, every column.
+_GET = """
+SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
+       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors
+  FROM {jobs} WHERE id = %(id)s
+"""
+
+# How many jobs each queue holds in each state.
+_COUNTS = "SELECT queue, state, count(*) FROM {jobs} GROUP BY queue, state ORDER BY queue, state"
+
+# Delete a batch of jobs that finished longer ago than `age` seconds. The literal state list
+# lets the planner use the partial finished_at index.
+_PRUNE = """
+DELETE FROM {jobs}
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM {jobs}
+         WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+           AND finished_at < now() - make_interval(secs => %(age)s)
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+"""
+
+# Whether the migrations table exists, then the newest applied migration.
+_HAS_VERSIONS = "SELECT to_regclass(%(versions)s) IS NOT NULL"
+_SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM {migrations}"
+
+# Migrations: one migrator at a time per schema; the others wait on the lock, then find nothing to do.
+_MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(hashtext('miniqueue-migrate:' || %(schema)s))"
+_CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
+_CREATE_VERSIONS = """
+CREATE TABLE IF NOT EXISTS {migrations} (
+    version INT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())
+"""
+_APPLIED_VERSIONS = "SELECT version FROM {migrations}"
+_PIN_SEARCH_PATH = "SET LOCAL search_path TO {schema}, pg_catalog"
+_RECORD_VERSION = "INSERT INTO {migrations} (version, name) VALUES (%(version)s, %(name)s)"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt to record: the lease it happened under, the error, the retry delay."""
+
+    id: int
+    attempt: int
+    error: str
+    backoff_seconds: float
+
+
+class Store:
+    """All of miniqueue's SQL, for the queue tables in one schema.
+
+    Methods take the connection to run on as their first argument, so the caller decides the
+    transaction: our own autocommit connections run each statement as its own transaction;
+    a caller's connection (transactional enqueue, transactional completion) runs it inside
+    the caller's transaction.
+    """
+
+    def __init__(self, schema: str = "public") -> None:
+        self.schema = check_schema(schema)
+        self.channel = f"miniqueue_{schema}"
+        jobs = sql.Identifier(schema, "miniqueue_jobs")
+        self.table_name = jobs.as_string()
+        fence = _FENCE
+
+        def render(text: str, **parts: str) -> str:
+            composed = sql.SQL(text).format(
+                jobs=jobs,
+                migrations=sql.Identifier(schema, "miniqueue_migrations"),
+                schema=sql.Identifier(schema),
+                **{k: sql.SQL(v) for k, v in parts.items()},
+            )
+            return composed.as_string()
+
+        append = _append_error("%(error)s::text")
+        self._enqueue = render(_ENQUEUE)
+        self._by_key = render(_BY_IDEMPOTENCY_KEY)
+        self._enqueue_many = render(_ENQUEUE_MANY)
+        self._claim_one = render(_CLAIM_SET.replace("{pick}", _PICK_ONE_QUEUE))
+        self._claim_many = render(_CLAIM_SET.replace("{pick}", _PICK_MANY_QUEUES))
+        self._complete = render(_COMPLETE, fence=fence)
+        self._renew = render(_RENEW, fence=fence)
+        self._record_failures = render(
+            _RECORD_FAILURES, fence=fence, append=_append_error("f.error", "j.")
+        )
+        self._fail = render(_FAIL, fence=fence, append=append)
+        self._snooze = render(_SNOOZE, fence=fence)
+        self._recover = render(
+            _RECOVER_EXPIRED,
+            append_lost=_append_error("'worker lost: lease expired without renewal'"),
+        )
+        self._leases_of = render(_LEASES_OF)
+        self._requeue = render(_REQUEUE)
+        self._cancel = render(_CANCEL)
+        self._states = render(_STATES)
+        self._get = render(_GET)
+        self._counts = render(_COUNTS)
+        self._prune = render(_PRUNE)
+        self._schema_version = render(_SCHEMA_VERSION)
+        self._versions_table = sql.Identifier(schema, "miniqueue_migrations").as_string()
+        self._migration_ddl = [render(q) for q in (_CREATE_SCHEMA, _CREATE_VERSIONS)]
+        self._applied_versions = render(_APPLIED_VERSIONS)
+        self._pin_search_path = render(_PIN_SEARCH_PATH)
+        self._record_version = render(_RECORD_VERSION)
+
+    # -- execution ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _rows(conn: Connection, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with translate_errors(), conn.cursor() as cur:
+            cur.execute(query, params)  # type: ignore[call-overload]
+            return cur.fetchall() if cur.description else []
+
+    @staticmethod
+    def _rowcount(conn: Connection, query: str, params: dict[str, Any]) -> int:
+        with translate_errors(), conn.cursor() as cur:
+            cur.execute(query, params)  # type: ignore[call-overload]
+            return cur.rowcount
+
+    # -- producing ------------------------------------------------------------------------------
+
+    def enqueue(self, conn: Connection, job: NewJob, *, notify: bool = True) -> EnqueueResult:
+        """Insert one validated job; a repeated idempotency key returns the first job's id."""
+        params = {
+            "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
+            "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
+            "key": job.idempotency_key, "notify": notify, "channel": self.channel,
+        }  # fmt: skip
+        rows = self._rows(conn, self._enqueue, params)
+        if rows:
+            return EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
+        # Another transaction inserted the same key while we waited on it; our statement's
+        # snapshot could not see that row, a new statement can.
+        rows = self._rows(conn, self._by_key, {"key": job.idempotency_key})
+        return EnqueueResult(id=rows[0][0], duplicate=True)
+
+    def enqueue_many(self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True) -> list[EnqueueResult]:
+        """Insert many validated jobs in one statement; results are in input order."""
+        if not jobs:
+            return []
+        params = {
+            "table": self.table_name,
+            "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
+            "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs], "run_ats": [j.run_at for j in jobs],
+            "delays": [j.delay_seconds for j in jobs], "keys": [j.idempotency_key for j in jobs],
+            "notify": notify, "channel": self.channel,
+        }  # fmt: skip
+        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, self._enqueue_many, params)]
+        for i, result in enumerate(results):
+            if result.id is None:  # the holder of the key committed while we waited on it
+                key = jobs[i].idempotency_key
+                results[i] = EnqueueResult(id=self._rows(conn, self._by_key, {"key": key})[0][0], duplicate=True)
+        return results
+
+    # -- worker side ----------------------------------------------------------------------------
+
+    def claim(
+        self, conn: Connection, queues: Sequence[str], worker_id: str, lease_seconds: float, limit: int
+    ) -> list[Lease]:
+        """Lease up to ``limit`` available jobs from ``queues``, best first.
+
+        Order: priority (higher first), then scheduled time, then id. Jobs scheduled in the
+        future are invisible. Each claimed job is ``running``, leased to ``worker_id`` until
+        ``now() + lease_seconds``, its ``attempt`` one higher.
+        """
+        if not queues or limit < 1:
+            return []
+        params: dict[str, Any] = {"worker": worker_id, "lease": float(lease_seconds), "limit": limit}
+        if len(queues) == 1:
+            query, params["queue"] = self._claim_one, queues[0]
+        else:
+            query, params["queues"] = self._claim_many, list(queues)
+        leases = [Lease(*row) for row in self._rows(conn, query, params)]
+        leases.sort(key=lambda lease: (-lease.priority, lease.scheduled_at, lease.id))
+        return leases
+
+    def complete_many(self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]]) -> set[int]:
+        """Complete every ``(job id, attempt)`` still leased to ``worker_id``; return those ids.
+
+        An id missing from the result lost its lease: its completion did not happen.
+        """
+        ids, attempts = _columns(leases)
+        if not ids:
+            return set()
+        rows = self._rows(conn, self._complete, {"ids": ids, "attempts": attempts, "worker": worker_id})
+        return {row[0] for row in rows}
+
+    def complete(self, conn: Connection, job_id: int, worker_id: str, attempt: int) -> None:
+        """Complete one job; raise LeaseLost if ``worker_id`` no longer holds that attempt."""
+        if not self.complete_many(conn, worker_id, [(job_id, attempt)]):
+            raise LeaseLost(job_id, worker_id, attempt)
+
+    def renew_leases(
+        self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]], lease_seconds: float
+    ) -> dict[int, dt.datetime]:
+        """Extend every lease still held to ``now() + lease_seconds``; return id → new expiry."""
+        ids, attempts = _columns(leases)
+        if not ids:
+            return {}
+        params = {"ids": ids, "attempts": attempts, "worker": worker_id, "lease": float(lease_seconds)}
+        return {row[0]: row[1] for row in self._rows(conn, self._renew, params)}
+
+    def renew_lease(
+        self, conn: Connection, job_id: int, worker_id: str, attempt: int, lease_seconds: float
+    ) -> dt.datetime:
+        """Extend one lease; return its new expiry, or raise LeaseLost."""
+        renewed = self.renew_leases(conn, worker_id, [(job_id, attempt)], lease_seconds)
+        if job_id not in renewed:
+            raise LeaseLost(job_id, worker_id, attempt)
+        return renewed[job_id]
+
+    def record_failures(self, conn: Connection, worker_id: str, failures: Sequence[Failure]) -> dict[int, State]:
+        """Record failed attempts; return id → new state (``available`` or ``dead``) for those still held."""
+        if not failures:
+            return {}
+        params = {
+            "ids": [f.id for f in failures], "attempts": [f.attempt for f in failures],
+            "errors": [f.error for f in failures], "backoffs": [float(f.backoff_seconds) for f in failures],
+            "worker": worker_id,
+        }  # fmt: skip
+        return {row[0]: State(row[1]) for row in self._rows(conn, self._record_failures, params)}
+
+    def record_failure(
+        self, conn: Connection, job_id: int, worker_id: str, attempt: int, error: str, backoff_seconds: float
+    ) -> State:
+        """Record one failed attempt: ``available`` again after the backoff, or ``dead`` at max attempts.
+
+        Raises LeaseLost if ``worker_id`` no longer holds that attempt.
+        """
+        states = self.record_failures(conn, worker_id, [Failure(job_id, attempt, error, backoff_seconds)])
+        if job_id not in states:
+            raise LeaseLost(job_id, worker_id, attempt)
+        return states[job_id]
+
+    def fail(self, conn: Connection, job_id: int, worker_id: str, attempt: int, error: str) -> None:
+        """Fail a job permanently (state ``failed``, no retry); raise LeaseLost if not held."""
+        params = {"id": job_id, "attempt": attempt, "worker": worker_id, "error": error}
+        if not self._rows(conn, self._fail, params):
+            raise LeaseLost(job_id, worker_id, attempt)
+
+    def snooze(self, conn: Connection, job_id: int, worker_id: str, attempt: int, delay_seconds: float) -> None:
+        """Make a job available again after ``delay_seconds`` without spending an attempt."""
+        params = {"id": job_id, "attempt": attempt, "worker": worker_id, "delay": float(delay_seconds)}
+        if not self._rows(conn, self._snooze, params):
+            raise LeaseLost(job_id, worker_id, attempt)
+
+    def leases_of(self, conn: Connection, worker_id: str) -> list[tuple[int, int]]:
+        """The ``(job id, attempt)`` of every job currently leased to ``worker_id``."""
+        return [(row[0], row[1]) for row in self._rows(conn, self._leases_of, {"worker": worker_id})]
+
+    # -- maintenance ----------------------------------------------------------------------------
+
+    def recover_expired_leases(self, conn: Connection, limit: int = 1000) -> dict[int, State]:
+        """Return up to ``limit`` jobs whose lease expired to ``available`` (or ``dead`` when their
+        attempts are exhausted); return id → new state."""
+        return {row[0]: State(row[1]) for row in self._rows(conn, self._recover, {"limit": limit})}
+
+    def prune(self, conn: Connection, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> int:
+        """Delete up to ``limit`` jobs in ``states`` (terminal states only) that finished more than
+        ``older_than_seconds`` ago; return how many were deleted."""
+        chosen = sorted(State(s).value for s in states)
+        if not chosen or any(State(s) not in TERMINAL_STATES for s in chosen):
+            raise InvalidInput(f"prune states {chosen} are invalid: choose among completed, failed, dead, cancelled")
+        params = {"states": chosen, "age": float(older_than_seconds), "limit": limit}
+        return self._rowcount(conn, self._prune, params)
+
+    # -- operator side --------------------------------------------------------------------------
+
+    def requeue(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
+        """Make the given ``failed``, ``dead`` or ``cancelled`` jobs available now.
+
+        ``attempt`` is kept (it is the fencing token and must never repeat) and ``max_attempts``
+        is raised to ``attempt + <the attempts the job was enqueued with>``, so the job gets its
+        full budget again. Raises JobNotFound or InvalidTransition (naming the state) if any id
+        cannot be requeued; then nothing is requeued.
+        """
+        ids = list(dict.fromkeys(job_ids))
+        with conn.transaction():
+            done = self._rows(conn, self._requeue, {**_requeue_filter(REQUEUEABLE_STATES), "ids": ids})
+            self._check_all_applied(conn, ids, {r[0] for r in done}, "requeue", REQUEUEABLE_STATES)
+        return ids
+
+    def requeue_matching(
+        self, conn: Connection, states: Iterable[State], *, queue: str | None = None, task: str | None = None
+    ) -> int:
+        """Requeue every job in ``states`` (failed/dead/cancelled), optionally of one queue or task."""
+        chosen = {State(s) for s in states}
+        if not chosen or not chosen <= REQUEUEABLE_STATES:
+            raise InvalidInput(f"requeue states {sorted(s.value for s in chosen)} are invalid: choose among "
+                               "failed, dead, cancelled")  # fmt: skip
+        params = {**_requeue_filter(chosen), "ids": None, "queue": queue, "task": task}
+        return len(self._rows(conn, self._requeue, params))
+
+    def cancel(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
+        """Cancel the given ``available`` or ``running`` jobs.
+
+        A running job's lease ends at once: its worker's next heartbeat or completion finds the
+        lease gone and tells the handler to stop; its outcome is discarded. Raises JobNotFound or
+        InvalidTransition if any id cannot be cancelled; then nothing is cancelled.
+        """
+        ids = list(dict.fromkeys(job_ids))
+        with conn.transaction():
+            done = {r[0] for r in self._rows(conn, self._cancel, {"ids": ids})}
+            self._check_all_applied(conn, ids, done, "cancel", frozenset({State.AVAILABLE, State.RUNNING}))
+        return ids
+
+    def _check_all_applied(
+        self, conn: Connection, ids: list[int], done: set[int], verb: str, allowed: frozenset[State]
+    ) -> None:
+        missing = [i for i in ids if i not in done]
+        if not missing:
+            return
+        states = {row[0]: row[1] for row in self._rows(conn, self._states, {"ids": missing})}
+        for job_id in missing:
+            if job_id not in states:
+                raise JobNotFound(job_id)
+        job_id = missing[0]
+        names = ", ".join(sorted(s.value for s in allowed))
+        raise InvalidTransition(f"cannot {verb} job {job_id}: it is {states[job_id]}; only {names} jobs can be")
+
+    def get(self, conn: Connection, job_id: int) -> JobRecord:
+        """Every column of one job, with its error history; raise JobNotFound if absent."""
+        rows = self._rows(conn, self._get, {"id": job_id})
+        if not rows:
+            raise JobNotFound(job_id)
+        row = rows[0]
+        history = tuple(
+            AttemptError(attempt=e["attempt"], at=dt.datetime.fromisoformat(e["at"]), worker=e["worker"], error=e["error"])
+            for e in row[-1]
+        )
+        return JobRecord(*row[:4], State(row[4]), *row[5:-1], errors=history)
+
+    def counts(self, conn: Connection) -> list[QueueCount]:
+        """How many jobs each queue holds in each state (states with no jobs are omitted)."""
+        return [QueueCount(queue=r[0], state=State(r[1]), count=r[2]) for r in self._rows(conn, self._counts, {})]
+
+    # -- schema -----------------------------------------------------------------------------------
+
+    def schema_version(self, conn: Connection) -> int:
+        """The newest migration applied to this schema, or 0 if none is."""
+        if not self._rows(conn, _HAS_VERSIONS, {"versions": self._versions_table})[0][0]:
+            return 0
+        return int(self._rows(conn, self._schema_version, {})[0][0])
+
+    def apply_migrations(self, conn: Connection, migrations: Sequence[tuple[int, str, str]]) -> set[int]:
+        """Apply the ``(version, name, sql)`` migrations not yet recorded, in one transaction
+        under an advisory lock; return the versions this call applied."""
+        with translate_errors(), conn.transaction():
+            conn.execute(_MIGRATION_LOCK, {"schema": self.schema})
+            for ddl in self._migration_ddl:
+                conn.execute(ddl)  # type: ignore[call-overload]
+            applied = {row[0] for row in conn.execute(self._applied_versions)}  # type: ignore[call-overload]
+            pending = [m for m in migrations if m[0] not in applied]
+            conn.execute(self._pin_search_path)  # type: ignore[call-overload]
+            for version, name, text in pending:
+                conn.execute(text.encode())
+                conn.execute(self._record_version, {"version": version, "name": name})  # type: ignore[call-overload]
+        return {m[0] for m in pending}
+
+
+def _columns(leases: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    pairs = list(leases)
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _requeue_filter(states: Iterable[State]) -> dict[str, Any]:
+    return {"states": sorted(s.value for s in states), "queue": None, "task": None}

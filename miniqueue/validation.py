@@ -1,0 +1,139 @@
+"""Input rules, checked before any SQL runs so that a bad value stores nothing.
+
+Each check raises :class:`~miniqueue.errors.InvalidInput` with a message naming the value and
+the rule it broke.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidInput
+from .job import JobSpec
+
+QUEUE_NAME_RE = re.compile(r"[a-z0-9_-]{1,64}")
+QUEUE_NAME_RULE = "use 1-64 characters of a-z, 0-9, '_' or '-'"
+TASK_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+TASK_NAME_RULE = "use 1-128 characters of A-Z, a-z, 0-9, '_', '.', ':' or '-'"
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+PRIORITY_RANGE = (-32768, 32767)  # the column is a SMALLINT
+MAX_ATTEMPTS_RANGE = (1, 1000)
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+# An escaped NUL that is not itself an escaped backslash followed by "u0000": PostgreSQL's
+# jsonb cannot store U+0000, and would reject the whole statement (or batch) at insert time.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job, its payload already encoded as JSON text, ready for the store."""
+
+    queue: str
+    task: str
+    payload_json: str
+    priority: int
+    max_attempts: int
+    run_at: dt.datetime | None
+    delay_seconds: float
+    idempotency_key: str | None
+
+
+def _show(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_queue_name(queue: object) -> str:
+    """Return ``queue`` if it is a valid queue name, else raise InvalidInput."""
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
+        raise InvalidInput(f"queue name {_show(queue)} is invalid: {QUEUE_NAME_RULE}")
+    return queue
+
+
+def check_task_name(task: object) -> str:
+    """Return ``task`` if it is a valid task name, else raise InvalidInput."""
+    if not isinstance(task, str) or not TASK_NAME_RE.fullmatch(task):
+        raise InvalidInput(f"task name {_show(task)} is invalid: {TASK_NAME_RULE}")
+    return task
+
+
+def check_int_range(name: str, value: object, bounds: tuple[int, int]) -> int:
+    """Return ``value`` if it is an int within ``bounds`` (inclusive), else raise InvalidInput."""
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(f"{name} {_show(value)} is invalid: use a whole number from {low} to {high}")
+    return value
+
+
+def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+    """Encode ``payload`` as compact JSON text, enforcing the payload rules.
+
+    ``None`` becomes ``{}``. NaN and Infinity are rejected (they are not JSON), as is U+0000
+    (PostgreSQL's jsonb cannot hold it), as is anything larger than ``max_bytes`` encoded.
+    """
+    if payload is None:
+        return "{}"
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from exc
+    if _JSON_NUL_RE.search(text):
+        raise InvalidInput("payload contains the character U+0000, which PostgreSQL jsonb cannot store")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInput(f"payload is {size} bytes encoded as JSON: the limit is {max_bytes} bytes")
+    return text
+
+
+def check_idempotency_key(key: object) -> str | None:
+    """Return ``key`` if it is None or a valid idempotency key, else raise InvalidInput."""
+    if key is None:
+        return None
+    rule = f"use 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters, without U+0000"
+    if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or "\x00" in key:
+        raise InvalidInput(f"idempotency key {_show(key)} is invalid: {rule}")
+    return key
+
+
+def check_seconds(name: str, value: object) -> float:
+    """Return a non-negative duration in seconds from a number or a timedelta."""
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise InvalidInput(f"{name} {_show(value)} is invalid: use a non-negative number of seconds")
+    return float(seconds)
+
+
+def check_schedule(run_at: object, delay: object) -> tuple[dt.datetime | None, float]:
+    """Validate the two ways of scheduling a job; return ``(run_at, delay_seconds)``."""
+    if run_at is not None and delay is not None:
+        raise InvalidInput("run_at and delay are mutually exclusive: give one or neither")
+    if run_at is not None:
+        if not isinstance(run_at, dt.datetime):
+            raise InvalidInput(f"run_at {_show(run_at)} is invalid: use a timezone-aware datetime")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidInput(
+                f"run_at {run_at.isoformat()} is a naive datetime: give it a timezone "
+                "(e.g. datetime.now(timezone.utc)), since a naive time is ambiguous"
+            )
+        return run_at, 0.0
+    return None, (0.0 if delay is None else check_seconds("delay", delay))
+
+
+def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> NewJob:
+    """Check every field of ``spec`` and return it ready for the store."""
+    run_at, delay_seconds = check_schedule(spec.run_at, spec.delay)
+    return NewJob(
+        queue=check_queue_name(spec.queue),
+        task=check_task_name(spec.task),
+        payload_json=encode_payload(spec.payload, max_bytes=max_payload_bytes),
+        priority=check_int_range("priority", spec.priority, PRIORITY_RANGE),
+        max_attempts=check_int_range("max_attempts", spec.max_attempts, MAX_ATTEMPTS_RANGE),
+        run_at=run_at,
+        delay_seconds=delay_seconds,
+        idempotency_key=check_idempotency_key(spec.idempotency_key),
+    )

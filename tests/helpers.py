@@ -1,0 +1,46 @@
+"""Test helpers: polling with a deadline, and direct row access for assertions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from miniqueue.db import Connection
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def row(conn: Connection, job_id: int) -> dict[str, Any]:
+    """Every column of one job, as a dict (tests assert on rows, not on API echoes)."""
+    cur = conn.execute("SELECT * FROM miniqueue_jobs WHERE id = %s", [job_id])
+    values = cur.fetchone()
+    assert values is not None, f"job {job_id} does not exist"
+    assert cur.description is not None
+    return {col.name: value for col, value in zip(cur.description, values)}
+
+
+def count(conn: Connection, where: str = "true", params: Any = None) -> int:
+    """How many jobs match a SQL condition."""
+    result = conn.execute(f"SELECT count(*) FROM miniqueue_jobs WHERE {where}", params).fetchone()
+    assert result is not None
+    return int(result[0])
+
+
+def expire_lease(conn: Connection, job_id: int) -> None:
+    """Move a running job's lease expiry into the past (as if its worker died long ago)."""
+    conn.execute(
+        "UPDATE miniqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job_id]
+    )
