@@ -61,7 +61,9 @@ def check_dsn(dsn: str) -> dict[str, str]:
 def check_schema(schema: str) -> str:
     """Return ``schema`` if it is a plain lower-case SQL identifier, else raise ConfigError."""
     if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
-        raise ConfigError(f"schema name {schema!r} is invalid: use 1-63 characters of a-z, 0-9 or '_', not starting with a digit")
+        raise ConfigError(
+            f"schema name {schema!r} is invalid: use 1-63 characters of a-z, 0-9 or '_', not starting with a digit"
+        )
     return schema
 
 

