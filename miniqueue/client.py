@@ -125,9 +125,7 @@ class Client:
         with self.connection(conn) as c:
             return self.store.requeue(c, job_ids)
 
-    def requeue_matching(
-        self, states: Iterable[State], *, queue: str | None = None, task: str | None = None
-    ) -> int:
+    def requeue_matching(self, states: Iterable[State], *, queue: str | None = None, task: str | None = None) -> int:
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""
         with self.connection() as c:
             return self.store.requeue_matching(c, states, queue=queue, task=task)

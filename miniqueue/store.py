@@ -308,9 +308,7 @@ class Store:
         self._claim_many = render(_CLAIM_SET.replace("{pick}", _PICK_MANY_QUEUES))
         self._complete = render(_COMPLETE, fence=fence)
         self._renew = render(_RENEW, fence=fence)
-        self._record_failures = render(
-            _RECORD_FAILURES, fence=fence, append=_append_error("f.error", "j.")
-        )
+        self._record_failures = render(_RECORD_FAILURES, fence=fence, append=_append_error("f.error", "j."))
         self._fail = render(_FAIL, fence=fence, append=append)
         self._snooze = render(_SNOOZE, fence=fence)
         self._recover = render(
@@ -380,6 +378,11 @@ class Store:
                 key = jobs[i].idempotency_key
                 results[i] = EnqueueResult(id=self._rows(conn, self._by_key, {"key": key})[0][0], duplicate=True)
         return results
+
+    def listen(self, conn: Connection) -> None:
+        """Subscribe ``conn`` to this schema's enqueue notifications (payload: the queue name)."""
+        with translate_errors():
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
     # -- worker side ----------------------------------------------------------------------------
 
@@ -546,6 +549,10 @@ class Store:
         job_id = missing[0]
         names = ", ".join(sorted(s.value for s in allowed))
         raise InvalidTransition(f"cannot {verb} job {job_id}: it is {states[job_id]}; only {names} jobs can be")
+
+    def states(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, State]:
+        """The current state of each given job that exists."""
+        return {row[0]: State(row[1]) for row in self._rows(conn, self._states, {"ids": list(job_ids)})}
 
     def get(self, conn: Connection, job_id: int) -> JobRecord:
         """Every column of one job, with its error history; raise JobNotFound if absent."""

@@ -1,0 +1,132 @@
+"""Tasks: the registry that maps task names to handlers, and ``module:attribute`` loading."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .client import Client
+from .context import Job
+from .db import Connection
+from .errors import AppLoadError, ConfigError
+from .job import EnqueueResult
+from .retry import Backoff, default_backoff
+from .validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
+
+Handler = Callable[[Job], Any]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered task: its handler and the defaults its jobs are enqueued with.
+
+    ``timeout`` (seconds) is when :meth:`Job.should_stop` turns true; under the supervisor the
+    worker process is killed (and the attempt charged) once it is exceeded by a grace period.
+    """
+
+    name: str
+    handler: Handler
+    queue: str = "default"
+    max_attempts: int = 5
+    priority: int = 0
+    timeout: float | None = None
+    backoff: Backoff = default_backoff
+
+
+class App:
+    """A set of tasks. Register handlers with :meth:`task`; workers run the app's tasks."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, Task] = {}
+
+    def task(
+        self,
+        name: str | None = None,
+        *,
+        queue: str = "default",
+        max_attempts: int = 5,
+        priority: int = 0,
+        timeout: float | None = None,
+        backoff: Backoff | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of task ``name`` (default: its name)."""
+
+        def register(handler: Handler) -> Handler:
+            task_name = check_task_name(name or handler.__name__)
+            if task_name in self.tasks:
+                raise ConfigError(f"task {task_name!r} is registered twice")
+            if timeout is not None and not timeout > 0:
+                raise ConfigError(
+                    f"task {task_name!r}: timeout {timeout!r} is invalid: use a positive number of seconds"
+                )
+            self.tasks[task_name] = Task(
+                name=task_name,
+                handler=handler,
+                queue=check_queue_name(queue),
+                max_attempts=check_int_range("max_attempts", max_attempts, MAX_ATTEMPTS_RANGE),
+                priority=check_int_range("priority", priority, PRIORITY_RANGE),
+                timeout=timeout,
+                backoff=backoff or default_backoff,
+            )
+            return handler
+
+        return register
+
+    @property
+    def queues(self) -> list[str]:
+        """Every queue a task of this app is enqueued to, sorted."""
+        return sorted({task.queue for task in self.tasks.values()})
+
+    def enqueue(
+        self,
+        client: Client,
+        task: str,
+        payload: Any = None,
+        *,
+        run_at: dt.datetime | None = None,
+        delay: float | dt.timedelta | None = None,
+        idempotency_key: str | None = None,
+        conn: Connection | None = None,
+        **overrides: Any,
+    ) -> EnqueueResult:
+        """Enqueue a job of a registered task with the task's queue, priority and max_attempts
+        (each overridable by keyword)."""
+        if task not in self.tasks:
+            raise ConfigError(f"task {task!r} is not registered in this app (known: {', '.join(sorted(self.tasks))})")
+        spec = self.tasks[task]
+        options: dict[str, Any] = {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts}
+        unknown = set(overrides) - set(options)
+        if unknown:
+            raise ConfigError(f"unknown enqueue options {sorted(unknown)}: use queue, priority or max_attempts")
+        options.update(overrides)
+        return client.enqueue(
+            task, payload, run_at=run_at, delay=delay, idempotency_key=idempotency_key, conn=conn, **options
+        )
+
+
+def load_app(reference: str) -> App:
+    """Import ``module:attribute`` and return the App it names, or raise AppLoadError."""
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise AppLoadError(
+            f"app reference {reference!r} is invalid: use 'module:attribute', e.g. 'myproject.tasks:app'"
+        )
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`, let the current directory's modules be found
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a broken module can raise anything at import; report it whole
+        raise AppLoadError(
+            f"cannot import module {module_name!r} for app {reference!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        app = getattr(module, attribute)
+    except AttributeError:
+        raise AppLoadError(f"module {module_name!r} has no attribute {attribute!r} (app {reference!r})") from None
+    if not isinstance(app, App):
+        raise AppLoadError(f"{reference!r} is a {type(app).__name__}, not a miniqueue.App")
+    return app

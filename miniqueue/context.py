@@ -1,0 +1,99 @@
+"""What a handler sees: the :class:`Job` it runs, and the outcomes it can signal."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .db import Connection
+from .job import Lease
+
+
+class PermanentError(Exception):
+    """Raise from a handler to fail the job for good: state ``failed``, no retry."""
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again after ``delay`` seconds without spending an attempt."""
+
+    def __init__(self, delay: float | dt.timedelta = 0.0) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(f"snooze delay {delay!r} is invalid: use a non-negative number of seconds")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = seconds
+
+
+#: Opens the transaction in which a job completes (see :meth:`Job.transaction`).
+TransactionFactory = Callable[["Job"], contextlib.AbstractContextManager[Connection]]
+
+
+class Job:
+    """A claimed job, as passed to its handler.
+
+    Carries the job's fields and a way to learn that the handler should stop early:
+    :meth:`should_stop` turns true when the lease is lost (the job was recovered, cancelled
+    or claimed elsewhere), when the worker shuts down past its drain timeout, or when the
+    task's ``timeout`` passes. Stopping is cooperative: a handler that ignores it keeps
+    running, but its outcome is discarded once the lease is lost.
+    """
+
+    def __init__(self, lease: Lease, *, worker_id: str, transaction: TransactionFactory | None = None) -> None:
+        self.id: int = lease.id
+        self.queue: str = lease.queue
+        self.task: str = lease.task
+        self.payload: Any = lease.payload
+        self.attempt: int = lease.attempt
+        self.max_attempts: int = lease.max_attempts
+        self.priority: int = lease.priority
+        self.scheduled_at: dt.datetime = lease.scheduled_at
+        self.created_at: dt.datetime = lease.created_at
+        self.worker_id = worker_id
+        #: When the handler was handed the job (``time.monotonic()``), for timeouts.
+        self.started_at = time.monotonic()
+        self._stop = threading.Event()
+        self._stop_reason: str | None = None
+        self._transaction = transaction
+        self.completed_in_transaction = False
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.task} attempt {self.attempt}/{self.max_attempts}>"
+
+    def should_stop(self) -> bool:
+        """True once the handler should wrap up (see :attr:`stop_reason`)."""
+        return self._stop.is_set()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the handler should stop: ``"lease lost"``, ``"cancelled"``, ``"shutdown"``, ``"timeout"``."""
+        return self._stop_reason
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early if the job should stop; return :meth:`should_stop`."""
+        return self._stop.wait(seconds)
+
+    def request_stop(self, reason: str) -> None:
+        """Tell the handler to stop (called by the worker; the first reason given wins)."""
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            self._stop.set()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A database transaction in which this job completes.
+
+        Do the handler's database work on the yielded connection. When the block ends without
+        an exception, the job's fenced completion runs inside the same transaction, then it
+        commits: the handler's writes and the completion happen together or not at all. If
+        the lease was lost, :class:`~miniqueue.errors.LeaseLost` is raised and everything
+        rolls back. Use it once per job, as the handler's last database step.
+        """
+        if self._transaction is None:
+            raise RuntimeError("job.transaction() is only available to jobs run by a miniqueue Worker")
+        with self._transaction(self) as conn:
+            yield conn
+        self.completed_in_transaction = True

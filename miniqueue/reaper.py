@@ -1,0 +1,125 @@
+"""The reaper: returns expired leases to the queue and prunes finished jobs.
+
+It is the backstop for workers that vanish without anyone noticing (a lost host, a killed
+process whose supervisor died too). Recovery is one conditional UPDATE per batch that
+re-checks the expiry in the same statement. Pruning deletes finished jobs past their
+retention period, oldest first, in small batches so that it never holds long locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from .db import Connection, connect
+from .errors import ConfigError, DatabaseUnavailable
+from .job import State
+from .store import Store
+
+log = logging.getLogger("miniqueue.reaper")
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+@dataclass(frozen=True)
+class ReaperConfig:
+    """How often the reaper runs and what it keeps. Durations are in seconds.
+
+    Finished jobs are kept ``completed_retention`` (completed and cancelled, default 24 h) or
+    ``failed_retention`` (dead and failed, default 7 days) after they finish; ``None``
+    keeps them forever. ``prune=False`` turns pruning off altogether.
+    """
+
+    interval: float = 5.0
+    batch_size: int = 1000
+    prune: bool = True
+    completed_retention: float | None = DAY
+    failed_retention: float | None = 7 * DAY
+    schema: str = "public"
+
+    def validated(self) -> ReaperConfig:
+        if not self.interval > 0:
+            raise ConfigError(f"reaper interval {self.interval!r} is invalid: use a positive number of seconds")
+        if self.batch_size < 1:
+            raise ConfigError(f"reaper batch size {self.batch_size!r} is invalid: use 1 or more")
+        for name in ("completed_retention", "failed_retention"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} {value!r} is invalid: use a non-negative number of seconds, or None")
+        return self
+
+
+@dataclass
+class ReaperResult:
+    """What one pass did."""
+
+    recovered: int = 0
+    dead: int = 0
+    pruned: int = 0
+
+
+class Reaper:
+    """Recovers expired leases and prunes finished jobs, on a connection of its own."""
+
+    def __init__(self, dsn: str, config: ReaperConfig | None = None) -> None:
+        self.dsn = dsn
+        self.config = (config or ReaperConfig()).validated()
+        self.store = Store(self.config.schema)
+        self._stopping = threading.Event()
+        self._conn: Connection | None = None
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the current pass (thread-safe)."""
+        self._stopping.set()
+
+    def run_once(self) -> ReaperResult:
+        """One pass: recover every expired lease, then prune, each in batches."""
+        result = ReaperResult()
+        if self._conn is None:
+            self._conn = connect(self.dsn, purpose="reaper", schema=self.config.schema)
+        while not self._stopping.is_set():
+            states = self.store.recover_expired_leases(self._conn, self.config.batch_size)
+            result.recovered += sum(1 for s in states.values() if s == State.AVAILABLE)
+            result.dead += sum(1 for s in states.values() if s == State.DEAD)
+            if len(states) < self.config.batch_size:
+                break
+        if result.recovered or result.dead:
+            log.info("recovered %d expired lease(s); %d job(s) dead after exhausting attempts",
+                     result.recovered, result.dead)  # fmt: skip
+        if self.config.prune:
+            result.pruned = self._prune(self._conn)
+        return result
+
+    def _prune(self, conn: Connection) -> int:
+        rules = [
+            ((State.COMPLETED, State.CANCELLED), self.config.completed_retention),
+            ((State.DEAD, State.FAILED), self.config.failed_retention),
+        ]
+        pruned = 0
+        for states, retention in rules:
+            if retention is None:
+                continue
+            while not self._stopping.is_set():
+                deleted = self.store.prune(conn, states, retention, self.config.batch_size)
+                pruned += deleted
+                if deleted < self.config.batch_size:
+                    break
+        return pruned
+
+    def run(self) -> None:
+        """Run a pass every ``interval`` seconds until :meth:`stop`; database errors are retried."""
+        while not self._stopping.is_set():
+            try:
+                self.run_once()
+            except DatabaseUnavailable as exc:
+                log.warning("reaper: %s; retrying", exc)
+                self.close()
+            self._stopping.wait(self.config.interval)
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()

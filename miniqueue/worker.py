@@ -1,0 +1,416 @@
+"""The worker: claims jobs, runs their handlers on threads, reports outcomes, shuts down gracefully.
+
+One worker uses three connections of its own: the claim loop's (claims and batched
+completions), the heartbeat's, and the listener's (unless ``poll_only``); plus, lazily, a
+small pool for :meth:`Job.transaction`. The claim loop runs on the thread that calls
+:meth:`Worker.run`; handlers run on up to ``concurrency`` threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from psycopg_pool import ConnectionPool
+
+from .app import App
+from .context import Job, PermanentError, Snooze
+from .db import Connection, connect, create_pool
+from .errors import ConfigError, DatabaseUnavailable, LeaseLost
+from .heartbeat import Heartbeat
+from .job import Lease
+from .notify import Listener
+from .store import Failure, Store
+from .validation import check_queue_name
+
+log = logging.getLogger("miniqueue.worker")
+
+OutcomeKind = Literal["completed", "completed_in_transaction", "failed", "permanent", "snoozed", "lease_lost"]
+
+
+def new_worker_id() -> str:
+    """A worker id unique per process incarnation: host, pid and a random suffix, so a restarted
+    process (or a recycled pid) never inherits a dead one's leases."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How a worker claims and runs jobs. Durations are in seconds.
+
+    ``queues`` defaults to every queue of the app's tasks. ``heartbeat_seconds`` defaults to a
+    third of the lease. ``prefetch`` claims that many jobs beyond the free handler slots, so
+    the next job is ready when a slot frees (prefetched jobs hold leases, renewed like running
+    ones, and are released unstarted at shutdown). ``poll_only`` skips LISTEN/NOTIFY (for
+    PgBouncer in transaction mode).
+    """
+
+    queues: Sequence[str] | None = None
+    concurrency: int = 1
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float | None = None
+    poll_interval: float = 1.0
+    shutdown_timeout: float = 10.0
+    prefetch: int = 0
+    poll_only: bool = False
+    worker_id: str | None = None
+    schema: str = "public"
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat_seconds if self.heartbeat_seconds is not None else self.lease_seconds / 3
+
+    def validated(self) -> WorkerConfig:
+        """Return this config if it is consistent, else raise ConfigError naming the problem."""
+        positive = {"lease_seconds": self.lease_seconds, "poll_interval": self.poll_interval,
+                    "heartbeat interval": self.heartbeat_interval}  # fmt: skip
+        for name, value in positive.items():
+            if not value > 0:
+                raise ConfigError(f"{name} {value!r} is invalid: use a positive number of seconds")
+        if self.heartbeat_interval >= self.lease_seconds:
+            raise ConfigError(
+                f"heartbeat interval {self.heartbeat_interval:g}s must be below the lease "
+                f"({self.lease_seconds:g}s), or leases expire between renewals"
+            )
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency {self.concurrency!r} is invalid: use 1 or more handler threads")
+        if self.prefetch < 0 or self.shutdown_timeout < 0:
+            raise ConfigError("prefetch and shutdown_timeout must not be negative")
+        for queue in self.queues or ():
+            check_queue_name(queue)
+        return self
+
+
+@dataclass
+class Outcome:
+    """What became of one job's handler run."""
+
+    kind: OutcomeKind
+    error: str | None = None
+    delay: float = 0.0
+
+
+@dataclass
+class WorkerHooks:
+    """Callbacks the supervisor uses to follow a worker (each runs on the claim-loop thread)."""
+
+    on_job_start: Callable[[Job], None] = lambda job: None
+    on_job_end: Callable[[Job, Outcome], None] = lambda job, outcome: None
+
+
+@dataclass
+class _Slots:
+    """Jobs this worker holds a lease on: claimed but not started, and started."""
+
+    ready: collections.deque[Lease] = field(default_factory=collections.deque)
+    running: dict[int, Job] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def leases(self) -> list[tuple[int, int]]:
+        with self.lock:
+            return [(lease.id, lease.attempt) for lease in self.ready] + [
+                (job.id, job.attempt) for job in self.running.values()
+            ]
+
+
+class Worker:
+    """Claims and runs the jobs of an app's tasks until stopped.
+
+    ``dsn_or_pool`` is a connection string, or a ``psycopg_pool.ConnectionPool`` (autocommit
+    connections) that :meth:`Job.transaction` will use; the worker's own claim, heartbeat and
+    listen connections are opened from the pool's conninfo, since they are held for the
+    worker's lifetime.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        dsn_or_pool: str | ConnectionPool[Connection],
+        config: WorkerConfig | None = None,
+        *,
+        hooks: WorkerHooks | None = None,
+    ) -> None:
+        self.app = app
+        self.config = (config or WorkerConfig()).validated()
+        self.queues = list(self.config.queues or app.queues)
+        if not self.queues:
+            raise ConfigError("the worker has no queue to claim from: register a task or pass queues")
+        self.worker_id = self.config.worker_id or new_worker_id()
+        self.store = Store(self.config.schema)
+        self.hooks = hooks or WorkerHooks()
+        if isinstance(dsn_or_pool, str):
+            self.dsn, self._tx_pool, self._owns_tx_pool = dsn_or_pool, None, True
+        else:
+            info = dsn_or_pool.conninfo
+            self.dsn = info() if callable(info) else info
+            self._tx_pool, self._owns_tx_pool = dsn_or_pool, False
+        self.jobs_done = 0
+        self._slots = _Slots()
+        self._outcomes: collections.deque[tuple[Job, Outcome]] = collections.deque()
+        self._wake = threading.Event()
+        self._nudged = True  # poll once at start
+        self._stop_requested = False
+        self._conn: Connection | None = None
+
+    # -- control -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and drain; :meth:`run` returns once drained.
+
+        Safe to call from any thread, and from a signal handler: it only sets a flag, which
+        the claim loop checks at least every 0.2 s.
+        """
+        self._stop_requested = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested
+
+    def _nudge(self) -> None:
+        self._nudged = True
+        self._wake.set()
+
+    # -- main loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Claim and run jobs until :meth:`stop` is called, then drain and return.
+
+        Graceful stop: no new claims; prefetched jobs are released unstarted; running handlers
+        get ``shutdown_timeout`` seconds to finish and have their outcome recorded. Handlers
+        still running then are told to stop (``job.stop_reason == "shutdown"``) and abandoned:
+        their jobs stay leased until the lease expires and the reaper (or, under
+        ``miniqueue-supervise``, the supervisor) returns them to the queue.
+        """
+        cfg = self.config
+        listener = None if cfg.poll_only else Listener(self.dsn, self.store, self.queues, self._nudge)
+        heartbeat = Heartbeat(
+            self.dsn, self.store, self.worker_id, lease_seconds=cfg.lease_seconds, interval=cfg.heartbeat_interval,
+            leases=self._slots.leases, on_lost=self._on_lost, on_tick=self._check_timeouts,
+        )  # fmt: skip
+        executor = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="miniqueue-handler")
+        log.info("worker %s started on queues %s", self.worker_id, ",".join(self.queues))
+        for thread in (listener, heartbeat):
+            if thread:
+                thread.start()
+        try:
+            self._loop(executor)
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            heartbeat.stop()
+            if listener:
+                listener.stop()
+            self._close()
+            if self._owns_tx_pool and self._tx_pool is not None:
+                self._tx_pool.close()
+            log.info("worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
+
+    def _loop(self, executor: ThreadPoolExecutor) -> None:
+        deadline: float | None = None
+        next_poll = 0.0
+        delay = 0.1
+        while True:
+            try:
+                self._flush_outcomes()
+                if self._stop_requested:
+                    if deadline is None:
+                        deadline = time.monotonic() + self.config.shutdown_timeout
+                        self._release_ready()
+                    if not self._slots.running:
+                        return
+                    if time.monotonic() >= deadline:
+                        self._abandon_running()
+                        return
+                elif self._nudged or time.monotonic() >= next_poll:
+                    self._nudged = False
+                    if self._claim():
+                        self._nudged = True  # a full batch: there may be more
+                    next_poll = time.monotonic() + self.config.poll_interval
+                self._dispatch(executor)
+                delay = 0.1
+            except DatabaseUnavailable as exc:
+                log.warning("worker %s: %s; retrying in %.1fs", self.worker_id, exc, delay)
+                self._close()
+                self._nudged = True  # after reconnecting, poll once
+                self._sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self._sleep(max(0.0, next_poll - time.monotonic()) if not self._nudged else 0.0)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait until woken (outcome, notification) or ``seconds`` pass, checking the stop flag."""
+        end = time.monotonic() + seconds
+        while not self._stop_requested:
+            remaining = end - time.monotonic()
+            if remaining <= 0 or self._wake.wait(min(remaining, 0.2)):
+                break
+        self._wake.clear()
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = connect(self.dsn, purpose="worker", schema=self.config.schema)
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    # -- claiming and dispatching --------------------------------------------------------------
+
+    def _claim(self) -> bool:
+        """Claim up to the free capacity; return True if the claim came back full."""
+        with self._slots.lock:
+            free = self.config.concurrency + self.config.prefetch - len(self._slots.ready) - len(self._slots.running)
+        if free <= 0:
+            return False
+        leases = self.store.claim(self._connection(), self.queues, self.worker_id, self.config.lease_seconds, free)
+        with self._slots.lock:
+            self._slots.ready.extend(leases)
+        return len(leases) == free
+
+    def _dispatch(self, executor: ThreadPoolExecutor) -> None:
+        while True:
+            with self._slots.lock:
+                if not self._slots.ready or len(self._slots.running) >= self.config.concurrency:
+                    return
+                lease = self._slots.ready.popleft()
+                job = Job(lease, worker_id=self.worker_id, transaction=self._job_transaction)
+                self._slots.running[job.id] = job
+            self.hooks.on_job_start(job)
+            executor.submit(self._execute, job)
+
+    def _execute(self, job: Job) -> None:
+        """Run one handler (on a handler thread) and queue its outcome for the claim loop."""
+        task = self.app.tasks.get(job.task)
+        try:
+            if task is None:
+                raise LookupError(f"no handler is registered for task {job.task!r} in this worker's app")
+            task.handler(job)
+            outcome = Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
+        except BaseException as exc:  # whatever the handler raises is its outcome
+            outcome = _outcome_of(job, exc)
+        self._outcomes.append((job, outcome))
+        self._wake.set()
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def _flush_outcomes(self) -> None:
+        """Record finished handlers' outcomes: completions in one statement, the rest one by one.
+
+        An outcome leaves the queue only once the database has it, so a connection error
+        retries it; fencing makes a repeat harmless.
+        """
+        if not self._outcomes:
+            return
+        pending = list(self._outcomes)
+        conn = self._connection()
+        completions = [(job.id, job.attempt) for job, outcome in pending if outcome.kind == "completed"]
+        completed = self.store.complete_many(conn, self.worker_id, completions)
+        for job, outcome in pending:
+            if outcome.kind == "completed" and job.id not in completed:
+                outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
+            elif outcome.kind not in ("completed", "completed_in_transaction", "lease_lost"):
+                outcome = self._record(conn, job, outcome)
+            if outcome.kind == "lease_lost":
+                log.warning("job %d (%s, attempt %d): outcome discarded: %s", job.id, job.task, job.attempt,
+                            outcome.error or "the lease was lost")  # fmt: skip
+            self._outcomes.popleft()
+            with self._slots.lock:
+                self._slots.running.pop(job.id, None)
+            self.jobs_done += 1
+            self.hooks.on_job_end(job, outcome)
+
+    def _record(self, conn: Connection, job: Job, outcome: Outcome) -> Outcome:
+        """Record a failure, permanent failure or snooze; LeaseLost turns it into ``lease_lost``."""
+        try:
+            if outcome.kind == "failed":
+                task = self.app.tasks.get(job.task)
+                backoff = task.backoff(job.attempt) if task else 60.0
+                failure = Failure(job.id, job.attempt, outcome.error or "", backoff)
+                if job.id not in self.store.record_failures(conn, self.worker_id, [failure]):
+                    raise LeaseLost(job.id, self.worker_id, job.attempt)
+            elif outcome.kind == "permanent":
+                self.store.fail(conn, job.id, self.worker_id, job.attempt, outcome.error or "")
+            else:
+                self.store.snooze(conn, job.id, self.worker_id, job.attempt, outcome.delay)
+        except LeaseLost as exc:
+            return Outcome("lease_lost", str(exc))
+        return outcome
+
+    def _release_ready(self) -> None:
+        """At shutdown, hand prefetched (never started) jobs back without spending an attempt."""
+        with self._slots.lock:
+            unstarted = list(self._slots.ready)
+            self._slots.ready.clear()
+        for lease in unstarted:
+            with contextlib.suppress(LeaseLost):
+                self.store.snooze(self._connection(), lease.id, self.worker_id, lease.attempt, 0.0)
+
+    def _abandon_running(self) -> None:
+        with self._slots.lock:
+            abandoned = list(self._slots.running.values())
+        for job in abandoned:
+            job.request_stop("shutdown")
+        log.warning("worker %s: shutdown timeout: abandoning %d running job(s) %s to lease expiry",
+                    self.worker_id, len(abandoned), [job.id for job in abandoned])  # fmt: skip
+
+    # -- heartbeat callbacks (heartbeat thread) ------------------------------------------------
+
+    def _on_lost(self, reasons: dict[int, str]) -> None:
+        with self._slots.lock:
+            self._slots.ready = collections.deque(lease for lease in self._slots.ready if lease.id not in reasons)
+            lost = [job for job in self._slots.running.values() if job.id in reasons]
+        for job in lost:
+            log.warning("job %d (%s): %s; telling its handler to stop", job.id, job.task, reasons[job.id])
+            job.request_stop(reasons[job.id])
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        with self._slots.lock:
+            running = list(self._slots.running.values())
+        for job in running:
+            task = self.app.tasks.get(job.task)
+            if task and task.timeout and now - job.started_at > task.timeout:
+                job.request_stop("timeout")
+
+    # -- transactional completion --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _job_transaction(self, job: Job) -> Iterator[Connection]:
+        if self._tx_pool is None:
+            self._tx_pool = create_pool(
+                self.dsn, purpose="handler", schema=self.config.schema, min_size=0, max_size=self.config.concurrency
+            )
+        with self._tx_pool.connection() as conn, conn.transaction():
+            yield conn
+            self.store.complete(conn, job.id, self.worker_id, job.attempt)
+
+
+def _outcome_of(job: Job, exc: BaseException) -> Outcome:
+    """Classify what a handler raised."""
+    if job.completed_in_transaction:
+        log.warning("job %d raised after its transaction committed; it stays completed: %r", job.id, exc)
+        return Outcome("completed_in_transaction")
+    if isinstance(exc, LeaseLost):
+        return Outcome("lease_lost", str(exc))
+    if isinstance(exc, Snooze):
+        return Outcome("snoozed", delay=exc.seconds)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
+    if isinstance(exc, PermanentError):
+        return Outcome("permanent", text)
+    return Outcome("failed", text)
+
+
+__all__ = ["Outcome", "Worker", "WorkerConfig", "WorkerHooks", "new_worker_id"]
