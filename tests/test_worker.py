@@ -1,0 +1,441 @@
+"""The in-process worker runtime against a real PostgreSQL: claims, heartbeats, outcomes, shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from miniqueue import Client, LeaseLost, State, Store
+from miniqueue.app import App
+from miniqueue.context import Job, PermanentError, Snooze
+from miniqueue.db import Connection
+from miniqueue.reaper import Reaper
+from miniqueue.worker import Worker, WorkerConfig
+
+from .helpers import count, expire_lease, row, wait_until
+
+FAST = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "poll_interval": 0.2, "shutdown_timeout": 5.0}
+
+
+class Running:
+    """A worker running on a thread, stopped and joined at the end of the test."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.worker.stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker did not stop"
+
+
+StartWorker = Callable[..., Running]
+
+
+@pytest.fixture
+def start_worker(dsn: str) -> Iterator[StartWorker]:
+    started: list[Running] = []
+
+    def start(app: App, **config: Any) -> Running:
+        running = Running(Worker(app, dsn, WorkerConfig(**{**FAST, **config})))
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.worker.stop()
+    for running in started:
+        running.thread.join(10)
+
+
+def test_processes_a_job(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    seen: list[Any] = []
+    app.task("greet")(lambda job: seen.append((job.payload, job.attempt)))
+    job_id = app.enqueue(client, "greet", {"name": "ada"}).id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+    assert seen == [({"name": "ada"}, 1)]
+    stored = row(conn, job_id)
+    assert stored["lease_expires_at"] is None and stored["leased_by"] is None
+    assert stored["completed_at"] is not None
+
+
+def test_heartbeat_keeps_a_short_lease_alive_through_a_long_handler(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    app.task("slow")(lambda job: time.sleep(6))
+    job_id = app.enqueue(client, "slow").id
+    start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=15, what="slow job completed")
+    stored = row(conn, job_id)
+    assert stored["attempt"] == 1, "the lease expired and the job was re-run"
+    assert stored["errors"] == []
+
+
+def test_error_retries_then_dead_with_the_error_recorded(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+
+    @app.task("explode", max_attempts=3, backoff=lambda attempt: 0.0)
+    def explode(job: Job) -> None:
+        raise ValueError(f"bad input on attempt {job.attempt}")
+
+    job_id = app.enqueue(client, "explode").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "dead", what="job dead")
+    stored = row(conn, job_id)
+    assert stored["attempt"] == 3
+    assert "ValueError: bad input on attempt 3" in stored["last_error"]
+    assert "Traceback" in stored["last_error"]
+    assert [e["attempt"] for e in stored["errors"]] == [1, 2, 3]
+    assert all(e["worker"] for e in stored["errors"])
+
+
+def test_fails_twice_then_succeeds(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+
+    @app.task("flaky", max_attempts=5, backoff=lambda attempt: 0.0)
+    def flaky(job: Job) -> None:
+        if job.attempt < 3:
+            raise RuntimeError("transient")
+
+    job_id = app.enqueue(client, "flaky").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+    stored = row(conn, job_id)
+    assert stored["attempt"] == 3
+    assert len(stored["errors"]) == 2
+
+
+def test_always_failing_goes_dead_after_max_attempts(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    calls: list[int] = []
+
+    @app.task("never", max_attempts=4, backoff=lambda attempt: 0.0)
+    def never(job: Job) -> None:
+        calls.append(job.attempt)
+        raise RuntimeError("always")
+
+    job_id = app.enqueue(client, "never").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "dead", what="job dead")
+    assert calls == [1, 2, 3, 4]
+
+
+def test_graceful_shutdown_completes_the_in_flight_job(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    started = threading.Event()
+
+    @app.task("long")
+    def long(job: Job) -> None:
+        started.set()
+        time.sleep(1.5)
+
+    job_id = app.enqueue(client, "long").id
+    running = start_worker(app, shutdown_timeout=10.0)
+    assert started.wait(10)
+    running.stop()
+    assert row(conn, job_id)["state"] == "completed"
+
+
+def test_shutdown_timeout_abandons_the_handler_and_tells_it(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    reasons: list[str | None] = []
+    started = threading.Event()
+
+    @app.task("stubborn")
+    def stubborn(job: Job) -> None:
+        started.set()
+        job.wait(30)
+        reasons.append(job.stop_reason)
+
+    job_id = app.enqueue(client, "stubborn").id
+    running = start_worker(app, shutdown_timeout=0.3)
+    assert started.wait(10)
+    running.stop()
+    wait_until(lambda: reasons, what="handler told to stop")
+    assert reasons == ["shutdown"]
+    assert row(conn, job_id)["state"] == "running", "an abandoned job waits for its lease to expire"
+
+
+def test_killed_worker_is_recovered_by_the_reaper_and_completed_as_attempt_2(
+    client: Client, conn: Connection, store: Store, dsn: str, start_worker: StartWorker
+) -> None:
+    app = App()
+    app.task("work")(lambda job: None)
+    job_id = app.enqueue(client, "work").id
+    # A worker that "crashed" right after claiming: it holds the lease and will never renew it.
+    (lease,) = store.claim(conn, ["default"], "crashed-worker", 30, 1)
+    expire_lease(conn, job_id)
+    Reaper(dsn).run_once()
+    assert row(conn, job_id)["state"] == "available"
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+    stored = row(conn, job_id)
+    assert stored["attempt"] == 2 == lease.attempt + 1
+    assert stored["errors"][0]["worker"] == "crashed-worker"
+
+
+def test_three_workers_thirty_jobs_no_duplicates(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    runs: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    @app.task("count")
+    def count_job(job: Job) -> None:
+        with lock:
+            runs.append((job.id, job.worker_id))
+        time.sleep(0.01)
+
+    ids = {app.enqueue(client, "count", {"i": i}).id for i in range(30)}
+    workers = [start_worker(app, concurrency=2) for _ in range(3)]
+    wait_until(lambda: count(conn, "state = 'completed'") == 30, what="30 completed")
+    assert sorted(job_id for job_id, _ in runs) == sorted(ids)
+    assert len({worker for _, worker in runs}) >= 2, "the work was not shared"
+    assert len({w.worker.worker_id for w in workers}) == 3
+
+
+def test_lease_lost_mid_handler_is_signalled_and_its_completion_rejected(
+    client: Client, conn: Connection, store: Store, dsn: str, start_worker: StartWorker
+) -> None:
+    app = App()
+    first_started = threading.Event()
+    reasons: list[str | None] = []
+
+    @app.task("contested")
+    def contested(job: Job) -> None:
+        first_started.set()
+        job.wait(10)
+        reasons.append(job.stop_reason)
+
+    job_id = app.enqueue(client, "contested").id
+    start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
+    assert first_started.wait(10)
+    # Take the job away from the worker: expire it, recover it, and complete it elsewhere.
+    expire_lease(conn, job_id)
+    Reaper(dsn).run_once()
+    (lease,) = store.claim(conn, ["default"], "other-worker", 30, 1)
+    store.complete(conn, job_id, "other-worker", lease.attempt)
+    wait_until(lambda: reasons, what="the first handler told its lease was lost")
+    assert reasons == ["lease lost"]
+    stored = row(conn, job_id)
+    assert stored["state"] == "completed" and stored["attempt"] == 2
+
+
+def test_notify_wakes_an_idle_worker_long_before_the_poll_interval(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    started: list[float] = []
+    app.task("ping")(lambda job: started.append(time.monotonic()))
+    running = start_worker(app, poll_interval=30.0)
+    listener_ready = wait_until(lambda: running.worker.jobs_done == 0 and _listening(conn), what="listener")
+    assert listener_ready
+    enqueued = time.monotonic()
+    app.enqueue(client, "ping")
+    wait_until(lambda: started, timeout=10, what="job started")
+    assert started[0] - enqueued < 5.0, "the worker waited for its 30 s poll instead of the notification"
+
+
+def test_poll_only_worker_still_finds_jobs(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    app.task("quiet")(lambda job: None)
+    start_worker(app, poll_only=True, poll_interval=0.1)
+    job_id = app.enqueue(client, "quiet").id
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+    assert not _listening(conn)
+
+
+def test_worker_survives_terminated_connections(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    app.task("steady")(lambda job: time.sleep(0.005))
+    running = start_worker(app, concurrency=2)
+    first = [app.enqueue(client, "steady", {"i": i}).id for i in range(20)]
+    wait_until(lambda: count(conn, "state = 'completed'") == 20, what="first batch")
+    killed = conn.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name IN ('miniqueue:worker', 'miniqueue:heartbeat', 'miniqueue:listen')"
+    ).fetchone()
+    assert killed and killed[0] >= 2
+    second = [app.enqueue(client, "steady", {"i": i}).id for i in range(20)]
+    wait_until(lambda: count(conn, "state = 'completed'") == 40, timeout=20, what="second batch after reconnect")
+    assert len(set(first + second)) == 40
+    assert running.thread.is_alive()
+
+
+def test_transactional_completion_commits_writes_with_the_completion(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
+    conn.execute("TRUNCATE effects")
+    app = App()
+
+    @app.task("effect")
+    def effect(job: Job) -> None:
+        with job.transaction() as tx:
+            tx.execute("INSERT INTO effects (job_id) VALUES (%s)", [job.id])
+
+    job_id = app.enqueue(client, "effect").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+    assert conn.execute("SELECT job_id FROM effects").fetchall() == [(job_id,)]
+
+
+def test_transactional_completion_rolls_back_when_the_lease_is_lost(
+    client: Client, conn: Connection, store: Store, start_worker: StartWorker
+) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
+    conn.execute("TRUNCATE effects")
+    app = App()
+    may_commit = threading.Event()
+    started = threading.Event()
+    raised: list[BaseException] = []
+
+    @app.task("late")
+    def late(job: Job) -> None:
+        started.set()
+        may_commit.wait(10)
+        try:
+            with job.transaction() as tx:
+                tx.execute("INSERT INTO effects (job_id) VALUES (%s)", [job.id])
+        except LeaseLost as exc:
+            raised.append(exc)
+            raise
+
+    job_id = app.enqueue(client, "late").id
+    start_worker(app)
+    assert started.wait(10)
+    store.cancel(conn, [job_id])
+    may_commit.set()
+    wait_until(lambda: raised, what="LeaseLost raised in the handler")
+    assert conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+    assert row(conn, job_id)["state"] == "cancelled"
+
+
+def test_snooze_runs_again_later_without_spending_an_attempt(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    runs: list[int] = []
+
+    @app.task("later", max_attempts=1)
+    def later(job: Job) -> None:
+        runs.append(job.attempt)
+        if len(runs) == 1:
+            raise Snooze(0.2)
+
+    job_id = app.enqueue(client, "later").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed after snooze")
+    assert len(runs) == 2
+    stored = row(conn, job_id)
+    assert stored["errors"] == [] and stored["max_attempts"] - stored["attempt"] == 0
+
+
+def test_permanent_error_fails_without_retry(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    runs: list[int] = []
+
+    @app.task("refuse", max_attempts=5)
+    def refuse(job: Job) -> None:
+        runs.append(job.attempt)
+        raise PermanentError("card declined")
+
+    job_id = app.enqueue(client, "refuse").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "failed", what="job failed")
+    assert runs == [1]
+    assert "card declined" in row(conn, job_id)["last_error"]
+
+
+def test_unknown_task_is_retried_then_dead(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    app.task("known")(lambda job: None)
+    job_id = client.enqueue("unknown", max_attempts=1)
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id.id)["state"] == "dead", what="unknown task dead")
+    assert "no handler is registered for task 'unknown'" in row(conn, job_id.id)["last_error"]
+
+
+def test_timeout_tells_the_handler_to_stop(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    reasons: list[str | None] = []
+
+    @app.task("bounded", timeout=0.3)
+    def bounded(job: Job) -> None:
+        job.wait(10)
+        reasons.append(job.stop_reason)
+
+    app.enqueue(client, "bounded")
+    start_worker(app)
+    wait_until(lambda: reasons, what="handler told about its timeout")
+    assert reasons == ["timeout"]
+
+
+def test_multiple_queues_and_priorities(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+    app = App()
+    order: list[str] = []
+    app.task("a", queue="alpha")(lambda job: order.append(job.payload["n"]))
+    app.task("b", queue="beta")(lambda job: order.append(job.payload["n"]))
+    for name, task, priority in [("low", "a", 1), ("high", "b", 10), ("mid", "a", 5)]:
+        app.enqueue(client, task, {"n": name}, priority=priority)
+    start_worker(app, concurrency=1)
+    wait_until(lambda: len(order) == 3, what="three jobs")
+    assert order == ["high", "mid", "low"]
+    assert {c.state for c in client.counts()} == {State.COMPLETED}
+
+
+def _listening(conn: Connection) -> bool:
+    result = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:listen' "
+        "AND datname = current_database() AND query LIKE 'LISTEN%%'"
+    ).fetchone()
+    return bool(result and result[0])
+
+
+def test_worker_rejects_a_heartbeat_not_below_the_lease(dsn: str) -> None:
+    app = App()
+    app.task("x")(lambda job: None)
+    from miniqueue import ConfigError
+
+    with pytest.raises(ConfigError, match="heartbeat interval 5s must be below the lease"):
+        Worker(app, dsn, WorkerConfig(lease_seconds=5, heartbeat_seconds=5))
+    with pytest.raises(ConfigError, match="concurrency 0"):
+        Worker(app, dsn, WorkerConfig(concurrency=0))
+
+
+def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Connection, dsn: str) -> None:
+    from miniqueue.db import create_pool
+
+    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
+    conn.execute("TRUNCATE effects")
+    app = App()
+
+    @app.task("pooled")
+    def pooled(job: Job) -> None:
+        with job.transaction() as tx:
+            tx.execute("INSERT INTO effects (job_id) VALUES (%s)", [job.id])
+
+    job_id = app.enqueue(client, "pooled").id
+    with create_pool(dsn, purpose="app") as pool:
+        running = Running(Worker(app, pool, WorkerConfig(**FAST)))
+        try:
+            wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+        finally:
+            running.stop()
+    assert conn.execute("SELECT job_id FROM effects").fetchall() == [(job_id,)]
