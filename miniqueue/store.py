@@ -253,6 +253,12 @@ DELETE FROM {jobs}
 _HAS_VERSIONS = "SELECT to_regclass(%(versions)s) IS NOT NULL"
 _SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM {migrations}"
 
+# How many connections the server allows, keeps for superusers, and has in use by clients.
+_CONNECTION_CAPACITY = """
+SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+"""
+
 # Migrations: one migrator at a time per schema; the others wait on the lock, then find nothing to do.
 _MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(hashtext('miniqueue-migrate:' || %(schema)s))"
 _CREATE_SCHEMA = "CREATE SCHEMA IF NOT EXISTS {schema}"
@@ -581,6 +587,11 @@ class Store:
         if not self._rows(conn, _HAS_VERSIONS, {"versions": self._versions_table})[0][0]:
             return 0
         return int(self._rows(conn, self._schema_version, {})[0][0])
+
+    def connection_capacity(self, conn: Connection) -> tuple[int, int, int]:
+        """``(max_connections, superuser_reserved_connections, client connections in use)``."""
+        row = self._rows(conn, _CONNECTION_CAPACITY, {})[0]
+        return int(row[0]), int(row[1]), int(row[2])
 
     def apply_migrations(self, conn: Connection, migrations: Sequence[tuple[int, str, str]]) -> set[int]:
         """Apply the ``(version, name, sql)`` migrations not yet recorded, in one transaction

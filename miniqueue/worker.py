@@ -39,10 +39,11 @@ log = logging.getLogger("miniqueue.worker")
 OutcomeKind = Literal["completed", "completed_in_transaction", "failed", "permanent", "snoozed", "lease_lost"]
 
 
-def new_worker_id() -> str:
+def new_worker_id(pid: int | None = None, suffix: str | None = None) -> str:
     """A worker id unique per process incarnation: host, pid and a random suffix, so a restarted
-    process (or a recycled pid) never inherits a dead one's leases."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    process (or a recycled pid) never inherits a dead one's leases. The supervisor passes the
+    child's pid and the suffix it chose before fork, so both sides compute the same id."""
+    return f"{socket.gethostname()}:{pid or os.getpid()}:{suffix or secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)

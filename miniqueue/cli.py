@@ -1,0 +1,343 @@
+"""Command line: ``miniqueue`` (migrate, enqueue, inspect, repair, demo) and ``miniqueue-supervise``.
+
+This module only parses options and calls into the library. The database comes from
+``--database-url`` or ``DATABASE_URL``; with neither, a private embedded PostgreSQL is started
+in ``./.miniqueue/pgdata`` (or ``$MINIQUEUE_DATA_DIR``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from . import embedded
+from .client import Client
+from .db import check_dsn, mask_dsn
+from .errors import MiniqueueError
+from .job import State
+from .migrate import run_migrations
+from .process import configure_logging
+from .reaper import ReaperConfig
+from .supervisor import Supervisor, SupervisorConfig
+from .worker import WorkerConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+database_option = click.option(
+    "--database-url",
+    envvar="DATABASE_URL",
+    help="PostgreSQL URL (default: $DATABASE_URL, else an embedded server in ./.miniqueue).",
+)
+
+
+def resolve_database(url: str | None) -> str:
+    """The DSN to use: the given one (checked), or the embedded server's (started, migrated)."""
+    if url:
+        check_dsn(url)
+        return url
+    uri = embedded.start()
+    run_migrations(uri)
+    click.echo(f"using the embedded PostgreSQL in {embedded.data_dir()} (connect: psql '{uri}')", err=True)
+    return uri
+
+
+def friendly_errors(command: F) -> F:
+    """Report miniqueue errors as one line and a non-zero exit, never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except MiniqueueError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="miniqueue")
+def main() -> None:
+    """miniqueue: a PostgreSQL-backed job queue."""
+
+
+@main.command()
+@database_option
+@friendly_errors
+def migrate(database_url: str | None) -> None:
+    """Create or upgrade the queue's tables (safe to run concurrently)."""
+    dsn = resolve_database(database_url)
+    applied = run_migrations(dsn)
+    names = ", ".join(f"{m.version:03d}_{m.name}" for m in applied)
+    click.echo(f"applied {len(applied)} migration(s){': ' + names if names else ''} to {mask_dsn(dsn)}")
+
+
+@main.command()
+@click.argument("task")
+@click.option("--queue", default="default", show_default=True)
+@click.option("--payload", default="{}", show_default=True, help="The job's payload, as JSON.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--delay", type=float, help="Run no sooner than this many seconds from now.")
+@click.option(
+    "--run-at",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
+    help="Run no sooner than this time (with a UTC offset, e.g. 2026-01-01T09:00:00+00:00).",
+)
+@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--idempotency-key")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@database_option
+@friendly_errors
+def enqueue(
+    task: str,
+    queue: str,
+    payload: str,
+    priority: int,
+    delay: float | None,
+    run_at: dt.datetime | None,
+    max_attempts: int,
+    idempotency_key: str | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Enqueue one job of TASK."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+    with Client(resolve_database(database_url)) as client:
+        result = client.enqueue(
+            task,
+            data,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
+        )
+    if as_json:
+        click.echo(json.dumps({"id": result.id, "duplicate": result.duplicate}))
+    else:
+        click.echo(f"job {result.id} {'already existed (same idempotency key)' if result.duplicate else 'enqueued'}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@database_option
+@friendly_errors
+def stats(as_json: bool, database_url: str | None) -> None:
+    """Job counts by queue and state."""
+    with Client(resolve_database(database_url)) as client:
+        counts = client.counts()
+    if as_json:
+        click.echo(json.dumps([{"queue": c.queue, "state": c.state.value, "count": c.count} for c in counts]))
+        return
+    click.echo(f"{'queue':<24} {'state':<10} {'count':>10}")
+    for c in counts:
+        click.echo(f"{c.queue:<24} {c.state.value:<10} {c.count:>10}")
+
+
+@main.group()
+def jobs() -> None:
+    """Inspect jobs."""
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@database_option
+@friendly_errors
+def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
+    """Every field of one job, with its error history."""
+    with Client(resolve_database(database_url)) as client:
+        job = client.get(job_id)
+    fields = {k: v for k, v in job.__dict__.items() if k != "errors"}
+    fields["state"] = job.state.value
+    history = [e.__dict__ for e in job.errors]
+    if as_json:
+        click.echo(json.dumps({**fields, "errors": history}, default=str))
+        return
+    for key, value in fields.items():
+        click.echo(f"{key:>16}: {json.dumps(value, default=str) if key == 'payload' else value}")
+    for entry in history:
+        click.echo(f"--- attempt {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
+
+
+@main.command()
+@click.argument("job_ids", type=int, nargs=-1)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["dead", "failed", "cancelled"]),
+    help="Requeue every job in this state (repeatable) instead of listing ids.",
+)
+@click.option("--queue", help="With --state: only this queue.")
+@click.option("--task", help="With --state: only this task.")
+@database_option
+@friendly_errors
+def requeue(
+    job_ids: tuple[int, ...], states: tuple[str, ...], queue: str | None, task: str | None, database_url: str | None
+) -> None:
+    """Make dead, failed or cancelled jobs available again (ids, or an explicit --state filter)."""
+    if bool(job_ids) == bool(states):
+        raise click.UsageError("give job ids, or --state (with optional --queue/--task), but not both")
+    with Client(resolve_database(database_url)) as client:
+        if job_ids:
+            client.requeue(list(job_ids))
+            click.echo(f"requeued {len(job_ids)} job(s)")
+        else:
+            n = client.requeue_matching([State(s) for s in states], queue=queue, task=task)
+            click.echo(f"requeued {n} job(s)")
+
+
+@main.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+@database_option
+@friendly_errors
+def cancel(job_ids: tuple[int, ...], database_url: str | None) -> None:
+    """Cancel available or running jobs (a running handler is told at its next heartbeat)."""
+    with Client(resolve_database(database_url)) as client:
+        client.cancel(list(job_ids))
+    click.echo(f"cancelled {len(job_ids)} job(s)")
+
+
+@main.command()
+@database_option
+@friendly_errors
+def demo(database_url: str | None) -> None:
+    """Run the seed's demo: five jobs through a real supervisor, printed in processing order."""
+    from .demo import DEMO_JOBS
+    from .demo import app as demo_app
+
+    dsn = resolve_database(database_url)
+    with Client(dsn) as client:
+        ids = []
+        for name, _priority in DEMO_JOBS:
+            ids.append(demo_app.enqueue(client, name).id)
+            click.echo(f"enqueued {name} (priority {_priority})")
+        supervisor = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "miniqueue.cli",
+                "supervise",
+                "--app",
+                "miniqueue.demo:app",
+                "--workers",
+                "1",
+                "--log-level",
+                "WARNING",
+                "--poll-interval",
+                "0.2",
+            ],
+            env={**os.environ, "DATABASE_URL": dsn},
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while any(client.get(i).state != State.COMPLETED for i in ids):
+                if supervisor.poll() is not None or time.monotonic() > deadline:
+                    raise click.ClickException("the demo did not finish: see the supervisor's output above")
+                time.sleep(0.1)
+        finally:
+            supervisor.send_signal(signal.SIGTERM)
+            supervisor.wait(30)
+    click.echo("all 5 demo jobs completed, in priority order (FIFO within a priority)")
+
+
+def _seconds(name: str, default: float | None) -> Callable[[F], F]:
+    return click.option(f"--{name}", type=float, default=default, show_default=True, help="Seconds.")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIQUEUE"})
+@click.option("--app", "app_ref", required=True, help="The app to run, as module:attribute.")
+@click.option("--workers", type=int, default=os.cpu_count() or 1, show_default=True, help="Worker processes.")
+@click.option("--queues", help="Comma-separated queues to claim from (default: every queue of the app's tasks).")
+@click.option("--concurrency", type=int, default=1, show_default=True, help="Handler threads per worker.")
+@click.option("--prefetch", type=int, default=0, show_default=True, help="Jobs claimed ahead of free threads.")
+@_seconds("lease-duration", 30.0)
+@_seconds("heartbeat-interval", None)
+@_seconds("poll-interval", 1.0)
+@_seconds("reaper-interval", 5.0)
+@_seconds("shutdown-timeout", 10.0)
+@click.option("--max-jobs-per-child", type=int, help="Recycle a worker after this many jobs.")
+@click.option("--max-memory-per-child", type=float, help="Recycle a worker whose RSS passes this many MB.")
+@click.option("--preload", is_flag=True, help="Import the app once before forking (copy-on-write).")
+@click.option("--poll-only", is_flag=True, help="Do not LISTEN (for PgBouncer in transaction mode).")
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@database_option
+@friendly_errors
+def supervise(
+    app_ref: str,
+    workers: int,
+    queues: str | None,
+    concurrency: int,
+    prefetch: int,
+    lease_duration: float,
+    heartbeat_interval: float | None,
+    poll_interval: float,
+    reaper_interval: float,
+    shutdown_timeout: float,
+    max_jobs_per_child: int | None,
+    max_memory_per_child: float | None,
+    preload: bool,
+    poll_only: bool,
+    log_level: str,
+    database_url: str | None,
+) -> None:
+    """Run worker processes and a reaper under a prefork supervisor.
+
+    Signals: TERM/INT drain and exit; a second INT or QUIT exits fast; HUP replaces the workers;
+    TTIN/TTOU add or remove one worker.
+    """
+    configure_logging(log_level)
+    worker = WorkerConfig(
+        queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        concurrency=concurrency,
+        prefetch=prefetch,
+        lease_seconds=lease_duration,
+        heartbeat_seconds=heartbeat_interval,
+        poll_interval=poll_interval,
+        shutdown_timeout=shutdown_timeout,
+        poll_only=poll_only,
+    )
+    config = SupervisorConfig(
+        dsn="",
+        app_ref=app_ref,
+        workers=workers,
+        worker=worker,
+        reaper=ReaperConfig(interval=reaper_interval),
+        max_jobs_per_child=max_jobs_per_child,
+        max_memory_mb=max_memory_per_child,
+        preload=preload,
+    ).validated()
+    config = dataclasses.replace(config, dsn=resolve_database(database_url))
+    sys.exit(Supervisor(config).run())
+
+
+main.add_command(supervise)
+
+
+def supervise_main() -> None:
+    """Entry point of ``miniqueue-supervise``."""
+    supervise(prog_name="miniqueue-supervise")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Process plumbing shared by the supervisor and its children: titles, signal names, parent death,
+and the one-line report protocol children speak to the supervisor over a pipe."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+import setproctitle
+
+#: Exit code of a child that could not boot (bad app, bad config): do not respawn blindly.
+EXIT_BOOT_ERROR = 3
+
+_PR_SET_PDEATHSIG = 1
+
+_label = "supervisor"
+
+
+def set_title(text: str) -> None:
+    """Name this process ``miniqueue <text>`` in ps/top (never put a DSN here)."""
+    setproctitle.setproctitle(f"miniqueue {text}")
+
+
+def set_label(label: str) -> None:
+    """Name this process in its log lines (``worker-3``, ``reaper``, ``supervisor``)."""
+    global _label
+    _label = label
+
+
+class _LabelFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.mq_process = _label
+        return True
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Log to stderr, each line prefixed by the process's label and pid."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_LabelFilter())
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s [%(mq_process)s %(process)d] %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9, and so on."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_exit(status: int) -> str:
+    """Turn a ``waitpid`` status into words: ``killed by SIGKILL``, ``exited with code 3``."""
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal_name(os.WTERMSIG(status))}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the parent-pid check in the child still catches an orphaned child
+
+
+def write_report(fd: int, *words: object) -> None:
+    """Send one report line to the supervisor. Lines are far below PIPE_BUF, so writes from
+    several threads never interleave; a supervisor that is gone is ignored."""
+    line = " ".join(str(w).replace("\n", "\\n") for w in words) + "\n"
+    with contextlib.suppress(OSError):
+        os.write(fd, line.encode("utf-8", "replace")[:4000])

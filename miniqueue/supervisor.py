@@ -1,0 +1,453 @@
+"""The prefork supervisor behind ``miniqueue-supervise``.
+
+The supervisor (the arbiter) forks N worker processes and one reaper, then runs a loop that
+ticks at least once a second: drain recorded signals → read children's reports → reap dead
+children with ``waitpid`` → kill stale ones → spawn missing ones. It holds no database
+connection across ``fork()``: it opens one only to check the schema at start and to release
+the leases of a child it has reaped, and closes it at once.
+
+When a worker dies (SIGKILL, segfault, ``os._exit``, OOM), the supervisor charges an attempt
+to every job that worker still held, right after reaping it, so recovery takes one tick
+rather than lease duration plus reaper interval. The reaper stays as the backstop for hosts
+that vanish whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import queue
+import secrets
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from .app import App, load_app
+from .child import SUPERVISOR_SIGNALS, ChildSpec, run_child
+from .db import connect, mask_dsn
+from .errors import ConfigError, MiniqueueError
+from .migrate import check_schema_version
+from .process import EXIT_BOOT_ERROR, describe_exit, set_title, signal_name
+from .reaper import ReaperConfig
+from .retry import default_backoff
+from .store import Failure, Store
+from .worker import WorkerConfig, new_worker_id
+
+log = logging.getLogger("miniqueue.supervisor")
+
+TICK_SECONDS = 1.0
+MAX_RESTART_DELAY = 10.0
+STABLE_AFTER_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """How ``miniqueue-supervise`` runs. Durations in seconds; memory in MB."""
+
+    dsn: str
+    app_ref: str
+    workers: int = os.cpu_count() or 1
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    reaper: ReaperConfig = field(default_factory=ReaperConfig)
+    max_jobs_per_child: int | None = None
+    max_memory_mb: float | None = None
+    preload: bool = False
+    timeout_grace: float = 5.0
+    liveness_timeout: float = 30.0
+    report_interval: float = 1.0
+    boot_failure_limit: int = 3
+
+    def validated(self) -> SupervisorConfig:
+        if self.workers < 1:
+            raise ConfigError(f"--workers {self.workers} is invalid: run at least 1 worker process")
+        if self.max_jobs_per_child is not None and self.max_jobs_per_child < 1:
+            raise ConfigError(f"--max-jobs-per-child {self.max_jobs_per_child} is invalid: use 1 or more")
+        if self.max_memory_mb is not None and not self.max_memory_mb > 0:
+            raise ConfigError(f"--max-memory-per-child {self.max_memory_mb} is invalid: use a positive number of MB")
+        if self.liveness_timeout <= 2 * self.report_interval:
+            raise ConfigError("the liveness timeout must exceed two report intervals")
+        self.worker.validated()
+        self.reaper.validated()
+        return self
+
+
+@dataclass
+class RunningJob:
+    attempt: int
+    task: str
+    started: float
+    timeout: float | None
+
+
+@dataclass
+class Child:
+    """A forked child as the supervisor sees it."""
+
+    slot: str
+    pid: int
+    read_fd: int
+    worker_id: str | None  # None for the reaper
+    started: float
+    last_report: float
+    ready: bool = False
+    retiring: bool = False
+    kill_reason: str | None = None
+    error: str | None = None
+    jobs: dict[int, RunningJob] = field(default_factory=dict)
+    buffer: bytes = b""
+
+
+class Supervisor:
+    """Forks and supervises worker processes and a reaper until told to stop."""
+
+    def __init__(self, config: SupervisorConfig) -> None:
+        self.config = config.validated()
+        self.store = Store(config.worker.schema)
+        self.app: App | None = None
+        self.children: dict[int, Child] = {}
+        self.slots: dict[str, Child | None] = {}
+        self.restart_at: dict[str, float] = {}
+        self.failures: dict[str, int] = {}
+        self.boot_failures = 0
+        self.fatal_error: str | None = None
+        self.stopping: str | None = None  # None, "graceful" or "fast"
+        self.stop_deadline = 0.0
+        self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.wake_r, self.wake_w = -1, -1
+        self.announced_ready = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Supervise until stopped; return the exit code (0 after a graceful stop)."""
+        set_title("supervisor")
+        self.check_database()
+        if self.config.preload:
+            self.app = load_app(self.config.app_ref)
+        self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
+        self.install_signals()
+        log.info("supervisor starting %d worker(s) and a reaper for %s on %s", self.config.workers,
+                 self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
+        try:
+            while self.children or not self.stopping:
+                self.sleep()
+                self.handle_signals()
+                self.read_reports()
+                self.reap_children()
+                if self.stopping:
+                    self.enforce_stop_deadline()
+                    continue
+                self.murder_workers()
+                self.spawn_missing()
+        finally:
+            signal.set_wakeup_fd(-1)
+        if self.fatal_error:
+            log.error("%s", self.fatal_error)
+            return EXIT_BOOT_ERROR
+        log.info("supervisor stopped")
+        return 0
+
+    def check_database(self) -> None:
+        """Fail fast, before forking, if the schema is old or the connections cannot fit."""
+        per_worker = 2 if self.config.worker.poll_only else 3
+        needed = self.config.workers * per_worker + 2
+        with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema) as conn:
+            check_schema_version(conn, self.store.schema)
+            limit, reserved, in_use = self.store.connection_capacity(conn)
+        if needed > limit - reserved - in_use + 1:  # +1: this check's own connection is closed now
+            raise ConfigError(
+                f"--workers {self.config.workers} needs {needed} connections ({per_worker} per worker, the reaper "
+                f"and the supervisor) but the server allows {limit} ({reserved} reserved, {in_use} in use): "
+                "lower --workers or raise max_connections"
+            )
+
+    def install_signals(self) -> None:
+        """Signal handlers only record the signal; the main loop acts on it (no logging or
+        locking inside a handler, which can deadlock). The wakeup fd interrupts the loop's sleep."""
+        self.wake_r, self.wake_w = os.pipe()
+        for fd in (self.wake_r, self.wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        for sig in SUPERVISOR_SIGNALS:
+            signal.signal(sig, lambda signum, frame: self.signals.put(signum))
+
+    def sleep(self) -> None:
+        now = time.monotonic()
+        wake_at = [now + TICK_SECONDS, *self.restart_at.values()]
+        if self.stopping:
+            wake_at.append(self.stop_deadline)
+        timeout = max(0.0, min(wake_at) - now)
+        fds = [self.wake_r, *(c.read_fd for c in self.children.values())]
+        try:
+            readable, _, _ = select.select(fds, [], [], timeout)
+        except InterruptedError:
+            return
+        if self.wake_r in readable:
+            try:
+                while os.read(self.wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def handle_signals(self) -> None:
+        while not self.signals.empty():
+            signum = self.signals.get()
+            if signum == signal.SIGCHLD:
+                continue  # reaping happens every tick anyway
+            log.info("received %s", signal_name(signum))
+            if signum in (signal.SIGTERM, signal.SIGINT) and not self.stopping:
+                self.begin_stop("graceful")
+            elif signum in (signal.SIGINT, signal.SIGQUIT):
+                self.begin_stop("fast")
+            elif signum == signal.SIGHUP and not self.stopping:
+                self.replace_workers()
+            elif signum == signal.SIGTTIN and not self.stopping:
+                self.resize(+1)
+            elif signum == signal.SIGTTOU and not self.stopping:
+                self.resize(-1)
+
+    def begin_stop(self, mode: str) -> None:
+        """Graceful: children drain up to the shutdown timeout. Fast: children leave now."""
+        self.stopping = mode
+        self.restart_at.clear()
+        if mode == "graceful":
+            self.stop_deadline = time.monotonic() + self.config.worker.shutdown_timeout + 5.0
+            self.signal_children(signal.SIGTERM)
+        else:
+            self.stop_deadline = time.monotonic() + 3.0
+            self.signal_children(signal.SIGQUIT)
+
+    def enforce_stop_deadline(self) -> None:
+        if self.children and time.monotonic() >= self.stop_deadline:
+            log.warning("children still running at the stop deadline: killing %s", sorted(self.children))
+            for child in self.children.values():
+                child.kill_reason = child.kill_reason or "supervisor stop deadline passed"
+            self.signal_children(signal.SIGKILL)
+            self.stop_deadline = time.monotonic() + 5.0
+
+    def signal_children(self, sig: int) -> None:
+        for pid in list(self.children):
+            self.kill(pid, sig)
+
+    def replace_workers(self) -> None:
+        """HUP: start a fresh generation of workers; the old ones drain and exit."""
+        for slot, child in self.slots.items():
+            if child is not None and slot != "reaper":
+                self.retire(child, "replaced by HUP")
+                self.slots[slot] = None
+
+    def resize(self, delta: int) -> None:
+        """TTIN/TTOU: one worker more or fewer (never fewer than one)."""
+        workers = sorted((s for s in self.slots if s != "reaper"), key=lambda s: int(s.split("-")[1]))
+        if delta > 0:
+            slot = f"worker-{int(workers[-1].split('-')[1]) + 1}"
+            self.slots[slot] = None
+            log.info("adding %s (now %d workers)", slot, len(workers) + 1)
+        elif len(workers) > 1:
+            slot = workers[-1]
+            child = self.slots.pop(slot)
+            self.restart_at.pop(slot, None)
+            if child is not None:
+                self.retire(child, "removed by TTOU")
+            log.info("removing %s (now %d workers)", slot, len(workers) - 1)
+
+    def retire(self, child: Child, why: str) -> None:
+        log.info("stopping %s (pid %d) gracefully: %s", child.slot, child.pid, why)
+        child.retiring = True
+        self.kill(child.pid, signal.SIGTERM)
+
+    # -- children --------------------------------------------------------------------------------
+
+    def spawn_missing(self) -> None:
+        now = time.monotonic()
+        for slot, child in list(self.slots.items()):
+            if child is None and self.restart_at.get(slot, 0.0) <= now:
+                self.restart_at.pop(slot, None)
+                self.slots[slot] = self.spawn_child(slot)
+        if not self.announced_ready and self.slots and all(c and c.ready for c in self.slots.values()):
+            self.announced_ready = True
+            log.info("supervisor ready: %d worker(s) and the reaper are running", len(self.slots) - 1)
+
+    def spawn_child(self, slot: str) -> Child:
+        """Fork one child for ``slot``. The child never returns from here."""
+        read_fd, write_fd = os.pipe()
+        suffix = secrets.token_hex(3)
+        spec = self.child_spec(slot, write_fd, suffix)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            inherited = [read_fd, self.wake_r, self.wake_w, *(c.read_fd for c in self.children.values())]
+            run_child(spec, inherited)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        now = time.monotonic()
+        worker_id = None if slot == "reaper" else new_worker_id(pid, suffix)
+        child = Child(slot=slot, pid=pid, read_fd=read_fd, worker_id=worker_id, started=now, last_report=now)
+        self.children[pid] = child
+        log.info("spawned %s (pid %d)", slot, pid)
+        return child
+
+    def child_spec(self, slot: str, report_fd: int, suffix: str) -> ChildSpec:
+        spec = ChildSpec(
+            name=slot,
+            dsn=self.config.dsn,
+            report_fd=report_fd,
+            report_interval=self.config.report_interval,
+            shutdown_timeout=self.config.worker.shutdown_timeout,
+        )
+        if slot == "reaper":
+            return dataclasses.replace(spec, reaper=self.config.reaper)
+        return dataclasses.replace(
+            spec,
+            app_ref=self.config.app_ref,
+            app=self.app,
+            worker_suffix=suffix,
+            worker=self.config.worker,
+            max_jobs=self.config.max_jobs_per_child,
+        )
+
+    def read_reports(self) -> None:
+        for child in list(self.children.values()):
+            self.read_child(child)
+
+    def read_child(self, child: Child) -> None:
+        try:
+            while chunk := os.read(child.read_fd, 65536):
+                child.buffer += chunk
+        except (BlockingIOError, OSError):
+            pass
+        *lines, child.buffer = child.buffer.split(b"\n")
+        for line in lines:
+            self.handle_report(child, line.decode("utf-8", "replace").split(" ", 1))
+
+    def handle_report(self, child: Child, words: list[str]) -> None:
+        child.last_report = now = time.monotonic()
+        kind, rest = words[0], (words[1] if len(words) > 1 else "")
+        if kind == "ready":
+            child.ready = True
+            self.boot_failures = 0
+            log.info("%s (pid %d) ready", child.slot, child.pid)
+        elif kind == "start":
+            job_id, attempt, timeout, task = rest.split(" ", 3)
+            limit = None if timeout == "-" else float(timeout)
+            child.jobs[int(job_id)] = RunningJob(int(attempt), task, now, limit)
+        elif kind == "end":
+            child.jobs.pop(int(rest.split(" ")[0]), None)
+        elif kind == "error":
+            child.error = rest.replace("\\n", "\n")
+        elif kind == "recycle":
+            child.retiring = True
+            log.info("%s (pid %d) is recycling itself: %s", child.slot, child.pid, rest)
+
+    def reap_children(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is not None:
+                self.read_child(child)  # its last words (a boot error) are still in the pipe
+                os.close(child.read_fd)
+                self.handle_exit(child, status)
+
+    def handle_exit(self, child: Child, status: int) -> None:
+        how = describe_exit(status)
+        clean = os.WIFEXITED(status) and os.waitstatus_to_exitcode(status) == 0
+        level = logging.INFO if clean or child.retiring or self.stopping else logging.WARNING
+        log.log(level, "%s (pid %d) %s%s", child.slot, child.pid, how,
+                f" ({child.kill_reason})" if child.kill_reason else "")  # fmt: skip
+        if child.worker_id and not (clean and not child.jobs):
+            reason = child.kill_reason or f"worker process died: {how.removeprefix('killed by ')}"
+            self.release_leases(child, f"{reason} (pid {child.pid})")
+        if self.slots.get(child.slot) is child:
+            self.slots[child.slot] = None
+            self.schedule_restart(child, clean)
+
+    def schedule_restart(self, child: Child, clean: bool) -> None:
+        if not child.ready and not self.stopping:
+            self.boot_failures += 1
+            if self.boot_failures >= self.config.boot_failure_limit:
+                detail = child.error or "no error was reported"
+                self.fatal_error = (f"{child.slot} failed to boot {self.boot_failures} times in a row; "
+                                    f"giving up. Last error:\n{detail}")  # fmt: skip
+                self.begin_stop("fast")
+                return
+        lived = time.monotonic() - child.started
+        if clean or lived >= STABLE_AFTER_SECONDS:
+            self.failures[child.slot] = 0
+        else:
+            self.failures[child.slot] = self.failures.get(child.slot, 0) + 1
+        failures = self.failures[child.slot]
+        delay = 0.0 if failures == 0 else min(0.1 * 2 ** (failures - 1), MAX_RESTART_DELAY)
+        self.restart_at[child.slot] = time.monotonic() + delay
+        if delay:
+            log.info("restarting %s in %.1fs", child.slot, delay)
+
+    def release_leases(self, child: Child, reason: str) -> None:
+        """Charge an attempt to every job a reaped worker still held (contract 3: the holder is
+        known dead, so the job may leave ``running``)."""
+        assert child.worker_id is not None
+        try:
+            with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema) as conn:
+                leases = self.store.leases_of(conn, child.worker_id)
+                failures = [Failure(i, attempt, reason, default_backoff(attempt)) for i, attempt in leases]
+                states = self.store.record_failures(conn, child.worker_id, failures)
+        except MiniqueueError as exc:
+            log.warning("could not release the leases of %s (%s); the reaper will recover them at expiry",
+                        child.slot, exc)  # fmt: skip
+            return
+        if states:
+            summary = ", ".join(f"job {i} → {s.value}" for i, s in sorted(states.items()))
+            log.info("released %d lease(s) of %s (pid %d): %s", len(states), child.slot, child.pid, summary)
+
+    def murder_workers(self) -> None:
+        """Kill children that stopped reporting or hold a job past its hard timeout; recycle
+        workers over the memory limit."""
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.kill_reason:
+                continue
+            silent = now - child.last_report
+            if silent > self.config.liveness_timeout:
+                self.murder(child, f"worker process killed: no report for {silent:.0f}s")
+                continue
+            for job_id, job in child.jobs.items():
+                if job.timeout is not None and now - job.started > job.timeout + self.config.timeout_grace:
+                    self.murder(child, f"worker process killed: job {job_id} ({job.task}) exceeded its "
+                                       f"{job.timeout:g}s timeout")  # fmt: skip
+                    break
+            else:
+                self.check_memory(child)
+
+    def check_memory(self, child: Child) -> None:
+        limit = self.config.max_memory_mb
+        if limit is None or child.worker_id is None or child.retiring:
+            return
+        try:
+            rss_mb = psutil.Process(child.pid).memory_info().rss / 1_048_576
+        except psutil.Error:
+            return
+        if rss_mb > limit:
+            self.retire(child, f"RSS {rss_mb:.0f} MB is over --max-memory-per-child {limit:g} MB")
+
+    def murder(self, child: Child, reason: str) -> None:
+        log.warning("killing %s (pid %d): %s", child.slot, child.pid, reason)
+        child.kill_reason = reason
+        self.kill(child.pid, signal.SIGKILL)
+
+    @staticmethod
+    def kill(pid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # already dead: waitpid will tell
+            os.kill(pid, sig)
