@@ -136,15 +136,15 @@ class Supervisor:
                  self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
         try:
             while self.children or not self.stopping:
-                self.sleep()
                 self.handle_signals()
                 self.read_reports()
                 self.reap_children()
                 if self.stopping:
                     self.enforce_stop_deadline()
-                    continue
-                self.murder_workers()
-                self.spawn_missing()
+                else:
+                    self.murder_workers()
+                    self.spawn_missing()
+                self.sleep()
         finally:
             signal.set_wakeup_fd(-1)
         if self.fatal_error:

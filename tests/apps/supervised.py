@@ -1,0 +1,61 @@
+"""Tasks for the supervisor tests: each records its execution, some misbehave on purpose."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any
+
+import psycopg
+
+from miniqueue import App
+from miniqueue.context import Job
+
+app = App()
+_conn: psycopg.Connection[Any] | None = None
+
+
+def record(job: Job) -> None:
+    """Commit a row per execution before the handler returns (opened after fork, per process)."""
+    global _conn
+    if _conn is None:
+        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    _conn.execute(
+        "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)", [job.id, job.attempt, os.getpid()]
+    )
+
+
+@app.task("work", max_attempts=3)
+def work(job: Job) -> None:
+    """Record, then sleep ``seconds`` on the attempts listed in ``sleep_on`` (default: none)."""
+    record(job)
+    if job.attempt in job.payload.get("sleep_on", []):
+        job.wait(job.payload.get("seconds", 30))
+
+
+@app.task("segfault", max_attempts=2)
+def segfault(job: Job) -> None:
+    record(job)
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+@app.task("abort", max_attempts=2)
+def abort(job: Job) -> None:
+    record(job)
+    os.abort()
+
+
+@app.task("hog", max_attempts=3)
+def hog(job: Job) -> None:
+    record(job)
+    hoard = getattr(app, "_hoard", [])
+    hoard.append(bytearray(job.payload.get("mb", 64) * 1024 * 1024))
+    app._hoard = hoard  # type: ignore[attr-defined]
+
+
+@app.task("stuck", max_attempts=2, timeout=0.5)
+def stuck(job: Job) -> None:
+    """Ignores should_stop(): only the supervisor's hard timeout ends it."""
+    record(job)
+    time.sleep(60)

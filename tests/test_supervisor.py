@@ -1,0 +1,291 @@
+"""miniqueue-supervise as a real process tree on a real database: children are found with psutil
+and killed for real."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from miniqueue import Client
+from miniqueue.db import Connection
+
+from .helpers import count, row, wait_until
+
+FAST = ["--lease-duration", "5", "--heartbeat-interval", "1", "--poll-interval", "0.2", "--reaper-interval", "1",
+        "--shutdown-timeout", "5"]  # fmt: skip
+APP = "tests.apps.supervised:app"
+
+
+class Supervised:
+    """A running miniqueue-supervise in its own session, with its output in a file."""
+
+    def __init__(self, dsn: str, args: list[str], log: Path, cwd: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "miniqueue.cli", "supervise", *args],
+            env={**os.environ, "DATABASE_URL": dsn},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+        )
+        self.process = psutil.Process(self.proc.pid)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return [c for c in self.process.children() if c.status() != psutil.STATUS_ZOMBIE]
+        except psutil.NoSuchProcess:
+            return []
+
+    def titles(self) -> dict[int, str]:
+        found = {}
+        for child in self.children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[child.pid] = " ".join(child.cmdline()).strip()
+        return found
+
+    def workers(self) -> list[int]:
+        return sorted(pid for pid, title in self.titles().items() if "worker-" in title)
+
+    def reaper(self) -> int | None:
+        return next((pid for pid, title in self.titles().items() if "reaper" in title), None)
+
+    def wait_ready(self, workers: int, timeout: float = 20) -> None:
+        wait_until(
+            lambda: len(self.workers()) == workers and self.reaper() and "supervisor ready" in self.output(),
+            timeout=timeout,
+            what=f"{workers} workers and a reaper ready; output:\n{self.output()}",
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def executions(conn: Connection) -> Connection:
+    conn.execute("CREATE TABLE IF NOT EXISTS executions (job_id BIGINT, attempt INT, pid INT)")
+    conn.execute("TRUNCATE executions")
+    return conn
+
+
+@pytest.fixture
+def supervise(dsn: str, tmp_path: Path, repo_root: Path, executions: Connection) -> Iterator[Any]:
+    started: list[Supervised] = []
+
+    def start(*args: str, app: str = APP, workers: int = 2) -> Supervised:
+        argv = ["--app", app, "--workers", str(workers), *FAST, *args]
+        supervised = Supervised(dsn, argv, tmp_path / f"supervisor-{len(started)}.log", repo_root)
+        started.append(supervised)
+        return supervised
+
+    yield start
+    for supervised in started:
+        supervised.stop()
+
+
+def held_by(conn: Connection, job_id: int) -> int | None:
+    """The pid of the worker process holding a running job."""
+    leased_by = row(conn, job_id)["leased_by"]
+    return int(leased_by.split(":")[1]) if leased_by else None
+
+
+def test_spawns_named_workers_and_a_reaper(supervise: Any) -> None:
+    sup = supervise(workers=3)
+    sup.wait_ready(3)
+    titles = sorted(sup.titles().values())
+    assert titles == ["miniqueue reaper", "miniqueue worker-1 idle", "miniqueue worker-2 idle",
+                      "miniqueue worker-3 idle"]  # fmt: skip
+    assert " ".join(sup.process.cmdline()).strip() == "miniqueue supervisor"
+
+
+def test_sigkill_a_worker_mid_job_then_the_job_is_rerun_as_attempt_2(
+    supervise: Any, client: Client, conn: Connection
+) -> None:
+    sup = supervise(workers=2)
+    sup.wait_ready(2)
+    job_id = client.enqueue("work", {"sleep_on": [1]}).id
+    pid = wait_until(lambda: held_by(conn, job_id), what="job running")
+    wait_until(lambda: f"job {job_id} work" in sup.titles().get(pid, ""), what="title shows the job")
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=15, what="job completed after the kill")
+    stored = row(conn, job_id)
+    assert stored["attempt"] == 2
+    assert stored["errors"][0]["error"] == f"worker process died: SIGKILL (pid {pid})"
+    assert time.monotonic() - killed_at < 10, "recovery waited for the lease instead of the supervisor"
+    wait_until(lambda: len(sup.workers()) == 2 and pid not in sup.workers(), what="worker replaced")
+
+
+def test_sigkill_the_reaper_then_it_is_replaced(supervise: Any) -> None:
+    sup = supervise(workers=1)
+    sup.wait_ready(1)
+    reaper = sup.reaper()
+    os.kill(reaper, signal.SIGKILL)
+    wait_until(lambda: sup.reaper() not in (None, reaper), what="a new reaper")
+    assert "reaper" in sup.output() and "killed by SIGKILL" in sup.output()
+
+
+def test_sigkill_the_supervisor_then_every_child_exits(supervise: Any) -> None:
+    sup = supervise(workers=2)
+    sup.wait_ready(2)
+    children = [psutil.Process(pid) for pid in sup.titles()]
+    os.kill(sup.proc.pid, signal.SIGKILL)
+    sup.proc.wait(5)
+
+    def all_gone() -> bool:
+        for child in children:
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                continue
+        return True
+
+    wait_until(all_gone, timeout=10, what="children exit after the supervisor died")
+
+
+def test_term_while_a_job_runs_completes_it_and_exits_0(supervise: Any, client: Client, conn: Connection) -> None:
+    sup = supervise(workers=1)
+    sup.wait_ready(1)
+    job_id = client.enqueue("work", {"sleep_on": [1], "seconds": 1.5}).id
+    wait_until(lambda: held_by(conn, job_id), what="job running")
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(20) == 0
+    assert row(conn, job_id)["state"] == "completed"
+    assert row(conn, job_id)["attempt"] == 1
+
+
+def test_ttin_adds_and_ttou_removes_a_worker(supervise: Any) -> None:
+    sup = supervise(workers=2)
+    sup.wait_ready(2)
+    sup.proc.send_signal(signal.SIGTTIN)
+    wait_until(lambda: len(sup.workers()) == 3, what="three workers")
+    assert any("worker-3" in t for t in sup.titles().values())
+    sup.proc.send_signal(signal.SIGTTOU)
+    wait_until(lambda: len(sup.workers()) == 2, what="back to two workers")
+    assert not any("worker-3" in t for t in sup.titles().values())
+
+
+def test_hup_replaces_every_worker(supervise: Any) -> None:
+    sup = supervise(workers=2)
+    sup.wait_ready(2)
+    before = set(sup.workers())
+    sup.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: len(sup.workers()) == 2 and not before & set(sup.workers()), what="a new generation")
+
+
+@pytest.mark.parametrize(("task", "signame"), [("segfault", "SIGSEGV"), ("abort", "SIGABRT")])
+def test_a_crashing_handler_goes_dead_at_max_attempts_with_the_signal_named(
+    supervise: Any, client: Client, conn: Connection, task: str, signame: str
+) -> None:
+    sup = supervise(workers=1)
+    sup.wait_ready(1)
+    job_id = client.enqueue(task, max_attempts=2).id
+    wait_until(lambda: row(conn, job_id)["state"] == "dead", timeout=20, what="crashing job dead")
+    stored = row(conn, job_id)
+    assert [e["error"].split(" (pid")[0] for e in stored["errors"]] == [f"worker process died: {signame}"] * 2
+    assert count(conn, "true") == 1
+    ok = client.enqueue("work").id
+    wait_until(lambda: row(conn, ok)["state"] == "completed", what="supervisor still healthy")
+
+
+def test_a_worker_over_the_memory_limit_is_recycled(supervise: Any, client: Client, conn: Connection) -> None:
+    sup = supervise("--max-memory-per-child", "150", workers=1)
+    sup.wait_ready(1)
+    first = sup.workers()[0]
+    ids = [client.enqueue("hog", {"mb": 100}).id for _ in range(2)]
+    wait_until(lambda: all(row(conn, i)["state"] == "completed" for i in ids), what="hogs completed")
+    wait_until(lambda: sup.workers() and sup.workers()[0] != first, what="worker recycled")
+    assert "over --max-memory-per-child 150 MB" in sup.output()
+
+
+def test_max_jobs_per_child_recycles_the_worker(supervise: Any, client: Client, conn: Connection) -> None:
+    sup = supervise("--max-jobs-per-child", "2", workers=1)
+    sup.wait_ready(1)
+    ids = [client.enqueue("work").id for _ in range(6)]
+    wait_until(lambda: all(row(conn, i)["state"] == "completed" for i in ids), what="jobs completed")
+    pids = {p for (p,) in conn.execute("SELECT DISTINCT pid FROM executions").fetchall()}
+    assert len(pids) == 3
+    assert all(row(conn, i)["attempt"] == 1 for i in ids)
+
+
+def test_a_handler_past_its_hard_timeout_is_killed_and_charged(
+    supervise: Any, client: Client, conn: Connection
+) -> None:
+    sup = supervise(workers=1)
+    sup.wait_ready(1)
+    job_id = client.enqueue("stuck", max_attempts=1).id
+    wait_until(lambda: row(conn, job_id)["state"] == "dead", timeout=20, what="stuck job dead")
+    error = row(conn, job_id)["last_error"]
+    assert error.startswith(f"worker process killed: job {job_id} (stuck) exceeded its 0.5s timeout")
+
+
+def test_a_bad_app_exits_non_zero_with_the_import_error(supervise: Any) -> None:
+    sup = supervise(app="tests.apps.broken:app", workers=2)
+    assert sup.proc.wait(30) == 3
+    assert "this app is broken on purpose" in sup.output()
+    assert "failed to boot 3 times in a row" in sup.output()
+
+
+def test_a_missing_module_exits_non_zero_with_preload(supervise: Any) -> None:
+    sup = supervise("--preload", app="tests.apps.nope:app", workers=1)
+    assert sup.proc.wait(30) == 1
+    assert "cannot import module 'tests.apps.nope'" in sup.output()
+
+
+def test_two_supervisors_share_the_work_without_duplicates(supervise: Any, client: Client, conn: Connection) -> None:
+    first, second = supervise(workers=1), supervise(workers=1)
+    first.wait_ready(1)
+    second.wait_ready(1)
+    ids = [client.enqueue("work").id for _ in range(200)]
+    wait_until(lambda: count(conn, "state = 'completed'") == 200, timeout=60, what="200 jobs completed")
+    executed = conn.execute("SELECT job_id, count(*) FROM executions GROUP BY job_id").fetchall()
+    assert sorted(job_id for job_id, _ in executed) == sorted(ids)
+    assert all(n == 1 for _, n in executed)
+    pids = {p for (p,) in conn.execute("SELECT DISTINCT pid FROM executions").fetchall()}
+    assert pids <= set(first.workers()) | set(second.workers())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "0"], "--workers 0 is invalid"),
+        (["--lease-duration", "3", "--heartbeat-interval", "3"], "must be below the lease"),
+        (["--workers", "500"], "needs 1502 connections"),
+    ],
+)
+def test_bad_options_get_one_clear_line(dsn: str, repo_root: Path, args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "miniqueue.cli", "supervise", "--app", APP, *args],
+        env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_prints_jobs_in_priority_order(dsn: str, repo_root: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "miniqueue.cli", "demo"],
+        env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    processed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("processed")]
+    assert processed == ["process_payment", "generate_thumbnail", "sync_inventory", "send_welcome_email",
+                         "send_notification"]  # fmt: skip
