@@ -8,6 +8,7 @@ never more than 30 minutes.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -30,8 +31,8 @@ def exponential_backoff(
     base: float = DEFAULT_BASE_SECONDS, cap: float = DEFAULT_CAP_SECONDS, rng: random.Random | None = None
 ) -> Backoff:
     """Build a full-jitter backoff policy with the given base and cap (seconds)."""
-    if base <= 0 or cap <= 0:
-        raise ValueError(f"backoff base {base} and cap {cap} must both be positive")
+    if not (0 < base < math.inf and 0 < cap < math.inf):  # also rejects NaN
+        raise ValueError(f"backoff base {base} and cap {cap} must both be positive, finite numbers of seconds")
     # The module-level generator by default: Python reseeds it in every forked child, so
     # sibling workers do not draw the same "random" delays.
     uniform = rng.uniform if rng is not None else random.uniform

@@ -12,6 +12,7 @@ forms, leaves that id out of the result): the worker no longer holds the job.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from .job import (
     QueueCount,
     State,
 )
-from .validation import NewJob
+from .validation import NewJob, check_seconds
 
 # --- SQL --------------------------------------------------------------------------------------
 # {jobs} is replaced by the schema-qualified table name; everything else is a bound parameter.
@@ -73,8 +74,8 @@ _BY_IDEMPOTENCY_KEY = "SELECT id FROM {jobs} WHERE idempotency_key = %(key)s"
 _ENQUEUE_MANY = """
 WITH src AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
-      FROM unnest(%(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[], %(priorities)s::int[],
-                  %(max_attempts)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[], %(keys)s::text[])
+      FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, ord)
 ), ins AS (
     INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
@@ -116,7 +117,7 @@ _PICK_ONE_QUEUE = """
 # Claim from several queues: an ordered index scan per queue, merged. (`queue = ANY(...)`
 # would scan and sort every available row of every queue on each claim.)
 _PICK_MANY_QUEUES = """
-    SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT c.id FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at FROM {jobs}
          WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
@@ -125,23 +126,26 @@ _PICK_MANY_QUEUES = """
      ORDER BY c.priority DESC, c.scheduled_at, c.id
      LIMIT %(limit)s"""
 
-# Complete a batch of leases; returns the ids that were still held. `id = ANY` lets the
-# planner use the primary key instead of a nested loop over the unnest.
+# Complete a batch of leases; returns the ids that were still held. Each row looks up its own
+# attempt by position instead of joining to unnest(), which planned as a nested loop comparing
+# every pair (quadratic in the batch size).
 _COMPLETE = """
-UPDATE {jobs} j
+UPDATE {jobs}
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS c(id, attempt)
- WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = c.id AND j.attempt = c.attempt AND {fence}
-RETURNING j.id
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND {fence}
+RETURNING id
 """
 
 # Extend a batch of leases by `lease` seconds from now; returns the ids still held.
 _RENEW = """
-UPDATE {jobs} j
+UPDATE {jobs}
    SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS c(id, attempt)
- WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = c.id AND j.attempt = c.attempt AND {fence}
-RETURNING j.id, j.lease_expires_at
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND {fence}
+RETURNING id, lease_expires_at
 """
 
 # Record failed attempts: retry after the given backoff, or dead once attempts are exhausted.
@@ -401,6 +405,7 @@ class Store:
         future are invisible. Each claimed job is ``running``, leased to ``worker_id`` until
         ``now() + lease_seconds``, its ``attempt`` one higher.
         """
+        queues = list(dict.fromkeys(queues))  # a queue named twice would claim its rows twice over
         if not queues or limit < 1:
             return []
         params: dict[str, Any] = {"worker": worker_id, "lease": float(lease_seconds), "limit": limit}
@@ -499,6 +504,7 @@ class Store:
         chosen = sorted(State(s).value for s in states)
         if not chosen or any(State(s) not in TERMINAL_STATES for s in chosen):
             raise InvalidInput(f"prune states {chosen} are invalid: choose among completed, failed, dead, cancelled")
+        older_than_seconds = check_seconds("prune age", older_than_seconds)
         params = {"states": chosen, "age": float(older_than_seconds), "limit": limit}
         return self._rowcount(conn, self._prune, params)
 
@@ -566,9 +572,7 @@ class Store:
         if not rows:
             raise JobNotFound(job_id)
         row = rows[0]
-        history = tuple(
-            AttemptError(e["attempt"], dt.datetime.fromisoformat(e["at"]), e["worker"], e["error"]) for e in row[-1]
-        )
+        history = tuple(AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row[-1])
         return JobRecord(
             id=row[0], queue=row[1], task=row[2], payload=row[3], state=State(row[4]), priority=row[5],
             attempt=row[6], max_attempts=row[7], idempotency_key=row[8], scheduled_at=row[9], created_at=row[10],
@@ -616,3 +620,12 @@ def _columns(leases: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
 
 def _requeue_filter(states: Iterable[State]) -> dict[str, Any]:
     return {"states": sorted(s.value for s in states), "queue": None, "task": None}
+
+
+def _parse_timestamp(text: str) -> dt.datetime:
+    """Parse a timestamp from jsonb (``2024-05-01T10:00:00.1234+00:00``). PostgreSQL trims the
+    fraction's trailing zeros; Python 3.10's fromisoformat wants exactly 3 or 6 digits."""
+    return dt.datetime.fromisoformat(_FRACTION_RE.sub(lambda m: "." + m[1].ljust(6, "0"), text, count=1))
+
+
+_FRACTION_RE = re.compile(r"\.(\d{1,6})(?=[+-]|$)")

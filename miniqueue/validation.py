@@ -23,6 +23,8 @@ MAX_IDEMPOTENCY_KEY_LENGTH = 255
 PRIORITY_RANGE = (-32768, 32767)  # the column is a SMALLINT
 MAX_ATTEMPTS_RANGE = (1, 1000)
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+# 100 years: far beyond any sane schedule, far inside PostgreSQL's timestamp range.
+MAX_DELAY_SECONDS = 100 * 365.25 * 86400
 
 # An escaped NUL that is not itself an escaped backslash followed by "u0000": PostgreSQL's
 # jsonb cannot store U+0000, and would reject the whole statement (or batch) at insert time.
@@ -80,11 +82,19 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
         return "{}"
     try:
         text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
+        if "Out of range float" in str(exc):
+            raise InvalidInput("payload contains a float nan, inf or -inf, which JSON cannot represent") from None
+        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from exc
+    except TypeError as exc:
         raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from exc
     if _JSON_NUL_RE.search(text):
         raise InvalidInput("payload contains the character U+0000, which PostgreSQL jsonb cannot store")
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise InvalidInput(f"payload contains {bad!r}, a lone surrogate that is not valid Unicode text") from None
     if size > max_bytes:
         raise InvalidInput(f"payload is {size} bytes encoded as JSON: the limit is {max_bytes} bytes")
     return text
@@ -100,11 +110,13 @@ def check_idempotency_key(key: object) -> str | None:
     return key
 
 
-def check_seconds(name: str, value: object) -> float:
-    """Return a non-negative duration in seconds from a number or a timedelta."""
+def check_seconds(name: str, value: object, *, limit: float = MAX_DELAY_SECONDS) -> float:
+    """Return a non-negative duration in seconds (at most ``limit``) from a number or a timedelta."""
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
-        raise InvalidInput(f"{name} {_show(value)} is invalid: use a non-negative number of seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= limit:
+        raise InvalidInput(
+            f"{name} {_show(value)} is invalid: use a non-negative number of seconds, at most {limit:.0f}"
+        )
     return float(seconds)
 
 

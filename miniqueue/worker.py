@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
@@ -104,7 +104,8 @@ class Outcome:
 
 @dataclass
 class WorkerHooks:
-    """Callbacks the supervisor uses to follow a worker (each runs on the claim-loop thread)."""
+    """Callbacks the supervisor uses to follow a worker. ``on_job_start`` may run on a handler
+    thread; ``on_job_end`` runs on the claim loop once the outcome is recorded."""
 
     on_job_start: Callable[[Job], None] = lambda job: None
     on_job_end: Callable[[Job, Outcome], None] = lambda job, outcome: None
@@ -112,17 +113,57 @@ class WorkerHooks:
 
 @dataclass
 class _Slots:
-    """Jobs this worker holds a lease on: claimed but not started, and started."""
+    """Every job this worker holds a lease on, in one of three places: ``ready`` (claimed, not
+    started), ``running`` (a handler thread has it) and ``finishing`` (its outcome waits to be
+    recorded). The heartbeat renews all three; the lock makes each move atomic."""
 
     ready: collections.deque[Lease] = field(default_factory=collections.deque)
     running: dict[int, Job] = field(default_factory=dict)
+    finishing: dict[int, Job] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def held(self) -> int:
+        with self.lock:
+            return len(self.ready) + len(self.running) + len(self.finishing)
 
     def leases(self) -> list[tuple[int, int]]:
         with self.lock:
-            return [(lease.id, lease.attempt) for lease in self.ready] + [
-                (job.id, job.attempt) for job in self.running.values()
-            ]
+            jobs = [*self.running.values(), *self.finishing.values()]
+            return [(lease.id, lease.attempt) for lease in self.ready] + [(job.id, job.attempt) for job in jobs]
+
+    def start_next(self, make_job: Callable[[Lease], Job], limit: int) -> Job | None:
+        """Move the next ready lease to running, if fewer than ``limit`` jobs run."""
+        with self.lock:
+            if not self.ready or len(self.running) >= limit:
+                return None
+            job = make_job(self.ready.popleft())
+            self.running[job.id] = job
+            return job
+
+    def finish(self, job: Job) -> None:
+        with self.lock:
+            self.running.pop(job.id, None)
+            self.finishing[job.id] = job
+
+    def forget(self, job: Job) -> None:
+        with self.lock:
+            self.finishing.pop(job.id, None)
+
+    def take_ready(self) -> list[Lease]:
+        with self.lock:
+            taken = list(self.ready)
+            self.ready.clear()
+            return taken
+
+    def drop_lost(self, ids: Collection[int]) -> list[Job]:
+        """Forget unstarted leases in ``ids``; return the started jobs among them."""
+        with self.lock:
+            self.ready = collections.deque(lease for lease in self.ready if lease.id not in ids)
+            return [job for job in self.running.values() if job.id in ids]
+
+    def running_jobs(self) -> list[Job]:
+        with self.lock:
+            return list(self.running.values())
 
 
 class Worker:
@@ -161,6 +202,7 @@ class Worker:
         self._outcomes: collections.deque[tuple[Job, Outcome]] = collections.deque()
         self._wake = threading.Event()
         self._nudged = True  # poll once at start
+        self._backlog = False  # the last claim came back full: there is probably more
         self._stop_requested = False
         self._conn: Connection | None = None
 
@@ -221,21 +263,24 @@ class Worker:
         next_poll = 0.0
         delay = 0.1
         while True:
+            # Clear before looking: a wake-up (outcome, notification) that lands while this
+            # iteration runs keeps the next wait from sleeping.
+            self._wake.clear()
             try:
+                self._dispatch(executor)  # keep handler threads busy while we talk to the database
                 self._flush_outcomes()
                 if self._stop_requested:
                     if deadline is None:
                         deadline = time.monotonic() + self.config.shutdown_timeout
                         self._release_ready()
-                    if not self._slots.running:
+                    if not self._slots.running and not self._outcomes:
                         return
                     if time.monotonic() >= deadline:
                         self._abandon_running()
                         return
-                elif self._nudged or time.monotonic() >= next_poll:
+                elif self._should_claim(time.monotonic() >= next_poll):
                     self._nudged = False
-                    if self._claim():
-                        self._nudged = True  # a full batch: there may be more
+                    self._backlog = self._claim()
                     next_poll = time.monotonic() + self.config.poll_interval
                 self._dispatch(executor)
                 delay = 0.1
@@ -246,7 +291,24 @@ class Worker:
                 self._sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            self._sleep(max(0.0, next_poll - time.monotonic()) if not self._nudged else 0.0)
+            # Handlers finishing and notifications set the wake event; only a claim we could make
+            # right now is a reason not to wait for one.
+            self._sleep(0.0 if self._should_claim(False) else max(0.0, next_poll - time.monotonic()))
+
+    def _free(self) -> int:
+        """Leases this worker may still take: free handler slots plus room for prefetch."""
+        return self.config.concurrency + self.config.prefetch - self._slots.held()
+
+    def _should_claim(self, poll_due: bool) -> bool:
+        """Claim when there is room and a reason: a notification, a full last batch, or the poll
+        timer. With prefetch, wait until half the buffer is free (or it ran dry) so claims come in
+        batches rather than one statement per finished job."""
+        free = self._free()
+        if free <= 0 or not (self._nudged or self._backlog or poll_due):
+            return False
+        with self._slots.lock:
+            ran_dry = not self._slots.ready
+        return ran_dry or free >= max(1, (self.config.concurrency + self.config.prefetch) // 2)
 
     def _sleep(self, seconds: float) -> None:
         """Wait until woken (outcome, notification) or ``seconds`` pass, checking the stop flag."""
@@ -254,8 +316,7 @@ class Worker:
         while not self._stop_requested:
             remaining = end - time.monotonic()
             if remaining <= 0 or self._wake.wait(min(remaining, 0.2)):
-                break
-        self._wake.clear()
+                return
 
     def _connection(self) -> Connection:
         if self._conn is None:
@@ -272,38 +333,47 @@ class Worker:
 
     def _claim(self) -> bool:
         """Claim up to the free capacity; return True if the claim came back full."""
-        with self._slots.lock:
-            free = self.config.concurrency + self.config.prefetch - len(self._slots.ready) - len(self._slots.running)
+        free = self._free()
         if free <= 0:
-            return False
+            return self._backlog
         leases = self.store.claim(self._connection(), self.queues, self.worker_id, self.config.lease_seconds, free)
         with self._slots.lock:
             self._slots.ready.extend(leases)
         return len(leases) == free
 
     def _dispatch(self, executor: ThreadPoolExecutor) -> None:
-        while True:
-            with self._slots.lock:
-                if not self._slots.ready or len(self._slots.running) >= self.config.concurrency:
-                    return
-                lease = self._slots.ready.popleft()
-                job = Job(lease, worker_id=self.worker_id, transaction=self._job_transaction)
-                self._slots.running[job.id] = job
+        """Hand ready jobs to idle handler threads."""
+        while job := self._slots.start_next(self._make_job, self.config.concurrency):
             self.hooks.on_job_start(job)
-            executor.submit(self._execute, job)
+            executor.submit(self._work, job)
 
-    def _execute(self, job: Job) -> None:
-        """Run one handler (on a handler thread) and queue its outcome for the claim loop."""
+    def _make_job(self, lease: Lease) -> Job:
+        return Job(lease, worker_id=self.worker_id, transaction=self._job_transaction)
+
+    def _work(self, job: Job | None) -> None:
+        """A handler thread's loop: run a job, queue its outcome, and take the next ready job
+        straight away, so handlers never wait for the claim loop's round trips."""
+        while job is not None:
+            outcome = self._execute(job)
+            self._slots.finish(job)
+            self._outcomes.append((job, outcome))
+            self._wake.set()
+            if self._stop_requested:
+                return
+            job = self._slots.start_next(self._make_job, self.config.concurrency)
+            if job is not None:
+                self.hooks.on_job_start(job)
+
+    def _execute(self, job: Job) -> Outcome:
+        """Run one handler and classify what it did."""
         task = self.app.tasks.get(job.task)
         try:
             if task is None:
                 raise LookupError(f"no handler is registered for task {job.task!r} in this worker's app")
             task.handler(job)
-            outcome = Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
+            return Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
         except BaseException as exc:  # whatever the handler raises is its outcome
-            outcome = _outcome_of(job, exc)
-        self._outcomes.append((job, outcome))
-        self._wake.set()
+            return _outcome_of(job, exc)
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -328,8 +398,7 @@ class Worker:
                 log.warning("job %d (%s, attempt %d): outcome discarded: %s", job.id, job.task, job.attempt,
                             outcome.error or "the lease was lost")  # fmt: skip
             self._outcomes.popleft()
-            with self._slots.lock:
-                self._slots.running.pop(job.id, None)
+            self._slots.forget(job)
             self.jobs_done += 1
             self.hooks.on_job_end(job, outcome)
 
@@ -352,16 +421,12 @@ class Worker:
 
     def _release_ready(self) -> None:
         """At shutdown, hand prefetched (never started) jobs back without spending an attempt."""
-        with self._slots.lock:
-            unstarted = list(self._slots.ready)
-            self._slots.ready.clear()
-        for lease in unstarted:
+        for lease in self._slots.take_ready():
             with contextlib.suppress(LeaseLost):
                 self.store.snooze(self._connection(), lease.id, self.worker_id, lease.attempt, 0.0)
 
     def _abandon_running(self) -> None:
-        with self._slots.lock:
-            abandoned = list(self._slots.running.values())
+        abandoned = self._slots.running_jobs()
         for job in abandoned:
             job.request_stop("shutdown")
         log.warning("worker %s: shutdown timeout: abandoning %d running job(s) %s to lease expiry",
@@ -370,18 +435,13 @@ class Worker:
     # -- heartbeat callbacks (heartbeat thread) ------------------------------------------------
 
     def _on_lost(self, reasons: dict[int, str]) -> None:
-        with self._slots.lock:
-            self._slots.ready = collections.deque(lease for lease in self._slots.ready if lease.id not in reasons)
-            lost = [job for job in self._slots.running.values() if job.id in reasons]
-        for job in lost:
+        for job in self._slots.drop_lost(reasons):
             log.warning("job %d (%s): %s; telling its handler to stop", job.id, job.task, reasons[job.id])
             job.request_stop(reasons[job.id])
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
-        with self._slots.lock:
-            running = list(self._slots.running.values())
-        for job in running:
+        for job in self._slots.running_jobs():
             task = self.app.tasks.get(job.task)
             if task and task.timeout and now - job.started_at > task.timeout:
                 job.request_stop("timeout")

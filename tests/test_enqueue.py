@@ -1,0 +1,261 @@
+"""The producer API: idempotent, batched, transactional and scheduled enqueue."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from miniqueue import Client, EnqueueResult, JobNotFound, JobSpec, QueueCount, State, Store
+from miniqueue.db import Connection, connect
+
+from .helpers import count, row, wait_until
+
+W1 = "host-a:101:aaaa"
+
+
+def db_now(conn: Connection) -> dt.datetime:
+    result = conn.execute("SELECT now()").fetchone()
+    assert result is not None
+    value: dt.datetime = result[0]
+    return value
+
+
+def waiting_on_a_lock(conn: Connection, application_name: str) -> bool:
+    result = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+        [application_name],
+    ).fetchone()
+    return result is not None and result[0] == 1
+
+
+# --- idempotency ------------------------------------------------------------------------------------
+
+
+def test_repeated_key_returns_the_original_id_and_says_duplicate(client: Client, conn: Connection) -> None:
+    first = client.enqueue("charge", {"amount": 10}, queue="payments", idempotency_key="order-1")
+    again = client.enqueue("charge", {"amount": 99}, queue="other", priority=9, idempotency_key="order-1")
+    assert first == EnqueueResult(id=first.id, duplicate=False)
+    assert again == EnqueueResult(id=first.id, duplicate=True)
+    assert count(conn) == 1
+    stored = row(conn, first.id)
+    assert (stored["payload"], stored["queue"], stored["priority"]) == ({"amount": 10}, "payments", 0)
+
+
+def test_keys_are_independent_and_no_key_never_deduplicates(client: Client, conn: Connection) -> None:
+    a = client.enqueue("t", idempotency_key="a")
+    b = client.enqueue("t", idempotency_key="b")
+    plain = [client.enqueue("t", {"same": True}) for _ in range(3)]
+    assert len({a.id, b.id, *(p.id for p in plain)}) == 5
+    assert not any(r.duplicate for r in (a, b, *plain))
+    assert count(conn) == 5
+
+
+def test_key_still_deduplicates_after_the_job_finished(client: Client, conn: Connection, store: Store) -> None:
+    first = client.enqueue("t", idempotency_key="once")
+    lease = store.claim(conn, ["default"], W1, 30, 1)[0]
+    store.complete(conn, first.id, W1, lease.attempt)
+    assert client.enqueue("t", idempotency_key="once") == EnqueueResult(first.id, duplicate=True)
+    assert count(conn) == 1
+
+
+# --- enqueue_many -----------------------------------------------------------------------------------
+
+
+def test_enqueue_many_stores_thousands_in_one_statement_in_input_order(client: Client, conn: Connection) -> None:
+    specs = [JobSpec("bulk", {"i": i}, queue=f"q{i % 3}", priority=i % 5) for i in range(5000)]
+    results = client.enqueue_many(specs)
+    assert len(results) == 5000
+    assert not any(r.duplicate for r in results)
+    assert len({r.id for r in results}) == 5000
+    stored = {
+        r[0]: (r[1], r[2], r[3]) for r in conn.execute("SELECT id, payload->>'i', queue, priority FROM miniqueue_jobs")
+    }
+    assert len(stored) == 5000
+    for i, result in enumerate(results):
+        assert stored[result.id] == (str(i), f"q{i % 3}", i % 5)
+    # One statement in autocommit is one transaction: every row has the same now().
+    assert conn.execute("SELECT count(DISTINCT created_at) FROM miniqueue_jobs").fetchone() == (1,)
+
+
+def test_enqueue_many_honours_keys_against_stored_jobs_and_within_the_batch(client: Client, conn: Connection) -> None:
+    stored = client.enqueue("t", {"v": "stored"}, idempotency_key="k1")
+    results = client.enqueue_many(
+        [
+            JobSpec("t", {"v": 0}, idempotency_key="k1"),
+            JobSpec("t", {"v": 1}, idempotency_key="k2"),
+            JobSpec("t", {"v": 2}),
+            JobSpec("t", {"v": 3}, idempotency_key="k2"),
+            JobSpec("t", {"v": 4}, idempotency_key="k3"),
+            JobSpec("t", {"v": 5}, idempotency_key="k1"),
+            JobSpec("t", {"v": 6}),
+        ]
+    )
+    assert [r.duplicate for r in results] == [True, False, False, True, False, True, False]
+    assert results[0].id == results[5].id == stored.id
+    assert results[3].id == results[1].id
+    assert len({results[i].id for i in (1, 2, 4, 6)}) == 4
+    assert count(conn) == 5
+    assert row(conn, stored.id)["payload"] == {"v": "stored"}
+    assert row(conn, results[1].id)["payload"] == {"v": 1}, "the first occurrence in the batch wins"
+
+
+def test_enqueue_many_of_nothing(client: Client, conn: Connection) -> None:
+    assert client.enqueue_many([]) == []
+    assert count(conn) == 0
+
+
+def test_enqueue_many_schedules_each_job(client: Client, conn: Connection, store: Store) -> None:
+    now = db_now(conn)
+    due, later, delayed = client.enqueue_many(
+        [
+            JobSpec("t", run_at=now - dt.timedelta(minutes=1)),
+            JobSpec("t", run_at=now + dt.timedelta(hours=1)),
+            JobSpec("t", delay=dt.timedelta(minutes=10)),
+        ]
+    )
+    assert row(conn, due.id)["scheduled_at"] == now - dt.timedelta(minutes=1)
+    assert row(conn, later.id)["scheduled_at"] == now + dt.timedelta(hours=1)
+    delayed_row = row(conn, delayed.id)
+    assert delayed_row["scheduled_at"] - delayed_row["created_at"] == dt.timedelta(minutes=10)
+    assert [lease.id for lease in store.claim(conn, ["default"], W1, 30, 10)] == [due.id]
+
+
+# --- transactional enqueue ------------------------------------------------------------------------
+
+
+def test_rolled_back_transactional_enqueue_stores_nothing(client: Client, conn: Connection, dsn: str) -> None:
+    with psycopg.connect(dsn) as own:
+        result = client.enqueue("t", {"order": 1}, conn=own)
+        client.enqueue_many([JobSpec("t", {"n": n}) for n in range(3)], conn=own)
+        assert count(own) == 4, "visible inside the caller's transaction"
+        assert count(conn) == 0, "invisible outside it before commit"
+        own.rollback()
+    assert count(conn) == 0
+    with pytest.raises(AssertionError):
+        row(conn, result.id)
+
+
+def test_committed_transactional_enqueue_is_stored(client: Client, conn: Connection, dsn: str, store: Store) -> None:
+    with psycopg.connect(dsn) as own:
+        own.execute("CREATE TEMP TABLE orders (id int)")
+        own.execute("INSERT INTO orders VALUES (1)")
+        result = client.enqueue("ship", {"order": 1}, conn=own)
+        assert store.claim(conn, ["default"], W1, 30, 1) == [], "workers cannot claim it before commit"
+        own.commit()
+    assert row(conn, result.id)["state"] == "available"
+    assert [lease.id for lease in store.claim(conn, ["default"], W1, 30, 1)] == [result.id]
+
+
+# --- scheduling on the database clock ---------------------------------------------------------------
+
+
+def test_run_at_is_stored_as_the_same_instant(client: Client, conn: Connection, store: Store) -> None:
+    plus_five = dt.timezone(dt.timedelta(hours=5))
+    run_at = (db_now(conn) + dt.timedelta(hours=2)).astimezone(plus_five)
+    result = client.enqueue("t", run_at=run_at)
+    assert row(conn, result.id)["scheduled_at"] == run_at
+    assert store.claim(conn, ["default"], W1, 30, 1) == []
+    past = client.enqueue("t", run_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
+    assert [lease.id for lease in store.claim(conn, ["default"], W1, 30, 5)] == [past.id]
+
+
+def test_delay_counts_on_the_database_clock(client: Client, conn: Connection) -> None:
+    seconds = client.enqueue("t", delay=90)
+    as_timedelta = client.enqueue("t", delay=dt.timedelta(hours=1, milliseconds=500))
+    for result, expected in ((seconds, dt.timedelta(seconds=90)), (as_timedelta, dt.timedelta(seconds=3600.5))):
+        stored = row(conn, result.id)
+        assert stored["scheduled_at"] - stored["created_at"] == expected
+
+
+def test_delayed_job_is_invisible_to_claim_until_due(client: Client, conn: Connection, store: Store) -> None:
+    result = client.enqueue("t", delay=0.5)
+    assert store.claim(conn, ["default"], W1, 30, 1) == []
+    leases = wait_until(lambda: store.claim(conn, ["default"], W1, 30, 1), timeout=10, what="the delayed job")
+    assert [lease.id for lease in leases] == [result.id]
+    assert db_now(conn) >= row(conn, result.id)["scheduled_at"]
+
+
+# --- concurrency --------------------------------------------------------------------------------------
+
+
+def test_concurrent_enqueue_of_one_key_from_two_threads_returns_one_id(
+    client: Client, conn: Connection, dsn: str
+) -> None:
+    def enqueue_at_once(key: str, barrier: threading.Barrier) -> EnqueueResult:
+        with connect(dsn, purpose="test-producer") as own:
+            barrier.wait(timeout=10)
+            return client.enqueue("t", {"key": key}, idempotency_key=key, conn=own)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for n in range(20):
+            key, barrier = f"race-{n}", threading.Barrier(2)
+            results = [f.result() for f in [pool.submit(enqueue_at_once, key, barrier) for _ in range(2)]]
+            assert results[0].id == results[1].id
+            assert sorted(r.duplicate for r in results) == [False, True]
+    assert count(conn) == 20
+
+
+def _enqueue_behind_an_open_insert(
+    client: Client, conn: Connection, dsn: str, *, commit: bool, many: bool
+) -> tuple[EnqueueResult, EnqueueResult]:
+    """Hold key "k" in an open transaction, enqueue it again from another thread, then end the
+    first transaction; return (the first insert, the second enqueue's result)."""
+    name = "miniqueue:test-second-producer"
+    with psycopg.connect(dsn) as first_tx, connect(dsn, purpose="test-second-producer") as second:
+        first = client.enqueue("t", {"who": "first"}, idempotency_key="k", conn=first_tx)
+
+        def enqueue_second() -> EnqueueResult:
+            spec = JobSpec("t", {"who": "second"}, idempotency_key="k")
+            if many:
+                return client.enqueue_many([spec], conn=second)[0]
+            return client.enqueue("t", {"who": "second"}, idempotency_key="k", conn=second)
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending: Future[EnqueueResult] = pool.submit(enqueue_second)
+            wait_until(lambda: waiting_on_a_lock(conn, name), timeout=10, what="the second insert to wait")
+            assert not pending.done()
+            first_tx.commit() if commit else first_tx.rollback()
+            return first, pending.result(timeout=10)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_enqueue_waiting_on_a_committed_insert_of_its_key_returns_that_id(
+    client: Client, conn: Connection, dsn: str, many: bool
+) -> None:
+    first, second = _enqueue_behind_an_open_insert(client, conn, dsn, commit=True, many=many)
+    assert second == EnqueueResult(first.id, duplicate=True)
+    assert count(conn) == 1
+    assert row(conn, first.id)["payload"] == {"who": "first"}
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_enqueue_waiting_on_a_rolled_back_insert_of_its_key_inserts(
+    client: Client, conn: Connection, dsn: str, many: bool
+) -> None:
+    first, second = _enqueue_behind_an_open_insert(client, conn, dsn, commit=False, many=many)
+    assert not second.duplicate and second.id != first.id
+    assert count(conn) == 1
+    assert row(conn, second.id)["payload"] == {"who": "second"}
+
+
+# --- the client's inspection and repair methods ---------------------------------------------------
+
+
+def test_client_get_counts_cancel_and_requeue(client: Client, conn: Connection) -> None:
+    first = client.enqueue("report", {"month": 5}, queue="reports")
+    second = client.enqueue("report", {"month": 6}, queue="reports")
+    record = client.get(first.id)
+    assert (record.task, record.payload, record.state) == ("report", {"month": 5}, State.AVAILABLE)
+    assert client.cancel([first.id]) == [first.id]
+    assert client.counts() == [QueueCount("reports", State.AVAILABLE, 1), QueueCount("reports", State.CANCELLED, 1)]
+    assert client.requeue([first.id]) == [first.id]
+    assert client.get(first.id).state == State.AVAILABLE
+    client.cancel([first.id, second.id])
+    assert client.requeue_matching([State.CANCELLED], queue="reports") == 2
+    assert count(conn, "state = 'available'") == 2
+    with pytest.raises(JobNotFound):
+        client.get(987_654)

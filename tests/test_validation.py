@@ -1,0 +1,260 @@
+"""Bad input: a clear InvalidInput naming the value and the rule, and nothing stored."""
+
+from __future__ import annotations
+
+import datetime as dt
+import traceback
+from typing import Any
+
+import pytest
+
+from miniqueue import Client, ConfigError, InvalidInput, JobSpec
+from miniqueue.db import Connection, check_dsn, mask_dsn
+
+from .helpers import count, row
+
+UTC = dt.timezone.utc
+PASSWORD = "hunter2-s3cret"
+
+
+def rejected(client: Client, conn: Connection, spec: JobSpec, *fragments: str) -> str:
+    """Enqueue ``spec`` one by one and as a batch; both must raise InvalidInput whose message
+    holds every fragment, and store nothing. Return the single-job message."""
+    with pytest.raises(InvalidInput) as single:
+        client.enqueue(
+            spec.task,
+            spec.payload,
+            queue=spec.queue,
+            priority=spec.priority,
+            run_at=spec.run_at,
+            delay=spec.delay,
+            max_attempts=spec.max_attempts,
+            idempotency_key=spec.idempotency_key,
+        )
+    message = str(single.value)
+    for fragment in fragments:
+        assert fragment.lower() in message.lower(), f"{fragment!r} not in {message!r}"
+    assert count(conn) == 0
+
+    good = JobSpec("fine", {"ok": True})
+    with pytest.raises(InvalidInput) as batch:
+        client.enqueue_many([good, good, spec, good])
+    assert str(batch.value).startswith("job 2: "), "the batch error names the index of the bad job"
+    for fragment in fragments:
+        assert fragment.lower() in str(batch.value).lower()
+    assert count(conn) == 0, "one bad job stores none of the batch"
+    return message
+
+
+# --- names ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "queue",
+    ["", "x" * 65, "x'; drop", "Emails", "with space", "tab\t", "new\nline", "ünïcode", "semi;colon", "dot.ted"],
+)
+def test_bad_queue_name(client: Client, conn: Connection, queue: str) -> None:
+    rejected(client, conn, JobSpec("t", queue=queue), f"queue name {queue!r}", "1-64 characters")
+
+
+@pytest.mark.parametrize("task", ["", "x'; drop", "has space", "slash/ed", "nul\x00", "back\\slash"])
+def test_bad_task_name(client: Client, conn: Connection, task: str) -> None:
+    rejected(client, conn, JobSpec(task), f"task name {task!r}", "1-128 characters")
+
+
+def test_task_name_too_long(client: Client, conn: Connection) -> None:
+    task = "t" * 129
+    rejected(client, conn, JobSpec(task), "task name 'tttttttttt", "1-128 characters")
+
+
+def test_longest_names_are_accepted(client: Client, conn: Connection) -> None:
+    result = client.enqueue("T" * 128, queue="q" * 64)
+    assert (row(conn, result.id)["task"], row(conn, result.id)["queue"]) == ("T" * 128, "q" * 64)
+
+
+# --- payloads ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [({"when": dt.date(2024, 1, 1)}, "date"), ({1, 2}, "set"), ({"obj": object()}, "object"), ({(1, 2): "k"}, "tuple")],
+)
+def test_payload_not_json_serialisable(client: Client, conn: Connection, payload: Any, named: str) -> None:
+    rejected(client, conn, JobSpec("t", payload), "not JSON-serialisable", named)
+
+
+def test_circular_payload(client: Client, conn: Connection) -> None:
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    rejected(client, conn, JobSpec("t", loop), "not JSON-serialisable", "circular")
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        ({"x": float("nan")}, "nan"),
+        ([1.0, float("inf")], "inf"),
+        ({"deep": [{"v": float("-inf")}]}, "inf"),
+    ],
+)
+def test_payload_nan_and_infinity(client: Client, conn: Connection, payload: Any, named: str) -> None:
+    rejected(client, conn, JobSpec("t", payload), "JSON", named)
+
+
+@pytest.mark.parametrize("payload", [{"s": "a\u0000b"}, ["\u0000"], {"key\u0000": 1}, "\\\u0000"])
+def test_payload_with_nul_character(client: Client, conn: Connection, payload: Any) -> None:
+    rejected(client, conn, JobSpec("t", payload), "U+0000")
+
+
+def test_payload_with_escaped_backslash_u0000_text_is_accepted(client: Client, conn: Connection) -> None:
+    text = "C:\\u0000\\dir and \\\\u0000"  # backslashes followed by the text u0000, no NUL
+    result = client.enqueue("t", {"path": text, "\\u0000": "key"})
+    assert row(conn, result.id)["payload"] == {"path": text, "\\u0000": "key"}
+
+
+def test_payload_with_lone_surrogate(client: Client, conn: Connection) -> None:
+    # Not encodable as UTF-8, so PostgreSQL cannot store it either.
+    rejected(client, conn, JobSpec("t", {"s": "\ud800"}), "payload")
+
+
+def test_payload_over_the_size_limit(dsn: str, conn: Connection) -> None:
+    with Client(dsn, max_payload_bytes=64) as small:
+        at_limit = {"s": "x" * 56}  # {"s":"..."} is 8 bytes of JSON around the string
+        assert small.enqueue("t", at_limit).id
+        assert count(conn) == 1
+        conn.execute("TRUNCATE miniqueue_jobs")
+        rejected(small, conn, JobSpec("t", {"s": "x" * 57}), "65 bytes", "limit is 64 bytes")
+        rejected(small, conn, JobSpec("t", {"s": "é" * 40}), "88 bytes", "limit is 64 bytes")
+
+
+def test_default_size_limit_is_one_mebibyte(client: Client, conn: Connection) -> None:
+    rejected(client, conn, JobSpec("t", "x" * (1024 * 1024)), f"{1024 * 1024 + 2} bytes", "limit is 1048576 bytes")
+
+
+# --- numbers, schedules, keys --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "fragments"),
+    [
+        ({"priority": 32768}, ("priority 32768", "-32768 to 32767")),
+        ({"priority": -32769}, ("priority -32769", "-32768 to 32767")),
+        ({"priority": True}, ("priority True", "whole number")),
+        ({"priority": 1.5}, ("priority 1.5", "whole number")),
+        ({"priority": "5"}, ("priority '5'", "whole number")),
+        ({"max_attempts": 0}, ("max_attempts 0", "from 1")),
+        ({"max_attempts": -3}, ("max_attempts -3", "from 1")),
+        ({"max_attempts": False}, ("max_attempts False", "whole number")),
+        ({"max_attempts": 1001}, ("max_attempts 1001", "to 1000")),
+    ],
+)
+def test_bad_numbers(client: Client, conn: Connection, options: dict[str, Any], fragments: tuple[str, ...]) -> None:
+    rejected(client, conn, JobSpec("t", **options), *fragments)
+
+
+def test_naive_run_at(client: Client, conn: Connection) -> None:
+    naive = dt.datetime(2030, 1, 2, 3, 4, 5)
+    rejected(client, conn, JobSpec("t", run_at=naive), "2030-01-02T03:04:05", "naive", "timezone")
+
+
+def test_run_at_that_is_not_a_datetime(client: Client, conn: Connection) -> None:
+    rejected(client, conn, JobSpec("t", run_at="2030-01-01T00:00:00Z"), "run_at '2030-01-01T00:00:00Z'", "timezone")  # type: ignore[arg-type]
+
+
+def test_run_at_and_delay_together(client: Client, conn: Connection) -> None:
+    rejected(client, conn, JobSpec("t", run_at=dt.datetime.now(UTC), delay=5), "run_at and delay", "mutually exclusive")
+
+
+@pytest.mark.parametrize(
+    ("delay", "shown"),
+    [(-1, "delay -1"), (-0.001, "delay -0.001"), (dt.timedelta(seconds=-5), "delay datetime.timedelta"),
+     (float("nan"), "delay nan"), (float("inf"), "delay inf"), (True, "delay True")],
+)  # fmt: skip
+def test_bad_delay(client: Client, conn: Connection, delay: Any, shown: str) -> None:
+    rejected(client, conn, JobSpec("t", delay=delay), shown, "non-negative number of seconds")
+
+
+@pytest.mark.parametrize("delay", [1e13, 1e300, dt.timedelta(days=999_999_999)])
+def test_delay_beyond_any_representable_time(client: Client, conn: Connection, delay: Any) -> None:
+    # now() + delay overflows PostgreSQL's timestamp range: that must be a clear InvalidInput,
+    # not a DataError from the insert.
+    rejected(client, conn, JobSpec("t", delay=delay), "delay")
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256, "nul\x00key"])
+def test_bad_idempotency_key(client: Client, conn: Connection, key: str) -> None:
+    rejected(client, conn, JobSpec("t", idempotency_key=key), "idempotency key", "1-255 characters")
+
+
+def test_longest_idempotency_key_is_accepted(client: Client, conn: Connection) -> None:
+    result = client.enqueue("t", idempotency_key="k" * 255)
+    assert row(conn, result.id)["idempotency_key"] == "k" * 255
+
+
+def test_batch_error_names_the_index_of_the_first_bad_job(client: Client, conn: Connection) -> None:
+    specs = [JobSpec("t", {"i": i}) for i in range(1000)]
+    specs[637] = JobSpec("t", {"i": float("nan")})
+    specs[900] = JobSpec("t", queue="")
+    with pytest.raises(InvalidInput, match=r"^job 637: payload"):
+        client.enqueue_many(specs)
+    assert count(conn) == 0
+
+
+# --- DSNs ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://alice:{PASSWORD}@[::1/app",  # unterminated IPv6 host: libpq echoes the URI
+        f"postgresql://alice:{PASSWORD}@db.example.com:54x2/app",
+        f"postgresql://alice:{PASSWORD}@db.example.com/app?bogus",
+        f"postgresql://alice:{PASSWORD}@db.example.com/app?password={PASSWORD}&x",
+        f"host=db.example.com password={PASSWORD} port=seventy",
+        f"host=db.example.com password='{PASSWORD} with space' junk",
+        f"host=db.example.com password = {PASSWORD} dbname",
+        f"postgresql:/alice:{PASSWORD}@db.example.com/app",  # one slash short of a URL
+        f"postgres//alice:{PASSWORD}@db.example.com/app",
+    ],
+)
+def test_unparseable_dsn_raises_config_error_without_the_password(dsn: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        check_dsn(dsn)
+    shown = "".join(traceback.format_exception(raised.value))
+    assert "invalid" in str(raised.value)
+    assert PASSWORD not in shown, shown
+    assert PASSWORD not in repr(raised.value.args)
+
+
+def test_client_with_an_unparseable_dsn_raises_config_error_without_the_password() -> None:
+    with pytest.raises(ConfigError) as raised:
+        Client(f"postgresql://alice:{PASSWORD}@db.example.com:notaport/app")
+    assert "port 'notaport'" in str(raised.value)
+    assert PASSWORD not in str(raised.value)
+
+
+def test_empty_dsn() -> None:
+    with pytest.raises(ConfigError, match="empty"):
+        check_dsn("  ")
+
+
+def test_valid_dsn_parses() -> None:
+    assert check_dsn("postgresql://alice:pw@db.example.com:5433/app")["port"] == "5433"
+    assert check_dsn("host=/tmp dbname=app")["dbname"] == "app"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "masked"),
+    [
+        (f"postgresql://alice:{PASSWORD}@db.example.com/app", "postgresql://alice:***@db.example.com/app"),
+        (f"postgres://:{PASSWORD}@db/app", "postgres://:***@db/app"),
+        (f"postgresql://alice:pa:ss/{PASSWORD}@db/app", "postgresql://alice:***@db/app"),
+        ("postgresql://alice@db.example.com/app", "postgresql://alice@db.example.com/app"),
+        (f"host=db password={PASSWORD} user=alice", "host=db password=*** user=alice"),
+        (f"host=db PASSWORD = '{PASSWORD} x\\'y' user=alice", "host=db PASSWORD = *** user=alice"),
+        (f"postgresql://db/app?user=alice&password={PASSWORD}", "postgresql://db/app?user=alice&password=***"),
+        ("host=db user=alice", "host=db user=alice"),
+    ],
+)
+def test_mask_dsn(dsn: str, masked: str) -> None:
+    assert mask_dsn(dsn) == masked
