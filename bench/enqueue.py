@@ -1,0 +1,114 @@
+"""Producer rows: enqueue one by one, enqueue_many, and the bare-INSERT floor under them."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from miniqueue import Client, JobSpec
+
+from .database import QUEUE, TASK, payload, settle
+from .measure import Laps, Sample, WorkerReport, combine
+from .processes import Gate, run_workers
+from .registry import Benchmark, Context
+
+# The same columns Client.enqueue fills, with nothing else: no validation, no ON CONFLICT, no
+# NOTIFY, no pool. What one autocommit INSERT per job costs on this server.
+FLOOR_INSERT = """
+INSERT INTO public.miniqueue_jobs
+       (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
+VALUES (%(queue)s, %(task)s, %(payload)s, 0, 5, 5, now(), NULL)
+RETURNING id
+"""
+
+
+@dataclass(frozen=True)
+class EnqueueSpec:
+    """What an enqueueing worker does: ``jobs`` jobs in calls of ``batch``."""
+
+    dsn: str
+    jobs: int
+    batch: int = 1
+    notify: bool = True
+
+
+def enqueue_one_by_one(ctx: Context, *, notify: bool) -> Sample:
+    """``Client.enqueue`` called once per job, each its own transaction."""
+    settle(ctx.dsn)
+    return combine(run_workers(enqueue_worker, [EnqueueSpec(ctx.dsn, ctx.jobs, notify=notify)]))
+
+
+def enqueue_in_batches(ctx: Context, *, batch: int, notify: bool) -> Sample:
+    """``Client.enqueue_many`` with ``batch`` jobs per call (the JobSpec lists are built untimed)."""
+    settle(ctx.dsn)
+    return combine(run_workers(enqueue_many_worker, [EnqueueSpec(ctx.dsn, ctx.jobs, batch, notify)]))
+
+
+def insert_floor(ctx: Context) -> Sample:
+    """A bare psycopg loop: one plain INSERT per job, autocommit."""
+    settle(ctx.dsn)
+    return combine(run_workers(insert_worker, [EnqueueSpec(ctx.dsn, ctx.jobs)]))
+
+
+def enqueue_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
+    """Worker: enqueue ``spec.jobs`` jobs one at a time."""
+    with Client(spec.dsn, notify=spec.notify) as client:
+        client.counts()  # the pool opens its connection before the clock starts
+        laps = Laps(gate.wait())
+        for n in range(spec.jobs):
+            began = time.perf_counter()
+            client.enqueue(TASK, payload(n), queue=QUEUE)
+            laps.record(began, 1)
+        return laps.report()
+
+
+def enqueue_many_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
+    """Worker: enqueue ``spec.jobs`` jobs in ``enqueue_many`` calls of ``spec.batch``."""
+    batches = [
+        [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(start, min(start + spec.batch, spec.jobs))]
+        for start in range(0, spec.jobs, spec.batch)
+    ]
+    with Client(spec.dsn, notify=spec.notify) as client:
+        client.counts()
+        laps = Laps(gate.wait())
+        for batch in batches:
+            began = time.perf_counter()
+            client.enqueue_many(batch)
+            laps.record(began, len(batch))
+        return laps.report()
+
+
+def insert_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
+    """Worker: the SQL floor, one bare INSERT per job."""
+    with psycopg.connect(spec.dsn, autocommit=True) as conn:
+        laps = Laps(gate.wait())
+        for n in range(spec.jobs):
+            began = time.perf_counter()
+            conn.execute(FLOOR_INSERT, {"queue": QUEUE, "task": TASK, "payload": Jsonb(payload(n))}).fetchone()
+            laps.record(began, 1)
+        return laps.report()
+
+
+def _notify_label(notify: bool) -> str:
+    return "NOTIFY" if notify else "no NOTIFY"
+
+
+BENCHMARKS: list[Benchmark] = [
+    Benchmark("enqueue", "enqueue (NOTIFY)", 1, functools.partial(enqueue_one_by_one, notify=True)),
+    Benchmark("enqueue-no-notify", "enqueue (no NOTIFY)", 1, functools.partial(enqueue_one_by_one, notify=False)),
+    Benchmark("floor-insert", "SQL floor: INSERT per job", 1, insert_floor),
+    *[
+        Benchmark(
+            f"enqueue-many-{batch}{'' if notify else '-no-notify'}",
+            f"enqueue_many x{batch:,} ({_notify_label(notify)})",
+            1,
+            functools.partial(enqueue_in_batches, batch=batch, notify=notify),
+        )
+        for batch in (1000, 10_000)
+        for notify in (True, False)
+    ],
+]

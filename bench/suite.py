@@ -1,0 +1,37 @@
+"""The suite: every registered row, and the loop that runs them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from . import claim, enqueue
+from .database import scratch_database
+from .measure import Sample, load_average
+from .registry import Benchmark, Context
+from .report import RowResult
+
+# The table's rows, in order. A new row is a function (Context) -> Sample added to a module's
+# BENCHMARKS list; a new module adds its list here.
+BENCHMARKS: list[Benchmark] = [*enqueue.BENCHMARKS, *claim.BENCHMARKS]
+
+Progress = Callable[[int, Benchmark, Sample], None]
+
+
+def run_suite(
+    server_dsn: str, benchmarks: Sequence[Benchmark], *, runs: int, jobs: int, progress: Progress
+) -> list[RowResult]:
+    """Run every benchmark ``runs`` times, each time in a fresh database; return the samples.
+
+    The runs are interleaved (all rows once, then all rows again) so that a slow spell of the
+    machine, a checkpoint or another tenant spreads over the rows instead of hitting one.
+    """
+    samples: dict[str, list[Sample]] = {b.name: [] for b in benchmarks}
+    for run in range(1, runs + 1):
+        for benchmark in benchmarks:
+            with scratch_database(server_dsn, benchmark.name) as dsn:
+                sample = benchmark.run(Context(dsn=dsn, jobs=jobs, workers=benchmark.workers))
+            sample = dataclasses.replace(sample, load_1m=load_average())
+            samples[benchmark.name].append(sample)
+            progress(run, benchmark, sample)
+    return [RowResult(b, samples[b.name]) for b in benchmarks]
