@@ -13,7 +13,8 @@ from .client import Client
 from .context import Job
 from .db import Connection
 from .errors import AppLoadError, ConfigError
-from .job import EnqueueResult
+from .job import EnqueueResult, JobSpec
+from .periodic import CatchUp, Periodic
 from .retry import Backoff, default_backoff
 from .validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
 
@@ -42,6 +43,7 @@ class App:
 
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}
+        self.schedules: dict[str, Periodic] = {}
 
     def task(
         self,
@@ -52,8 +54,12 @@ class App:
         priority: int = 0,
         timeout: float | None = None,
         backoff: Backoff | None = None,
+        cron: str | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register the decorated function as the handler of task ``name`` (default: its name)."""
+        """Register the decorated function as the handler of task ``name`` (default: its name).
+
+        ``cron`` also schedules the task periodically (see :meth:`periodic`).
+        """
 
         def register(handler: Handler) -> Handler:
             task_name = check_task_name(name or handler.__name__)
@@ -72,9 +78,41 @@ class App:
                 timeout=timeout,
                 backoff=backoff or default_backoff,
             )
+            if cron is not None:
+                self.periodic(cron, task=task_name)
             return handler
 
         return register
+
+    def periodic(
+        self,
+        cron: str,
+        *,
+        task: str,
+        payload: Any = None,
+        name: str | None = None,
+        catch_up: CatchUp = "skip",
+        grace: float = 300.0,
+    ) -> Periodic:
+        """Enqueue a job of ``task`` at every slot of the cron expression ``cron`` (UTC).
+
+        The reaper process schedules it; each slot is enqueued exactly once across every
+        supervisor sharing the database. ``catch_up`` decides what happens to a slot missed
+        during downtime: ``"skip"`` it if more than ``grace`` seconds late, or run the
+        ``"latest"`` missed slot once.
+        """
+        schedule = Periodic(name or task, cron, task, payload, catch_up, grace)
+        if schedule.name in self.schedules:
+            raise ConfigError(f"periodic schedule {schedule.name!r} is registered twice")
+        self.schedules[schedule.name] = schedule
+        return schedule
+
+    def task_spec(self, task: str) -> JobSpec:
+        """A JobSpec carrying ``task``'s queue, priority and max_attempts."""
+        if task not in self.tasks:
+            raise ConfigError(f"task {task!r} is not registered in this app (known: {', '.join(sorted(self.tasks))})")
+        t = self.tasks[task]
+        return JobSpec(task, queue=t.queue, priority=t.priority, max_attempts=t.max_attempts)
 
     @property
     def queues(self) -> list[str]:
@@ -95,9 +133,7 @@ class App:
     ) -> EnqueueResult:
         """Enqueue a job of a registered task with the task's queue, priority and max_attempts
         (each overridable by keyword)."""
-        if task not in self.tasks:
-            raise ConfigError(f"task {task!r} is not registered in this app (known: {', '.join(sorted(self.tasks))})")
-        spec = self.tasks[task]
+        spec = self.task_spec(task)
         options: dict[str, Any] = {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts}
         unknown = set(overrides) - set(options)
         if unknown:

@@ -82,7 +82,9 @@ def _run_worker(spec: ChildSpec) -> int:
     assert spec.worker is not None
     try:
         app = spec.app or load_app(spec.app_ref or "")
-        config = dataclasses.replace(spec.worker, worker_id=new_worker_id(suffix=spec.worker_suffix))
+        config = dataclasses.replace(
+            spec.worker, worker_id=new_worker_id(suffix=spec.worker_suffix), max_jobs=spec.max_jobs
+        )
         worker = Worker(app, spec.dsn, config)
     except Exception as exc:
         write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
@@ -90,7 +92,7 @@ def _run_worker(spec: ChildSpec) -> int:
     titles = _Titles(spec.name)
     worker.hooks = WorkerHooks(
         on_job_start=lambda job: _on_start(spec, app, titles, job),
-        on_job_end=lambda job, outcome: _on_end(spec, worker, titles, job, outcome),
+        on_job_end=lambda job, outcome: _on_end(spec, titles, job, outcome),
     )
     _install_stop_signals(worker.stop)
     _start_reporter(spec, worker.stop)
@@ -102,7 +104,11 @@ def _run_worker(spec: ChildSpec) -> int:
 
 def _run_reaper(spec: ChildSpec) -> int:
     assert spec.reaper is not None
-    reaper = Reaper(spec.dsn, spec.reaper)
+    try:
+        reaper = Reaper(spec.dsn, spec.reaper, app=spec.app or load_app(spec.app_ref or ""))
+    except Exception as exc:
+        write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
+        return EXIT_BOOT_ERROR
     _install_stop_signals(reaper.stop)
     _start_reporter(spec, reaper.stop)
     set_title(spec.name)
@@ -162,11 +168,8 @@ def _on_start(spec: ChildSpec, app: App, titles: _Titles, job: Job) -> None:
     titles.idle()
 
 
-def _on_end(spec: ChildSpec, worker: Worker, titles: _Titles, job: Job, outcome: Outcome) -> None:
-    write_report(spec.report_fd, "end", job.id, outcome.kind)
+def _on_end(spec: ChildSpec, titles: _Titles, job: Job, outcome: Outcome) -> None:
+    label = "completed" if outcome.kind == "completed_in_transaction" else outcome.kind
+    write_report(spec.report_fd, "end", job.id, label, f"{outcome.duration:.6f}", job.queue, job.task)
     titles.running.pop(job.id, None)
     titles.idle()
-    if spec.max_jobs and worker.jobs_done >= spec.max_jobs and not worker.stopping:
-        log.info("recycling after %d jobs (--max-jobs-per-child)", worker.jobs_done)
-        write_report(spec.report_fd, "recycle", "max-jobs")
-        worker.stop()

@@ -17,15 +17,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 
 from . import embedded
+from .app import load_app
 from .client import Client
 from .db import check_dsn, mask_dsn
 from .errors import MiniqueueError
-from .job import State
+from .job import JobRecord, QueueStats, State
 from .migrate import run_migrations
 from .process import configure_logging
 from .reaper import ReaperConfig
@@ -133,24 +134,64 @@ def enqueue(
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 @database_option
 @friendly_errors
 def stats(as_json: bool, database_url: str | None) -> None:
-    """Job counts by queue and state."""
+    """Per queue: jobs by state, the oldest waiting job's age, running and expired leases."""
     with Client(resolve_database(database_url)) as client:
-        counts = client.counts()
+        queues = client.queue_stats()
     if as_json:
-        click.echo(json.dumps([{"queue": c.queue, "state": c.state.value, "count": c.count} for c in counts]))
+        click.echo(json.dumps([_stats_dict(q) for q in queues]))
         return
-    click.echo(f"{'queue':<24} {'state':<10} {'count':>10}")
-    for c in counts:
-        click.echo(f"{c.queue:<24} {c.state.value:<10} {c.count:>10}")
+    headers = ["queue", *(s.value for s in State), "scheduled", "oldest waiting (s)", "expired leases"]
+    table = [headers]
+    for q in queues:
+        oldest = "-" if q.oldest_available_seconds is None else f"{q.oldest_available_seconds:.1f}"
+        table.append([q.queue, *(str(q.counts[s]) for s in State), str(q.scheduled), oldest, str(q.expired_leases)])
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    for row in table:
+        click.echo(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+
+
+def _stats_dict(q: QueueStats) -> dict[str, Any]:
+    return {"queue": q.queue, **{s.value: n for s, n in q.counts.items()}, "scheduled": q.scheduled,
+            "oldest_available_seconds": q.oldest_available_seconds, "expired_leases": q.expired_leases}  # fmt: skip
 
 
 @main.group()
 def jobs() -> None:
     """Inspect jobs."""
+
+
+@jobs.command("list")
+@click.option("--queue")
+@click.option("--state", type=click.Choice([s.value for s in State]))
+@click.option("--task")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--before", "before_id", type=int, help="Only jobs with a smaller id (the next page).")
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON lines.")
+@database_option
+@friendly_errors
+def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int, before_id: int | None,
+              as_json: bool, database_url: str | None) -> None:  # fmt: skip
+    """Jobs matching the filters, newest first."""
+    with Client(resolve_database(database_url)) as client:
+        found = client.list_jobs(state=State(state) if state else None, queue=queue, task=task,
+                                 before_id=before_id, limit=limit)  # fmt: skip
+    for job in found:
+        if as_json:
+            click.echo(json.dumps(_job_dict(job), default=str))
+        else:
+            error = (job.last_error or "").strip().splitlines()[-1:] or [""]
+            click.echo(
+                f"{job.id:>10}  {job.state.value:<9}  {job.queue:<16} {job.task:<24} "
+                f"attempt {job.attempt}/{job.max_attempts}  {job.created_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
+            )
 
 
 @jobs.command("show")
@@ -162,16 +203,22 @@ def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
     """Every field of one job, with its error history."""
     with Client(resolve_database(database_url)) as client:
         job = client.get(job_id)
-    fields = {k: v for k, v in job.__dict__.items() if k != "errors"}
-    fields["state"] = job.state.value
-    history = [e.__dict__ for e in job.errors]
+    fields = _job_dict(job)
     if as_json:
-        click.echo(json.dumps({**fields, "errors": history}, default=str))
+        click.echo(json.dumps(fields, default=str))
         return
+    history = fields.pop("errors")
     for key, value in fields.items():
         click.echo(f"{key:>16}: {json.dumps(value, default=str) if key == 'payload' else value}")
     for entry in history:
         click.echo(f"--- attempt {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
+
+
+def _job_dict(job: JobRecord) -> dict[str, Any]:
+    fields = {k: v for k, v in job.__dict__.items() if k != "errors"}
+    fields["state"] = job.state.value
+    fields["errors"] = [e.__dict__ for e in job.errors]
+    return fields
 
 
 @main.command()
@@ -211,6 +258,80 @@ def cancel(job_ids: tuple[int, ...], database_url: str | None) -> None:
     with Client(resolve_database(database_url)) as client:
         client.cancel(list(job_ids))
     click.echo(f"cancelled {len(job_ids)} job(s)")
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """A duration such as 90s, 30m, 24h, 7d or 2w."""
+
+    name = "duration"
+    UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        text = str(value).strip().lower()
+        try:
+            number, unit = (float(text[:-1]), text[-1]) if text[-1:] in self.UNITS else (float(text), "s")
+        except ValueError:
+            self.fail(f"{value!r} is not a duration: use a number with s, m, h, d or w (e.g. 7d)", param, ctx)
+        if not number >= 0:
+            self.fail(f"{value!r} is not a duration: it must not be negative", param, ctx)
+        return number * self.UNITS[unit]
+
+
+@main.command()
+@click.option("--older-than", type=Duration(), required=True, help="Only jobs finished longer ago (e.g. 7d).")
+@click.option("--state", "states", multiple=True, type=click.Choice(["completed", "cancelled", "failed", "dead"]),
+              help="States to prune (repeatable; default: completed and cancelled).")  # fmt: skip
+@database_option
+@friendly_errors
+def prune(older_than: float, states: tuple[str, ...], database_url: str | None) -> None:
+    """Delete finished jobs older than --older-than (an explicit age is required)."""
+    chosen = [State(s) for s in states] or [State.COMPLETED, State.CANCELLED]
+    with Client(resolve_database(database_url)) as client:
+        deleted = client.prune(chosen, older_than)
+    click.echo(f"deleted {deleted} job(s) ({', '.join(s.value for s in chosen)}) finished over {older_than:g}s ago")
+
+
+@main.group()
+def periodic() -> None:
+    """Periodic schedules."""
+
+
+@periodic.command("list")
+@click.option("--app", "app_ref", required=True, help="The app whose schedules to list, as module:attribute.")
+@database_option
+@friendly_errors
+def list_periodic(app_ref: str, database_url: str | None) -> None:
+    """Each schedule of the app: cron, task, enabled, last and next slot."""
+    app = load_app(app_ref)
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        state = client.store.periodic_state(conn)
+        now = client.store.now(conn)
+    for name, schedule in sorted(app.schedules.items()):
+        last, enabled = state.get(name, (None, True))
+        click.echo(f"{name:<24} {schedule.cron:<16} task {schedule.task:<20} {'enabled ' if enabled else 'disabled'} "
+                   f"last {last or '-'}  next {schedule.next_slot(now)}")  # fmt: skip
+
+
+@periodic.command("enable")
+@click.argument("name")
+@database_option
+@friendly_errors
+def enable_periodic(name: str, database_url: str | None) -> None:
+    """Enable schedule NAME."""
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        client.store.set_periodic_enabled(conn, name, True)
+    click.echo(f"schedule {name} enabled")
+
+
+@periodic.command("disable")
+@click.argument("name")
+@database_option
+@friendly_errors
+def disable_periodic(name: str, database_url: str | None) -> None:
+    """Disable schedule NAME (its slots are skipped until enabled again)."""
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        client.store.set_periodic_enabled(conn, name, False)
+    click.echo(f"schedule {name} disabled")
 
 
 @main.command()
@@ -275,6 +396,9 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option("--max-memory-per-child", type=float, help="Recycle a worker whose RSS passes this many MB.")
 @click.option("--preload", is_flag=True, help="Import the app once before forking (copy-on-write).")
 @click.option("--poll-only", is_flag=True, help="Do not LISTEN (for PgBouncer in transaction mode).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(
     "--log-level",
     default="INFO",
@@ -298,6 +422,9 @@ def supervise(
     max_memory_per_child: float | None,
     preload: bool,
     poll_only: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: str,
     log_level: str,
     database_url: str | None,
 ) -> None:
@@ -306,7 +433,7 @@ def supervise(
     Signals: TERM/INT drain and exit; a second INT or QUIT exits fast; HUP replaces the workers;
     TTIN/TTOU add or remove one worker.
     """
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     worker = WorkerConfig(
         queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
         concurrency=concurrency,
@@ -326,6 +453,8 @@ def supervise(
         max_jobs_per_child=max_jobs_per_child,
         max_memory_mb=max_memory_per_child,
         preload=preload,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     ).validated()
     config = dataclasses.replace(config, dsn=resolve_database(database_url))
     sys.exit(Supervisor(config).run())

@@ -11,7 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from .db import Connection, create_pool
 from .errors import InvalidInput
-from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, State
+from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .store import Store
 from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate
 
@@ -116,6 +116,36 @@ class Client:
         """Job counts by queue and state."""
         with self.connection() as c:
             return self.store.counts(c)
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases."""
+        with self.connection() as c:
+            return self.store.queue_stats(c)
+
+    def list_jobs(
+        self,
+        *,
+        state: State | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[JobRecord]:
+        """Jobs matching the filters, newest first (page with ``before_id``)."""
+        with self.connection() as c:
+            return self.store.list_jobs(c, state=state, queue=queue, task=task, before_id=before_id, limit=limit)
+
+    def prune(self, states: Iterable[State], older_than_seconds: float, *, batch_size: int = 1000) -> int:
+        """Delete every job in ``states`` (terminal states only) that finished more than
+        ``older_than_seconds`` ago, in batches; return how many were deleted."""
+        chosen = list(states)
+        deleted = 0
+        with self.connection() as c:
+            while True:
+                n = self.store.prune(c, chosen, older_than_seconds, batch_size)
+                deleted += n
+                if n < batch_size:
+                    return deleted
 
     def requeue(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
         """Make failed, dead or cancelled jobs available again, with a fresh attempt budget.

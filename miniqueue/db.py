@@ -72,7 +72,7 @@ def check_schema(schema: str) -> str:
     return schema
 
 
-def conninfo(dsn: str, *, purpose: str, schema: str = "public") -> str:
+def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) -> str:
     """The connection string miniqueue uses: ``dsn`` plus application_name and a pinned search_path."""
     check_dsn(dsn)
     return make_conninfo(
@@ -81,12 +81,14 @@ def conninfo(dsn: str, *, purpose: str, schema: str = "public") -> str:
         # JIT compilation costs more than a queue's short statements ever gain: on PostgreSQL 15
         # it spent 400+ ms compiling a 10,000-job enqueue_many that runs in 100 ms.
         options=f"-c search_path={check_schema(schema)},pg_catalog -c jit=off",
+        **extra,
     )
 
 
-def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool = True) -> Connection:
-    """Open one connection (autocommit by default: one statement, one round trip)."""
-    info = conninfo(dsn, purpose=purpose, schema=schema)
+def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool = True, **extra: Any) -> Connection:
+    """Open one connection (autocommit by default: one statement, one round trip); ``extra``
+    adds libpq parameters such as ``connect_timeout``."""
+    info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
     with translate_errors(dsn):
         return psycopg.connect(info, autocommit=autocommit)
 

@@ -116,3 +116,17 @@ class QueueCount:
     queue: str
     state: State
     count: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """What an operator wants to know about one queue."""
+
+    queue: str
+    counts: dict[State, int]
+    #: Available jobs whose scheduled time is still in the future.
+    scheduled: int
+    #: Seconds the oldest runnable available job has waited (None when none waits).
+    oldest_available_seconds: float | None
+    #: Running jobs whose lease expired and that the reaper has not recovered yet.
+    expired_leases: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -37,13 +38,33 @@ class _LabelFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Log to stderr, each line prefixed by the process's label and pid."""
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, process label and pid, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "process": getattr(record, "mq_process", _label),
+            "pid": record.process,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", log_format: str = "text") -> None:
+    """Log to stderr, each line naming the process (label and pid): as text, or as JSON lines."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_LabelFilter())
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s [%(mq_process)s %(process)d] %(levelname)s %(name)s: %(message)s")
-    )
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s [%(mq_process)s %(process)d] %(levelname)s %(name)s: %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,4 +1,5 @@
-"""The reaper: returns expired leases to the queue and prunes finished jobs.
+"""The reaper: returns expired leases to the queue, prunes finished jobs, and (given an app)
+enqueues the app's periodic jobs as their slots come due.
 
 It is the backstop for workers that vanish without anyone noticing (a lost host, a killed
 process whose supervisor died too). Recovery is one conditional UPDATE per batch that
@@ -12,9 +13,11 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from .app import App
 from .db import Connection, connect
 from .errors import ConfigError, DatabaseUnavailable
 from .job import State
+from .periodic import schedule_due
 from .store import Store
 
 log = logging.getLogger("miniqueue.reaper")
@@ -58,15 +61,18 @@ class ReaperResult:
     recovered: int = 0
     dead: int = 0
     pruned: int = 0
+    scheduled: int = 0
 
 
 class Reaper:
     """Recovers expired leases and prunes finished jobs, on a connection of its own."""
 
-    def __init__(self, dsn: str, config: ReaperConfig | None = None) -> None:
+    def __init__(self, dsn: str, config: ReaperConfig | None = None, *, app: App | None = None) -> None:
         self.dsn = dsn
         self.config = (config or ReaperConfig()).validated()
         self.store = Store(self.config.schema)
+        self.schedules = list(app.schedules.values()) if app else []
+        self.specs = {s.task: app.task_spec(s.task) for s in self.schedules} if app else {}
         self._stopping = threading.Event()
         self._conn: Connection | None = None
 
@@ -90,6 +96,7 @@ class Reaper:
                      result.recovered, result.dead)  # fmt: skip
         if self.config.prune:
             result.pruned = self._prune(self._conn)
+        result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))
         return result
 
     def _prune(self, conn: Connection) -> int:

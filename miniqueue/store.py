@@ -29,6 +29,7 @@ from .job import (
     JobRecord,
     Lease,
     QueueCount,
+    QueueStats,
     State,
 )
 from .validation import NewJob, check_seconds
@@ -138,6 +139,14 @@ UPDATE {jobs}
 RETURNING id
 """
 
+# Complete a batch and claim the next one in one statement: one round trip and one commit
+# instead of two. The two updates touch disjoint rows (running and leased to us, versus
+# available), and a LEFT JOIN keeps the completed ids even when nothing is claimed.
+_COMPLETE_AND_CLAIM = """
+WITH completed AS ({complete}), claimed AS ({claim})
+SELECT d.ids, c.* FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+"""
+
 # Extend a batch of leases by `lease` seconds from now; returns the ids still held.
 _RENEW = """
 UPDATE {jobs}
@@ -178,6 +187,18 @@ UPDATE {jobs}
    SET state = 'available', scheduled_at = now() + make_interval(secs => %(delay)s),
        max_attempts = max_attempts + 1, lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND {fence}
+RETURNING id
+"""
+
+# Hand back leases whose jobs were never started (prefetched, then the worker stopped). The
+# attempt is given back too: no handler ran, so no stale write for it can exist, and attempt
+# keeps counting executions.
+_RELEASE = """
+UPDATE {jobs}
+   SET state = 'available', attempt = attempt - 1, lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND {fence}
 RETURNING id
 """
 
@@ -233,10 +254,53 @@ RETURNING id
 _STATES = "SELECT id, state FROM {jobs} WHERE id = ANY(%(ids)s::bigint[])"
 
 # One job, every column.
-_GET = """
-SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
-       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors
-  FROM {jobs} WHERE id = %(id)s
+_JOB_COLUMNS = """id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
+       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors"""
+_GET = "SELECT {columns} FROM {jobs} WHERE id = %(id)s"
+
+# Per queue: counts by state, jobs scheduled for later, the age of the oldest job waiting to
+# run, and leases that expired without the reaper having recovered them yet.
+_QUEUE_STATS = """
+SELECT queue,
+       count(*) FILTER (WHERE state = 'available'), count(*) FILTER (WHERE state = 'running'),
+       count(*) FILTER (WHERE state = 'completed'), count(*) FILTER (WHERE state = 'failed'),
+       count(*) FILTER (WHERE state = 'dead'), count(*) FILTER (WHERE state = 'cancelled'),
+       count(*) FILTER (WHERE state = 'available' AND scheduled_at > now()),
+       extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available' AND scheduled_at <= now())),
+       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < now())
+  FROM {jobs} GROUP BY queue ORDER BY queue
+"""
+
+# A page of jobs, newest first, filtered; `before` pages by id (keyset pagination stays fast).
+_LIST = """
+SELECT {columns} FROM {jobs}
+ WHERE (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+"""
+
+# The database's clock, for schedulers that must not trust their host's.
+_NOW = "SELECT now()"
+
+# Periodic schedules: where each one stands.
+_PERIODIC_STATE = "SELECT name, last_slot, enabled FROM {periodic}"
+
+# Claim a periodic slot: advance last_slot if this slot is newer and the schedule is enabled.
+# Returns a row only for the one scheduler that advanced it.
+_CLAIM_SLOT = """
+INSERT INTO {periodic} (name, last_slot) VALUES (%(name)s, %(slot)s)
+ON CONFLICT (name) DO UPDATE SET last_slot = excluded.last_slot, updated_at = now()
+ WHERE {periodic}.last_slot < excluded.last_slot AND {periodic}.enabled
+RETURNING name
+"""
+
+# Enable or disable a periodic schedule (creating its row if need be).
+_SET_PERIODIC_ENABLED = """
+INSERT INTO {periodic} (name, last_slot, enabled) VALUES (%(name)s, now(), %(enabled)s)
+ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
 """
 
 # How many jobs each queue holds in each state.
@@ -306,6 +370,8 @@ class Store:
                 jobs=jobs,
                 migrations=sql.Identifier(schema, "miniqueue_migrations"),
                 schema=sql.Identifier(schema),
+                periodic=sql.Identifier(schema, "miniqueue_periodic"),
+                columns=sql.SQL(_JOB_COLUMNS),
                 **{k: sql.SQL(v) for k, v in parts.items()},
             )
             return composed.as_string()
@@ -314,13 +380,18 @@ class Store:
         self._enqueue = render(_ENQUEUE)
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
         self._enqueue_many = render(_ENQUEUE_MANY)
-        self._claim_one = render(_CLAIM_SET.replace("{pick}", _PICK_ONE_QUEUE))
-        self._claim_many = render(_CLAIM_SET.replace("{pick}", _PICK_MANY_QUEUES))
+        claim_one, claim_many = (_CLAIM_SET.replace("{pick}", pick) for pick in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES))
+        self._claim_one, self._claim_many = render(claim_one), render(claim_many)
+        self._complete_and_claim_one, self._complete_and_claim_many = (
+            render(_COMPLETE_AND_CLAIM.replace("{complete}", _COMPLETE).replace("{claim}", claim), fence=fence)
+            for claim in (claim_one, claim_many)
+        )
         self._complete = render(_COMPLETE, fence=fence)
         self._renew = render(_RENEW, fence=fence)
         self._record_failures = render(_RECORD_FAILURES, fence=fence, append=_append_error("f.error", "j."))
         self._fail = render(_FAIL, fence=fence, append=append)
         self._snooze = render(_SNOOZE, fence=fence)
+        self._release = render(_RELEASE, fence=fence)
         self._recover = render(
             _RECOVER_EXPIRED,
             append_lost=_append_error("'worker lost: lease expired without renewal'"),
@@ -330,6 +401,11 @@ class Store:
         self._cancel = render(_CANCEL)
         self._states = render(_STATES)
         self._get = render(_GET)
+        self._list = render(_LIST)
+        self._queue_stats = render(_QUEUE_STATS)
+        self._periodic_state = render(_PERIODIC_STATE)
+        self._claim_slot = render(_CLAIM_SLOT)
+        self._set_periodic_enabled = render(_SET_PERIODIC_ENABLED)
         self._counts = render(_COUNTS)
         self._prune = render(_PRUNE)
         self._schema_version = render(_SCHEMA_VERSION)
@@ -405,17 +481,42 @@ class Store:
         future are invisible. Each claimed job is ``running``, leased to ``worker_id`` until
         ``now() + lease_seconds``, its ``attempt`` one higher.
         """
-        queues = list(dict.fromkeys(queues))  # a queue named twice would claim its rows twice over
         if not queues or limit < 1:
             return []
+        query, params = self._claim_query(queues, worker_id, lease_seconds, limit, combined=False)
+        return _in_claim_order(Lease(*row) for row in self._rows(conn, query, params))
+
+    def complete_and_claim(
+        self,
+        conn: Connection,
+        worker_id: str,
+        completions: Iterable[tuple[int, int]],
+        queues: Sequence[str],
+        lease_seconds: float,
+        limit: int,
+    ) -> tuple[set[int], list[Lease]]:
+        """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit).
+
+        Returns the ids completed (those whose lease was still held) and the new leases.
+        """
+        ids, attempts = _columns(completions)
+        query, params = self._claim_query(queues, worker_id, lease_seconds, max(limit, 0), combined=True)
+        rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts})
+        completed = set(rows[0][0] or ()) if rows else set()
+        return completed, _in_claim_order(Lease(*row[1:]) for row in rows if row[1] is not None)
+
+    def _claim_query(
+        self, queues: Sequence[str], worker_id: str, lease_seconds: float, limit: int, *, combined: bool
+    ) -> tuple[str, dict[str, Any]]:
+        queues = list(dict.fromkeys(queues))  # a queue named twice would claim its rows twice over
+        if not queues:
+            raise InvalidInput("claim needs at least one queue")
         params: dict[str, Any] = {"worker": worker_id, "lease": float(lease_seconds), "limit": limit}
         if len(queues) == 1:
-            query, params["queue"] = self._claim_one, queues[0]
-        else:
-            query, params["queues"] = self._claim_many, list(queues)
-        leases = [Lease(*row) for row in self._rows(conn, query, params)]
-        leases.sort(key=lambda lease: (-lease.priority, lease.scheduled_at, lease.id))
-        return leases
+            params["queue"] = queues[0]
+            return (self._complete_and_claim_one if combined else self._claim_one), params
+        params["queues"] = queues
+        return (self._complete_and_claim_many if combined else self._claim_many), params
 
     def complete_many(self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]]) -> set[int]:
         """Complete every ``(job id, attempt)`` still leased to ``worker_id``; return those ids.
@@ -486,6 +587,15 @@ class Store:
         params = {"id": job_id, "attempt": attempt, "worker": worker_id, "delay": float(delay_seconds)}
         if not self._rows(conn, self._snooze, params):
             raise LeaseLost(job_id, worker_id, attempt)
+
+    def release_unstarted(self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]]) -> set[int]:
+        """Hand back leases whose jobs no handler started: available again at once, attempt
+        restored. Only the holder may call this, and only for jobs it never ran."""
+        ids, attempts = _columns(leases)
+        if not ids:
+            return set()
+        rows = self._rows(conn, self._release, {"ids": ids, "attempts": attempts, "worker": worker_id})
+        return {row[0] for row in rows}
 
     def leases_of(self, conn: Connection, worker_id: str) -> list[tuple[int, int]]:
         """The ``(job id, attempt)`` of every job currently leased to ``worker_id``."""
@@ -571,14 +681,49 @@ class Store:
         rows = self._rows(conn, self._get, {"id": job_id})
         if not rows:
             raise JobNotFound(job_id)
-        row = rows[0]
-        history = tuple(AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row[-1])
-        return JobRecord(
-            id=row[0], queue=row[1], task=row[2], payload=row[3], state=State(row[4]), priority=row[5],
-            attempt=row[6], max_attempts=row[7], idempotency_key=row[8], scheduled_at=row[9], created_at=row[10],
-            lease_expires_at=row[11], leased_by=row[12], last_error=row[13], completed_at=row[14],
-            finished_at=row[15], errors=history,
-        )  # fmt: skip
+        return _record(rows[0])
+
+    def list_jobs(
+        self,
+        conn: Connection,
+        *,
+        state: State | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[JobRecord]:
+        """Jobs matching the filters, newest first; pass the last id seen as ``before_id`` for the next page."""
+        params = {"state": State(state).value if state else None, "queue": queue, "task": task,
+                  "before": before_id, "limit": limit}  # fmt: skip
+        return [_record(row) for row in self._rows(conn, self._list, params)]
+
+    def queue_stats(self, conn: Connection) -> list[QueueStats]:
+        """Per queue: counts by state, scheduled jobs, oldest waiting job's age, expired leases."""
+        stats = []
+        for row in self._rows(conn, self._queue_stats, {}):
+            counts = dict(zip(_STATE_ORDER, (int(n) for n in row[1:7]), strict=True))
+            oldest = None if row[8] is None else float(row[8])
+            stats.append(QueueStats(row[0], counts, int(row[7]), oldest, int(row[9])))
+        return stats
+
+    def now(self, conn: Connection) -> dt.datetime:
+        """The database's clock."""
+        value: dt.datetime = self._rows(conn, _NOW, {})[0][0]
+        return value
+
+    def periodic_state(self, conn: Connection) -> dict[str, tuple[dt.datetime, bool]]:
+        """Each periodic schedule's last enqueued slot and whether it is enabled."""
+        return {row[0]: (row[1], row[2]) for row in self._rows(conn, self._periodic_state, {})}
+
+    def claim_periodic_slot(self, conn: Connection, name: str, slot: dt.datetime) -> bool:
+        """Advance schedule ``name`` to ``slot``; True only for the one caller that did (and only
+        if the schedule is enabled). Run it in the transaction that enqueues the slot's job."""
+        return bool(self._rows(conn, self._claim_slot, {"name": name, "slot": slot}))
+
+    def set_periodic_enabled(self, conn: Connection, name: str, enabled: bool) -> None:
+        """Enable or disable periodic schedule ``name``."""
+        self._rowcount(conn, self._set_periodic_enabled, {"name": name, "enabled": enabled})
 
     def counts(self, conn: Connection) -> list[QueueCount]:
         """How many jobs each queue holds in each state (states with no jobs are omitted)."""
@@ -611,6 +756,24 @@ class Store:
                 conn.execute(text.encode())
                 conn.execute(self._record_version, {"version": version, "name": name})
         return {m[0] for m in pending}
+
+
+_STATE_ORDER = (State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)
+
+
+def _record(row: Sequence[Any]) -> JobRecord:
+    history = tuple(AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row[16])
+    return JobRecord(
+        id=row[0], queue=row[1], task=row[2], payload=row[3], state=State(row[4]), priority=row[5],
+        attempt=row[6], max_attempts=row[7], idempotency_key=row[8], scheduled_at=row[9], created_at=row[10],
+        lease_expires_at=row[11], leased_by=row[12], last_error=row[13], completed_at=row[14],
+        finished_at=row[15], errors=history,
+    )  # fmt: skip
+
+
+def _in_claim_order(leases: Iterable[Lease]) -> list[Lease]:
+    """Best first, as the claim picked them: priority, then scheduled time, then id."""
+    return sorted(leases, key=lambda lease: (-lease.priority, lease.scheduled_at, lease.id))
 
 
 def _columns(leases: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:

@@ -32,6 +32,8 @@ from .app import App, load_app
 from .child import SUPERVISOR_SIGNALS, ChildSpec, run_child
 from .db import connect, mask_dsn
 from .errors import ConfigError, MiniqueueError
+from .httpserver import TinyHTTPServer
+from .metrics import Metrics
 from .migrate import check_schema_version
 from .process import EXIT_BOOT_ERROR, describe_exit, set_title, signal_name
 from .reaper import ReaperConfig
@@ -62,6 +64,8 @@ class SupervisorConfig:
     liveness_timeout: float = 30.0
     report_interval: float = 1.0
     boot_failure_limit: int = 3
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
 
     def validated(self) -> SupervisorConfig:
         if self.workers < 1:
@@ -121,6 +125,8 @@ class Supervisor:
         self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.wake_r, self.wake_w = -1, -1
         self.announced_ready = False
+        self.metrics: Metrics | None = None
+        self.http: TinyHTTPServer | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -131,6 +137,7 @@ class Supervisor:
         if self.config.preload:
             self.app = load_app(self.config.app_ref)
         self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
+        self.start_http()
         self.install_signals()
         log.info("supervisor starting %d worker(s) and a reaper for %s on %s", self.config.workers,
                  self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
@@ -147,6 +154,8 @@ class Supervisor:
                 self.sleep()
         finally:
             signal.set_wakeup_fd(-1)
+            if self.http:
+                self.http.close()
         if self.fatal_error:
             log.error("%s", self.fatal_error)
             return EXIT_BOOT_ERROR
@@ -167,6 +176,19 @@ class Supervisor:
                 "lower --workers or raise max_connections"
             )
 
+    def start_http(self) -> None:
+        """Serve /metrics (when --metrics-port is set) from the supervisor's own loop."""
+        if self.config.metrics_port is None:
+            return
+        self.metrics = Metrics(self.config.dsn, self.store, self.process_counts)
+        routes = {"/metrics": self.metrics.render}
+        self.http = TinyHTTPServer(self.config.metrics_host, self.config.metrics_port, routes)
+        log.info("serving metrics on http://%s:%d/metrics", *self.http.address[:2])
+
+    def process_counts(self) -> dict[str, int]:
+        workers = sum(1 for c in self.children.values() if c.worker_id and not c.retiring)
+        return {"worker": workers, "reaper": sum(1 for c in self.children.values() if c.worker_id is None)}
+
     def install_signals(self) -> None:
         """Signal handlers only record the signal; the main loop acts on it (no logging or
         locking inside a handler, which can deadlock). The wakeup fd interrupts the loop's sleep."""
@@ -184,10 +206,14 @@ class Supervisor:
             wake_at.append(self.stop_deadline)
         timeout = max(0.0, min(wake_at) - now)
         fds = [self.wake_r, *(c.read_fd for c in self.children.values())]
+        if self.http:
+            fds.append(self.http.fileno())
         try:
             readable, _, _ = select.select(fds, [], [], timeout)
         except InterruptedError:
             return
+        if self.http and self.http.fileno() in readable:
+            self.http.handle()
         if self.wake_r in readable:
             try:
                 while os.read(self.wake_r, 512):
@@ -286,6 +312,8 @@ class Supervisor:
         pid = os.fork()
         if pid == 0:
             inherited = [read_fd, self.wake_r, self.wake_w, *(c.read_fd for c in self.children.values())]
+            if self.http:
+                inherited.append(self.http.fileno())
             run_child(spec, inherited)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
@@ -303,13 +331,13 @@ class Supervisor:
             report_fd=report_fd,
             report_interval=self.config.report_interval,
             shutdown_timeout=self.config.worker.shutdown_timeout,
+            app_ref=self.config.app_ref,
+            app=self.app,
         )
         if slot == "reaper":
             return dataclasses.replace(spec, reaper=self.config.reaper)
         return dataclasses.replace(
             spec,
-            app_ref=self.config.app_ref,
-            app=self.app,
             worker_suffix=suffix,
             worker=self.config.worker,
             max_jobs=self.config.max_jobs_per_child,
@@ -341,12 +369,12 @@ class Supervisor:
             limit = None if timeout == "-" else float(timeout)
             child.jobs[int(job_id)] = RunningJob(int(attempt), task, now, limit)
         elif kind == "end":
-            child.jobs.pop(int(rest.split(" ")[0]), None)
+            job_id, outcome, seconds, queue, task = rest.split(" ", 4)
+            child.jobs.pop(int(job_id), None)
+            if self.metrics:
+                self.metrics.job_finished(queue, task, outcome, float(seconds))
         elif kind == "error":
             child.error = rest.replace("\\n", "\n")
-        elif kind == "recycle":
-            child.retiring = True
-            log.info("%s (pid %d) is recycling itself: %s", child.slot, child.pid, rest)
 
     def reap_children(self) -> None:
         while True:
@@ -384,6 +412,8 @@ class Supervisor:
                                     f"giving up. Last error:\n{detail}")  # fmt: skip
                 self.begin_stop("fast")
                 return
+        if not clean and self.metrics:
+            self.metrics.restarts.labels("reaper" if child.worker_id is None else "worker").inc()
         lived = time.monotonic() - child.started
         if clean or lived >= STABLE_AFTER_SECONDS:
             self.failures[child.slot] = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -29,14 +30,18 @@ from .context import Job, PermanentError, Snooze
 from .db import Connection, connect, create_pool
 from .errors import ConfigError, DatabaseUnavailable, LeaseLost
 from .heartbeat import Heartbeat
-from .job import Lease
+from .job import Lease, State
 from .notify import Listener
 from .store import Failure, Store
 from .validation import check_queue_name
 
 log = logging.getLogger("miniqueue.worker")
 
-OutcomeKind = Literal["completed", "completed_in_transaction", "failed", "permanent", "snoozed", "lease_lost"]
+#: What became of a handler run. A handler's exception is an ``error`` (recorded as ``retried``
+#: or ``dead``); a PermanentError is ``permanent`` (recorded as ``failed``).
+OutcomeKind = Literal[
+    "completed", "completed_in_transaction", "error", "permanent", "snoozed", "lease_lost", "retried", "dead", "failed"
+]
 
 
 def new_worker_id(pid: int | None = None, suffix: str | None = None) -> str:
@@ -67,6 +72,8 @@ class WorkerConfig:
     poll_only: bool = False
     worker_id: str | None = None
     schema: str = "public"
+    #: Stop (drain and return from run()) after this many jobs; the supervisor then recycles the process.
+    max_jobs: int | None = None
 
     @property
     def heartbeat_interval(self) -> float:
@@ -86,6 +93,8 @@ class WorkerConfig:
             )
         if self.concurrency < 1:
             raise ConfigError(f"concurrency {self.concurrency!r} is invalid: use 1 or more handler threads")
+        if self.max_jobs is not None and self.max_jobs < 1:
+            raise ConfigError(f"max_jobs {self.max_jobs} is invalid: use 1 or more")
         if self.prefetch < 0 or self.shutdown_timeout < 0:
             raise ConfigError("prefetch and shutdown_timeout must not be negative")
         for queue in self.queues or ():
@@ -100,6 +109,8 @@ class Outcome:
     kind: OutcomeKind
     error: str | None = None
     delay: float = 0.0
+    #: How long the handler ran, in seconds.
+    duration: float = 0.0
 
 
 @dataclass
@@ -139,6 +150,10 @@ class _Slots:
             job = make_job(self.ready.popleft())
             self.running[job.id] = job
             return job
+
+    def add_ready(self, leases: list[Lease]) -> None:
+        with self.lock:
+            self.ready.extend(leases)
 
     def finish(self, job: Job) -> None:
         with self.lock:
@@ -268,8 +283,8 @@ class Worker:
             self._wake.clear()
             try:
                 self._dispatch(executor)  # keep handler threads busy while we talk to the database
-                self._flush_outcomes()
                 if self._stop_requested:
+                    self._flush_outcomes(claim=0)
                     if deadline is None:
                         deadline = time.monotonic() + self.config.shutdown_timeout
                         self._release_ready()
@@ -278,10 +293,12 @@ class Worker:
                     if time.monotonic() >= deadline:
                         self._abandon_running()
                         return
-                elif self._should_claim(time.monotonic() >= next_poll):
-                    self._nudged = False
-                    self._backlog = self._claim()
-                    next_poll = time.monotonic() + self.config.poll_interval
+                else:
+                    claim = self._claim_size(time.monotonic() >= next_poll)
+                    self._flush_outcomes(claim)
+                    if claim:
+                        self._nudged = False
+                        next_poll = time.monotonic() + self.config.poll_interval
                 self._dispatch(executor)
                 delay = 0.1
             except DatabaseUnavailable as exc:
@@ -293,22 +310,25 @@ class Worker:
                 continue
             # Handlers finishing and notifications set the wake event; only a claim we could make
             # right now is a reason not to wait for one.
-            self._sleep(0.0 if self._should_claim(False) else max(0.0, next_poll - time.monotonic()))
+            self._sleep(0.0 if self._claim_size(False) else max(0.0, next_poll - time.monotonic()))
 
-    def _free(self) -> int:
-        """Leases this worker may still take: free handler slots plus room for prefetch."""
-        return self.config.concurrency + self.config.prefetch - self._slots.held()
+    def _claim_size(self, poll_due: bool) -> int:
+        """How many jobs to claim now (0: not now).
 
-    def _should_claim(self, poll_due: bool) -> bool:
-        """Claim when there is room and a reason: a notification, a full last batch, or the poll
-        timer. With prefetch, wait until half the buffer is free (or it ran dry) so claims come in
-        batches rather than one statement per finished job."""
-        free = self._free()
+        Claim when there is room (counting the slots that outcomes about to be recorded will
+        free) and a reason: a notification, a full last batch, or the poll timer. With
+        prefetch, wait until half the buffer is free (or it ran dry) so that claims come in
+        batches rather than one statement per finished job.
+        """
+        capacity = self.config.concurrency + self.config.prefetch
+        free = capacity - self._slots.held() + len(self._outcomes)
+        if self.config.max_jobs is not None:  # never claim a job this worker will not run
+            free = min(free, self.config.max_jobs - self.jobs_done - self._slots.held() + len(self._outcomes))
         if free <= 0 or not (self._nudged or self._backlog or poll_due):
-            return False
+            return 0
         with self._slots.lock:
             ran_dry = not self._slots.ready
-        return ran_dry or free >= max(1, (self.config.concurrency + self.config.prefetch) // 2)
+        return free if ran_dry or free >= max(1, capacity // 2) else 0
 
     def _sleep(self, seconds: float) -> None:
         """Wait until woken (outcome, notification) or ``seconds`` pass, checking the stop flag."""
@@ -331,19 +351,9 @@ class Worker:
 
     # -- claiming and dispatching --------------------------------------------------------------
 
-    def _claim(self) -> bool:
-        """Claim up to the free capacity; return True if the claim came back full."""
-        free = self._free()
-        if free <= 0:
-            return self._backlog
-        leases = self.store.claim(self._connection(), self.queues, self.worker_id, self.config.lease_seconds, free)
-        with self._slots.lock:
-            self._slots.ready.extend(leases)
-        return len(leases) == free
-
     def _dispatch(self, executor: ThreadPoolExecutor) -> None:
-        """Hand ready jobs to idle handler threads."""
-        while job := self._slots.start_next(self._make_job, self.config.concurrency):
+        """Hand ready jobs to idle handler threads (none once stopping: they go back unstarted)."""
+        while not self._stop_requested and (job := self._slots.start_next(self._make_job, self.config.concurrency)):
             self.hooks.on_job_start(job)
             executor.submit(self._work, job)
 
@@ -371,28 +381,38 @@ class Worker:
             if task is None:
                 raise LookupError(f"no handler is registered for task {job.task!r} in this worker's app")
             task.handler(job)
-            return Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
+            outcome = Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
         except BaseException as exc:  # whatever the handler raises is its outcome
-            return _outcome_of(job, exc)
+            outcome = _outcome_of(job, exc)
+        outcome.duration = time.monotonic() - job.started_at
+        return outcome
 
     # -- outcomes ------------------------------------------------------------------------------
 
-    def _flush_outcomes(self) -> None:
-        """Record finished handlers' outcomes: completions in one statement, the rest one by one.
+    def _flush_outcomes(self, claim: int) -> None:
+        """Record finished handlers' outcomes and, when ``claim`` > 0, claim that many jobs.
 
-        An outcome leaves the queue only once the database has it, so a connection error
-        retries it; fencing makes a repeat harmless.
+        Completions and the claim share one statement; failures, snoozes and permanent
+        failures are recorded one by one. An outcome leaves the queue only once the database
+        has it, so a connection error retries it; fencing makes a repeat harmless.
         """
-        if not self._outcomes:
-            return
         pending = list(self._outcomes)
+        if not pending and not claim:
+            return
         conn = self._connection()
         completions = [(job.id, job.attempt) for job, outcome in pending if outcome.kind == "completed"]
-        completed = self.store.complete_many(conn, self.worker_id, completions)
+        if claim:
+            completed, leases = self.store.complete_and_claim(
+                conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim
+            )
+            self._slots.add_ready(leases)
+            self._backlog = len(leases) == claim
+        else:
+            completed = self.store.complete_many(conn, self.worker_id, completions)
         for job, outcome in pending:
             if outcome.kind == "completed" and job.id not in completed:
                 outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
-            elif outcome.kind not in ("completed", "completed_in_transaction", "lease_lost"):
+            elif outcome.kind in ("error", "permanent", "snoozed"):
                 outcome = self._record(conn, job, outcome)
             if outcome.kind == "lease_lost":
                 log.warning("job %d (%s, attempt %d): outcome discarded: %s", job.id, job.task, job.attempt,
@@ -401,29 +421,33 @@ class Worker:
             self._slots.forget(job)
             self.jobs_done += 1
             self.hooks.on_job_end(job, outcome)
+        if self.config.max_jobs is not None and self.jobs_done >= self.config.max_jobs and not self._stop_requested:
+            log.info("worker %s ran %d jobs (max_jobs): stopping to be recycled", self.worker_id, self.jobs_done)
+            self.stop()
 
     def _record(self, conn: Connection, job: Job, outcome: Outcome) -> Outcome:
         """Record a failure, permanent failure or snooze; LeaseLost turns it into ``lease_lost``."""
         try:
-            if outcome.kind == "failed":
+            if outcome.kind == "error":
                 task = self.app.tasks.get(job.task)
                 backoff = task.backoff(job.attempt) if task else 60.0
                 failure = Failure(job.id, job.attempt, outcome.error or "", backoff)
-                if job.id not in self.store.record_failures(conn, self.worker_id, [failure]):
+                state = self.store.record_failures(conn, self.worker_id, [failure]).get(job.id)
+                if state is None:
                     raise LeaseLost(job.id, self.worker_id, job.attempt)
-            elif outcome.kind == "permanent":
+                return dataclasses.replace(outcome, kind="dead" if state == State.DEAD else "retried")
+            if outcome.kind == "permanent":
                 self.store.fail(conn, job.id, self.worker_id, job.attempt, outcome.error or "")
-            else:
-                self.store.snooze(conn, job.id, self.worker_id, job.attempt, outcome.delay)
+                return dataclasses.replace(outcome, kind="failed")
+            self.store.snooze(conn, job.id, self.worker_id, job.attempt, outcome.delay)
+            return outcome
         except LeaseLost as exc:
-            return Outcome("lease_lost", str(exc))
-        return outcome
+            return dataclasses.replace(outcome, kind="lease_lost", error=str(exc))
 
     def _release_ready(self) -> None:
         """At shutdown, hand prefetched (never started) jobs back without spending an attempt."""
-        for lease in self._slots.take_ready():
-            with contextlib.suppress(LeaseLost):
-                self.store.snooze(self._connection(), lease.id, self.worker_id, lease.attempt, 0.0)
+        unstarted = [(lease.id, lease.attempt) for lease in self._slots.take_ready()]
+        self.store.release_unstarted(self._connection(), self.worker_id, unstarted)
 
     def _abandon_running(self) -> None:
         abandoned = self._slots.running_jobs()
@@ -471,7 +495,7 @@ def _outcome_of(job: Job, exc: BaseException) -> Outcome:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
     if isinstance(exc, PermanentError):
         return Outcome("permanent", text)
-    return Outcome("failed", text)
+    return Outcome("error", text)
 
 
 __all__ = ["Outcome", "Worker", "WorkerConfig", "WorkerHooks", "new_worker_id"]
