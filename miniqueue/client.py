@@ -122,18 +122,11 @@ class Client:
         with self.connection() as c:
             return self.store.queue_stats(c)
 
-    def list_jobs(
-        self,
-        *,
-        state: State | None = None,
-        queue: str | None = None,
-        task: str | None = None,
-        before_id: int | None = None,
-        limit: int = 50,
-    ) -> list[JobRecord]:
-        """Jobs matching the filters, newest first (page with ``before_id``)."""
+    def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:
+        """Jobs matching the filters (state, queue, task, search, created_after, created_before),
+        newest first; page with ``before_id``."""
         with self.connection() as c:
-            return self.store.list_jobs(c, state=state, queue=queue, task=task, before_id=before_id, limit=limit)
+            return self.store.list_jobs(c, before_id=before_id, limit=limit, **filters)
 
     def prune(self, states: Iterable[State], older_than_seconds: float, *, batch_size: int = 1000) -> int:
         """Delete every job in ``states`` (terminal states only) that finished more than

@@ -130,3 +130,21 @@ class QueueStats:
     oldest_available_seconds: float | None
     #: Running jobs whose lease expired and that the reaper has not recovered yet.
     expired_leases: int
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One row of the process registry: a supervisor, worker or reaper process on some host."""
+
+    id: str
+    kind: str
+    pid: int
+    title: str
+    started_at: dt.datetime
+    supervisor: str = ""
+    host: str = ""
+    last_seen: dt.datetime | None = None
+    rss_bytes: int | None = None
+    jobs_done: int = 0
+    restarts: int = 0
+    current_jobs: tuple[int, ...] = ()

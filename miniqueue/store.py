@@ -28,11 +28,12 @@ from .job import (
     EnqueueResult,
     JobRecord,
     Lease,
+    ProcessInfo,
     QueueCount,
     QueueStats,
     State,
 )
-from .validation import NewJob, check_seconds
+from .validation import NewJob, check_queue_name, check_seconds
 
 # --- SQL --------------------------------------------------------------------------------------
 # {jobs} is replaced by the schema-qualified table name; everything else is a bound parameter.
@@ -112,6 +113,7 @@ RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_a
 _PICK_ONE_QUEUE = """
     SELECT id FROM {jobs}
      WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND paused)
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
 
@@ -124,6 +126,7 @@ _PICK_MANY_QUEUES = """
          WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND p.paused)
      ORDER BY c.priority DESC, c.scheduled_at, c.id
      LIMIT %(limit)s"""
 
@@ -272,15 +275,22 @@ SELECT queue,
 """
 
 # A page of jobs, newest first, filtered; `before` pages by id (keyset pagination stays fast).
-_LIST = """
-SELECT {columns} FROM {jobs}
- WHERE (%(state)s::text IS NULL OR state = %(state)s)
+_JOB_FILTER = """(%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
+   AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)"""
+_LIST = """
+SELECT {columns} FROM {jobs}
+ WHERE {filter}
    AND (%(before)s::bigint IS NULL OR id < %(before)s)
  ORDER BY id DESC
  LIMIT %(limit)s
 """
+# How many jobs match a filter (for "apply to all N matching jobs" confirmations).
+_COUNT_MATCHING = "SELECT count(*) FROM {jobs} WHERE {filter}"
+_IDS_MATCHING = "SELECT id FROM {jobs} WHERE {filter} ORDER BY id LIMIT %(limit)s"
 
 # The database's clock, for schedulers that must not trust their host's.
 _NOW = "SELECT now()"
@@ -301,6 +311,52 @@ RETURNING name
 _SET_PERIODIC_ENABLED = """
 INSERT INTO {periodic} (name, last_slot, enabled) VALUES (%(name)s, now(), %(enabled)s)
 ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
+"""
+
+# Pause or resume a queue.
+_SET_PAUSED = """
+INSERT INTO {queues} (name, paused) VALUES (%(name)s, %(paused)s)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
+"""
+_PAUSED = "SELECT name FROM {queues} WHERE paused ORDER BY name"
+
+# Jobs finished per minute over the last hour, by outcome, computed in the database.
+_THROUGHPUT = """
+SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
+  FROM {jobs}
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND finished_at > now() - interval '1 hour'
+ GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+# Delete jobs that are not running (an operator's explicit action).
+_DELETE = "DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id"
+
+# Refresh one supervisor's rows of the process registry, and drop its children that are gone.
+_UPSERT_PROCESSES = """
+WITH incoming AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(pids)s::int[], %(titles)s::text[],
+                         %(started)s::timestamptz[], %(rss)s::bigint[], %(done)s::bigint[], %(restarts)s::int[],
+                         %(current)s::text[])
+           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs)
+), gone AS (
+    DELETE FROM {processes} WHERE supervisor = %(supervisor)s AND id <> ALL(%(ids)s::text[])
+)
+INSERT INTO {processes} AS p (id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done,
+                              restarts, current_jobs)
+SELECT id, %(supervisor)s, kind, %(host)s, pid, title, started_at, now(), rss_bytes, jobs_done, restarts,
+       current_jobs::bigint[]
+  FROM incoming
+ON CONFLICT (id) DO UPDATE SET title = excluded.title, last_seen = now(), rss_bytes = excluded.rss_bytes,
+    jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs
+"""
+_DELETE_PROCESSES = "DELETE FROM {processes} WHERE supervisor = %(supervisor)s"
+
+# Every registered process seen recently, supervisors first; older rows belong to dead hosts.
+_PROCESSES = """
+SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs
+  FROM {processes}
+ WHERE last_seen > now() - make_interval(secs => %(max_age)s)
+ ORDER BY host, supervisor, kind <> 'supervisor', kind, pid
 """
 
 # How many jobs each queue holds in each state.
@@ -371,6 +427,8 @@ class Store:
                 migrations=sql.Identifier(schema, "miniqueue_migrations"),
                 schema=sql.Identifier(schema),
                 periodic=sql.Identifier(schema, "miniqueue_periodic"),
+                queues=sql.Identifier(schema, "miniqueue_queues"),
+                processes=sql.Identifier(schema, "miniqueue_processes"),
                 columns=sql.SQL(_JOB_COLUMNS),
                 **{k: sql.SQL(v) for k, v in parts.items()},
             )
@@ -401,11 +459,20 @@ class Store:
         self._cancel = render(_CANCEL)
         self._states = render(_STATES)
         self._get = render(_GET)
-        self._list = render(_LIST)
+        self._list = render(_LIST, filter=_JOB_FILTER)
+        self._count_matching = render(_COUNT_MATCHING, filter=_JOB_FILTER)
+        self._ids_matching = render(_IDS_MATCHING, filter=_JOB_FILTER)
         self._queue_stats = render(_QUEUE_STATS)
         self._periodic_state = render(_PERIODIC_STATE)
         self._claim_slot = render(_CLAIM_SLOT)
         self._set_periodic_enabled = render(_SET_PERIODIC_ENABLED)
+        self._set_paused = render(_SET_PAUSED)
+        self._paused = render(_PAUSED)
+        self._throughput = render(_THROUGHPUT)
+        self._delete = render(_DELETE)
+        self._upsert_processes = render(_UPSERT_PROCESSES)
+        self._delete_processes = render(_DELETE_PROCESSES)
+        self._processes = render(_PROCESSES)
         self._counts = render(_COUNTS)
         self._prune = render(_PRUNE)
         self._schema_version = render(_SCHEMA_VERSION)
@@ -684,19 +751,20 @@ class Store:
         return _record(rows[0])
 
     def list_jobs(
-        self,
-        conn: Connection,
-        *,
-        state: State | None = None,
-        queue: str | None = None,
-        task: str | None = None,
-        before_id: int | None = None,
-        limit: int = 50,
+        self, conn: Connection, *, before_id: int | None = None, limit: int = 50, **filters: Any
     ) -> list[JobRecord]:
-        """Jobs matching the filters, newest first; pass the last id seen as ``before_id`` for the next page."""
-        params = {"state": State(state).value if state else None, "queue": queue, "task": task,
-                  "before": before_id, "limit": limit}  # fmt: skip
+        """Jobs matching ``filters`` (see :func:`job_filter`), newest first; pass the last id seen
+        as ``before_id`` for the next page (keyset pagination stays fast however deep)."""
+        params = {**job_filter(**filters), "before": before_id, "limit": limit}
         return [_record(row) for row in self._rows(conn, self._list, params)]
+
+    def count_jobs(self, conn: Connection, **filters: Any) -> int:
+        """How many jobs match ``filters`` (see :func:`job_filter`)."""
+        return int(self._rows(conn, self._count_matching, job_filter(**filters))[0][0])
+
+    def job_ids(self, conn: Connection, *, limit: int = 100_000, **filters: Any) -> list[int]:
+        """The ids of up to ``limit`` jobs matching ``filters``, oldest first."""
+        return [row[0] for row in self._rows(conn, self._ids_matching, {**job_filter(**filters), "limit": limit})]
 
     def queue_stats(self, conn: Connection) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, oldest waiting job's age, expired leases."""
@@ -724,6 +792,49 @@ class Store:
     def set_periodic_enabled(self, conn: Connection, name: str, enabled: bool) -> None:
         """Enable or disable periodic schedule ``name``."""
         self._rowcount(conn, self._set_periodic_enabled, {"name": name, "enabled": enabled})
+
+    def set_queue_paused(self, conn: Connection, queue: str, paused: bool) -> None:
+        """Pause (no worker anywhere claims from it) or resume a queue."""
+        self._rowcount(conn, self._set_paused, {"name": check_queue_name(queue), "paused": paused})
+
+    def paused_queues(self, conn: Connection) -> list[str]:
+        """The queues currently paused."""
+        return [row[0] for row in self._rows(conn, self._paused, {})]
+
+    def throughput(self, conn: Connection) -> list[tuple[dt.datetime, State, int]]:
+        """Jobs finished per minute over the last hour: ``(minute, state, count)``."""
+        return [(row[0], State(row[1]), int(row[2])) for row in self._rows(conn, self._throughput, {})]
+
+    def delete(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
+        """Delete jobs that are not running; return the ids deleted (a running job is left alone:
+        cancel it first)."""
+        return sorted(row[0] for row in self._rows(conn, self._delete, {"ids": list(job_ids)}))
+
+    def register_processes(
+        self, conn: Connection, supervisor: str, host: str, processes: Sequence[ProcessInfo]
+    ) -> None:
+        """Replace supervisor ``supervisor``'s rows of the process registry with ``processes``."""
+        params = {
+            "supervisor": supervisor, "host": host, "ids": [p.id for p in processes],
+            "kinds": [p.kind for p in processes], "pids": [p.pid for p in processes],
+            "titles": [p.title for p in processes], "started": [p.started_at for p in processes],
+            "rss": [p.rss_bytes for p in processes], "done": [p.jobs_done for p in processes],
+            "restarts": [p.restarts for p in processes],
+            "current": ["{" + ",".join(str(j) for j in p.current_jobs) + "}" for p in processes],
+        }  # fmt: skip
+        self._rowcount(conn, self._upsert_processes, params)
+
+    def unregister_processes(self, conn: Connection, supervisor: str) -> None:
+        """Remove a supervisor's rows (it is stopping)."""
+        self._rowcount(conn, self._delete_processes, {"supervisor": supervisor})
+
+    def processes(self, conn: Connection, max_age_seconds: float = 60.0) -> list[ProcessInfo]:
+        """Every process registered by a supervisor within the last ``max_age_seconds``."""
+        return [
+            ProcessInfo(id=r[0], supervisor=r[1], kind=r[2], host=r[3], pid=r[4], title=r[5], started_at=r[6],
+                        last_seen=r[7], rss_bytes=r[8], jobs_done=r[9], restarts=r[10], current_jobs=tuple(r[11]))
+            for r in self._rows(conn, self._processes, {"max_age": float(max_age_seconds)})
+        ]  # fmt: skip
 
     def counts(self, conn: Connection) -> list[QueueCount]:
         """How many jobs each queue holds in each state (states with no jobs are omitted)."""
@@ -756,6 +867,21 @@ class Store:
                 conn.execute(text.encode())
                 conn.execute(self._record_version, {"version": version, "name": name})
         return {m[0] for m in pending}
+
+
+def job_filter(
+    *,
+    state: State | str | None = None,
+    queue: str | None = None,
+    task: str | None = None,
+    search: str | None = None,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+) -> dict[str, Any]:
+    """The parameters of a job filter: state, queue, task, a substring of the payload's JSON
+    text, and a creation time range ``[created_after, created_before)``; None matches all."""
+    return {"state": State(state).value if state else None, "queue": queue, "task": task, "search": search or None,
+            "after": created_after, "until": created_before}  # fmt: skip
 
 
 _STATE_ORDER = (State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)

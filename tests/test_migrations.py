@@ -28,6 +28,15 @@ def recorded(conn: Connection, schema: str = "public") -> list[tuple[int, str]]:
     ]
 
 
+QUEUE_TABLES = [
+    "miniqueue_jobs",
+    "miniqueue_migrations",
+    "miniqueue_periodic",
+    "miniqueue_processes",
+    "miniqueue_queues",
+]
+
+
 def tables(conn: Connection, schema: str = "public") -> list[str]:
     return [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", [schema])]
 
@@ -45,7 +54,7 @@ def test_migrations_are_idempotent_and_recorded(fresh_database: str) -> None:
         assert recorded(conn) == SHIPPED
         applied_at = conn.execute("SELECT count(*) FROM miniqueue_migrations WHERE applied_at IS NULL").fetchone()
         assert applied_at == (0,)
-        assert tables(conn) == ["miniqueue_jobs", "miniqueue_migrations", "miniqueue_periodic"]
+        assert tables(conn) == QUEUE_TABLES
         check_schema_version(conn)
 
 
@@ -82,7 +91,7 @@ def test_twenty_processes_migrating_at_once(fresh_database: str) -> None:
     assert applied[-1] == [v for v, _ in SHIPPED]
     with connect(fresh_database, purpose="test") as conn:
         assert recorded(conn) == SHIPPED, "each version recorded once"
-        assert tables(conn) == ["miniqueue_jobs", "miniqueue_migrations", "miniqueue_periodic"]
+        assert tables(conn) == QUEUE_TABLES
         check_schema_version(conn)
         Store().enqueue(conn, validate(JobSpec("t")))
 
@@ -142,7 +151,7 @@ def test_a_failing_migration_leaves_the_schema_as_it_was(fresh_database: str) ->
 def test_migrations_into_another_schema_are_independent(fresh_database: str) -> None:
     assert [m.version for m in run_migrations(fresh_database, schema="tenant_b")] == [v for v, _ in SHIPPED]
     with connect(fresh_database, purpose="test") as conn:
-        assert tables(conn, "tenant_b") == ["miniqueue_jobs", "miniqueue_migrations", "miniqueue_periodic"]
+        assert tables(conn, "tenant_b") == QUEUE_TABLES
         assert tables(conn, "public") == []
         with pytest.raises(SchemaOutOfDate):
             check_schema_version(conn)
@@ -161,4 +170,4 @@ def test_migration_runs_on_a_pinned_search_path(fresh_database: str) -> None:
     run_migrations(fresh_database)
     with connect(fresh_database, purpose="test") as conn:
         assert tables(conn, "decoy") == []
-        assert tables(conn, "public") == ["miniqueue_jobs", "miniqueue_migrations", "miniqueue_periodic"]
+        assert tables(conn, "public") == QUEUE_TABLES
