@@ -95,7 +95,7 @@ def _run_worker(spec: ChildSpec) -> int:
         on_job_end=lambda job, outcome: _on_end(spec, titles, job, outcome),
     )
     _install_stop_signals(worker.stop)
-    _start_reporter(spec, worker.stop)
+    _start_reporter(spec, worker.stop, lambda: {True: "1", False: "0", None: "-"}[worker.listening])
     titles.idle()
     write_report(spec.report_fd, "ready", worker.worker_id)
     worker.run()
@@ -110,7 +110,7 @@ def _run_reaper(spec: ChildSpec) -> int:
         write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
         return EXIT_BOOT_ERROR
     _install_stop_signals(reaper.stop)
-    _start_reporter(spec, reaper.stop)
+    _start_reporter(spec, reaper.stop, lambda: "-")
     set_title(spec.name)
     write_report(spec.report_fd, "ready", "-")
     reaper.run()
@@ -124,8 +124,9 @@ def _install_stop_signals(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGQUIT, lambda signum, frame: os._exit(0))
 
 
-def _start_reporter(spec: ChildSpec, stop: Callable[[], None]) -> None:
-    """Report liveness every ``report_interval`` seconds, and stop if the supervisor is gone."""
+def _start_reporter(spec: ChildSpec, stop: Callable[[], None], listening: Callable[[], str]) -> None:
+    """Report liveness (and whether the LISTEN connection is up) every ``report_interval``
+    seconds, and stop if the supervisor is gone."""
     parent = os.getppid()
 
     def report() -> None:
@@ -140,7 +141,7 @@ def _start_reporter(spec: ChildSpec, stop: Callable[[], None]) -> None:
                 elif time.monotonic() - orphaned_at > spec.shutdown_timeout + 2:
                     os._exit(0)
                 continue
-            write_report(spec.report_fd, "beat")
+            write_report(spec.report_fd, "beat", listening())
 
     threading.Thread(target=report, name="miniqueue-reporter", daemon=True).start()
 

@@ -26,6 +26,7 @@ from .app import load_app
 from .client import Client
 from .db import check_dsn, mask_dsn
 from .errors import MiniqueueError
+from .health import probe_database, probe_url
 from .job import JobRecord, QueueStats, State
 from .migrate import run_migrations
 from .process import configure_logging
@@ -334,6 +335,62 @@ def disable_periodic(name: str, database_url: str | None) -> None:
     click.echo(f"schedule {name} disabled")
 
 
+@main.group()
+def queues() -> None:
+    """Pause and resume queues."""
+
+
+@queues.command("pause")
+@click.argument("names", nargs=-1, required=True)
+@database_option
+@friendly_errors
+def pause_queues(names: tuple[str, ...], database_url: str | None) -> None:
+    """Stop every worker, on every host, from claiming jobs of these queues."""
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        for name in names:
+            client.store.set_queue_paused(conn, name, True)
+    click.echo(f"paused {', '.join(names)}")
+
+
+@queues.command("resume")
+@click.argument("names", nargs=-1, required=True)
+@database_option
+@friendly_errors
+def resume_queues(names: tuple[str, ...], database_url: str | None) -> None:
+    """Let workers claim jobs of these queues again."""
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        for name in names:
+            client.store.set_queue_paused(conn, name, False)
+    click.echo(f"resumed {', '.join(names)}")
+
+
+@queues.command("list")
+@database_option
+@friendly_errors
+def list_queues(database_url: str | None) -> None:
+    """Every queue with jobs, and whether it is paused."""
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        paused = set(client.store.paused_queues(conn))
+        names = sorted({q.queue for q in client.store.queue_stats(conn)} | paused)
+    for name in names:
+        click.echo(f"{name:<32} {'paused' if name in paused else 'active'}")
+
+
+@main.command()
+@click.option("--url", help="Probe this URL (e.g. http://127.0.0.1:9187/readyz) instead of the database.")
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds.")
+@database_option
+def healthcheck(url: str | None, timeout: float, database_url: str | None) -> None:
+    """Exit 0 if healthy, 1 if not (for exec probes): the supervisor's probe URL, or else the
+    database's reachability and schema version."""
+    if url:
+        healthy, detail = probe_url(url, timeout)
+    else:
+        healthy, detail = probe_database(resolve_database(database_url), timeout)
+    click.echo(f"{'healthy' if healthy else 'unhealthy'}: {detail}")
+    sys.exit(0 if healthy else 1)
+
+
 @main.command()
 @database_option
 @friendly_errors
@@ -411,7 +468,11 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option("--max-memory-per-child", type=float, help="Recycle a worker whose RSS passes this many MB.")
 @click.option("--preload", is_flag=True, help="Import the app once before forking (copy-on-write).")
 @click.option("--poll-only", is_flag=True, help="Do not LISTEN (for PgBouncer in transaction mode).")
-@click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve /metrics (Prometheus), /livez and /readyz on this port.",
+)
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(

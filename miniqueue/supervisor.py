@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import os
 import queue
 import secrets
 import select
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,17 +35,20 @@ from .child import SUPERVISOR_SIGNALS, ChildSpec, run_child
 from .db import connect, mask_dsn
 from .errors import ConfigError, MiniqueueError
 from .httpserver import TinyHTTPServer
+from .job import ProcessInfo
 from .metrics import Metrics
 from .migrate import check_schema_version
 from .process import EXIT_BOOT_ERROR, describe_exit, set_title, signal_name
 from .reaper import ReaperConfig
 from .retry import default_backoff
 from .store import Failure, Store
+from .systemd import Notifier
 from .worker import WorkerConfig, new_worker_id
 
 log = logging.getLogger("miniqueue.supervisor")
 
 TICK_SECONDS = 1.0
+REGISTRY_SECONDS = 5.0
 MAX_RESTART_DELAY = 10.0
 STABLE_AFTER_SECONDS = 10.0
 
@@ -105,6 +110,8 @@ class Child:
     error: str | None = None
     jobs: dict[int, RunningJob] = field(default_factory=dict)
     buffer: bytes = b""
+    listening: bool | None = None  # the worker's LISTEN connection, as last reported
+    jobs_done: int = 0
 
 
 class Supervisor:
@@ -127,6 +134,13 @@ class Supervisor:
         self.announced_ready = False
         self.metrics: Metrics | None = None
         self.http: TinyHTTPServer | None = None
+        self.host = socket.gethostname()
+        self.supervisor_id = f"{self.host}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.restarts: dict[str, int] = {}
+        self.last_tick = time.monotonic()
+        self.db_ok = True
+        self.next_refresh = 0.0
+        self.notifier = Notifier()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -143,6 +157,8 @@ class Supervisor:
                  self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
         try:
             while self.children or not self.stopping:
+                self.last_tick = time.monotonic()
+                self.notifier.watchdog()
                 self.handle_signals()
                 self.read_reports()
                 self.reap_children()
@@ -151,11 +167,13 @@ class Supervisor:
                 else:
                     self.murder_workers()
                     self.spawn_missing()
+                self.refresh_registry()
                 self.sleep()
         finally:
             signal.set_wakeup_fd(-1)
             if self.http:
                 self.http.close()
+            self.unregister()
         if self.fatal_error:
             log.error("%s", self.fatal_error)
             return EXIT_BOOT_ERROR
@@ -181,9 +199,32 @@ class Supervisor:
         if self.config.metrics_port is None:
             return
         self.metrics = Metrics(self.config.dsn, self.store, self.process_counts)
-        routes = {"/metrics": self.metrics.render}
+        routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": self.readyz}
         self.http = TinyHTTPServer(self.config.metrics_host, self.config.metrics_port, routes)
-        log.info("serving metrics on http://%s:%d/metrics", *self.http.address[:2])
+        log.info("serving /metrics, /livez and /readyz on http://%s:%d", *self.http.address[:2])
+
+    def livez(self) -> tuple[int, str, bytes]:
+        """Alive: the main loop ticked recently (no database check: a database outage must not
+        get the supervisor restarted)."""
+        stale = time.monotonic() - self.last_tick > 5 * TICK_SECONDS
+        return (503, "text/plain", b"supervisor loop stalled\n") if stale else (200, "text/plain", b"ok\n")
+
+    def readyz(self) -> tuple[int, str, bytes]:
+        """Ready: not draining, the database answered the last registry refresh, a worker is up,
+        and every ready worker's LISTEN connection is healthy (unless --poll-only)."""
+        workers = [c for c in self.children.values() if c.worker_id and c.ready and not c.retiring]
+        problems = []
+        if self.stopping:
+            problems.append("draining")
+        if not self.db_ok:
+            problems.append("database unreachable")
+        if not workers:
+            problems.append("no worker ready")
+        if not self.config.worker.poll_only and any(c.listening is False for c in workers):
+            problems.append("a worker's LISTEN connection is down")
+        if problems:
+            return 503, "text/plain", ("; ".join(problems) + "\n").encode()
+        return 200, "text/plain", b"ok\n"
 
     def process_counts(self) -> dict[str, int]:
         workers = sum(1 for c in self.children.values() if c.worker_id and not c.retiring)
@@ -243,6 +284,7 @@ class Supervisor:
     def begin_stop(self, mode: str) -> None:
         """Graceful: children drain up to the shutdown timeout. Fast: children leave now."""
         self.stopping = mode
+        self.notifier.send("STOPPING=1", f"STATUS=stopping ({mode})")
         self.restart_at.clear()
         if mode == "graceful":
             self.stop_deadline = time.monotonic() + self.config.worker.shutdown_timeout + 5.0
@@ -301,6 +343,7 @@ class Supervisor:
         if not self.announced_ready and self.slots and all(c and c.ready for c in self.slots.values()):
             self.announced_ready = True
             log.info("supervisor ready: %d worker(s) and the reaper are running", len(self.slots) - 1)
+            self.notifier.send("READY=1", f"STATUS={len(self.slots) - 1} workers ready")
 
     def spawn_child(self, slot: str) -> Child:
         """Fork one child for ``slot``. The child never returns from here."""
@@ -360,7 +403,9 @@ class Supervisor:
     def handle_report(self, child: Child, words: list[str]) -> None:
         child.last_report = now = time.monotonic()
         kind, rest = words[0], (words[1] if len(words) > 1 else "")
-        if kind == "ready":
+        if kind == "beat":
+            child.listening = {"1": True, "0": False}.get(rest.strip())
+        elif kind == "ready":
             child.ready = True
             self.boot_failures = 0
             log.info("%s (pid %d) ready", child.slot, child.pid)
@@ -371,6 +416,7 @@ class Supervisor:
         elif kind == "end":
             job_id, outcome, seconds, queue, task = rest.split(" ", 4)
             child.jobs.pop(int(job_id), None)
+            child.jobs_done += 1
             if self.metrics:
                 self.metrics.job_finished(queue, task, outcome, float(seconds))
         elif kind == "error":
@@ -412,8 +458,10 @@ class Supervisor:
                                     f"giving up. Last error:\n{detail}")  # fmt: skip
                 self.begin_stop("fast")
                 return
-        if not clean and self.metrics:
-            self.metrics.restarts.labels("reaper" if child.worker_id is None else "worker").inc()
+        if not clean:
+            self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
+            if self.metrics:
+                self.metrics.restarts.labels("reaper" if child.worker_id is None else "worker").inc()
         lived = time.monotonic() - child.started
         if clean or lived >= STABLE_AFTER_SECONDS:
             self.failures[child.slot] = 0
@@ -441,6 +489,53 @@ class Supervisor:
         if states:
             summary = ", ".join(f"job {i} → {s.value}" for i, s in sorted(states.items()))
             log.info("released %d lease(s) of %s (pid %d): %s", len(states), child.slot, child.pid, summary)
+
+    def refresh_registry(self) -> None:
+        """Every few seconds, record this supervisor and its children in the process registry
+        (on a connection opened and closed here: none is held across fork). Its success is
+        what /readyz reports as the database's health."""
+        if time.monotonic() < self.next_refresh:
+            return
+        self.next_refresh = time.monotonic() + REGISTRY_SECONDS
+        rows = [self.process_info(os.getpid(), self.supervisor_id, "supervisor", "miniqueue supervisor", 0, ())]
+        for child in self.children.values():
+            kind = "reaper" if child.worker_id is None else "worker"
+            jobs = tuple(sorted(child.jobs))
+            title = f"miniqueue {child.slot} " + (f"job {jobs[0]} {child.jobs[jobs[0]].task}" if jobs else "idle")
+            rows.append(self.process_info(child.pid, child.worker_id or f"{self.host}:{child.pid}", kind,
+                                          "miniqueue reaper" if kind == "reaper" else title, child.jobs_done, jobs,
+                                          self.restarts.get(child.slot, 0)))  # fmt: skip
+        try:
+            with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=2) as conn:
+                self.store.register_processes(conn, self.supervisor_id, self.host, rows)
+            self.db_ok = True
+        except MiniqueueError as exc:
+            if self.db_ok:
+                log.warning("cannot reach the database to refresh the process registry: %s", exc)
+            self.db_ok = False
+        busy = sum(len(c.jobs) for c in self.children.values())
+        self.notifier.send(
+            f"STATUS={len(rows) - 2} workers, {busy} jobs running, database {'up' if self.db_ok else 'DOWN'}"
+        )
+
+    def process_info(
+        self, pid: int, ident: str, kind: str, title: str, jobs_done: int, jobs: tuple[int, ...], restarts: int = 0
+    ) -> ProcessInfo:
+        try:
+            proc = psutil.Process(pid)
+            started = dt.datetime.fromtimestamp(proc.create_time(), dt.timezone.utc)
+            rss: int | None = proc.memory_info().rss
+        except psutil.Error:
+            started, rss = dt.datetime.now(dt.timezone.utc), None
+        return ProcessInfo(id=ident, kind=kind, pid=pid, title=title, started_at=started, rss_bytes=rss,
+                           jobs_done=jobs_done, restarts=restarts, current_jobs=jobs)  # fmt: skip
+
+    def unregister(self) -> None:
+        with (
+            contextlib.suppress(MiniqueueError),
+            connect(self.config.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=2) as conn,
+        ):
+            self.store.unregister_processes(conn, self.supervisor_id)
 
     def murder_workers(self) -> None:
         """Kill children that stopped reporting or hold a job past its hard timeout; recycle

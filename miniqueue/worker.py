@@ -220,6 +220,7 @@ class Worker:
         self._backlog = False  # the last claim came back full: there is probably more
         self._stop_requested = False
         self._conn: Connection | None = None
+        self._listener: Listener | None = None
 
     # -- control -------------------------------------------------------------------------------
 
@@ -234,6 +235,11 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stop_requested
+
+    @property
+    def listening(self) -> bool | None:
+        """Whether the LISTEN connection is up (None in poll-only mode or before run())."""
+        return None if self._listener is None else self._listener.connected.is_set()
 
     def _nudge(self) -> None:
         self._nudged = True
@@ -252,6 +258,7 @@ class Worker:
         """
         cfg = self.config
         listener = None if cfg.poll_only else Listener(self.dsn, self.store, self.queues, self._nudge)
+        self._listener = listener
         heartbeat = Heartbeat(
             self.dsn, self.store, self.worker_id, lease_seconds=cfg.lease_seconds, interval=cfg.heartbeat_interval,
             leases=self._slots.leases, on_lost=self._on_lost, on_tick=self._check_timeouts,

@@ -1,0 +1,156 @@
+"""Health probes, the process registry and systemd notifications, against a running supervisor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from miniqueue import Client
+from miniqueue.db import Connection
+
+from .helpers import row, wait_until
+from .test_supervisor import FAST, Supervised
+
+APP = "tests.apps.supervised:app"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(0.2)
+    yield sock
+    sock.close()
+
+
+@pytest.fixture
+def supervised(
+    dsn: str, tmp_path: Path, repo_root: Path, conn: Connection, notify_socket: socket.socket
+) -> Iterator[tuple[Supervised, int]]:
+    conn.execute("CREATE TABLE IF NOT EXISTS executions (job_id BIGINT, attempt INT, pid INT)")
+    conn.execute("TRUNCATE miniqueue_processes")
+    port = free_port()
+    env = {"NOTIFY_SOCKET": notify_socket.getsockname(), "WATCHDOG_USEC": "1000000"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        sup = Supervised(dsn, ["--app", APP, "--workers", "2", "--metrics-port", str(port), *FAST],
+                         tmp_path / "supervisor.log", repo_root)  # fmt: skip
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    sup.wait_ready(2)
+    yield sup, port
+    sup.stop()
+
+
+def messages(sock: socket.socket) -> list[str]:
+    found = []
+    while True:
+        try:
+            found.extend(sock.recv(4096).decode().splitlines())
+        except TimeoutError:
+            return found
+
+
+def test_livez_and_readyz_are_200_when_running(supervised: tuple[Supervised, int]) -> None:
+    _, port = supervised
+    assert get(port, "/livez") == (200, "ok\n")
+    assert wait_until(lambda: get(port, "/readyz") == (200, "ok\n"), what="ready")
+
+
+def test_a_database_outage_turns_readyz_503_while_livez_stays_200(
+    supervised: tuple[Supervised, int], server_dsn: str, dsn: str
+) -> None:
+    _, port = supervised
+    name = conninfo_to_dict(dsn)["dbname"]
+    wait_until(lambda: get(port, "/readyz")[0] == 200, what="ready before the outage")
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [name])
+            # The workers' LISTEN connections drop at once; the registry refresh notices the database.
+            wait_until(lambda: get(port, "/readyz")[0] == 503, what="503 once connections drop")
+            wait_until(lambda: "database unreachable" in get(port, "/readyz")[1], timeout=20, what="db unreachable")
+            assert get(port, "/livez")[0] == 200
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    wait_until(lambda: get(port, "/readyz")[0] == 200, timeout=20, what="ready again after the outage")
+
+
+def test_draining_turns_readyz_503(supervised: tuple[Supervised, int], client: Client, conn: Connection) -> None:
+    sup, port = supervised
+    job_id = client.enqueue("work", {"sleep_on": [1], "seconds": 3}).id
+    wait_until(lambda: row(conn, job_id)["state"] == "running", what="job running")
+    sup.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: get(port, "/readyz") == (503, "draining\n"), what="draining")
+    assert sup.proc.wait(20) == 0
+
+
+def test_supervisor_registers_its_processes(supervised: tuple[Supervised, int], conn: Connection) -> None:
+    sup, _ = supervised
+
+    def registered() -> list[tuple[str, int]]:
+        return conn.execute("SELECT kind, pid FROM miniqueue_processes ORDER BY kind, pid").fetchall()
+
+    expected = sorted([("supervisor", sup.proc.pid), ("reaper", sup.reaper() or 0)] +
+                      [("worker", pid) for pid in sup.workers()])  # fmt: skip
+    wait_until(lambda: sorted(registered()) == expected, what=f"registry rows {expected}")
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(20) == 0
+    assert registered() == [], "a stopping supervisor removes its rows"
+
+
+def test_systemd_hears_ready_status_watchdog_and_stopping(
+    supervised: tuple[Supervised, int], notify_socket: socket.socket
+) -> None:
+    sup, _ = supervised
+    heard: list[str] = []
+    wait_until(lambda: heard.extend(messages(notify_socket)) or "WATCHDOG=1" in heard, what="a watchdog ping")
+    assert "READY=1" in heard
+    assert any(m.startswith("STATUS=") for m in heard)
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(20) == 0
+    assert "STOPPING=1" in messages(notify_socket)
+
+
+def test_healthcheck_command_exit_codes(supervised: tuple[Supervised, int], dsn: str) -> None:
+    _, port = supervised
+
+    def healthcheck(*args: str) -> int:
+        result = subprocess.run([sys.executable, "-m", "miniqueue.cli", "healthcheck", *args], capture_output=True,
+                                text=True, timeout=30, env={**os.environ, "DATABASE_URL": dsn})  # fmt: skip
+        return result.returncode
+
+    assert healthcheck() == 0
+    assert healthcheck("--url", f"http://127.0.0.1:{port}/readyz") == 0
+    assert healthcheck("--url", f"http://127.0.0.1:{port}/nope") == 1
+    assert healthcheck("--url", f"http://127.0.0.1:{free_port()}/readyz", "--timeout", "1") == 1
