@@ -164,11 +164,9 @@ class _Slots:
         with self.lock:
             self.finishing.pop(job.id, None)
 
-    def take_ready(self) -> list[Lease]:
+    def ready_leases(self) -> list[tuple[int, int]]:
         with self.lock:
-            taken = list(self.ready)
-            self.ready.clear()
-            return taken
+            return [(lease.id, lease.attempt) for lease in self.ready]
 
     def drop_lost(self, ids: Collection[int]) -> list[Job]:
         """Forget unstarted leases in ``ids``; return the started jobs among them."""
@@ -291,14 +289,8 @@ class Worker:
             try:
                 self._dispatch(executor)  # keep handler threads busy while we talk to the database
                 if self._stop_requested:
-                    self._flush_outcomes(claim=0)
-                    if deadline is None:
-                        deadline = time.monotonic() + self.config.shutdown_timeout
-                        self._release_ready()
-                    if not self._slots.running and not self._outcomes:
-                        return
-                    if time.monotonic() >= deadline:
-                        self._abandon_running()
+                    deadline = deadline or time.monotonic() + self.config.shutdown_timeout
+                    if self._drain(deadline):
                         return
                 else:
                     claim = self._claim_size(time.monotonic() >= next_poll)
@@ -309,6 +301,9 @@ class Worker:
                 self._dispatch(executor)
                 delay = 0.1
             except DatabaseUnavailable as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._abandon_running()
+                    return
                 log.warning("worker %s: %s; retrying in %.1fs", self.worker_id, exc, delay)
                 self._close()
                 self._nudged = True  # after reconnecting, poll once
@@ -318,6 +313,15 @@ class Worker:
             # Handlers finishing and notifications set the wake event; only a claim we could make
             # right now is a reason not to wait for one.
             self._sleep(0.0 if self._claim_size(False) else max(0.0, next_poll - time.monotonic()))
+
+    def _drain(self, deadline: float) -> bool:
+        """One step of a graceful stop; True once there is nothing left to wait for."""
+        if time.monotonic() >= deadline:
+            self._abandon_running()
+            return True
+        self._flush_outcomes(claim=0)
+        self._release_ready()
+        return not self._slots.running and not self._outcomes
 
     def _claim_size(self, poll_due: bool) -> int:
         """How many jobs to claim now (0: not now).
@@ -452,9 +456,12 @@ class Worker:
             return dataclasses.replace(outcome, kind="lease_lost", error=str(exc))
 
     def _release_ready(self) -> None:
-        """At shutdown, hand prefetched (never started) jobs back without spending an attempt."""
-        unstarted = [(lease.id, lease.attempt) for lease in self._slots.take_ready()]
-        self.store.release_unstarted(self._connection(), self.worker_id, unstarted)
+        """At shutdown, hand prefetched (never started) jobs back without spending an attempt.
+        They leave the buffer only once the database has them back."""
+        unstarted = self._slots.ready_leases()
+        if unstarted:
+            self.store.release_unstarted(self._connection(), self.worker_id, unstarted)
+            self._slots.drop_lost({job_id for job_id, _ in unstarted})
 
     def _abandon_running(self) -> None:
         abandoned = self._slots.running_jobs()
