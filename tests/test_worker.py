@@ -439,3 +439,30 @@ def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Conne
         finally:
             running.stop()
     assert conn.execute("SELECT job_id FROM effects").fetchall() == [(job_id,)]
+
+
+def test_prefetched_jobs_go_back_unstarted_at_shutdown(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    started = threading.Event()
+    release = threading.Event()
+
+    @app.task("first")
+    def first(job: Job) -> None:
+        started.set()
+        release.wait(10)
+
+    app.task("rest")(lambda job: None)
+    first_id = app.enqueue(client, "first").id
+    rest = [app.enqueue(client, "rest").id for _ in range(5)]
+    running = start_worker(app, concurrency=1, prefetch=5)
+    assert started.wait(10)
+    wait_until(lambda: count(conn, "state = 'running'") == 6, what="one running and five prefetched")
+    running.worker.stop()
+    release.set()
+    running.thread.join(10)
+    assert row(conn, first_id)["state"] == "completed"
+    for job_id in rest:
+        stored = row(conn, job_id)
+        assert (stored["state"], stored["attempt"], stored["leased_by"]) == ("available", 0, None)
