@@ -63,6 +63,8 @@ class App:
 
         def register(handler: Handler) -> Handler:
             task_name = check_task_name(name or handler.__name__)
+            if cron is not None and task_name not in self.schedules:
+                Periodic(task_name, cron, task_name)  # validate before registering anything
             if task_name in self.tasks:
                 raise ConfigError(f"task {task_name!r} is registered twice")
             if timeout is not None and not timeout > 0:

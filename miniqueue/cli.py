@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -43,14 +44,16 @@ database_option = click.option(
 )
 
 
-def resolve_database(url: str | None) -> str:
-    """The DSN to use: the given one (checked), or the embedded server's (started, migrated)."""
+def resolve_database(url: str | None, announce: Callable[[str], None] | None = None) -> str:
+    """The DSN to use: the given one (checked), or the embedded server's (started, migrated,
+    and announced on stderr, or through ``announce``)."""
     if url:
         check_dsn(url)
         return url
     uri = embedded.start()
     run_migrations(uri)
-    click.echo(f"using the embedded PostgreSQL in {embedded.data_dir()} (connect: psql '{uri}')", err=True)
+    message = f"using the embedded PostgreSQL in {embedded.data_dir()} (connect: psql '{uri}')"
+    (announce or functools.partial(click.echo, err=True))(message)
     return uri
 
 
@@ -239,12 +242,11 @@ def requeue(
     job_ids: tuple[int, ...], states: tuple[str, ...], queue: str | None, task: str | None, database_url: str | None
 ) -> None:
     """Make dead, failed or cancelled jobs available again (ids, or an explicit --state filter)."""
-    if bool(job_ids) == bool(states):
+    if bool(job_ids) == bool(states) or (job_ids and (queue or task)):
         raise click.UsageError("give job ids, or --state (with optional --queue/--task), but not both")
     with Client(resolve_database(database_url)) as client:
         if job_ids:
-            client.requeue(list(job_ids))
-            click.echo(f"requeued {len(job_ids)} job(s)")
+            click.echo(f"requeued {len(client.requeue(list(job_ids)))} job(s)")
         else:
             n = client.requeue_matching([State(s) for s in states], queue=queue, task=task)
             click.echo(f"requeued {n} job(s)")
@@ -257,8 +259,8 @@ def requeue(
 def cancel(job_ids: tuple[int, ...], database_url: str | None) -> None:
     """Cancel available or running jobs (a running handler is told at its next heartbeat)."""
     with Client(resolve_database(database_url)) as client:
-        client.cancel(list(job_ids))
-    click.echo(f"cancelled {len(job_ids)} job(s)")
+        cancelled = client.cancel(list(job_ids))
+    click.echo(f"cancelled {len(cancelled)} job(s)")
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]
@@ -320,8 +322,10 @@ def list_periodic(app_ref: str, database_url: str | None) -> None:
 def enable_periodic(name: str, database_url: str | None) -> None:
     """Enable schedule NAME."""
     with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        client.store.set_periodic_enabled(conn, name, True)
+        new = client.store.set_periodic_enabled(conn, name, True)
     click.echo(f"schedule {name} enabled")
+    if new:
+        click.echo(f"note: no scheduler has run a schedule named {name!r} yet (check the spelling)", err=True)
 
 
 @periodic.command("disable")
@@ -331,8 +335,10 @@ def enable_periodic(name: str, database_url: str | None) -> None:
 def disable_periodic(name: str, database_url: str | None) -> None:
     """Disable schedule NAME (its slots are skipped until enabled again)."""
     with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        client.store.set_periodic_enabled(conn, name, False)
+        new = client.store.set_periodic_enabled(conn, name, False)
     click.echo(f"schedule {name} disabled")
+    if new:
+        click.echo(f"note: no scheduler has run a schedule named {name!r} yet (check the spelling)", err=True)
 
 
 @main.group()
@@ -532,7 +538,8 @@ def supervise(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
     ).validated()
-    config = dataclasses.replace(config, dsn=resolve_database(database_url))
+    announce = logging.getLogger("miniqueue.embedded").warning
+    config = dataclasses.replace(config, dsn=resolve_database(database_url, announce))
     sys.exit(Supervisor(config).run())
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from .db import Connection, create_pool
+from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .store import Store
@@ -39,9 +39,12 @@ class Client:
         self.store = Store(schema)
         self.max_payload_bytes = max_payload_bytes
         self.notify = notify
+        self._dsn: str | None = None
         if isinstance(dsn_or_pool, str):
+            # Fail fast, with libpq's own reason, rather than after the pool's retries time out.
+            connect(dsn_or_pool, purpose="client", schema=schema, connect_timeout=10).close()
             self._pool = create_pool(dsn_or_pool, purpose="client", schema=schema)
-            self._owns_pool = True
+            self._owns_pool, self._dsn = True, dsn_or_pool
         else:
             self._pool, self._owns_pool = dsn_or_pool, False
 
@@ -61,9 +64,13 @@ class Client:
         """Yield ``conn`` if given, else a connection from the pool."""
         if conn is not None:
             yield conn
-        else:
-            with self._pool.connection() as pooled:
-                yield pooled
+            return
+        with translate_errors(self._dsn):
+            pooled = self._pool.getconn()
+        try:
+            yield pooled
+        finally:
+            self._pool.putconn(pooled)
 
     def enqueue(
         self,

@@ -21,7 +21,8 @@ from .errors import ConfigError, DatabaseUnavailable, SchemaOutOfDate
 
 # A URL's "user:password@" part; the slashes are optional so that a URL missing one (which
 # libpq then echoes back whole in its error) is still masked.
-_URL_PASSWORD_RE = re.compile(r"([:/][^:/@\s]*:)([^@\s]*)(@)")
+# Greedy up to the last "@": a password with an unescaped "@" or "/" is still masked whole.
+_URL_PASSWORD_RE = re.compile(r"([:/][^:/@\s]*:)(\S*)(@)")
 _KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 _QUOTED_RE = re.compile(r'"[^"]*"')
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -39,7 +40,9 @@ def _scrub(text: str, dsn: str) -> str:
     """Remove from ``text`` any password that ``dsn`` contains, even one the parser echoed."""
     secrets = [m.group(2) for m in _URL_PASSWORD_RE.finditer(dsn)]
     secrets += [m.group(2).strip("'") for m in _KV_PASSWORD_RE.finditer(dsn)]
-    for secret in filter(None, secrets):
+    # libpq may echo a piece of an unescaped password (read as a port, say): hide the pieces too.
+    pieces = [p for secret in secrets for p in re.split(r"[/@:?#]", secret) if len(p) >= 3]
+    for secret in sorted(filter(None, {*secrets, *pieces}), key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
 
@@ -59,7 +62,11 @@ def check_dsn(dsn: str) -> dict[str, str]:
         raise ConfigError(f"database URL {mask_dsn(dsn)} is invalid: {reason}") from None
     port = parts.get("port")
     if port is not None and not all(p.isdigit() and 0 < int(p) < 65536 for p in port.split(",")):
-        raise ConfigError(f"database URL {mask_dsn(dsn)} is invalid: port {port!r} is not a number from 1 to 65535")
+        shown = _scrub(repr(port), dsn)
+        raise ConfigError(
+            f"database URL {mask_dsn(dsn)} is invalid: port {shown} is not a number from 1 to 65535 "
+            "(percent-encode any '@', '/' or ':' in the password)"
+        )
     return parts
 
 

@@ -22,10 +22,10 @@ from typing import Any, Literal
 from croniter import croniter
 
 from .db import Connection
-from .errors import ConfigError
+from .errors import ConfigError, DatabaseUnavailable, InvalidInput, MiniqueueError
 from .job import JobSpec
 from .store import Store
-from .validation import check_task_name, validate
+from .validation import check_task_name, encode_payload, validate
 
 log = logging.getLogger("miniqueue.periodic")
 
@@ -49,6 +49,12 @@ class Periodic:
             raise ConfigError(f"cron expression {self.cron!r} of schedule {self.name!r} is invalid")
         if self.catch_up not in ("latest", "skip"):
             raise ConfigError(f"catch_up {self.catch_up!r} is invalid: use 'latest' or 'skip'")
+        if not 0 <= self.grace < float("inf"):
+            raise ConfigError(f"grace {self.grace!r} of schedule {self.name!r} is invalid: use seconds >= 0")
+        try:
+            encode_payload(self.payload)
+        except InvalidInput as exc:
+            raise ConfigError(f"schedule {self.name!r}: {exc}") from None
 
     def latest_slot(self, now: dt.datetime) -> dt.datetime:
         """The most recent slot at or before ``now`` (UTC)."""
@@ -72,19 +78,38 @@ def schedule_due(conn: Connection, store: Store, schedules: list[Periodic], spec
     state = store.periodic_state(conn)
     enqueued = []
     for schedule in schedules:
-        slot = schedule.latest_slot(now)
-        last, enabled = state.get(schedule.name, (None, True))
-        if not enabled or (last is not None and slot <= last):
+        try:
+            job_id = _schedule_one(conn, store, schedule, specs[schedule.task], now, state)
+        except MiniqueueError as exc:
+            if isinstance(exc, DatabaseUnavailable):
+                raise
+            log.error("periodic %s: cannot enqueue its slot: %s", schedule.name, exc)  # the others still run
             continue
-        late = (now - slot).total_seconds()
-        run = last is not None and (schedule.catch_up == "latest" or late <= schedule.grace)
-        with conn.transaction():
-            if not store.claim_periodic_slot(conn, schedule.name, slot) or not run:
-                continue
-            base = specs[schedule.task]
-            spec = JobSpec(schedule.task, schedule.payload, base.queue, base.priority, None, None, base.max_attempts,
-                           f"periodic:{schedule.name}:{slot.isoformat()}")  # fmt: skip
-            result = store.enqueue(conn, validate(spec))
-        log.info("periodic %s: enqueued job %d for slot %s", schedule.name, result.id, slot.isoformat())
-        enqueued.append(result.id)
+        if job_id is not None:
+            enqueued.append(job_id)
     return enqueued
+
+
+def _schedule_one(
+    conn: Connection,
+    store: Store,
+    schedule: Periodic,
+    base: JobSpec,
+    now: dt.datetime,
+    state: dict[str, tuple[dt.datetime, bool]],
+) -> int | None:
+    """Enqueue ``schedule``'s latest due slot if this scheduler wins it; return the job's id."""
+    slot = schedule.latest_slot(now)
+    last, enabled = state.get(schedule.name, (None, True))
+    if not enabled or (last is not None and slot <= last):
+        return None
+    late = (now - slot).total_seconds()
+    run = last is not None and (schedule.catch_up == "latest" or late <= schedule.grace)
+    with conn.transaction():
+        if not store.claim_periodic_slot(conn, schedule.name, slot) or not run:
+            return None
+        spec = JobSpec(schedule.task, schedule.payload, base.queue, base.priority, None, None, base.max_attempts,
+                       f"periodic:{schedule.name}:{slot.isoformat()}")  # fmt: skip
+        result = store.enqueue(conn, validate(spec))
+    log.info("periodic %s: enqueued job %d for slot %s", schedule.name, result.id, slot.isoformat())
+    return result.id

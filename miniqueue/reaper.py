@@ -117,6 +117,15 @@ class Reaper:
 
     def run(self) -> None:
         """Run a pass every ``interval`` seconds until :meth:`stop`; database errors are retried."""
+        retention = (
+            "off"
+            if not self.config.prune
+            else (
+                f"{self.config.completed_retention}s completed/cancelled, {self.config.failed_retention}s dead/failed"
+            )
+        )
+        log.info("reaper started: every %gs; retention %s; %d periodic schedule(s)",
+                 self.config.interval, retention, len(self.schedules))  # fmt: skip
         while not self._stopping.is_set():
             try:
                 self.run_once()

@@ -307,10 +307,12 @@ ON CONFLICT (name) DO UPDATE SET last_slot = excluded.last_slot, updated_at = no
 RETURNING name
 """
 
-# Enable or disable a periodic schedule (creating its row if need be).
+# Enable or disable a periodic schedule (creating its row if no scheduler has run it yet);
+# says whether the row is new.
 _SET_PERIODIC_ENABLED = """
 INSERT INTO {periodic} (name, last_slot, enabled) VALUES (%(name)s, now(), %(enabled)s)
 ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
+RETURNING xmax = 0
 """
 
 # Pause or resume a queue.
@@ -789,9 +791,10 @@ class Store:
         if the schedule is enabled). Run it in the transaction that enqueues the slot's job."""
         return bool(self._rows(conn, self._claim_slot, {"name": name, "slot": slot}))
 
-    def set_periodic_enabled(self, conn: Connection, name: str, enabled: bool) -> None:
-        """Enable or disable periodic schedule ``name``."""
-        self._rowcount(conn, self._set_periodic_enabled, {"name": name, "enabled": enabled})
+    def set_periodic_enabled(self, conn: Connection, name: str, enabled: bool) -> bool:
+        """Enable or disable periodic schedule ``name``. Returns True if no scheduler had run it
+        yet (so callers can point out a possible typo); it then starts in that state."""
+        return bool(self._rows(conn, self._set_periodic_enabled, {"name": name, "enabled": enabled})[0][0])
 
     def set_queue_paused(self, conn: Connection, queue: str, paused: bool) -> None:
         """Pause (no worker anywhere claims from it) or resume a queue."""

@@ -200,7 +200,11 @@ class Supervisor:
             return
         self.metrics = Metrics(self.config.dsn, self.store, self.process_counts)
         routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": self.readyz}
-        self.http = TinyHTTPServer(self.config.metrics_host, self.config.metrics_port, routes)
+        try:
+            self.http = TinyHTTPServer(self.config.metrics_host, self.config.metrics_port, routes)
+        except OSError as exc:
+            where = f"{self.config.metrics_host}:{self.config.metrics_port}"
+            raise ConfigError(f"cannot serve metrics on {where}: {exc.strerror or exc}") from None
         log.info("serving /metrics, /livez and /readyz on http://%s:%d", *self.http.address[:2])
 
     def livez(self) -> tuple[int, str, bytes]:

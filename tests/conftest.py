@@ -59,7 +59,9 @@ def dsn(database_dsn: str) -> str:
     """The test database, with an empty queue."""
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '10s'")
-        conn.execute("TRUNCATE miniqueue_jobs RESTART IDENTITY")
+        conn.execute(
+            "TRUNCATE miniqueue_jobs, miniqueue_periodic, miniqueue_queues, miniqueue_processes RESTART IDENTITY"
+        )
     return database_dsn
 
 

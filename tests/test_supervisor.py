@@ -211,7 +211,7 @@ def test_a_worker_over_the_memory_limit_is_recycled(supervise: Any, client: Clie
     first = sup.workers()[0]
     ids = [client.enqueue("hog", {"mb": 100}).id for _ in range(2)]
     wait_until(lambda: all(row(conn, i)["state"] == "completed" for i in ids), what="hogs completed")
-    wait_until(lambda: sup.workers() and sup.workers()[0] != first, what="worker recycled")
+    wait_until(lambda: (workers := sup.workers()) and workers[0] != first, what="worker recycled")
     assert "over --max-memory-per-child 150 MB" in sup.output()
 
 

@@ -1,0 +1,128 @@
+"""The actions: the confirmation page (GET) and every POST that changes something.
+
+Every POST has passed the CSRF and read-only middlewares before it gets here; each writes an
+audit line and redirects (303) to a page that shows the result.
+"""
+
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from ..client import Client
+from ..db import Connection
+from ..errors import InvalidInput, MiniqueueError
+from ..store import Store
+from ..validation import check_queue_name, check_task_name
+from .dashboard import Dashboard
+from .filters import parse_id
+from .jobactions import Preview, Target, action_named, apply, apply_to_ids, preview
+
+
+class Actions:
+    """The handlers that act on jobs, queues and schedules."""
+
+    def __init__(self, dash: Dashboard) -> None:
+        self.dash = dash
+
+    def _redirect(self, request: Request, path: str) -> Response:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}{path}", status_code=303)
+
+    async def confirm(self, request: Request) -> Response:
+        """Show how many jobs an action will touch, with the button that does it."""
+        action = action_named(request.query_params.get("action", ""))
+        target = Target.parse(request.query_params)
+
+        def load(_: Client, store: Store, conn: Connection) -> Preview:
+            return preview(store, conn, action, target)
+
+        result = await self.dash.query(load)
+        context = {"action": action, "target": target, "preview": result, "back": target.filter.query()}
+        return self.dash.render(request, "confirm.html", context)
+
+    async def jobs(self, request: Request) -> Response:
+        """Apply a confirmed action to a selection or to every matching job (at most the confirmed count)."""
+        form = await request.form()
+        action = action_named(str(form.get("action", "")))
+        target = Target.parse(form)
+        if not form.get("expected"):
+            raise InvalidInput("the confirmed job count is missing: confirm the action first")
+        expected = parse_id(str(form["expected"]), "confirmed job count")
+
+        def run(_: Client, store: Store, conn: Connection) -> list[int]:
+            return apply(store, conn, action, target, expected)
+
+        scope = "" if target.ids is not None else f"filter=[{target.filter.describe()}]"
+        try:
+            done = await self.dash.query(run)
+        except MiniqueueError as exc:
+            self.dash.audit(request, action.name, 0, ids=target.ids, target=scope, outcome=f"refused: {exc}")
+            raise
+        self.dash.audit(request, action.name, len(done), ids=done, target=scope)
+        return self._redirect(request, f"/jobs?{target.filter.query(done=action.name, n=len(done))}")
+
+    async def job(self, request: Request) -> Response:
+        """Requeue, cancel or delete one job (from its page)."""
+        action = action_named(request.path_params["action"])
+        job_id = parse_id(str(request.path_params["job_id"]))
+
+        def run(_: Client, store: Store, conn: Connection) -> list[int]:
+            if action.name == "delete":
+                return apply_to_ids(store, conn, action, [job_id])
+            return action.run(store, conn, [job_id])
+
+        try:
+            done = await self.dash.query(run)
+        except MiniqueueError as exc:
+            self.dash.audit(request, action.name, 0, ids=[job_id], outcome=f"refused: {exc}")
+            raise
+        self.dash.audit(request, action.name, len(done), ids=[job_id])
+        if action.name == "delete":
+            return self._redirect(request, f"/jobs?done=delete&n={len(done)}")
+        return self._redirect(request, f"/jobs/{job_id}?done={action.name}&n={len(done)}")
+
+    async def queue(self, request: Request) -> Response:
+        """Pause or resume a queue."""
+        name = check_queue_name(request.path_params["name"])
+        paused = {"pause": True, "resume": False}.get(request.path_params["action"])
+        if paused is None:
+            raise InvalidInput(f"queue action {request.path_params['action']!r} is invalid: use pause or resume")
+
+        def run(_: Client, store: Store, conn: Connection) -> None:
+            store.set_queue_paused(conn, name, paused)
+
+        await self.dash.query(run)
+        verb = "pause" if paused else "resume"
+        self.dash.audit(request, f"{verb}-queue", 1, target=f"queue={name}")
+        return self._redirect(request, f"/queues?done={verb}")
+
+    async def schedule(self, request: Request) -> Response:
+        """Enable, disable, or run now (needs the app) a periodic schedule."""
+        name = check_task_name(request.path_params["name"])
+        verb = request.path_params["action"]
+        if verb == "run":
+            return await self._run_schedule(request, name)
+        enabled = {"enable": True, "disable": False}.get(verb)
+        if enabled is None:
+            raise InvalidInput(f"schedule action {verb!r} is invalid: use enable, disable or run")
+
+        def run(_: Client, store: Store, conn: Connection) -> None:
+            store.set_periodic_enabled(conn, name, enabled)
+
+        await self.dash.query(run)
+        self.dash.audit(request, f"{verb}-schedule", 1, target=f"schedule={name}")
+        return self._redirect(request, f"/periodic?done={verb}")
+
+    async def _run_schedule(self, request: Request, name: str) -> Response:
+        app = self.dash.app
+        schedule = app.schedules.get(name) if app else None
+        if app is None or schedule is None:
+            raise HTTPException(404, f"schedule {name!r} is not in this dashboard's app: pass app= to run it")
+
+        def run(client: Client, _: Store, conn: Connection) -> int:
+            return app.enqueue(client, schedule.task, schedule.payload, conn=conn).id
+
+        job_id = await self.dash.query(run)
+        self.dash.audit(request, "run-schedule", 1, ids=[job_id], target=f"schedule={name}")
+        return self._redirect(request, f"/jobs/{job_id}?done=run")

@@ -1,0 +1,29 @@
+"""Tasks for the metrics and JSON-log tests: one that succeeds, one that always fails."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+
+from miniqueue import App
+from miniqueue.context import Job
+
+app = App()
+_conn: psycopg.Connection[Any] | None = None
+
+
+@app.task("ok", queue="fast")
+def ok(job: Job) -> None:
+    """Record which worker process ran the job, then take ``seconds`` (default 0)."""
+    global _conn
+    if _conn is None:  # opened after fork, once per worker process
+        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    _conn.execute("INSERT INTO metrics_runs (job_id, pid) VALUES (%s, %s)", [job.id, os.getpid()])
+    job.wait(job.payload.get("seconds", 0))
+
+
+@app.task("boom", queue="flaky", max_attempts=2, backoff=lambda attempt: 0.0)
+def boom(job: Job) -> None:
+    raise RuntimeError(f"boom on attempt {job.attempt}")

@@ -1,0 +1,694 @@
+"""The ``miniqueue`` command line on a real database, through click's CliRunner.
+
+Every command is run for real against the test database; its effect is checked in the table
+with SQL, and its errors are checked to be one clear line and a non-zero exit (never a traceback).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from miniqueue import App, Client, State, Store
+from miniqueue.cli import main
+from miniqueue.context import Job
+from miniqueue.db import Connection
+from miniqueue.worker import Worker, WorkerConfig
+
+from .helpers import count, row, wait_until
+
+Invoke = Callable[..., Result]
+
+W = "test-host:1:cli"  # a worker id for jobs leased through the store
+PASSWORD = "s3cr3t-pw"
+
+#: An app with schedules, for `miniqueue periodic list --app tests.test_cli:PERIODIC_APP`.
+PERIODIC_APP = App()
+PERIODIC_APP.task("report", queue="reports")(lambda job: None)
+PERIODIC_APP.task("cleanup", cron="*/5 * * * *")(lambda job: None)
+PERIODIC_APP.periodic("0 9 * * *", task="report", name="morning-report", payload={"kind": "daily"})
+
+
+def run(dsn: str, *args: str) -> Result:
+    """``miniqueue <args> --database-url <dsn>``, with DATABASE_URL unset."""
+    return CliRunner().invoke(main, [*args, "--database-url", dsn], env={"DATABASE_URL": None})
+
+
+@pytest.fixture
+def cli(dsn: str) -> Invoke:
+    return lambda *args: run(dsn, *args)
+
+
+@pytest.fixture
+def periodic_table(conn: Connection) -> Connection:
+    conn.execute("TRUNCATE miniqueue_periodic")
+    return conn
+
+
+def ok(result: Result) -> str:
+    """The command's stdout, after checking that it succeeded."""
+    assert result.exit_code == 0, f"exit {result.exit_code}: {result.output!r} {result.exception!r}"
+    return result.stdout
+
+
+def error_line(result: Result, *fragments: str) -> str:
+    """A command's error: exit 1 and exactly one line, ``Error: ...``, naming ``fragments``."""
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got {result.output!r}"
+    assert lines[0].startswith("Error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+def usage_error(result: Result, *fragments: str) -> str:
+    """A usage error: exit 2, the usage, and one ``Error:`` line naming ``fragments``."""
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, result.output
+    for fragment in fragments:
+        assert fragment in errors[0]
+    return errors[0]
+
+
+def claim(store: Store, conn: Connection, queue: str = "default") -> int:
+    (lease,) = store.claim(conn, [queue], W, 30, 1)
+    return lease.id
+
+
+def make_dead(client: Client, store: Store, conn: Connection, *, queue: str = "default", task: str = "t") -> int:
+    """A job that failed its only attempt, through the store's real transitions."""
+    job_id = client.enqueue(task, {"n": 1}, queue=queue, max_attempts=1).id
+    assert claim(store, conn, queue) == job_id
+    assert store.record_failure(conn, job_id, W, 1, f"boom in {task}", 0) == State.DEAD
+    return job_id
+
+
+def finish(conn: Connection, job_id: int, state: str, ago: str) -> None:
+    """Move a job to a terminal state that it reached ``ago`` (an SQL interval)."""
+    conn.execute(
+        "UPDATE miniqueue_jobs SET state = %s, attempt = 1, finished_at = now() - %s::interval,"
+        " completed_at = CASE WHEN %s = 'completed' THEN now() - %s::interval END WHERE id = %s",
+        [state, ago, state, ago, job_id],
+    )
+
+
+def states(conn: Connection) -> dict[int, str]:
+    return {i: s for i, s in conn.execute("SELECT id, state FROM miniqueue_jobs ORDER BY id").fetchall()}
+
+
+# --- help and migrate -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["migrate"], ["enqueue"], ["stats"], ["jobs"], ["jobs", "list"], ["jobs", "show"], ["requeue"], ["cancel"],
+     ["prune"], ["periodic"], ["periodic", "list"], ["periodic", "enable"], ["periodic", "disable"], ["demo"],
+     ["supervise"]],
+)  # fmt: skip
+def test_every_command_has_help(command: list[str]) -> None:
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert ok(result).startswith("Usage: ")
+
+
+def test_migrate_creates_the_schema_once_and_commands_before_it_say_to_run_it(fresh_database: str) -> None:
+    error_line(run(fresh_database, "stats"), "run `miniqueue migrate`")
+    first = ok(run(fresh_database, "migrate"))
+    assert first.startswith("applied ") and "001_create_jobs" in first and "008_periodic" in first
+    assert ok(run(fresh_database, "migrate")).startswith("applied 0 migration(s)")
+    assert ok(run(fresh_database, "stats", "--json")) == "[]\n"
+
+
+# --- enqueue ----------------------------------------------------------------------------------------
+
+
+def test_enqueue_with_every_option(cli: Invoke, conn: Connection) -> None:
+    out = ok(cli("enqueue", "send_email", "--queue", "emails", "--payload", '{"to": "ada@example.com"}',
+                 "--priority", "7", "--delay", "120", "--max-attempts", "3", "--idempotency-key", "welcome-ada",
+                 "--json"))  # fmt: skip
+    result = json.loads(out)
+    assert result == {"id": result["id"], "duplicate": False}
+    stored = row(conn, result["id"])
+    expected = {"task": "send_email", "queue": "emails", "payload": {"to": "ada@example.com"}, "priority": 7,
+                "max_attempts": 3, "idempotency_key": "welcome-ada", "state": "available"}  # fmt: skip
+    assert {key: stored[key] for key in expected} == expected
+    delay = (stored["scheduled_at"] - stored["created_at"]).total_seconds()
+    assert 119 <= delay <= 121
+
+
+def test_enqueue_at_a_time_with_an_offset(cli: Invoke, conn: Connection) -> None:
+    out = ok(cli("enqueue", "report", "--run-at", "2031-01-02T09:30:00+02:00"))
+    job_id = int(out.split()[1])
+    assert out == f"job {job_id} enqueued\n"
+    assert row(conn, job_id)["scheduled_at"] == dt.datetime(2031, 1, 2, 7, 30, tzinfo=dt.timezone.utc)
+    assert row(conn, job_id)["payload"] == {}
+
+
+def test_enqueue_a_duplicate_idempotency_key_reports_the_first_job(cli: Invoke, conn: Connection) -> None:
+    first = json.loads(ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--json")))
+    again = ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--payload", '{"other": true}'))
+    assert again == f"job {first['id']} already existed (same idempotency key)\n"
+    assert json.loads(ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--json"))) == {
+        "id": first["id"], "duplicate": True
+    }  # fmt: skip
+    assert count(conn) == 1
+    assert row(conn, first["id"])["payload"] == {}
+
+
+def test_enqueue_a_payload_that_is_not_json_is_a_usage_error(cli: Invoke, conn: Connection) -> None:
+    usage_error(cli("enqueue", "t", "--payload", "{nope"), "--payload", "not valid JSON")
+    assert count(conn) == 0
+
+
+def test_enqueue_a_naive_run_at_is_rejected(cli: Invoke, conn: Connection) -> None:
+    usage_error(cli("enqueue", "t", "--run-at", "2031-01-02T09:30:00"), "--run-at", "2031-01-02T09:30:00")
+    assert count(conn) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--payload", "NaN"], "nan"),
+        (["--payload", '{"x": "\\u0000"}'], "U+0000"),
+        (["--queue", "Bad Queue"], "queue name 'Bad Queue' is invalid"),
+        (["--max-attempts", "0"], "max_attempts 0 is invalid"),
+        (["--priority", "40000"], "priority 40000 is invalid"),
+        (["--delay", "-5"], "delay -5.0 is invalid"),
+        (["--delay", "5", "--run-at", "2031-01-02T09:30:00+00:00"], "mutually exclusive"),
+        (["--idempotency-key", ""], "idempotency key '' is invalid"),
+    ],
+)
+def test_enqueue_bad_input_is_one_line_and_stores_nothing(
+    cli: Invoke, conn: Connection, args: list[str], message: str
+) -> None:
+    error_line(cli("enqueue", "t", *args), message)
+    assert count(conn) == 0
+
+
+def test_enqueue_a_bad_task_name_is_one_line(cli: Invoke, conn: Connection) -> None:
+    error_line(cli("enqueue", "no spaces allowed"), "task name 'no spaces allowed' is invalid")
+    assert count(conn) == 0
+
+
+# --- stats ------------------------------------------------------------------------------------------
+
+
+def test_stats_counts_states_the_oldest_waiting_job_and_expired_leases(
+    cli: Invoke, client: Client, store: Store, conn: Connection
+) -> None:
+    old = client.enqueue("t", queue="emails").id
+    conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() - interval '1 hour' WHERE id = %s", [old])
+    client.enqueue("t", queue="emails")
+    client.enqueue("t", queue="emails", delay=3600)
+    expired = client.enqueue("t", queue="reports").id
+    assert claim(store, conn, "reports") == expired
+    conn.execute("UPDATE miniqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [expired])
+    client.enqueue("t", queue="reports")
+    assert claim(store, conn, "reports")  # running, lease still valid
+    make_dead(client, store, conn, queue="reports")
+    done = client.enqueue("t", queue="reports").id
+    finish(conn, done, "completed", "1 minute")
+
+    stats = {q["queue"]: q for q in json.loads(ok(cli("stats", "--json")))}
+    assert set(stats) == {"emails", "reports"}
+    emails, reports = stats["emails"], stats["reports"]
+    assert {s.value: emails[s.value] for s in State} == {
+        "available": 3, "running": 0, "completed": 0, "failed": 0, "dead": 0, "cancelled": 0
+    }  # fmt: skip
+    assert emails["scheduled"] == 1 and emails["expired_leases"] == 0
+    assert 3600 <= emails["oldest_available_seconds"] < 3700
+    assert {s.value: reports[s.value] for s in State} == {
+        "available": 0, "running": 2, "completed": 1, "failed": 0, "dead": 1, "cancelled": 0
+    }  # fmt: skip
+    assert reports["expired_leases"] == 1 and reports["oldest_available_seconds"] is None
+
+    # The JSON matches the table in the database ...
+    for queue, state, n in conn.execute("SELECT queue, state, count(*) FROM miniqueue_jobs GROUP BY 1, 2"):
+        assert stats[queue][state] == n
+    # ... and the text table says the same.
+    lines = ok(cli("stats")).splitlines()
+    headers = lines[0].split("  ")
+    headers = [h.strip() for h in headers if h.strip()]
+    table = {cells[0]: dict(zip(headers, cells, strict=True)) for cells in (line.split() for line in lines[1:])}
+    assert set(table) == {"emails", "reports"}
+    for queue, values in stats.items():
+        for state in State:
+            assert table[queue][state.value] == str(values[state.value])
+        assert table[queue]["expired leases"] == str(values["expired_leases"])
+        assert table[queue]["scheduled"] == str(values["scheduled"])
+    assert float(table["emails"]["oldest waiting (s)"]) >= 3600
+    assert table["reports"]["oldest waiting (s)"] == "-"
+
+
+def test_stats_of_an_empty_queue_table(cli: Invoke) -> None:
+    assert json.loads(ok(cli("stats", "--json"))) == []
+    assert ok(cli("stats")).startswith("queue")
+
+
+# --- jobs list and jobs show ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed_jobs(client: Client, store: Store, conn: Connection) -> dict[str, list[int]]:
+    """Seven jobs: 1-4 available alpha jobs in qa; in qb, beta jobs 5 dead, 6 running, 7 available."""
+    jobs: dict[str, list[int]] = {"a": [], "b": []}
+    for i in range(4):
+        jobs["a"].append(client.enqueue("alpha", {"i": i}, queue="qa", priority=i).id)
+    jobs["b"].append(make_dead(client, store, conn, queue="qb", task="beta"))
+    jobs["b"].append(client.enqueue("beta", queue="qb").id)
+    assert claim(store, conn, "qb") == jobs["b"][-1]
+    jobs["b"].append(client.enqueue("beta", queue="qb").id)
+    return jobs
+
+
+def test_jobs_list_is_newest_first_and_its_json_matches_the_rows(
+    cli: Invoke, conn: Connection, mixed_jobs: dict[str, list[int]]
+) -> None:
+    found = [json.loads(line) for line in ok(cli("jobs", "list", "--json")).splitlines()]
+    assert [j["id"] for j in found] == [7, 6, 5, 4, 3, 2, 1]
+    for job in found:
+        stored = row(conn, job["id"])
+        for key in ("queue", "task", "payload", "state", "priority", "attempt", "max_attempts", "idempotency_key",
+                    "leased_by", "last_error"):  # fmt: skip
+            assert job[key] == stored[key], key
+        assert job["created_at"] == str(stored["created_at"])
+        assert job["scheduled_at"] == str(stored["scheduled_at"])
+        assert len(job["errors"]) == len(stored["errors"])
+
+    lines = ok(cli("jobs", "list")).splitlines()
+    assert len(lines) == 7
+    for line, job in zip(lines, found, strict=True):
+        fields = line.split()
+        assert fields[:4] == [str(job["id"]), job["state"], job["queue"], job["task"]]
+        assert f"attempt {job['attempt']}/{job['max_attempts']}" in line
+    assert lines[2].rstrip().endswith("boom in beta")  # the dead job shows its last error
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        (["--queue", "qa"], [4, 3, 2, 1]),
+        (["--queue", "qb"], [7, 6, 5]),
+        (["--task", "beta"], [7, 6, 5]),
+        (["--state", "dead"], [5]),
+        (["--state", "running"], [6]),
+        (["--state", "available", "--queue", "qb"], [7]),
+        (["--state", "available", "--task", "alpha", "--limit", "2"], [4, 3]),
+        (["--queue", "nope"], []),
+    ],
+)
+def test_jobs_list_filters(
+    cli: Invoke, mixed_jobs: dict[str, list[int]], filters: list[str], expected: list[int]
+) -> None:
+    out = ok(cli("jobs", "list", *filters, "--json"))
+    assert [json.loads(line)["id"] for line in out.splitlines()] == expected
+
+
+def test_jobs_list_pages_with_before(cli: Invoke, mixed_jobs: dict[str, list[int]]) -> None:
+    pages: list[list[int]] = []
+    before: list[str] = []
+    while True:
+        out = ok(cli("jobs", "list", "--limit", "3", *before, "--json"))
+        page = [json.loads(line)["id"] for line in out.splitlines()]
+        if not page:
+            break
+        pages.append(page)
+        before = ["--before", str(page[-1])]
+    assert pages == [[7, 6, 5], [4, 3, 2], [1]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--state", "sleeping"], "'sleeping' is not one of"),
+        (["--limit", "0"], "--limit"),
+        (["--before", "x"], "'x' is not a valid integer"),
+    ],
+)
+def test_jobs_list_bad_options_are_usage_errors(cli: Invoke, args: list[str], message: str) -> None:
+    usage_error(cli("jobs", "list", *args), message)
+
+
+def test_jobs_show_prints_every_field_and_the_error_history(
+    cli: Invoke, client: Client, store: Store, conn: Connection
+) -> None:
+    job_id = client.enqueue("flaky", {"user": 42}, queue="emails", max_attempts=3, idempotency_key="f-42").id
+    for attempt in (1, 2):
+        claim(store, conn, "emails")
+        store.record_failure(conn, job_id, W, attempt, f"Traceback ...\nValueError: failure {attempt}", 0)
+    stored = row(conn, job_id)
+
+    shown = json.loads(ok(cli("jobs", "show", str(job_id), "--json")))
+    assert shown["id"] == job_id and shown["state"] == "available" and shown["attempt"] == 2
+    assert (shown["task"], shown["queue"], shown["payload"], shown["idempotency_key"]) == (
+        "flaky", "emails", {"user": 42}, "f-42"
+    )  # fmt: skip
+    assert shown["last_error"] == "Traceback ...\nValueError: failure 2"
+    assert [(e["attempt"], e["worker"], e["error"]) for e in shown["errors"]] == [
+        (1, W, "Traceback ...\nValueError: failure 1"), (2, W, "Traceback ...\nValueError: failure 2")
+    ]  # fmt: skip
+    assert [e["at"] for e in shown["errors"]] == [str(e.at) for e in client.get(job_id).errors]
+    assert len(stored["errors"]) == 2
+
+    text = ok(cli("jobs", "show", str(job_id)))
+    assert f"id: {job_id}" in text and "state: available" in text and 'payload: {"user": 42}' in text
+    assert "--- attempt 1 at " in text and f" on {W}\nTraceback ...\nValueError: failure 1" in text
+    assert text.index("--- attempt 1") < text.index("--- attempt 2")
+    assert text.rstrip().endswith("ValueError: failure 2")
+
+
+def test_jobs_show_an_unknown_job_is_one_line(cli: Invoke) -> None:
+    assert error_line(cli("jobs", "show", "999")) == "Error: job 999 does not exist"
+    usage_error(cli("jobs", "show", "abc"), "'abc' is not a valid integer")
+
+
+# --- requeue ----------------------------------------------------------------------------------------
+
+
+def test_requeue_by_ids(cli: Invoke, client: Client, store: Store, conn: Connection) -> None:
+    dead = make_dead(client, store, conn)
+    cancelled = client.enqueue("t").id
+    client.cancel([cancelled])
+    untouched = make_dead(client, store, conn)
+    assert ok(cli("requeue", str(dead), str(cancelled))) == "requeued 2 job(s)\n"
+    assert states(conn) == {dead: "available", cancelled: "available", untouched: "dead"}
+    assert row(conn, dead)["max_attempts"] == 2  # attempt 1 + a fresh budget of 1
+    assert row(conn, dead)["finished_at"] is None
+
+
+def test_requeue_counts_a_repeated_id_once(cli: Invoke, client: Client, store: Store, conn: Connection) -> None:
+    dead = make_dead(client, store, conn)
+    assert ok(cli("requeue", str(dead), str(dead))) == "requeued 1 job(s)\n"
+    assert states(conn) == {dead: "available"}
+
+
+def test_requeue_by_state_and_queue(cli: Invoke, client: Client, store: Store, conn: Connection) -> None:
+    dead_q = [make_dead(client, store, conn, queue="q") for _ in range(2)]
+    dead_other = make_dead(client, store, conn, queue="other")
+    failed_q = client.enqueue("t", queue="q").id
+    finish(conn, failed_q, "failed", "1 minute")
+    assert ok(cli("requeue", "--state", "dead", "--queue", "q")) == "requeued 2 job(s)\n"
+    assert states(conn) == {dead_q[0]: "available", dead_q[1]: "available", dead_other: "dead", failed_q: "failed"}
+    assert ok(cli("requeue", "--state", "dead", "--queue", "q")) == "requeued 0 job(s)\n"
+
+
+def test_requeue_by_state_and_task(cli: Invoke, client: Client, store: Store, conn: Connection) -> None:
+    mine = make_dead(client, store, conn, task="mine")
+    theirs = make_dead(client, store, conn, task="theirs")
+    assert ok(cli("requeue", "--state", "dead", "--task", "mine")) == "requeued 1 job(s)\n"
+    assert states(conn) == {mine: "available", theirs: "dead"}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--queue", "q"], ["--task", "t"], ["1", "--state", "dead"]],
+    ids=["no filter", "queue only", "task only", "ids and state"],
+)
+def test_requeue_needs_ids_or_a_state_but_not_both(
+    cli: Invoke, client: Client, store: Store, conn: Connection, args: list[str]
+) -> None:
+    dead = make_dead(client, store, conn, queue="q", task="t")
+    usage_error(cli("requeue", *args), "give job ids, or --state")
+    assert states(conn) == {dead: "dead"}
+
+
+def test_requeue_a_running_job_is_one_line_and_changes_nothing(
+    cli: Invoke, client: Client, store: Store, conn: Connection
+) -> None:
+    dead = make_dead(client, store, conn)
+    running = client.enqueue("t").id
+    claim(store, conn)
+    before = row(conn, running)
+    error_line(cli("requeue", str(dead), str(running)), f"cannot requeue job {running}: it is running")
+    assert states(conn) == {dead: "dead", running: "running"}
+    assert row(conn, running) == before
+
+
+def test_requeue_an_unknown_job_is_one_line(cli: Invoke, client: Client, store: Store, conn: Connection) -> None:
+    dead = make_dead(client, store, conn)
+    assert error_line(cli("requeue", str(dead), "999")) == "Error: job 999 does not exist"
+    assert states(conn) == {dead: "dead"}
+    usage_error(cli("requeue", "--state", "running"), "'running' is not one of")
+
+
+# --- cancel -----------------------------------------------------------------------------------------
+
+
+def test_cancel_available_and_running_jobs(cli: Invoke, client: Client, store: Store, conn: Connection) -> None:
+    available = client.enqueue("t").id
+    running = client.enqueue("t").id
+    conn.execute("UPDATE miniqueue_jobs SET priority = 1 WHERE id = %s", [running])
+    assert claim(store, conn) == running
+    assert ok(cli("cancel", str(available), str(running))) == "cancelled 2 job(s)\n"
+    for job_id in (available, running):
+        stored = row(conn, job_id)
+        assert stored["state"] == "cancelled" and stored["finished_at"] is not None
+        assert stored["leased_by"] is None and stored["lease_expires_at"] is None
+    assert store.complete_many(conn, W, [(running, 1)]) == set(), "the old worker's completion must be rejected"
+    assert row(conn, running)["state"] == "cancelled"
+
+
+def test_cancel_counts_a_repeated_id_once(cli: Invoke, client: Client, conn: Connection) -> None:
+    job_id = client.enqueue("t").id
+    assert ok(cli("cancel", str(job_id), str(job_id))) == "cancelled 1 job(s)\n"
+    assert states(conn) == {job_id: "cancelled"}
+
+
+def test_cancel_an_unknown_or_finished_job_is_one_line_and_changes_nothing(
+    cli: Invoke, client: Client, conn: Connection
+) -> None:
+    available = client.enqueue("t").id
+    done = client.enqueue("t").id
+    finish(conn, done, "completed", "1 minute")
+    assert error_line(cli("cancel", str(available), "999")) == "Error: job 999 does not exist"
+    error_line(cli("cancel", str(available), str(done)), f"cannot cancel job {done}: it is completed")
+    assert states(conn) == {available: "available", done: "completed"}
+    usage_error(cli("cancel"), "Missing argument")
+
+
+def test_cancel_a_job_running_under_a_real_worker_tells_its_handler_to_stop(
+    cli: Invoke, dsn: str, client: Client, conn: Connection
+) -> None:
+    app = App()
+    started = threading.Event()
+    reasons: list[str | None] = []
+
+    @app.task("long")
+    def long(job: Job) -> None:
+        started.set()
+        job.wait(30)
+        reasons.append(job.stop_reason)
+
+    job_id = app.enqueue(client, "long").id
+    worker = Worker(app, dsn, WorkerConfig(lease_seconds=2, heartbeat_seconds=0.3, poll_interval=0.2))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(10), "the handler never started"
+        assert ok(cli("cancel", str(job_id))) == "cancelled 1 job(s)\n"
+        wait_until(lambda: reasons, timeout=5, what="the handler told to stop")
+        assert reasons == ["cancelled"]
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    stored = row(conn, job_id)
+    assert stored["state"] == "cancelled" and stored["attempt"] == 1 and stored["completed_at"] is None
+
+
+# --- prune ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def aged_jobs(client: Client, store: Store, conn: Connection) -> dict[str, int]:
+    """One job per state and age: finished two days ago, or one hour ago, or not finished."""
+    jobs = {}
+    for name, state, ago in [
+        ("completed_old", "completed", "2 days"), ("completed_young", "completed", "1 hour"),
+        ("cancelled_old", "cancelled", "2 days"), ("cancelled_young", "cancelled", "1 hour"),
+        ("dead_old", "dead", "2 days"), ("failed_old", "failed", "2 days"), ("dead_young", "dead", "1 hour"),
+    ]:  # fmt: skip
+        jobs[name] = client.enqueue("t").id
+        finish(conn, jobs[name], state, ago)
+    jobs["available"] = client.enqueue("t").id
+    conn.execute("UPDATE miniqueue_jobs SET created_at = now() - interval '3 days' WHERE id = %s", [jobs["available"]])
+    jobs["running"] = client.enqueue("t").id
+    conn.execute("UPDATE miniqueue_jobs SET priority = 1 WHERE id = %s", [jobs["running"]])
+    assert claim(store, conn) == jobs["running"]
+    return jobs
+
+
+def remaining(conn: Connection, jobs: dict[str, int]) -> set[str]:
+    present = {i for (i,) in conn.execute("SELECT id FROM miniqueue_jobs").fetchall()}
+    return {name for name, job_id in jobs.items() if job_id in present}
+
+
+def test_prune_deletes_completed_and_cancelled_jobs_older_than_the_age(
+    cli: Invoke, conn: Connection, aged_jobs: dict[str, int]
+) -> None:
+    out = ok(cli("prune", "--older-than", "1d"))
+    assert out == "deleted 2 job(s) (completed, cancelled) finished over 86400s ago\n"
+    assert remaining(conn, aged_jobs) == set(aged_jobs) - {"completed_old", "cancelled_old"}
+
+
+def test_prune_only_the_chosen_states(cli: Invoke, conn: Connection, aged_jobs: dict[str, int]) -> None:
+    assert ok(cli("prune", "--older-than", "24h", "--state", "dead")) == (
+        "deleted 1 job(s) (dead) finished over 86400s ago\n"
+    )
+    assert remaining(conn, aged_jobs) == set(aged_jobs) - {"dead_old"}
+    assert ok(cli("prune", "--older-than", "30m", "--state", "failed", "--state", "completed")).startswith(
+        "deleted 3 job(s) (failed, completed)"
+    )
+    assert remaining(conn, aged_jobs) == set(aged_jobs) - {"dead_old", "failed_old", "completed_old",
+                                                           "completed_young"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("age", "deleted"), [("3d", 0), ("2w", 0), ("90000", 2), ("1500m", 2), ("59m", 4)])
+def test_prune_durations(cli: Invoke, conn: Connection, aged_jobs: dict[str, int], age: str, deleted: int) -> None:
+    assert ok(cli("prune", "--older-than", age)).startswith(f"deleted {deleted} job(s)")
+    assert len(remaining(conn, aged_jobs)) == len(aged_jobs) - deleted
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "Missing option '--older-than'"),
+        (["--older-than", "-1d"], "must not be negative"),
+        (["--older-than", "soon"], "'soon' is not a duration"),
+        (["--older-than", "nan"], "'nan' is not a duration"),
+        (["--older-than", "1d", "--state", "running"], "'running' is not one of"),
+        (["--older-than", "1d", "--state", "available"], "'available' is not one of"),
+    ],
+)
+def test_prune_bad_options_are_usage_errors_and_delete_nothing(
+    cli: Invoke, conn: Connection, aged_jobs: dict[str, int], args: list[str], message: str
+) -> None:
+    usage_error(cli("prune", *args), message)
+    assert remaining(conn, aged_jobs) == set(aged_jobs)
+
+
+def test_prune_an_absurd_age_is_one_line(cli: Invoke, conn: Connection, aged_jobs: dict[str, int]) -> None:
+    error_line(cli("prune", "--older-than", "inf"), "prune age inf is invalid")
+    assert remaining(conn, aged_jobs) == set(aged_jobs)
+
+
+# --- periodic ---------------------------------------------------------------------------------------
+
+
+def test_periodic_disable_and_enable_toggle_the_row(cli: Invoke, store: Store, periodic_table: Connection) -> None:
+    conn = periodic_table
+    slot = dt.datetime(2030, 1, 1, 9, 0, tzinfo=dt.timezone.utc)
+    assert store.claim_periodic_slot(conn, "morning-report", slot)
+
+    def stored() -> tuple[Any, ...] | None:
+        return conn.execute(
+            "SELECT last_slot, enabled FROM miniqueue_periodic WHERE name = 'morning-report'"
+        ).fetchone()
+
+    assert ok(cli("periodic", "disable", "morning-report")) == "schedule morning-report disabled\n"
+    assert stored() == (slot, False)
+    assert ok(cli("periodic", "disable", "morning-report")) == "schedule morning-report disabled\n"
+    assert stored() == (slot, False)
+    assert ok(cli("periodic", "enable", "morning-report")) == "schedule morning-report enabled\n"
+    assert stored() == (slot, True)
+
+
+def test_periodic_disable_a_schedule_never_run_yet(cli: Invoke, periodic_table: Connection) -> None:
+    ok(cli("periodic", "disable", "cleanup"))
+    rows = periodic_table.execute("SELECT enabled FROM miniqueue_periodic WHERE name = 'cleanup'").fetchall()
+    assert rows == [(False,)]
+
+
+def test_periodic_list_shows_each_schedule_and_its_state(cli: Invoke, periodic_table: Connection) -> None:
+    ok(cli("periodic", "disable", "cleanup"))
+    lines = ok(cli("periodic", "list", "--app", "tests.test_cli:PERIODIC_APP")).splitlines()
+    assert len(lines) == 2
+    cleanup, morning = lines
+    assert cleanup.split()[:5] == ["cleanup", "*/5", "*", "*", "*"]
+    assert "task cleanup" in cleanup and "disabled" in cleanup
+    assert morning.startswith("morning-report") and "0 9 * * *" in morning and "task report" in morning
+    assert " enabled " in morning and "last -" in morning
+    next_slot = dt.datetime.fromisoformat(morning.split("next ")[1].strip())
+    assert (next_slot.hour, next_slot.minute, next_slot.utcoffset()) == (9, 0, dt.timedelta(0))
+
+
+def test_periodic_list_needs_a_loadable_app(cli: Invoke) -> None:
+    usage_error(cli("periodic", "list"), "Missing option '--app'")
+    error_line(cli("periodic", "list", "--app", "tests.no_such_module:app"), "cannot import module")
+    error_line(cli("periodic", "list", "--app", "nocolon"), "app reference 'nocolon' is invalid")
+
+
+# --- the database URL -------------------------------------------------------------------------------
+
+COMMANDS = [["migrate"], ["enqueue", "t"], ["stats"], ["jobs", "list"], ["jobs", "show", "1"], ["requeue", "1"],
+            ["cancel", "1"], ["prune", "--older-than", "1d"], ["periodic", "enable", "x"]]  # fmt: skip
+
+
+BAD_URLS = {
+    "port not a number": f"postgresql://alice:{PASSWORD}@db.example:notaport/queue",
+    "port out of range": f"postgresql://alice:{PASSWORD}@db.example:99999/queue",
+    "unknown parameter": f"postgresql://alice:{PASSWORD}@db.example/queue?nosuch=1",
+    "bad ipv6 host": f"postgresql://alice:{PASSWORD}@[::1/queue",
+    "unterminated quote": f"host=db.example password='{PASSWORD}",
+    "unknown keyword": f"host=db.example password={PASSWORD} nosuch=1",
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+@pytest.mark.parametrize("url", list(BAD_URLS.values()), ids=list(BAD_URLS))
+def test_an_unparseable_database_url_is_a_config_error_without_the_password(command: list[str], url: str) -> None:
+    result = run(url, *command)
+    line = error_line(result, "database URL", "is invalid")
+    assert PASSWORD not in result.output, line
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("postgresql://alice:s3cr3t/pw@db.example:5432/queue", "s3cr3t"),
+        ("postgresql://alice:p4ss@w0rd@db.example:nope/queue", "w0rd"),
+    ],
+    ids=["unescaped slash", "unescaped at sign"],
+)
+def test_a_password_with_an_unescaped_character_is_never_echoed(url: str, secret: str) -> None:
+    """A password holding '/' or '@' (not percent-encoded) is what makes such a URL unparseable."""
+    result = run(url, "stats")
+    error_line(result, "database URL", "is invalid")
+    assert secret not in result.output
+
+
+def test_the_database_url_can_come_from_the_environment(dsn: str, conn: Connection) -> None:
+    result = CliRunner().invoke(main, ["enqueue", "from-env"], env={"DATABASE_URL": dsn})
+    assert ok(result).endswith(" enqueued\n")
+    assert count(conn, "task = 'from-env'") == 1
+    bad = CliRunner().invoke(main, ["stats"], env={"DATABASE_URL": f"postgresql://a:{PASSWORD}@h:x/db"})
+    error_line(bad, "database URL")
+    assert PASSWORD not in bad.output
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["stats"]], ids=" ".join)
+def test_an_unreachable_database_is_one_line_without_the_password(command: list[str]) -> None:
+    result = run(f"postgresql://alice:{PASSWORD}@127.0.0.1:1/queue?connect_timeout=2", *command)
+    error_line(result, "database unavailable")
+    assert PASSWORD not in result.output
+
+
+# --- demo -------------------------------------------------------------------------------------------
+
+
+def test_demo_runs_its_jobs_through_a_supervisor(cli: Invoke, conn: Connection) -> None:
+    out = ok(cli("demo"))
+    assert out.count("enqueued ") == 5
+    assert out.endswith("all 5 demo jobs completed, in priority order (FIFO within a priority)\n")
+    assert count(conn, "state = 'completed'") == 5 and count(conn) == 5

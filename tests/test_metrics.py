@@ -1,0 +1,341 @@
+"""``miniqueue-supervise --metrics-port`` scraped over HTTP while a real supervisor runs jobs, and
+``--log-format json`` read back from a real process tree."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from miniqueue import Client, JobSpec
+from miniqueue.db import Connection
+
+from .helpers import count, wait_until
+
+FAST = ["--lease-duration", "5", "--heartbeat-interval", "1", "--poll-interval", "0.2", "--reaper-interval", "1",
+        "--shutdown-timeout", "5"]  # fmt: skip
+APP = "tests.apps.metrics_app:app"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Supervised:
+    """A running miniqueue-supervise in its own session; stdout and stderr each go to a file."""
+
+    def __init__(self, dsn: str, args: list[str], folder: Path, cwd: Path) -> None:
+        self.stdout, self.stderr = folder / "stdout.log", folder / "stderr.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "miniqueue.cli", "supervise", *args],
+            env={**os.environ, "DATABASE_URL": dsn},
+            stdout=self.stdout.open("wb"),
+            stderr=self.stderr.open("wb"),
+            start_new_session=True,
+            cwd=cwd,
+        )
+        self.process = psutil.Process(self.proc.pid)
+
+    def output(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+    def titles(self) -> dict[int, str]:
+        found = {}
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in self.process.children():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if child.status() != psutil.STATUS_ZOMBIE:
+                        found[child.pid] = " ".join(child.cmdline()).strip()
+        return found
+
+    def workers(self) -> list[int]:
+        return sorted(pid for pid, title in self.titles().items() if "worker-" in title)
+
+    def wait_ready(self, workers: int) -> None:
+        wait_until(
+            lambda: len(self.workers()) == workers and "supervisor ready" in self.output(),
+            timeout=20,
+            what=f"{workers} workers ready; output:\n{self.output()}",
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def runs(conn: Connection) -> Connection:
+    """The table the ``ok`` task records its runs in."""
+    conn.execute("CREATE TABLE IF NOT EXISTS metrics_runs (job_id BIGINT, pid INT)")
+    conn.execute("TRUNCATE metrics_runs")
+    return conn
+
+
+@pytest.fixture
+def supervise(dsn: str, tmp_path: Path, repo_root: Path, runs: Connection) -> Iterator[Any]:
+    started: list[Supervised] = []
+
+    def start(*args: str, workers: int = 2) -> Supervised:
+        folder = tmp_path / f"supervisor-{len(started)}"
+        folder.mkdir()
+        supervised = Supervised(dsn, ["--app", APP, "--workers", str(workers), *FAST, *args], folder, repo_root)
+        started.append(supervised)
+        return supervised
+
+    yield start
+    for supervised in started:
+        supervised.stop()
+
+
+def get(port: int, path: str = "/metrics", data: bytes | None = None) -> tuple[int, str]:
+    """GET (or POST, with ``data``) ``path`` from the supervisor; return the status and body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", data=data, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(port: int) -> Samples:
+    status, body = get(port)
+    assert status == 200, body
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+
+def scrape_until(port: int, predicate: Callable[[Samples], bool], what: str) -> Samples:
+    """Scrape until ``predicate`` holds (counters follow the workers' reports by up to a tick)."""
+
+    def check() -> Samples | None:
+        samples = scrape(port)
+        return samples if predicate(samples) else None
+
+    samples = wait_until(check, timeout=10, what=what)
+    assert samples is not None
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def finished(samples: Samples, queue: str, task: str, outcome: str) -> float | None:
+    return value(samples, "miniqueue_jobs_finished_total", queue=queue, task=task, outcome=outcome)
+
+
+def test_job_counters_durations_and_gauges_with_several_workers(
+    supervise: Any, client: Client, conn: Connection
+) -> None:
+    port = free_port()
+    sup = supervise("--metrics-port", str(port), workers=3)
+    sup.wait_ready(3)
+    client.enqueue_many(
+        [JobSpec("ok", {"seconds": 0.1}, queue="fast") for _ in range(12)]
+        + [JobSpec("boom", queue="flaky", max_attempts=2) for _ in range(2)]
+    )
+    wait_until(lambda: count(conn, "queue = 'fast' AND state = 'completed'") == 12, timeout=30, what="ok jobs")
+    wait_until(lambda: count(conn, "queue = 'flaky' AND state = 'dead'") == 2, timeout=30, what="boom jobs dead")
+
+    samples = scrape_until(
+        port,
+        lambda s: finished(s, "fast", "ok", "completed") == 12 and finished(s, "flaky", "boom", "dead") == 2,
+        "the job counters to catch up",
+    )
+    outcomes = {
+        dict(labels)["outcome"]: n
+        for (name, labels), n in samples.items()
+        if name == "miniqueue_jobs_finished_total"
+        and dict(labels)["task"] == "ok"
+    }  # fmt: skip
+    assert outcomes == {"completed": 12.0}
+    assert finished(samples, "flaky", "boom", "retried") == 2
+    assert finished(samples, "flaky", "boom", "dead") == 2
+    assert finished(samples, "flaky", "boom", "completed") is None
+
+    histogram = "miniqueue_job_duration_seconds"
+    assert value(samples, f"{histogram}_count", queue="fast", task="ok") == 12
+    assert value(samples, f"{histogram}_bucket", queue="fast", task="ok", le="+Inf") == 12
+    assert value(samples, f"{histogram}_bucket", queue="fast", task="ok", le="0.05") == 0  # each ran ≥ 0.1 s
+    assert (value(samples, f"{histogram}_sum", queue="fast", task="ok") or 0) >= 12 * 0.1
+    assert value(samples, f"{histogram}_count", queue="flaky", task="boom") == 4  # two attempts each
+
+    assert value(samples, "miniqueue_jobs", queue="fast", state="completed") == 12
+    assert value(samples, "miniqueue_jobs", queue="fast", state="available") == 0
+    assert value(samples, "miniqueue_jobs", queue="flaky", state="dead") == 2
+    assert value(samples, "miniqueue_processes", kind="worker") == 3
+    assert value(samples, "miniqueue_processes", kind="reaper") == 1
+    assert value(samples, "miniqueue_database_up") == 1
+
+    # The jobs really were spread over several forked workers, and none was counted twice.
+    pids = {pid for (pid,) in conn.execute("SELECT DISTINCT pid FROM metrics_runs").fetchall()}
+    assert len(pids) >= 2 and pids <= set(sup.workers())
+    assert count(conn, "true") == 14
+
+
+def test_queue_gauges_for_waiting_and_expired_jobs(supervise: Any, client: Client, conn: Connection) -> None:
+    """Jobs of a queue no worker serves: their ages and leases, as the database has them."""
+    canary = client.enqueue("t", queue="idle").id
+    conn.execute(
+        "UPDATE miniqueue_jobs SET state = 'running', attempt = 1, leased_by = 'gone:1:x',"
+        " lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        [canary],
+    )
+    port = free_port()
+    sup = supervise("--metrics-port", str(port), "--reaper-interval", "600", workers=1)
+    sup.wait_ready(1)
+    # The reaper's first pass recovers the canary; the next pass is ten minutes away.
+    wait_until(lambda: count(conn, "id = %s AND state = 'available'", [canary]), what="the reaper's first pass")
+    conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() - interval '1 hour' WHERE id = %s", [canary])
+    client.enqueue("t", queue="idle")
+    client.enqueue("t", queue="idle", delay=3600)
+    for expired in (False, True):
+        job_id = client.enqueue("t", queue="idle").id
+        conn.execute(
+            "UPDATE miniqueue_jobs SET state = 'running', attempt = 1, leased_by = 'elsewhere:1:x',"
+            " lease_expires_at = now() + CASE WHEN %s THEN interval '-1 minute' ELSE interval '1 hour' END"
+            " WHERE id = %s",
+            [expired, job_id],
+        )
+
+    samples = scrape(port)
+    assert value(samples, "miniqueue_jobs", queue="idle", state="available") == 3
+    assert value(samples, "miniqueue_jobs", queue="idle", state="running") == 2
+    assert value(samples, "miniqueue_expired_leases", queue="idle") == 1
+    oldest = value(samples, "miniqueue_oldest_available_seconds", queue="idle")
+    assert oldest is not None and 3600 <= oldest < 3700
+    assert value(samples, "miniqueue_database_up") == 1
+
+
+def test_other_paths_and_methods_are_refused(supervise: Any) -> None:
+    port = free_port()
+    sup = supervise("--metrics-port", str(port), workers=1)
+    sup.wait_ready(1)
+    assert get(port, "/nope")[0] == 404
+    assert get(port, "/metrics/extra")[0] == 404
+    assert get(port, "/metrics", data=b"x=1")[0] == 405
+    status, body = get(port, "/metrics?name=x")
+    assert status == 200 and "miniqueue_processes" in body
+
+
+def test_a_killed_worker_counts_as_a_restart(supervise: Any) -> None:
+    port = free_port()
+    sup = supervise("--metrics-port", str(port), workers=2)
+    sup.wait_ready(2)
+    assert value(scrape(port), "miniqueue_child_restarts_total", kind="worker") in (None, 0)
+    victim = sup.workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: len(sup.workers()) == 2 and victim not in sup.workers(), what="the worker replaced")
+    samples = scrape_until(port, lambda s: value(s, "miniqueue_processes", kind="worker") == 2, "two workers")
+    assert value(samples, "miniqueue_child_restarts_total", kind="worker") == 1
+    assert value(samples, "miniqueue_child_restarts_total", kind="reaper") in (None, 0)
+
+
+def test_a_metrics_port_in_use_is_one_clear_line(dsn: str, repo_root: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "miniqueue.cli", "supervise", "--app", APP, "--workers", "1",
+             "--metrics-port", str(port)],
+            env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert str(port) in result.stderr.strip().splitlines()[-1]
+
+
+# --- JSON logs --------------------------------------------------------------------------------------
+
+
+def json_entries(output: str) -> list[dict[str, Any]]:
+    """Every line of ``output`` as a JSON log entry, asserting that each is one."""
+    entries = []
+    for line in output.splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            raise AssertionError(f"not a JSON line: {line!r}") from None
+        assert isinstance(entry, dict), line
+        assert {"time", "level", "process", "pid", "logger", "message"} <= set(entry), line
+        assert isinstance(entry["pid"], int) and entry["level"] in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        entries.append(entry)
+    assert entries
+    return entries
+
+
+def test_json_logs_from_every_process_are_one_object_per_line(supervise: Any, client: Client, conn: Connection) -> None:
+    # An expired lease makes the reaper speak; a failing job and a completed one make workers run.
+    lost = client.enqueue("t", queue="idle").id
+    conn.execute(
+        "UPDATE miniqueue_jobs SET state = 'running', attempt = 1, leased_by = 'gone:1:x',"
+        " lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        [lost],
+    )
+    sup = supervise("--log-format", "json", workers=2)
+    sup.wait_ready(2)
+    done = client.enqueue("ok", queue="fast").id
+    failed = client.enqueue("boom", queue="flaky", max_attempts=1).id
+    wait_until(lambda: count(conn, "id = ANY(%s) AND state IN ('completed', 'dead')", [[done, failed]]) == 2)
+    wait_until(lambda: "recovered 1 expired lease" in sup.output(), what="the reaper's log line")
+    workers = set(sup.workers())
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(20) == 0
+
+    entries = json_entries(sup.output())
+    by_process: dict[str, set[int]] = {}
+    for entry in entries:
+        by_process.setdefault(entry["process"], set()).add(entry["pid"])
+    assert by_process["supervisor"] == {sup.proc.pid}
+    assert {"worker-1", "worker-2", "reaper"} <= set(by_process)
+    assert by_process["worker-1"] | by_process["worker-2"] >= workers
+    assert sup.proc.pid not in by_process["reaper"] | by_process["worker-1"] | by_process["worker-2"]
+    messages = [e["message"] for e in entries]
+    assert any(m.startswith("recovered 1 expired lease") for m in messages)
+    assert messages[-1] == "supervisor stopped"
+
+
+def test_json_logs_with_the_embedded_server_are_json_too(tmp_path: Path, repo_root: Path) -> None:
+    """Without a database URL the supervisor starts the embedded server; that is logged as JSON too."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["MINIQUEUE_DATA_DIR"] = str(tmp_path / "pgdata")
+    stderr = tmp_path / "stderr.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "miniqueue.cli", "supervise", "--app", APP, "--workers", "1", "--log-format", "json",
+         *FAST],
+        env=env, cwd=repo_root, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"), start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: "supervisor ready" in stderr.read_text(), timeout=60, what="the supervisor ready")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    entries = json_entries(stderr.read_text())
+    assert {e["process"] for e in entries} >= {"supervisor", "worker-1", "reaper"}
