@@ -444,15 +444,16 @@ def demo(database_url: str | None) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
+@click.option("--app", "app_ref", help="Your app (module:attribute): schedules' cron and next run, and run now.")
 @database_option
 @friendly_errors
-def web(host: str, port: int, read_only: bool, database_url: str | None) -> None:
+def web(host: str, port: int, read_only: bool, app_ref: str | None, database_url: str | None) -> None:
     """Serve the dashboard (needs the `web` extra: pip install 'miniqueue[web]')."""
     try:
         from .web.server import serve
     except ImportError as exc:
         raise click.ClickException(f"the dashboard needs the web extra: pip install 'miniqueue[web]' ({exc})") from None
-    serve(resolve_database(database_url), host=host, port=port, read_only=read_only)
+    serve(resolve_database(database_url), host=host, port=port, read_only=read_only, app_ref=app_ref)
 
 
 def _seconds(name: str, default: float | None) -> Callable[[F], F]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -101,9 +101,17 @@ def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool 
 
 
 def create_pool(
-    dsn: str, *, purpose: str, schema: str = "public", min_size: int = 1, max_size: int = 4, timeout: float = 30.0
+    dsn: str,
+    *,
+    purpose: str,
+    schema: str = "public",
+    min_size: int = 1,
+    max_size: int = 4,
+    timeout: float = 30.0,
+    check: Callable[[Connection], None] | None = None,
 ) -> ConnectionPool[Connection]:
-    """Open a pool of autocommit connections; it opens lazily and waits at most ``timeout`` s for one."""
+    """Open a pool of autocommit connections that waits at most ``timeout`` s for one;
+    ``check`` (e.g. ``ConnectionPool.check_connection``) vets each connection handed out."""
     info = conninfo(dsn, purpose=purpose, schema=schema)
     return ConnectionPool(
         info,
@@ -113,6 +121,7 @@ def create_pool(
         timeout=timeout,
         open=True,
         name=f"miniqueue-{purpose}",
+        check=check,
     )
 
 

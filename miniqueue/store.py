@@ -193,12 +193,12 @@ UPDATE {jobs}
 RETURNING id
 """
 
-# Hand back leases whose jobs were never started (prefetched, then the worker stopped). The
-# attempt is given back too: no handler ran, so no stale write for it can exist, and attempt
-# keeps counting executions.
+# Hand back leases whose jobs were never started (prefetched, then the worker stopped). Like a
+# snooze, the attempt number stays spent (it is the fencing token and never repeats) and
+# max_attempts moves up with it, so the job's budget of attempts is unchanged.
 _RELEASE = """
 UPDATE {jobs}
-   SET state = 'available', attempt = attempt - 1, lease_expires_at = NULL, leased_by = NULL
+   SET state = 'available', max_attempts = max_attempts + 1, lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND {fence}
@@ -254,7 +254,7 @@ RETURNING id
 """
 
 # The state of each given job (to explain why a transition did not apply).
-_STATES = "SELECT id, state FROM {jobs} WHERE id = ANY(%(ids)s::bigint[])"
+_STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[])"
 
 # One job, every column.
 _JOB_COLUMNS = """id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
@@ -658,8 +658,8 @@ class Store:
             raise LeaseLost(job_id, worker_id, attempt)
 
     def release_unstarted(self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]]) -> set[int]:
-        """Hand back leases whose jobs no handler started: available again at once, attempt
-        restored. Only the holder may call this, and only for jobs it never ran."""
+        """Hand back leases whose jobs no handler started: available again at once, with their
+        budget of attempts unchanged. Returns the ids still held (and so released)."""
         ids, attempts = _columns(leases)
         if not ids:
             return set()
@@ -743,7 +743,11 @@ class Store:
 
     def states(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, State]:
         """The current state of each given job that exists."""
-        return {row[0]: State(row[1]) for row in self._rows(conn, self._states, {"ids": list(job_ids)})}
+        return {job_id: state for job_id, (state, _) in self.states_and_attempts(conn, job_ids).items()}
+
+    def states_and_attempts(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, tuple[State, int]]:
+        """The current state and attempt number of each given job that exists."""
+        return {row[0]: (State(row[1]), row[2]) for row in self._rows(conn, self._states, {"ids": list(job_ids)})}
 
     def get(self, conn: Connection, job_id: int) -> JobRecord:
         """Every column of one job, with its error history; raise JobNotFound if absent."""

@@ -147,12 +147,12 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until stopped; return the exit code (0 after a graceful stop)."""
         set_title("supervisor")
+        self.install_signals()  # first: a TERM during start-up must stop us cleanly, not kill us
         self.check_database()
         if self.config.preload:
             self.app = load_app(self.config.app_ref)
         self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
         self.start_http()
-        self.install_signals()
         log.info("supervisor starting %d worker(s) and a reaper for %s on %s", self.config.workers,
                  self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
         try:

@@ -219,6 +219,7 @@ class Worker:
         self._stop_requested = False
         self._conn: Connection | None = None
         self._listener: Listener | None = None
+        self._completions_in_doubt = False
 
     # -- control -------------------------------------------------------------------------------
 
@@ -334,7 +335,8 @@ class Worker:
         capacity = self.config.concurrency + self.config.prefetch
         free = capacity - self._slots.held() + len(self._outcomes)
         if self.config.max_jobs is not None:  # never claim a job this worker will not run
-            free = min(free, self.config.max_jobs - self.jobs_done - self._slots.held() + len(self._outcomes))
+            # (jobs held, finishing ones included, will all count as done)
+            free = min(free, self.config.max_jobs - self.jobs_done - self._slots.held())
         if free <= 0 or not (self._nudged or self._backlog or poll_due):
             return 0
         with self._slots.lock:
@@ -412,14 +414,21 @@ class Worker:
             return
         conn = self._connection()
         completions = [(job.id, job.attempt) for job, outcome in pending if outcome.kind == "completed"]
-        if claim:
-            completed, leases = self.store.complete_and_claim(
-                conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim
-            )
-            self._slots.add_ready(leases)
-            self._backlog = len(leases) == claim
-        else:
-            completed = self.store.complete_many(conn, self.worker_id, completions)
+        try:
+            if claim:
+                completed, leases = self.store.complete_and_claim(
+                    conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim
+                )
+                self._slots.add_ready(leases)
+                self._backlog = len(leases) == claim
+            else:
+                completed = self.store.complete_many(conn, self.worker_id, completions)
+        except DatabaseUnavailable:
+            self._completions_in_doubt = bool(completions)  # the commit may have landed before the drop
+            raise
+        if self._completions_in_doubt:
+            completed |= self._completed_before_the_drop(conn, completions, completed)
+            self._completions_in_doubt = False
         for job, outcome in pending:
             if outcome.kind == "completed" and job.id not in completed:
                 outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
@@ -435,6 +444,16 @@ class Worker:
         if self.config.max_jobs is not None and self.jobs_done >= self.config.max_jobs and not self._stop_requested:
             log.info("worker %s ran %d jobs (max_jobs): stopping to be recycled", self.worker_id, self.jobs_done)
             self.stop()
+
+    def _completed_before_the_drop(
+        self, conn: Connection, completions: list[tuple[int, int]], completed: set[int]
+    ) -> set[int]:
+        """After a connection dropped mid-completion, the retry matches nothing for jobs whose
+        completion had committed: find them (completed at our attempt; attempts never repeat)
+        so they are not reported as discarded."""
+        unmatched = [(job_id, attempt) for job_id, attempt in completions if job_id not in completed]
+        found = self.store.states_and_attempts(conn, [job_id for job_id, _ in unmatched])
+        return {job_id for job_id, attempt in unmatched if found.get(job_id) == (State.COMPLETED, attempt)}
 
     def _record(self, conn: Connection, job: Job, outcome: Outcome) -> Outcome:
         """Record a failure, permanent failure or snooze; LeaseLost turns it into ``lease_lost``."""
@@ -489,9 +508,12 @@ class Worker:
     @contextlib.contextmanager
     def _job_transaction(self, job: Job) -> Iterator[Connection]:
         if self._tx_pool is None:
+            # Checked on checkout: a connection that died while idle (a server restart) would
+            # otherwise fail the next handler's transaction and cost its job an attempt.
             self._tx_pool = create_pool(
-                self.dsn, purpose="handler", schema=self.config.schema, min_size=0, max_size=self.config.concurrency
-            )
+                self.dsn, purpose="handler", schema=self.config.schema, min_size=0,
+                max_size=self.config.concurrency, check=ConnectionPool.check_connection,
+            )  # fmt: skip
         with self._tx_pool.connection() as conn, conn.transaction():
             yield conn
             self.store.complete(conn, job.id, self.worker_id, job.attempt)

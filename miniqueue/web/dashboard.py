@@ -115,12 +115,19 @@ class Dashboard:
             shown = ",".join(str(i) for i in id_list[:MAX_AUDIT_IDS])
             more = f",…(+{len(id_list) - MAX_AUDIT_IDS})" if len(id_list) > MAX_AUDIT_IDS else ""
             target = f"ids={shown}{more}" + (f" {target}" if target else "")
+        # The filter and the user name come from the request: escape line breaks and other
+        # control characters, so that no input can forge a second audit line.
+        who, target, outcome = _printable(who), _printable(target), _printable(outcome)
         audit_log.info(
             "user=%s action=%s %s count=%d outcome=%s", who, action, target, count, outcome,
             extra={"audit": {"user": who, "action": action, "target": target, "count": count,
                              "ids": id_list[:MAX_AUDIT_IDS] if id_list is not None else None,
                              "outcome": outcome}},
         )  # fmt: skip
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _live_url(request: Request) -> str:

@@ -1,0 +1,109 @@
+"""``python -m chaos`` options."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+from pathlib import Path
+
+from .options import SCENARIOS, OptionError, Options
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m chaos",
+        description="Run a real miniqueue-supervise on a real database under injected faults, then check that "
+        "no job was lost or completed twice and that every re-execution was caused by a fault.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--jobs", type=int, default=300, help="jobs to enqueue")
+    p.add_argument("--workers", type=int, default=4, help="worker processes per supervisor")
+    p.add_argument("--concurrency", type=int, default=1, help="handler threads per worker")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of chaos")
+    p.add_argument(
+        "--kill-interval",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=[0.5, 1.5],
+        help="seconds between faults, drawn uniformly",
+    )
+    p.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenarios to inject")
+    p.add_argument(
+        "--database-url",
+        help="a server to create the run's database on (default: an embedded "
+        "server of the harness's own, in the run directory, which restart-postgres needs)",
+    )
+    p.add_argument("--lease", type=float, default=3.0, help="lease seconds (heartbeat: a third of it)")
+    p.add_argument("--effect-share", type=float, default=0.5, help="share of jobs completing transactionally")
+    p.add_argument(
+        "--sleep-ms",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=[10, 100],
+        help="handler sleep in milliseconds, drawn per job",
+    )
+    p.add_argument("--max-attempts", type=int, default=25, help="attempts per job before it goes dead")
+    p.add_argument("--allow-dead", action="store_true", help="report dead jobs instead of failing on them")
+    p.add_argument("--spread", type=float, help="seconds over which jobs become available (default: 0.8 x duration)")
+    p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds the queue may take to drain after")
+    p.add_argument("--workdir", type=Path, help="run directory for logs and the embedded server (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the run directory and database even on success")
+    p.add_argument("--json", dest="json_path", type=Path, help="also write the result to this JSON file")
+    return p
+
+
+def options_from(argv: list[str] | None) -> Options:
+    args = parser().parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    return Options(
+        jobs=args.jobs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        duration=args.duration,
+        kill_interval=(args.kill_interval[0], args.kill_interval[1]),
+        seed=seed,
+        scenarios=tuple(s.strip() for s in args.scenarios.split(",") if s.strip()),
+        database_url=args.database_url,
+        lease=args.lease,
+        effect_share=args.effect_share,
+        sleep_ms=(args.sleep_ms[0], args.sleep_ms[1]),
+        max_attempts=args.max_attempts,
+        allow_dead=args.allow_dead,
+        drain_timeout=args.drain_timeout,
+        spread=args.spread,
+        json_path=args.json_path,
+        workdir=args.workdir,
+        keep=args.keep,
+    ).validated()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        options = options_from(argv)
+    except OptionError as exc:
+        print(f"python -m chaos: error: {exc}", file=sys.stderr)
+        return 2
+    from .fleet import CrashLoop
+    from .run import run
+
+    # TERM (and INT, even when a background shell ignores it) unwind through the run's cleanup,
+    # which kills every supervisor's process group and stops the harness's own server.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
+    try:
+        return run(options)
+    except CrashLoop as exc:
+        print(f"python -m chaos: error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt as exc:
+        print(f"python -m chaos: interrupted ({exc}); processes stopped, run directory kept", file=sys.stderr)
+        return 130

@@ -1,0 +1,121 @@
+"""What the database recorded during the run, loaded once at the end for the checks.
+
+Times are converted to this host's epoch seconds (the server's clock minus the offset measured
+at the start), so they compare with the times the harness recorded its faults at.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from .server import Harness
+
+
+@dataclass
+class Attempt:
+    """One lease of one job: claimed by a worker, ended by completion, failure or recovery."""
+
+    job: int
+    attempt: int
+    worker: str | None
+    claimed: float
+    ended: float | None = None
+    end_state: str | None = None
+    error: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        parts = (self.worker or "").split(":")
+        return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+
+
+@dataclass(frozen=True)
+class Execution:
+    job: int
+    attempt: int
+    pid: int
+    at: float
+
+
+@dataclass
+class Evidence:
+    """The database's account of the run."""
+
+    states: dict[int, tuple[str, int]] = field(default_factory=dict)  # job -> (state, attempt)
+    #: Every lease, in claim order. Normally one per (job, attempt); a lease handed back
+    #: unstarted with its attempt restored is followed by another with the same attempt.
+    leases: list[Attempt] = field(default_factory=list)
+    by_job: dict[int, list[Attempt]] = field(default_factory=lambda: collections.defaultdict(list))
+    claims: collections.Counter[tuple[int, int]] = field(default_factory=collections.Counter)
+    fences: collections.Counter[tuple[int, int, str | None]] = field(default_factory=collections.Counter)
+    completions: dict[int, list[Attempt]] = field(default_factory=lambda: collections.defaultdict(list))
+    odd_transitions: list[str] = field(default_factory=list)
+    executions: list[Execution] = field(default_factory=list)
+    effects: dict[int, tuple[int, int]] = field(default_factory=dict)  # job -> (attempt, pid)
+    duplicate_effects: list[tuple[int, int, int]] = field(default_factory=list)
+    effect_conflicts: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, db: Harness, clock_offset: float) -> Evidence:
+        found = cls()
+        for job, state, attempt in db.rows("SELECT id, state, attempt FROM miniqueue_jobs"):
+            found.states[int(job)] = (str(state), int(attempt))
+        transitions = db.rows(
+            "SELECT job_id, attempt, from_state, to_state, worker, error, extract(epoch FROM at)::float8 "
+            "FROM chaos_transitions ORDER BY id"
+        )
+        for job, attempt, before, after, worker, error, at in transitions:
+            found._transition(int(job), int(attempt), before, after, worker, error, float(at) - clock_offset)
+        for job, attempt, pid, at in db.rows(
+            "SELECT job_id, attempt, pid, extract(epoch FROM at)::float8 FROM chaos_executions ORDER BY at"
+        ):
+            found.executions.append(Execution(int(job), int(attempt), int(pid), float(at) - clock_offset))
+        for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_effects"):
+            found.effects[int(job)] = (int(attempt), int(pid))
+        for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_duplicate_effects"):
+            found.duplicate_effects.append((int(job), int(attempt), int(pid)))
+        for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_effect_conflicts"):
+            found.effect_conflicts.append((int(job), int(attempt), int(pid)))
+        return found
+
+    def _transition(
+        self, job: int, attempt: int, before: str | None, after: str, worker: str | None, error: str | None, at: float
+    ) -> None:
+        if after == "running":
+            claim = Attempt(job, attempt, worker, at)
+            self.leases.append(claim)
+            self.by_job[job].append(claim)
+            self.claims[(job, attempt)] += 1
+            self.fences[(job, attempt, worker)] += 1
+            return
+        if before != "running":
+            # Only a claim (above) may leave 'available'; anything else is a transition the
+            # contracts forbid, and a completion that did not come from a lease counts too.
+            self.odd_transitions.append(f"job {job} attempt {attempt}: {before} -> {after}")
+            if after == "completed":
+                self.completions[job].append(Attempt(job, attempt, worker, at, at, after, error))
+            return
+        lease = next(
+            (x for x in self.by_job.get(job, []) if x.attempt == attempt and x.worker == worker and x.ended is None),
+            None,
+        )
+        if lease is None:
+            self.odd_transitions.append(f"job {job} attempt {attempt}: {before} -> {after} without a claim")
+            return
+        lease.ended, lease.end_state, lease.error = at, after, error
+        if after == "completed":
+            self.completions[job].append(lease)
+
+    def completing_attempt(self, job: int) -> Attempt | None:
+        done = self.completions.get(job)
+        return done[-1] if done else None
+
+    def lease(self, job: int, attempt: int, pid: int | None = None) -> Attempt | None:
+        """The lease of ``job`` at ``attempt`` (held by ``pid``, when given); the latest if several."""
+        found = [x for x in self.by_job.get(job, []) if x.attempt == attempt and (pid is None or x.pid == pid)]
+        return found[-1] if found else None
+
+    def next_lease(self, lease: Attempt) -> Attempt | None:
+        """The job's first lease claimed after ``lease``."""
+        return next((x for x in self.by_job.get(lease.job, []) if x.claimed > lease.claimed), None)

@@ -1,0 +1,305 @@
+"""The faults: each scenario as one method that picks a target at random, hits it, and records
+what it hit (pids, the leases they held, when), so every lost attempt can later be matched to
+the fault that caused it."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+
+from .fleet import Fleet
+from .options import Options
+from .processes import Child, Supervisor
+from .server import Harness, Server
+
+#: Leases held by a process, read while it is frozen so the answer cannot change under us.
+_HELD_BY = """
+SELECT id, attempt FROM miniqueue_jobs
+ WHERE state = 'running' AND split_part(leased_by, ':', 2) = %s
+ ORDER BY id
+"""
+_MINIQUEUE_BACKENDS = """
+SELECT pid, application_name FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name LIKE 'miniqueue:%' AND pid <> pg_backend_pid()
+ ORDER BY pid
+"""
+_JOB_STATES = "SELECT id, state, attempt FROM miniqueue_jobs WHERE id = ANY(%s)"
+
+
+@dataclass
+class Fault:
+    """One injected fault. Times are epoch seconds on this host."""
+
+    kind: str
+    at: float
+    until: float
+    pids: tuple[int, ...] = ()
+    leases: tuple[tuple[int, int], ...] = ()
+    detail: str = ""
+
+
+@dataclass
+class Stop:
+    """A worker frozen with SIGSTOP, waiting to be resumed."""
+
+    fault: Fault
+    pid: int
+    supervisor: int
+    frozen: float  # time.monotonic()
+    resumed: float | None = None
+
+
+@dataclass
+class Injector:
+    """Injects faults into a fleet of supervisors and the server under it."""
+
+    options: Options
+    fleet: Fleet
+    db: Harness
+    server: Server
+    rng: random.Random
+    say: Callable[[str], None]
+    faults: list[Fault] = field(default_factory=list)
+    stops: list[Stop] = field(default_factory=list)
+    restarts: int = 0
+    extra_until: float | None = None  # when the second supervisor is stopped (time.monotonic())
+    extra_fault: Fault | None = None
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def inject(self, kind: str) -> Fault | None:
+        """Inject one fault of ``kind``; None if it had no target right now (try another)."""
+        method = getattr(self, kind.replace("-", "_"))
+        fault: Fault | None = method()
+        if fault is not None:
+            self.faults.append(fault)
+        return fault
+
+    def tick(self) -> None:
+        """Finish what earlier faults started: resume a stopped worker, stop the second supervisor."""
+        for stop in self.stops:
+            if stop.resumed is None:
+                self._maybe_resume(stop)
+        if self.extra_until is not None and time.monotonic() >= self.extra_until:
+            self._stop_extra()
+
+    def finish(self) -> None:
+        """Chaos is over: stop the second supervisor (now, or as soon as it is ready); stopped
+        workers are resumed on their own schedule."""
+        if self.extra_until is not None:
+            self.extra_until = time.monotonic()
+            self._stop_extra()
+
+    @property
+    def stopped_pids(self) -> set[int]:
+        return {s.pid for s in self.stops if s.resumed is None}
+
+    @property
+    def busy(self) -> bool:
+        """A fault is still in progress (a worker is frozen)."""
+        return bool(self.stopped_pids)
+
+    # -- targets -------------------------------------------------------------------------------
+
+    def _workers(self) -> list[tuple[Supervisor, Child]]:
+        frozen = self.stopped_pids
+        return [
+            (s, c)
+            for s in self.fleet.running()
+            for c in s.children()
+            if c.is_worker and not c.zombie and c.pid not in frozen
+        ]
+
+    def _pick_worker(self, busy_share: float, wait: float = 1.0) -> tuple[Supervisor, Child] | None:
+        """A random worker; with probability ``busy_share`` one whose title names a job,
+        watched for up to ``wait`` seconds (a job lasts 10-100 ms, a lightly loaded worker is
+        mostly idle, and a kill that hits a job is the one that tests something)."""
+        want_busy = self.rng.random() < busy_share
+        deadline = time.monotonic() + wait
+        while True:
+            workers = self._workers()
+            busy = [w for w in workers if w[1].busy]
+            if busy and want_busy:
+                return self.rng.choice(busy)
+            if not want_busy or time.monotonic() >= deadline:
+                return self.rng.choice(workers) if workers else None
+            time.sleep(0.02)
+
+    def _held(self, pid: int) -> tuple[tuple[int, int], ...]:
+        return tuple((int(r[0]), int(r[1])) for r in self.db.rows(_HELD_BY, (str(pid),)))
+
+    # -- scenarios -----------------------------------------------------------------------------
+
+    def kill_worker(self) -> Fault | None:
+        """SIGKILL a worker, preferring one that is running a job. It is frozen first for the
+        moment it takes to read its leases, so the recorded leases are exactly those it died with."""
+        picked = self._pick_worker(busy_share=0.8)
+        if picked is None:
+            return None
+        supervisor, child = picked
+        if not _signal(child.pid, signal.SIGSTOP):
+            return None
+        time.sleep(0.02)
+        leases = self._held(child.pid)
+        now = time.time()
+        _signal(child.pid, signal.SIGKILL)
+        self.say(
+            f"kill-worker: {child.slot} pid {child.pid} (supervisor {supervisor.number}) holding {_leases(leases)}"
+        )
+        return Fault("kill-worker", now, now, (child.pid,), leases, f"{child.slot} of supervisor {supervisor.number}")
+
+    def kill_reaper(self) -> Fault | None:
+        reapers = [(s, c) for s in self.fleet.running() for c in s.children() if c.is_reaper and not c.zombie]
+        if not reapers:
+            return None
+        supervisor, child = self.rng.choice(reapers)
+        now = time.time()
+        if not _signal(child.pid, signal.SIGKILL):
+            return None
+        self.say(f"kill-reaper: pid {child.pid} (supervisor {supervisor.number})")
+        return Fault("kill-reaper", now, now, (child.pid,), (), f"reaper of supervisor {supervisor.number}")
+
+    def stop_worker(self) -> Fault | None:
+        """SIGSTOP a worker that holds a job, for longer than its lease plus a reaper pass."""
+        if self.stopped_pids:
+            return None
+        for _ in range(5):
+            picked = self._pick_worker(busy_share=1.0, wait=0.0)
+            if picked is None or not picked[1].busy:
+                return None
+            supervisor, child = picked
+            if not _signal(child.pid, signal.SIGSTOP):
+                continue
+            time.sleep(0.05)  # let a statement already on the wire land before reading the leases
+            leases = self._held(child.pid)
+            if leases:
+                now = time.time()
+                fault = Fault(
+                    "stop-worker", now, now, (child.pid,), leases, f"{child.slot} of supervisor {supervisor.number}"
+                )
+                self.stops.append(Stop(fault, child.pid, supervisor.number, time.monotonic()))
+                self.say(
+                    f"stop-worker: SIGSTOP {child.slot} pid {child.pid} (supervisor {supervisor.number}) "
+                    f"holding {_leases(leases)}"
+                )
+                return fault
+            _signal(child.pid, signal.SIGCONT)  # it finished its job meanwhile: pick again
+        return None
+
+    def _maybe_resume(self, stop: Stop) -> None:
+        """Resume once every job it held was completed by another attempt (so its late outcome
+        meets a finished job), or at the latest well inside the supervisor's liveness timeout."""
+        shortest, longest = self.options.stop_bounds
+        frozen_for = time.monotonic() - stop.frozen
+        if frozen_for < shortest:
+            return
+        if frozen_for < longest:
+            ids = [job for job, _ in stop.fault.leases]
+            states = {int(r[0]): (r[1], int(r[2])) for r in self.db.rows(_JOB_STATES, (ids,))}
+            attempts = dict(stop.fault.leases)
+            if not all(states.get(j, ("", 0))[0] == "completed" and states[j][1] > a for j, a in attempts.items()):
+                return
+        _signal(stop.pid, signal.SIGCONT)
+        stop.resumed = time.monotonic()
+        stop.fault.until = time.time()
+        self.say(f"stop-worker: SIGCONT pid {stop.pid} after {frozen_for:.1f}s")
+
+    def terminate_backend(self) -> Fault | None:
+        """pg_terminate_backend on one to three random miniqueue connections."""
+        backends = [(int(r[0]), str(r[1])) for r in self.db.rows(_MINIQUEUE_BACKENDS)]
+        if not backends:
+            return None
+        chosen = self.rng.sample(backends, k=min(len(backends), self.rng.randint(1, 3)))
+        now = time.time()
+        for pid, _ in chosen:
+            self.db.rows("SELECT pg_terminate_backend(%s)", (pid,))
+        names = ", ".join(sorted(name.removeprefix("miniqueue:") for _, name in chosen))
+        self.say(f"terminate-backend: {names}")
+        return Fault("terminate-backend", now, time.time(), (), (), names)
+
+    def restart_postgres(self) -> Fault | None:
+        """Restart the owned server: the first restart is fast, the second immediate, then either."""
+        if not self.server.owned:
+            return None
+        mode = ("fast", "immediate")[self.restarts] if self.restarts < 2 else self.rng.choice(["fast", "immediate"])
+        self.restarts += 1
+        self.say(f"restart-postgres: pg_ctl restart -m {mode}")
+        started = time.time()
+        self.server.restart(mode)
+        ended = time.time()
+        self.say(f"restart-postgres: back after {ended - started:.1f}s")
+        return Fault("restart-postgres", started, ended, (), (), f"{mode}, {ended - started:.1f}s")
+
+    def kill_supervisor(self) -> Fault | None:
+        """SIGKILL a supervisor (never the one whose worker is frozen), then start a new one."""
+        frozen = {s.supervisor for s in self.stops if s.resumed is None}
+        candidates = [s for s in self.fleet.running() if s.number not in frozen]
+        if not candidates:
+            return None
+        supervisor = self.rng.choice(candidates)
+        children = [c.pid for c in supervisor.children() if not c.zombie]
+        leases = tuple(lease for pid in children for lease in self._held(pid))
+        now = time.time()
+        supervisor.kill()
+        self.fleet.tracker.orphaned(supervisor)
+        self.say(
+            f"kill-supervisor: supervisor {supervisor.number} (pid {supervisor.pid}); its children "
+            f"{children} held {_leases(leases)}"
+        )
+        replacement = self.fleet.start()
+        if self.extra_until is not None and len(self.fleet.running()) > 1:
+            self.say(f"supervisor {replacement.number} replaces it as the second supervisor")
+        return Fault(
+            "kill-supervisor", now, now, (supervisor.pid, *children), leases, f"supervisor {supervisor.number}"
+        )
+
+    def two_supervisors(self) -> Fault | None:
+        """Run a second supervisor on the same database (a second host) for 5-15 s."""
+        if self.extra_until is not None or len(self.fleet.running()) > 1:
+            return None
+        lasts = self.rng.uniform(5.0, 15.0)
+        supervisor = self.fleet.start()
+        self.extra_until = time.monotonic() + lasts
+        now = time.time()
+        self.say(f"two-supervisors: supervisor {supervisor.number} joins for {lasts:.0f}s")
+        self.extra_fault = Fault("two-supervisors", now, now, (), (), f"supervisor {supervisor.number}, {lasts:.0f}s")
+        return self.extra_fault
+
+    def _stop_extra(self) -> None:
+        """SIGTERM the newest supervisor; its children are recorded so a job it abandons is explained.
+        A supervisor that is not ready yet is given until it is: before it has installed its
+        signal handlers, TERM simply kills it, which tests nothing."""
+        running = self.fleet.running()
+        if len(running) > 1 and not running[-1].ready():
+            return  # asked again next tick
+        self.extra_until = None
+        if len(running) > 1 and self.extra_fault is not None:
+            newest = running[-1]
+            children = tuple(c.pid for c in newest.children())
+            self.extra_fault.at = time.time()
+            self.extra_fault.pids = (newest.pid, *children)
+            newest.terminate(self.options.shutdown_timeout + 15.0)
+            self.extra_fault.until = time.time() + self.options.shutdown_timeout + 1.0
+            self.say(f"two-supervisors: SIGTERM supervisor {newest.number}")
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, psutil.Error):
+        return False
+
+
+def _leases(leases: tuple[tuple[int, int], ...]) -> str:
+    if not leases:
+        return "no job"
+    return ", ".join(f"job {j} attempt {a}" for j, a in leases)

@@ -1,0 +1,113 @@
+"""What a chaos run does: the options, checked, and the miniqueue settings derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Every scenario the harness can inject, in the order the report lists them.
+SCENARIOS = (
+    "kill-worker",
+    "kill-reaper",
+    "stop-worker",
+    "terminate-backend",
+    "restart-postgres",
+    "kill-supervisor",
+    "two-supervisors",
+)
+
+#: How often each scenario is drawn after the first round (which injects each one once).
+#: Kills dominate: they are what the harness is for, and the long form needs 200 of them.
+WEIGHTS = {
+    "kill-worker": 10.0,
+    "kill-reaper": 2.0,
+    "stop-worker": 1.5,
+    "terminate-backend": 2.0,
+    "restart-postgres": 0.6,
+    "kill-supervisor": 1.0,
+    "two-supervisors": 1.0,
+}
+
+KILLS = ("kill-worker", "kill-reaper", "kill-supervisor")
+
+
+class OptionError(ValueError):
+    """An option is out of range; the message names it and the rule."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """One chaos run. Durations in seconds."""
+
+    jobs: int = 300
+    workers: int = 4
+    concurrency: int = 1
+    duration: float = 30.0
+    kill_interval: tuple[float, float] = (0.5, 1.5)
+    seed: int = 0
+    scenarios: tuple[str, ...] = SCENARIOS
+    database_url: str | None = None
+    lease: float = 3.0
+    effect_share: float = 0.5
+    sleep_ms: tuple[int, int] = (10, 100)
+    max_attempts: int = 25
+    allow_dead: bool = False
+    drain_timeout: float = 120.0
+    spread: float | None = None
+    json_path: Path | None = None
+    workdir: Path | None = None
+    keep: bool = False
+    verbose: bool = False
+
+    # Short miniqueue intervals, so that lease expiry and recovery happen many times a run.
+    poll_interval: float = 0.2
+    reaper_interval: float = 1.0
+    shutdown_timeout: float = 3.0
+    #: The supervisor kills a child silent for this long (miniqueue's default); a stopped
+    #: worker must be resumed well before it, or the kill would hide the late completion.
+    liveness_timeout: float = 30.0
+
+    @property
+    def heartbeat(self) -> float:
+        return self.lease / 3
+
+    @property
+    def enqueue_spread(self) -> float:
+        """Jobs become available over this many seconds, so the queue drains under fire
+        instead of emptying before the first fault."""
+        return self.duration * 0.8 if self.spread is None else self.spread
+
+    @property
+    def stop_bounds(self) -> tuple[float, float]:
+        """How long a SIGSTOP lasts: at least the lease plus a reaper pass (so the lease is
+        recovered and re-claimed), at most well inside the supervisor's liveness timeout."""
+        shortest = self.lease + self.reaper_interval + 1.0
+        return shortest, max(shortest, min(self.liveness_timeout - 8.0, 4 * self.lease + self.reaper_interval))
+
+    def validated(self) -> Options:
+        checks = [
+            (self.jobs >= 1, f"--jobs {self.jobs}: use 1 or more"),
+            (self.workers >= 1, f"--workers {self.workers}: use 1 or more"),
+            (self.concurrency >= 1, f"--concurrency {self.concurrency}: use 1 or more"),
+            (self.duration >= 0, f"--duration {self.duration}: use 0 or more seconds"),
+            (
+                0 < self.kill_interval[0] <= self.kill_interval[1],
+                f"--kill-interval {self.kill_interval}: use 0 < MIN <= MAX",
+            ),
+            (
+                0.5 <= self.lease <= 10,
+                f"--lease {self.lease}: use 0.5 to 10 seconds (short, so leases expire under chaos)",
+            ),
+            (0 <= self.effect_share <= 1, f"--effect-share {self.effect_share}: use a fraction from 0 to 1"),
+            (0 <= self.sleep_ms[0] <= self.sleep_ms[1], f"--sleep-ms {self.sleep_ms}: use 0 <= MIN <= MAX"),
+            (self.max_attempts >= 1, f"--max-attempts {self.max_attempts}: use 1 or more"),
+            (self.drain_timeout > 0, f"--drain-timeout {self.drain_timeout}: use a positive number of seconds"),
+            (self.spread is None or self.spread >= 0, f"--spread {self.spread}: use 0 or more seconds"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise OptionError(message)
+        unknown = [s for s in self.scenarios if s not in SCENARIOS]
+        if unknown or not self.scenarios:
+            raise OptionError(f"--scenarios {','.join(self.scenarios)}: choose among {','.join(SCENARIOS)}")
+        return self

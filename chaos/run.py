@@ -1,0 +1,217 @@
+"""One chaos run from start to verdict: server and database, supervisor, jobs, chaos, drain,
+graceful stop, checks, report, cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from miniqueue import Client, JobSpec
+
+from .app import QUEUE, TASK
+from .evidence import Evidence
+from .faults import Fault, Injector
+from .fleet import Fleet
+from .options import Options
+from .processes import become_subreaper
+from .report import table, write_json
+from .schedule import drain, run_chaos
+from .server import Harness, Server, snapshot_code
+from .verify import RunRecord, Verdict, judge
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Narrator:
+    """Progress lines on stderr, stamped with the seconds since the run began."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        print(f"[chaos {time.monotonic() - self.t0:7.2f}s] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The jobs of a run: their ids, those that complete transactionally, each one's handler sleep."""
+
+    ids: list[int]
+    effect_jobs: set[int]
+    sleep_ms: dict[int, int]
+
+
+def enqueue(dsn: str, options: Options, rng: random.Random) -> Workload:
+    """Enqueue every job in one statement; their start times are spread over the chaos period."""
+    specs, effects, sleeps = [], [], []
+    for _ in range(options.jobs):
+        effect = rng.random() < options.effect_share
+        sleep = rng.randint(*options.sleep_ms)
+        delay = rng.uniform(0, options.enqueue_spread) if options.enqueue_spread else None
+        specs.append(
+            JobSpec(TASK, {"effect": effect, "ms": sleep}, queue=QUEUE, delay=delay, max_attempts=options.max_attempts)
+        )
+        effects.append(effect)
+        sleeps.append(sleep)
+    with Client(dsn) as client:
+        ids = [r.id for r in client.enqueue_many(specs)]
+    return Workload(
+        ids=ids,
+        effect_jobs={i for i, effect in zip(ids, effects, strict=True) if effect},
+        sleep_ms=dict(zip(ids, sleeps, strict=True)),
+    )
+
+
+def clock_offset(db: Harness) -> float:
+    """The server's clock minus this host's, from the middle of a round trip."""
+    before = time.time()
+    server_now = float(db.value("SELECT extract(epoch FROM clock_timestamp())::float8"))
+    return server_now - (before + time.time()) / 2
+
+
+def run(options: Options) -> int:
+    say = Narrator()
+    rng = random.Random(options.seed)
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix="miniqueue-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not become_subreaper():
+        say("not on Linux: orphans go to init, so orphan lifetimes are checked less precisely")
+    server = Server.start(options.database_url, workdir)
+    if not server.owned and "restart-postgres" in options.scenarios:
+        say("restart-postgres skipped: the harness restarts only a server it owns (omit --database-url)")
+        options = dataclasses.replace(options, scenarios=tuple(s for s in options.scenarios if s != "restart-postgres"))
+    fleet: Fleet | None = None
+    db: Harness | None = None
+    ok = False
+    try:
+        code = snapshot_code(REPO_ROOT, workdir)
+        dsn = server.create_database(code)
+        title = _title(options, server)
+        say(f"{title[0]}; database {server.database}; logs in {workdir}")
+        db = Harness(dsn)
+        offset = clock_offset(db)
+        fleet = Fleet(dsn, options, workdir, code, say)
+        fleet.wait_ready(fleet.start())
+        workload = enqueue(dsn, options, rng)
+        say(
+            f"enqueued {len(workload.ids)} jobs ({len(workload.effect_jobs)} with a transactional effect), "
+            f"available over {options.enqueue_spread:.0f}s; chaos for {options.duration:g}s"
+        )
+        injector = Injector(options, fleet, db, server, rng, say)
+        started = time.monotonic()
+        run_chaos(options, fleet, injector, rng, say)
+        drain_seconds, drain_error = None, None
+        try:
+            drain_seconds = drain(options, fleet, injector, db, say)
+            say(f"drained {drain_seconds:.1f}s after the chaos ended")
+        except TimeoutError as exc:
+            drain_error = str(exc)
+            say(f"PROBLEM: {exc}")
+        fleet.stop_all()
+        elapsed = time.monotonic() - started
+        verdict = _judge(options, db, offset, fleet, injector, workload, drain_seconds, drain_error)
+        title.append(f"chaos + drain {elapsed:.0f}s; run directory {workdir}")
+        print(table(title, verdict), flush=True)
+        if options.json_path:
+            write_json(options.json_path, title, verdict, _extra(options, injector.faults, say.t0, workdir))
+        ok = verdict.ok
+        return 0 if ok else 1
+    except BaseException:
+        if fleet is not None:
+            fleet.kill_everything()
+        raise
+    finally:
+        _cleanup(options, server, db, workdir, ok, say)
+
+
+def _judge(
+    options: Options,
+    db: Harness,
+    offset: float,
+    fleet: Fleet,
+    injector: Injector,
+    workload: Workload,
+    drain_seconds: float | None,
+    drain_error: str | None,
+) -> Verdict:
+    survivors, zombies = [], []
+    for tracked in fleet.tracker.survivors():
+        label = f"{tracked.slot} pid {tracked.pid} (supervisor {tracked.supervisor})"
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(tracked.pid).status() == psutil.STATUS_ZOMBIE:
+                zombies.append(label)
+                continue
+        survivors.append(label)
+    record = RunRecord(
+        options=options,
+        enqueued=workload.ids,
+        effect_jobs=workload.effect_jobs,
+        sleep_ms=workload.sleep_ms,
+        faults=injector.faults,
+        stops=injector.stops,
+        process_problems=fleet.problems,
+        external_stops=fleet.external_stops,
+        survivors=survivors,
+        zombies_left=zombies,
+        orphans_adopted=fleet.tracker.reaped_orphans,
+        logs="\n".join(s.output() for s in fleet.supervisors),
+        drain_seconds=drain_seconds,
+        drain_error=drain_error,
+    )
+    return judge(Evidence.load(db, offset), record)
+
+
+def _title(options: Options, server: Server) -> list[str]:
+    return [
+        f"miniqueue chaos: {options.jobs} jobs, {options.workers} workers x {options.concurrency} thread(s), "
+        f"{options.duration:g}s of chaos, a fault every {options.kill_interval[0]:g}-{options.kill_interval[1]:g}s, "
+        f"seed {options.seed}",
+        f"server: {server.describe()}; lease {options.lease:g}s, heartbeat {options.heartbeat:g}s, reaper "
+        f"{options.reaper_interval:g}s; scenarios: {','.join(options.scenarios)}",
+    ]
+
+
+def _extra(options: Options, faults: list[Fault], t0: float, workdir: Path) -> dict[str, object]:
+    offset = time.time() - (time.monotonic() - t0)  # epoch seconds at the run's start
+    return {
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(options).items()},
+        "fault_log": [
+            {
+                "kind": f.kind,
+                "at": round(f.at - offset, 3),
+                "lasted": round(f.until - f.at, 3),
+                "pids": f.pids,
+                "leases": f.leases,
+                "detail": f.detail,
+            }
+            for f in faults
+        ],
+        "run_directory": str(workdir),
+    }
+
+
+def _cleanup(options: Options, server: Server, db: Harness | None, workdir: Path, ok: bool, say: Narrator) -> None:
+    """Keep everything for a failed run (or with --keep); otherwise leave nothing behind."""
+    if db is not None:
+        db.close()
+    keep = options.keep or not ok
+    with contextlib.suppress(Exception):
+        if not keep:
+            server.drop_database()
+    if server.owned:
+        if keep:
+            say(f"kept the run: logs and data in {workdir} (server stopped; restart with pg_ctl -D {server.pgdata})")
+        server.stop()
+    elif keep:
+        say(f"kept the run: logs in {workdir}, database {server.database}")
+    if not keep and options.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)

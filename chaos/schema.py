@@ -1,0 +1,93 @@
+"""The harness's own tables in the chaos database, and the audit trigger on the queue table.
+
+``chaos_transitions`` is filled by a trigger on ``miniqueue_jobs``: every state change and
+every claim, in the transaction that made it, with the worker that held the job and the
+error that ended an attempt. It turns "completed more than once" into something the database
+can count (completions per job) and gives each attempt a start, an end and a cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+DDL = """
+CREATE TABLE chaos_executions (
+    token   TEXT PRIMARY KEY,                 -- one per handler call: a retried insert is not a second execution
+    job_id  BIGINT NOT NULL,
+    attempt INT NOT NULL,
+    pid     INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX chaos_executions_job ON chaos_executions (job_id, attempt);
+
+CREATE TABLE chaos_effects (
+    job_id  BIGINT PRIMARY KEY,               -- one effect per job, ever
+    attempt INT NOT NULL,
+    pid     INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+
+-- A handler that found its job's effect already committed (a late attempt) notes it here,
+-- outside its transaction; fencing should then roll that transaction back.
+CREATE TABLE chaos_effect_conflicts (
+    token   TEXT PRIMARY KEY,
+    job_id  BIGINT NOT NULL,
+    attempt INT NOT NULL,
+    pid     INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+
+-- ... and here, inside its transaction: a row survives only if that transaction committed,
+-- that is, if a second completion of the job (and a second effect) stood.
+CREATE TABLE chaos_duplicate_effects (
+    job_id  BIGINT NOT NULL,
+    attempt INT NOT NULL,
+    pid     INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE chaos_transitions (
+    id         BIGSERIAL PRIMARY KEY,
+    job_id     BIGINT NOT NULL,
+    attempt    INT NOT NULL,
+    from_state TEXT,
+    to_state   TEXT NOT NULL,
+    worker     TEXT,                          -- the lease holder: the claimer, or the one whose lease ended
+    error      TEXT,
+    at         TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE FUNCTION chaos_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker)
+        VALUES (OLD.id, OLD.attempt, OLD.state, 'deleted', OLD.leased_by);
+        RETURN NULL;
+    END IF;
+    INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker, error)
+    VALUES (
+        NEW.id,
+        CASE WHEN NEW.state = 'running' THEN NEW.attempt ELSE OLD.attempt END,
+        OLD.state,
+        NEW.state,
+        CASE WHEN NEW.state = 'running' THEN NEW.leased_by ELSE OLD.leased_by END,
+        CASE WHEN NEW.state IN ('available', 'dead', 'failed') THEN left(NEW.last_error, 4000) END
+    );
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER chaos_transitions_update AFTER UPDATE ON miniqueue_jobs FOR EACH ROW
+    WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.attempt IS DISTINCT FROM NEW.attempt)
+    EXECUTE FUNCTION chaos_record_transition();
+CREATE TRIGGER chaos_transitions_delete AFTER DELETE ON miniqueue_jobs FOR EACH ROW
+    EXECUTE FUNCTION chaos_record_transition();
+"""
+
+
+def install(conn: psycopg.Connection[Any]) -> None:
+    """Create the harness's tables and the audit trigger (the queue's tables must exist)."""
+    with conn.transaction():
+        conn.execute(DDL)

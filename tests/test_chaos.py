@@ -1,0 +1,48 @@
+"""The chaos harness's short form, as CI runs it: a real supervisor, real kills, a real restart.
+
+It runs ``python -m chaos`` as a subprocess and trusts its verdict (exit code 0), then checks the
+headline numbers from its JSON. The harness starts an embedded PostgreSQL of its own in this
+test's temporary folder rather than using the session's ``server_dsn``: restarting PostgreSQL
+mid-run (fast, then immediate) is part of the short form, and the session's server is shared
+with other tests (or, under ``TEST_DATABASE_URL``, not ours to restart at all).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SHORT_FORM = ["--jobs", "300", "--workers", "4", "--duration", "30", "--kill-interval", "0.5", "1.5", "--seed", "1"]
+
+
+@pytest.mark.timeout(150)
+def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(tmp_path: Path, repo_root: Path) -> None:
+    result_file = tmp_path / "chaos.json"
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "chaos", *SHORT_FORM, "--workdir", str(tmp_path / "run"), "--json", str(result_file)],
+        cwd=repo_root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert run.returncode == 0, f"chaos run failed:\n{run.stdout}\n--- stderr (tail)\n{run.stderr[-6000:]}"
+    result = json.loads(result_file.read_text())
+    assert result["enqueued"] == 300
+    assert result["completed"] == 300
+    assert result["lost"] == []
+    assert result["completed_more_than_once"] == []
+    assert result["duplicated_effects"] == []
+    assert result["effect_mismatches"] == []
+    assert result["unexplained"] == []
+    assert result["process_problems"] == []
+    faults = result["faults"]
+    for scenario in ("kill-worker", "kill-reaper", "stop-worker", "terminate-backend", "kill-supervisor",
+                     "two-supervisors"):  # fmt: skip
+        assert faults.get(scenario, 0) >= 1, f"{scenario} was never injected: {faults}"
+    assert faults.get("restart-postgres", 0) >= 2, f"expected a fast and an immediate restart: {faults}"
+    assert any(stop["taken_over"] for stop in result["stops"]), f"no SIGSTOP outlived its lease: {result['stops']}"
+    assert elapsed < 90, f"the short form took {elapsed:.0f}s"
