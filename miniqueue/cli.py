@@ -315,17 +315,21 @@ def list_periodic(app_ref: str, database_url: str | None) -> None:
                    f"last {last or '-'}  next {schedule.next_slot(now)}")  # fmt: skip
 
 
+def _switch_schedule(name: str, enabled: bool, database_url: str | None) -> None:
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        new = client.store.set_periodic_enabled(conn, name, enabled)
+    click.echo(f"schedule {name} {'enabled' if enabled else 'disabled'}")
+    if new:
+        click.echo(f"note: no scheduler has run a schedule named {name!r} yet (check the spelling)", err=True)
+
+
 @periodic.command("enable")
 @click.argument("name")
 @database_option
 @friendly_errors
 def enable_periodic(name: str, database_url: str | None) -> None:
     """Enable schedule NAME."""
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        new = client.store.set_periodic_enabled(conn, name, True)
-    click.echo(f"schedule {name} enabled")
-    if new:
-        click.echo(f"note: no scheduler has run a schedule named {name!r} yet (check the spelling)", err=True)
+    _switch_schedule(name, True, database_url)
 
 
 @periodic.command("disable")
@@ -334,16 +338,19 @@ def enable_periodic(name: str, database_url: str | None) -> None:
 @friendly_errors
 def disable_periodic(name: str, database_url: str | None) -> None:
     """Disable schedule NAME (its slots are skipped until enabled again)."""
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        new = client.store.set_periodic_enabled(conn, name, False)
-    click.echo(f"schedule {name} disabled")
-    if new:
-        click.echo(f"note: no scheduler has run a schedule named {name!r} yet (check the spelling)", err=True)
+    _switch_schedule(name, False, database_url)
 
 
 @main.group()
 def queues() -> None:
     """Pause and resume queues."""
+
+
+def _pause(names: tuple[str, ...], paused: bool, database_url: str | None) -> None:
+    with Client(resolve_database(database_url)) as client, client.connection() as conn:
+        for name in names:
+            client.store.set_queue_paused(conn, name, paused)
+    click.echo(f"{'paused' if paused else 'resumed'} {', '.join(names)}")
 
 
 @queues.command("pause")
@@ -352,10 +359,7 @@ def queues() -> None:
 @friendly_errors
 def pause_queues(names: tuple[str, ...], database_url: str | None) -> None:
     """Stop every worker, on every host, from claiming jobs of these queues."""
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        for name in names:
-            client.store.set_queue_paused(conn, name, True)
-    click.echo(f"paused {', '.join(names)}")
+    _pause(names, True, database_url)
 
 
 @queues.command("resume")
@@ -364,10 +368,7 @@ def pause_queues(names: tuple[str, ...], database_url: str | None) -> None:
 @friendly_errors
 def resume_queues(names: tuple[str, ...], database_url: str | None) -> None:
     """Let workers claim jobs of these queues again."""
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        for name in names:
-            client.store.set_queue_paused(conn, name, False)
-    click.echo(f"resumed {', '.join(names)}")
+    _pause(names, False, database_url)
 
 
 @queues.command("list")

@@ -41,6 +41,4 @@ def count(conn: Connection, where: str = "true", params: Any = None) -> int:
 
 def expire_lease(conn: Connection, job_id: int) -> None:
     """Move a running job's lease expiry into the past (as if its worker died long ago)."""
-    conn.execute(
-        "UPDATE miniqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job_id]
-    )
+    conn.execute("UPDATE miniqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job_id])

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,63 +23,11 @@ from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
 
 from .helpers import count, wait_until
+from .supervised import FAST, Supervised, free_port
 
-FAST = ["--lease-duration", "5", "--heartbeat-interval", "1", "--poll-interval", "0.2", "--reaper-interval", "1",
-        "--shutdown-timeout", "5"]  # fmt: skip
 APP = "tests.apps.metrics_app:app"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Supervised:
-    """A running miniqueue-supervise in its own session; stdout and stderr each go to a file."""
-
-    def __init__(self, dsn: str, args: list[str], folder: Path, cwd: Path) -> None:
-        self.stdout, self.stderr = folder / "stdout.log", folder / "stderr.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "miniqueue.cli", "supervise", *args],
-            env={**os.environ, "DATABASE_URL": dsn},
-            stdout=self.stdout.open("wb"),
-            stderr=self.stderr.open("wb"),
-            start_new_session=True,
-            cwd=cwd,
-        )
-        self.process = psutil.Process(self.proc.pid)
-
-    def output(self) -> str:
-        return self.stderr.read_text(errors="replace")
-
-    def titles(self) -> dict[int, str]:
-        found = {}
-        with contextlib.suppress(psutil.NoSuchProcess):
-            for child in self.process.children():
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    if child.status() != psutil.STATUS_ZOMBIE:
-                        found[child.pid] = " ".join(child.cmdline()).strip()
-        return found
-
-    def workers(self) -> list[int]:
-        return sorted(pid for pid, title in self.titles().items() if "worker-" in title)
-
-    def wait_ready(self, workers: int) -> None:
-        wait_until(
-            lambda: len(self.workers()) == workers and "supervisor ready" in self.output(),
-            timeout=20,
-            what=f"{workers} workers ready; output:\n{self.output()}",
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from miniqueue.db import Connection, connect
 from miniqueue.periodic import Periodic, schedule_due
 
 from .helpers import count, row, wait_until
-from .test_metrics import FAST, Supervised
+from .supervised import FAST, Supervised
 
 UTC = dt.timezone.utc
 

@@ -20,15 +20,9 @@ from miniqueue import Client
 from miniqueue.db import Connection
 
 from .helpers import row, wait_until
-from .test_supervisor import FAST, Supervised
+from .supervised import FAST, Supervised, free_port
 
 APP = "tests.apps.supervised:app"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -60,7 +54,7 @@ def supervised(
     os.environ.update(env)
     try:
         sup = Supervised(dsn, ["--app", APP, "--workers", "2", "--metrics-port", str(port), *FAST],
-                         tmp_path / "supervisor.log", repo_root)  # fmt: skip
+                         tmp_path / "supervisor", repo_root)  # fmt: skip
     finally:
         for key, value in old.items():
             if value is None:

@@ -3,7 +3,6 @@ and killed for real."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -20,61 +19,9 @@ from miniqueue import Client
 from miniqueue.db import Connection
 
 from .helpers import count, row, wait_until
+from .supervised import FAST, Supervised
 
-FAST = ["--lease-duration", "5", "--heartbeat-interval", "1", "--poll-interval", "0.2", "--reaper-interval", "1",
-        "--shutdown-timeout", "5"]  # fmt: skip
 APP = "tests.apps.supervised:app"
-
-
-class Supervised:
-    """A running miniqueue-supervise in its own session, with its output in a file."""
-
-    def __init__(self, dsn: str, args: list[str], log: Path, cwd: Path) -> None:
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "miniqueue.cli", "supervise", *args],
-            env={**os.environ, "DATABASE_URL": dsn},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=cwd,
-        )
-        self.process = psutil.Process(self.proc.pid)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def children(self) -> list[psutil.Process]:
-        try:
-            return [c for c in self.process.children() if c.status() != psutil.STATUS_ZOMBIE]
-        except psutil.NoSuchProcess:
-            return []
-
-    def titles(self) -> dict[int, str]:
-        found = {}
-        for child in self.children():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                found[child.pid] = " ".join(child.cmdline()).strip()
-        return found
-
-    def workers(self) -> list[int]:
-        return sorted(pid for pid, title in self.titles().items() if "worker-" in title)
-
-    def reaper(self) -> int | None:
-        return next((pid for pid, title in self.titles().items() if "reaper" in title), None)
-
-    def wait_ready(self, workers: int, timeout: float = 20) -> None:
-        wait_until(
-            lambda: len(self.workers()) == workers and self.reaper() and "supervisor ready" in self.output(),
-            timeout=timeout,
-            what=f"{workers} workers and a reaper ready; output:\n{self.output()}",
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
 
 
 @pytest.fixture
@@ -90,7 +37,7 @@ def supervise(dsn: str, tmp_path: Path, repo_root: Path, executions: Connection)
 
     def start(*args: str, app: str = APP, workers: int = 2) -> Supervised:
         argv = ["--app", app, "--workers", str(workers), *FAST, *args]
-        supervised = Supervised(dsn, argv, tmp_path / f"supervisor-{len(started)}.log", repo_root)
+        supervised = Supervised(dsn, argv, tmp_path / f"supervisor-{len(started)}", repo_root)
         started.append(supervised)
         return supervised
 
