@@ -39,6 +39,13 @@ StartWorker = Callable[..., Running]
 
 
 @pytest.fixture
+def effects(conn: Connection) -> None:
+    """An empty table for handlers' transactional writes."""
+    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
+    conn.execute("TRUNCATE effects")
+
+
+@pytest.fixture
 def start_worker(dsn: str) -> Iterator[StartWorker]:
     started: list[Running] = []
 
@@ -279,10 +286,8 @@ def test_worker_survives_terminated_connections(client: Client, conn: Connection
 
 
 def test_transactional_completion_commits_writes_with_the_completion(
-    client: Client, conn: Connection, start_worker: StartWorker
+    client: Client, conn: Connection, start_worker: StartWorker, effects: None
 ) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
-    conn.execute("TRUNCATE effects")
     app = App()
 
     @app.task("effect")
@@ -297,10 +302,8 @@ def test_transactional_completion_commits_writes_with_the_completion(
 
 
 def test_transactional_completion_rolls_back_when_the_lease_is_lost(
-    client: Client, conn: Connection, store: Store, start_worker: StartWorker
+    client: Client, conn: Connection, store: Store, start_worker: StartWorker, effects: None
 ) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
-    conn.execute("TRUNCATE effects")
     app = App()
     may_commit = threading.Event()
     started = threading.Event()
@@ -419,11 +422,9 @@ def test_worker_rejects_a_heartbeat_not_below_the_lease(dsn: str) -> None:
         Worker(app, dsn, WorkerConfig(concurrency=0))
 
 
-def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Connection, dsn: str) -> None:
+def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Connection, dsn: str, effects: None) -> None:
     from miniqueue.db import create_pool
 
-    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
-    conn.execute("TRUNCATE effects")
     app = App()
 
     @app.task("pooled")
