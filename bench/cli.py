@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
+from . import cpu
 from .measure import Sample
 from .plans import QUEUED_JOBS, check_plans
 from .registry import Benchmark, select
 from .report import render_checks, render_table, write_json
 from .server import describe_machine, server_dsn
 from .suite import BENCHMARKS, Progress, run_suite
+from .targets import cpu_ratios, evaluate, render_cpu_table, render_verdicts
 
 LEGEND = (
-    "Latency is per call: one enqueue, one enqueue_many, one claim + complete. "
-    "RSS is the peak of the largest worker process. Load is the 1-minute load average as each run ended."
+    "Latency is per call (one enqueue, one enqueue_many, one claim + complete), and for latency-* rows "
+    "from a job's created_at to its handler's start. drain-* and cpu-* rows are timed from the enqueue's "
+    "commit to the last completion. RSS is the peak of the largest bench worker process, and for drain-*, "
+    "latency-* and cpu-* rows the largest miniqueue worker's RSS at the end of the run. Load is the 1-minute "
+    "load average as each run ended."
 )
 
 
@@ -56,10 +63,20 @@ def main(database_url: str | None, runs: int, only: str | None, jobs: int, plan_
         click.echo(f"miniqueue bench: {machine.header()}", err=True)
         rows = run_suite(dsn, chosen, runs=runs, jobs=jobs, progress=_progress(runs))
         checks = check_plans(dsn) if plan_check else []
-    path = write_json(machine, {"runs": runs, "jobs": jobs, "only": only}, rows, checks)
+    ratios, verdicts, calibration = cpu_ratios(rows), evaluate(rows), cpu.calibrated()
+    extra = {
+        "cpu_calibration": dataclasses.asdict(calibration) if calibration else None,
+        "cpu_ratios": {r.row.benchmark.name: r.ratio for r in ratios},
+        "targets": [dataclasses.asdict(v) for v in verdicts],
+    }
+    path = write_json(machine, {"runs": runs, "jobs": jobs, "only": only}, rows, checks, extra)
     click.echo(f"\nminiqueue bench: {machine.header()}")
     click.echo(f"Medians of {runs} run{'s' if runs > 1 else ''}. {LEGEND}\n")
     click.echo(render_table(rows))
+    if ratios:
+        click.echo("\n" + render_cpu_table(ratios, calibration))
+    if verdicts:
+        click.echo("\n" + render_verdicts(verdicts))
     if checks:
         click.echo("\n" + render_checks(checks, QUEUED_JOBS))
     click.echo(f"\nJSON: {path}")
@@ -75,6 +92,10 @@ def _choose(only: str | None) -> list[Benchmark]:
 
 def _progress(runs: int) -> Progress:
     def show(run: int, benchmark: Benchmark, sample: Sample) -> None:
-        click.echo(f"  run {run}/{runs}  {benchmark.name:30} {sample.jobs_per_s:>10,.0f} jobs/s", err=True)
+        if benchmark.throughput:
+            figure = f"{sample.jobs_per_s:>10,.0f} jobs/s"
+        else:
+            figure = f"p50 {sample.p50_ms or 0:,.2f} ms, p99 {sample.p99_ms or 0:,.2f} ms"
+        click.echo(f"  run {run}/{runs}  {benchmark.name:30} {figure}", err=True)
 
     return show

@@ -38,6 +38,9 @@ class Sample:
     p99_ms: float | None
     rss_mb: float | None
     load_1m: float | None = None  # the machine's load average when the run ended: how noisy it was
+    # Supervised rows: CPU seconds the worker processes used per second of the run, i.e. how
+    # many cores they actually got (on a busy machine, fewer than there are workers).
+    worker_cores: float | None = None
 
     @property
     def jobs_per_s(self) -> float:

@@ -25,12 +25,14 @@ class Benchmark:
 
     ``run`` measures the row once in the database it is given and returns a :class:`Sample`;
     the harness calls it ``--runs`` times, each time in a new database, and reports medians.
+    ``throughput=False`` marks a row that measures latency only (its jobs/s is not shown).
     """
 
     name: str
     operation: str
     workers: int
     run: Callable[[Context], Sample]
+    throughput: bool = True
 
 
 def select(benchmarks: Sequence[Benchmark], patterns: Sequence[str]) -> list[Benchmark]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,19 +33,20 @@ class RowResult:
         return median([s.jobs_per_s for s in self.samples]) or 0.0
 
     def median_of(self, field: str) -> float | None:
-        """The median of one Sample field over the runs (``p50_ms``, ``p99_ms``, ``rss_mb``)."""
+        """The median of one Sample field over the runs (``p50_ms``, ``p99_ms``, ``rss_mb``, ...)."""
         return median([getattr(s, field) for s in self.samples])
 
     def cells(self) -> tuple[str, ...]:
         """This row's table cells, in COLUMNS order."""
         rates = [s.jobs_per_s for s in self.samples]
+        throughput = self.benchmark.throughput
         return (
             self.benchmark.name,
             self.benchmark.operation,
             str(self.benchmark.workers),
             f"{self.samples[0].jobs:,}",
-            f"{self.jobs_per_s:,.0f}",
-            f"{min(rates):,.0f}-{max(rates):,.0f}",
+            f"{self.jobs_per_s:,.0f}" if throughput else "-",
+            f"{min(rates):,.0f}-{max(rates):,.0f}" if throughput else "-",
             _ms(self.median_of("p50_ms")),
             _ms(self.median_of("p99_ms")),
             _mb(self.median_of("rss_mb")),
@@ -55,19 +56,24 @@ class RowResult:
 
 def render_table(rows: Sequence[RowResult]) -> str:
     """A Markdown table (it reads in a terminal and pastes into the README)."""
-    cells = [COLUMNS, *(row.cells() for row in rows)]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    return markdown_table(COLUMNS, [row.cells() for row in rows], NUMERIC)
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]], numeric: Collection[str]) -> str:
+    """A Markdown table with aligned columns; ``numeric`` columns are right-aligned."""
+    cells = [columns, *rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
 
     def line(values: Sequence[str]) -> str:
-        padded = (v.rjust(w) if c in NUMERIC else v.ljust(w) for v, w, c in zip(values, widths, COLUMNS, strict=True))
+        padded = (v.rjust(w) if c in numeric else v.ljust(w) for v, w, c in zip(values, widths, columns, strict=True))
         return "| " + " | ".join(padded) + " |"
 
     rule = (
         "|"
-        + "|".join(("-" * (w + 1)) + (":" if c in NUMERIC else "-") for w, c in zip(widths, COLUMNS, strict=True))
+        + "|".join(("-" * (w + 1)) + (":" if c in numeric else "-") for w, c in zip(widths, columns, strict=True))
         + "|"
     )
-    return "\n".join([line(COLUMNS), rule, *(line(c) for c in cells[1:])])
+    return "\n".join([line(columns), rule, *(line(c) for c in rows)])
 
 
 def render_checks(checks: Sequence[PlanCheck], queued: int) -> str:
@@ -81,9 +87,13 @@ def render_checks(checks: Sequence[PlanCheck], queued: int) -> str:
 
 
 def write_json(
-    machine: Machine, options: dict[str, Any], rows: Sequence[RowResult], checks: Sequence[PlanCheck]
+    machine: Machine,
+    options: dict[str, Any],
+    rows: Sequence[RowResult],
+    checks: Sequence[PlanCheck],
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write every sample and plan to ``bench/results/<UTC timestamp>.json``; return the path."""
+    """Write every sample and plan (and ``extra`` sections) to ``bench/results/<UTC timestamp>.json``."""
     now = dt.datetime.now(dt.timezone.utc)
     document = {
         "measured_at": now.isoformat(timespec="seconds"),
@@ -91,6 +101,7 @@ def write_json(
         "options": options,
         "rows": [_row_json(row) for row in rows],
         "plan_checks": [dataclasses.asdict(check) for check in checks],
+        **(extra or {}),
     }
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{now:%Y%m%dT%H%M%SZ}.json"
@@ -104,11 +115,12 @@ def _row_json(row: RowResult) -> dict[str, Any]:
         "operation": row.benchmark.operation,
         "workers": row.benchmark.workers,
         "median": {
-            "jobs_per_s": row.jobs_per_s,
+            "jobs_per_s": row.jobs_per_s if row.benchmark.throughput else None,
             "p50_ms": row.median_of("p50_ms"),
             "p99_ms": row.median_of("p99_ms"),
             "rss_mb": row.median_of("rss_mb"),
             "load_1m": row.median_of("load_1m"),
+            "worker_cores": row.median_of("worker_cores"),
         },
         "samples": [{**dataclasses.asdict(s), "jobs_per_s": s.jobs_per_s} for s in row.samples],
     }

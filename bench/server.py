@@ -6,6 +6,7 @@ import contextlib
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,13 +31,14 @@ class Machine:
     server: str
     postgres_version: str
     settings: dict[str, str]
+    revision: str = "unknown"
 
     def header(self) -> str:
-        """One line naming the machine and the server settings that decide the figures."""
+        """One line naming the machine, the server settings that decide the figures, and the code."""
         settings = " ".join(f"{k}={v}" for k, v in self.settings.items())
         return (
             f"{self.cores} cores, {self.cpu_model}; Python {self.python}; "
-            f"PostgreSQL {self.postgres_version} ({self.server}); {settings}"
+            f"PostgreSQL {self.postgres_version} ({self.server}); {settings}; code {self.revision}"
         )
 
 
@@ -80,7 +82,25 @@ def describe_machine(dsn: str, server: str) -> Machine:
         server=server,
         postgres_version=version.split()[0],
         settings=settings,
+        revision=source_revision(),
     )
+
+
+def source_revision() -> str:
+    """The commit the measured code is at, ``+dirty`` if the working tree has changes (figures
+    taken while miniqueue/ is being edited describe that tree, not the commit)."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty=+dirty"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
 
 
 def _show(conn: psycopg.Connection[tuple[object, ...]], setting: str) -> str:

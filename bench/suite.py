@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from . import claim, enqueue
+from . import claim, cpu, drain, enqueue, latency
 from .database import scratch_database
 from .measure import Sample, load_average
 from .registry import Benchmark, Context
@@ -13,7 +13,13 @@ from .report import RowResult
 
 # The table's rows, in order. A new row is a function (Context) -> Sample added to a module's
 # BENCHMARKS list; a new module adds its list here.
-BENCHMARKS: list[Benchmark] = [*enqueue.BENCHMARKS, *claim.BENCHMARKS]
+BENCHMARKS: list[Benchmark] = [
+    *enqueue.BENCHMARKS,
+    *claim.BENCHMARKS,
+    *drain.BENCHMARKS,
+    *latency.BENCHMARKS,
+    *cpu.BENCHMARKS,
+]
 
 Progress = Callable[[int, Benchmark, Sample], None]
 

@@ -1,0 +1,69 @@
+"""The apps the supervised rows run, loaded by ``miniqueue-supervise --app bench.apps:<name>``.
+
+Each worker process imports this module after fork (the supervisor runs from the repository
+root, so ``bench`` is importable). Nothing here opens a connection at import: the latency
+handler opens its own, lazily, in the worker process that runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import psycopg
+
+from miniqueue import App, Job
+
+from .database import QUEUE, TASK
+
+LATENCY_TASK = "bench.latency"
+CPU_TASK = "bench.cpu"
+#: The handlers' database: the supervisor's own DATABASE_URL, which its children inherit.
+DSN_ENV = "DATABASE_URL"
+
+#: Where the latency handler records when it started, on the database clock.
+LATENCY_TABLE_DDL = "CREATE TABLE bench_latency (job_id BIGINT PRIMARY KEY, started_at TIMESTAMPTZ NOT NULL)"
+_RECORD_START = "INSERT INTO bench_latency (job_id, started_at) VALUES (%s, clock_timestamp())"
+
+noop_app = App()
+latency_app = App()
+cpu_app = App()
+
+
+@noop_app.task(TASK, queue=QUEUE)
+def noop(job: Job) -> None:
+    """Nothing at all: what remains is what the queue costs per job."""
+
+
+_local = threading.local()
+
+
+def _connection() -> psycopg.Connection[Any]:
+    """This handler thread's connection, opened on first use (after fork, in the worker)."""
+    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(os.environ[DSN_ENV], autocommit=True, application_name="bench-handler")
+        _local.conn = conn
+    return conn
+
+
+@latency_app.task(LATENCY_TASK, queue=QUEUE)
+def record_start(job: Job) -> None:
+    """Record ``clock_timestamp()`` as the handler's first act."""
+    _connection().execute(_RECORD_START, [job.id])
+
+
+@cpu_app.task(CPU_TASK, queue=QUEUE)
+def burn_job(job: Job) -> None:
+    """Pure-Python work: a loop of ``payload["n"]`` iterations (calibrated to about 20 ms)."""
+    burn(int(job.payload["n"]))
+
+
+def burn(n: int) -> int:
+    """Interpreted bytecode, holding the GIL the way Python code does (switching every 5 ms),
+    unlike ``sum(range(n))``, which runs in C without ever offering the GIL to another thread."""
+    total = 0
+    for i in range(n):
+        total += i
+    return total

@@ -1,0 +1,119 @@
+"""End-to-end drain through a real ``miniqueue-supervise``, timed on the database clock.
+
+The supervisor is started first and waited for until every worker is idle and waiting. Then
+all the jobs are enqueued in ONE transaction (``Client.enqueue_many`` in calls of 1,000, with
+NOTIFY), and the clock starts at its commit: ``clock_timestamp()`` read right after COMMIT.
+It stops at the last completion, ``max(completed_at)``, so the figure is commit-to-last-
+completion on one clock, independent of how quickly this process notices the end (it polls
+two index-only lookups every 10 ms). A run fails loudly unless every job completed on its
+first attempt. The worker processes' RSS is sampled with psutil before the supervisor stops.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+
+from miniqueue import Client, JobSpec
+from miniqueue.db import Connection, connect
+
+from .database import QUEUE, TASK, payload, settle
+from .measure import Sample
+from .registry import Benchmark, Context
+from .supervised import SuperviseOptions, supervised
+
+NOOP_APP = "bench.apps:noop_app"
+PREFETCH = 200
+CONCURRENCY = 1
+# Drain rows move this many times --jobs (50,000 by default), like the batch-claim rows.
+DRAIN_SCALE = 5
+ENQUEUE_BATCH = 1000
+POLL_SECONDS = 0.01
+DRAIN_TIMEOUT_SECONDS = 900.0
+
+# True once no job is available or leased. Each lookup reads the first entry of a partial index
+# (the claim index, the reaper's lease index), so polling costs the server next to nothing.
+_DRAINED = """
+SELECT (SELECT id FROM miniqueue_jobs
+         WHERE state = 'available' AND queue = %(queue)s
+         ORDER BY priority DESC, scheduled_at, id LIMIT 1) IS NULL
+   AND (SELECT id FROM miniqueue_jobs
+         WHERE state = 'running' AND lease_expires_at IS NOT NULL
+         ORDER BY lease_expires_at LIMIT 1) IS NULL
+"""
+
+_OUTCOME = """
+SELECT count(*),
+       count(*) FILTER (WHERE state = 'completed'),
+       count(*) FILTER (WHERE state = 'completed' AND attempt = 1),
+       extract(epoch FROM max(completed_at) - %(committed)s::timestamptz)::float8
+  FROM miniqueue_jobs
+"""
+
+
+def drain(ctx: Context) -> Sample:
+    """``ctx.workers`` supervised workers drain 5 x --jobs no-op jobs enqueued in one transaction."""
+    jobs = [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.jobs * DRAIN_SCALE)]
+    options = SuperviseOptions(NOOP_APP, ctx.workers, concurrency=CONCURRENCY, prefetch=PREFETCH)
+    return drain_through_supervisor(ctx.dsn, options, jobs)
+
+
+def drain_through_supervisor(dsn: str, options: SuperviseOptions, jobs: Sequence[JobSpec]) -> Sample:
+    """Start the supervisor, enqueue ``jobs`` in one transaction, time commit to last completion."""
+    settle(dsn)
+    with supervised(dsn, options) as supervisor, connect(dsn, purpose="bench-drain") as conn:
+        cpu_before = supervisor.worker_cpu_seconds()  # idle workers: the enqueue costs them nothing
+        committed_at = enqueue_in_one_transaction(dsn, conn, jobs)
+        wait_drained(conn)
+        cpu = supervisor.worker_cpu_seconds() - cpu_before
+        rss_mb = supervisor.worker_rss_mb()
+        seconds = _check_outcome(conn, committed_at, len(jobs))
+    return Sample(jobs=len(jobs), seconds=seconds, p50_ms=None, p99_ms=None, rss_mb=rss_mb, worker_cores=cpu / seconds)
+
+
+def enqueue_in_one_transaction(dsn: str, conn: Connection, jobs: Sequence[JobSpec]) -> dt.datetime:
+    """Enqueue every job in one transaction on ``conn``; return the database clock right after COMMIT."""
+    with Client(dsn) as client:
+        with conn.transaction():
+            for start in range(0, len(jobs), ENQUEUE_BATCH):
+                client.enqueue_many(jobs[start : start + ENQUEUE_BATCH], conn=conn)
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    committed_at: dt.datetime = row[0]
+    return committed_at
+
+
+def wait_drained(conn: Connection) -> None:
+    """Poll until no job is available or running; raise after DRAIN_TIMEOUT_SECONDS."""
+    deadline = time.monotonic() + DRAIN_TIMEOUT_SECONDS
+    while True:
+        row = conn.execute(_DRAINED, {"queue": QUEUE}).fetchone()
+        if row and row[0]:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the supervisor did not drain the queue within {DRAIN_TIMEOUT_SECONDS:.0f} s")
+        time.sleep(POLL_SECONDS)
+
+
+def _check_outcome(conn: Connection, committed_at: dt.datetime, jobs: int) -> float:
+    """Seconds from the commit to the last completion; raises unless every job completed once."""
+    row = conn.execute(_OUTCOME, {"committed": committed_at}).fetchone()
+    assert row is not None
+    total, completed, first_attempt, seconds = int(row[0]), int(row[1]), int(row[2]), row[3]
+    if not total == completed == first_attempt == jobs or seconds is None:
+        raise RuntimeError(
+            f"{jobs} jobs enqueued, {total} stored, {completed} completed, {first_attempt} on their first attempt"
+        )
+    return float(seconds)
+
+
+BENCHMARKS: list[Benchmark] = [
+    Benchmark(
+        f"drain-{n}",
+        f"supervise drain, no-op (--prefetch {PREFETCH} --concurrency {CONCURRENCY})",
+        n,
+        drain,
+    )
+    for n in (1, 2, 4, 8)
+]

@@ -1,0 +1,130 @@
+"""The issues' targets, set against the medians of the rows that ran, and the CPU table's ratios.
+
+Targets are what the table is read against, never assertions: the harness prints each with
+the measured median and how far from the target it is, and exits 0 either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .cpu import BASELINE, Calibration
+from .report import RowResult, markdown_table
+
+#: Rows whose RSS is a miniqueue worker process's (the others measure the bench's own workers).
+SUPERVISED_PREFIXES = ("drain-", "latency-", "cpu-")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target: what was asked, what was measured (and where), met or not, and by how much."""
+
+    target: str
+    measured: str
+    met: bool
+    margin: str
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """One CPU-bound row against ``--workers 1``."""
+
+    row: RowResult
+    ratio: float | None
+
+
+def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
+    """Every target whose rows ran, in the order the issues list them."""
+    by_name = {row.benchmark.name: row for row in rows}
+    verdicts: list[Verdict] = []
+
+    def best(prefix: str) -> RowResult | None:
+        found = [row for row in rows if row.benchmark.name.startswith(prefix)]
+        return max(found, key=lambda row: row.jobs_per_s) if found else None
+
+    if drain := best("drain-"):
+        verdicts.append(_at_least("end-to-end drain, no-op jobs, best worker count", drain.jobs_per_s, 30_000,
+                                  _rate, drain.benchmark.name))  # fmt: skip
+    if many := best("enqueue-many-"):
+        verdicts.append(_at_least("enqueue_many", many.jobs_per_s, 60_000, _rate, many.benchmark.name))
+    one, floor = by_name.get("enqueue"), by_name.get("floor-insert")
+    if one and floor and floor.jobs_per_s:
+        verdicts.append(_at_least("one-by-one enqueue / SQL floor (within 20%)", one.jobs_per_s / floor.jobs_per_s,
+                                  0.8, lambda v: f"{v:.2f}x", "enqueue / floor-insert"))  # fmt: skip
+    if (notify := by_name.get("latency-notify")) is not None:
+        for label, field, limit in (("p50", "p50_ms", 5.0), ("p99", "p99_ms", 50.0)):
+            value = notify.median_of(field)
+            if value is not None:
+                verdicts.append(_at_most(f"NOTIFY wake latency {label}", value, limit, _ms, "latency-notify"))
+    supervised = [row for row in rows if row.benchmark.name.startswith(SUPERVISED_PREFIXES)]
+    sized = [(rss, row) for row in supervised if (rss := row.median_of("rss_mb")) is not None]
+    if sized:
+        rss, row = max(sized, key=lambda pair: pair[0])
+        verdicts.append(_at_most("worker RSS (largest worker, supervised rows)", rss, 60.0, _mb, row.benchmark.name))
+    ratios = {r.row.benchmark.name: r.ratio for r in cpu_ratios(rows)}
+    if (two := ratios.get("cpu-2")) is not None:
+        verdicts.append(_at_least("CPU-bound: 2 processes vs 1", two, 1.8, lambda v: f"{v:.2f}x", "cpu-2 / cpu-1"))
+    return verdicts
+
+
+def cpu_ratios(rows: Sequence[RowResult]) -> list[Ratio]:
+    """The CPU-bound rows, each with its throughput relative to the ``--workers 1`` row."""
+    cpu = [row for row in rows if row.benchmark.name.startswith("cpu-")]
+    base = next((row.jobs_per_s for row in cpu if row.benchmark.name == BASELINE), None)
+    return [Ratio(row, row.jobs_per_s / base if base else None) for row in cpu]
+
+
+def render_cpu_table(ratios: Sequence[Ratio], calibration: Calibration | None) -> str:
+    """The CPU-bound rows as a table of their own, with the ratio to ``--workers 1``."""
+    work = (
+        f"a loop of {calibration.loop:,} iterations, {calibration.ms_per_job:.1f} ms of CPU in the bench process"
+        if calibration
+        else "calibrated loop"
+    )
+    columns = ("name", "workers", "operation", "jobs/s", "min-max jobs/s", f"vs {BASELINE}", "worker cores", "load")
+    cells = []
+    for r in ratios:
+        rates = [s.jobs_per_s for s in r.row.samples]
+        cores, load = r.row.median_of("worker_cores"), r.row.median_of("load_1m")
+        cells.append((
+            r.row.benchmark.name, str(r.row.benchmark.workers), r.row.benchmark.operation,
+            f"{r.row.jobs_per_s:,.1f}", f"{min(rates):,.1f}-{max(rates):,.1f}",
+            "-" if r.ratio is None else f"{r.ratio:.2f}x",
+            "-" if cores is None else f"{cores:.2f}", "-" if load is None else f"{load:.1f}",
+        ))  # fmt: skip
+    table = markdown_table(columns, cells, frozenset(columns[3:]) | {"workers"})
+    return (
+        f"CPU-bound jobs ({work} per job), processes vs threads. 'worker cores' is the CPU time the "
+        f"worker processes used per second of the run: how many cores they actually got.\n\n{table}"
+    )
+
+
+def render_verdicts(verdicts: Sequence[Verdict]) -> str:
+    """One line per target: met or MISSED, the measured median and the margin."""
+    lines = ["Targets (issues 4 and 6), against the medians above:"]
+    for v in verdicts:
+        lines.append(f"  [{'ok' if v.met else 'MISSED'}] {v.target}: {v.measured}; {v.margin}")
+    return "\n".join(lines)
+
+
+def _at_least(target: str, value: float, goal: float, show: Callable[[float], str], where: str) -> Verdict:
+    margin = f"{value / goal:.1%} of the target" + ("" if value >= goal else f", {show(goal - value)} short")
+    return Verdict(f"{target} >= {show(goal)}", f"{show(value)} ({where})", value >= goal, margin)
+
+
+def _at_most(target: str, value: float, limit: float, show: Callable[[float], str], where: str) -> Verdict:
+    margin = f"{value / limit:.1%} of the limit" + ("" if value <= limit else f", {show(value - limit)} over")
+    return Verdict(f"{target} <= {show(limit)}", f"{show(value)} ({where})", value <= limit, margin)
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f} jobs/s"
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.2f} ms"
+
+
+def _mb(value: float) -> str:
+    return f"{value:.0f} MB"
