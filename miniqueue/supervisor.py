@@ -482,7 +482,7 @@ class Supervisor:
         known dead, so the job may leave ``running``)."""
         assert child.worker_id is not None
         try:
-            with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema) as conn:
+            with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=5) as conn:
                 leases = self.store.leases_of(conn, child.worker_id)
                 failures = [Failure(i, attempt, reason, default_backoff(attempt)) for i, attempt in leases]
                 states = self.store.record_failures(conn, child.worker_id, failures)
