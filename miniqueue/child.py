@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .app import App, load_app
 from .context import Job
-from .process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_title, write_report
+from .process import EXIT_BOOT_ERROR, die_with_parent, report_line, set_label, set_title, write_lines, write_report
 from .reaper import Reaper, ReaperConfig
 from .worker import Outcome, Worker, WorkerConfig, WorkerHooks, new_worker_id
 
@@ -89,16 +89,15 @@ def _run_worker(spec: ChildSpec) -> int:
     except Exception as exc:
         write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
         return EXIT_BOOT_ERROR
-    titles = _Titles(spec.name)
-    worker.hooks = WorkerHooks(
-        on_job_start=lambda job: _on_start(spec, app, titles, job),
-        on_job_end=lambda job, outcome: _on_end(spec, titles, job, outcome),
-    )
+    progress = _Progress(spec, app)
+    worker.hooks = WorkerHooks(on_job_start=progress.job_started, on_job_end=progress.job_ended)
     _install_stop_signals(worker.stop)
-    _start_reporter(spec, worker.stop, lambda: {True: "1", False: "0", None: "-"}[worker.listening])
-    titles.idle()
+    listening = {True: "1", False: "0", None: "-"}
+    _start_reporter(spec, worker.stop, beat=lambda: progress.beat(listening[worker.listening]), tick=progress.flush)
+    progress.retitle()
     write_report(spec.report_fd, "ready", worker.worker_id)
     worker.run()
+    progress.flush()
     return 0
 
 
@@ -110,7 +109,7 @@ def _run_reaper(spec: ChildSpec) -> int:
         write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
         return EXIT_BOOT_ERROR
     _install_stop_signals(reaper.stop)
-    _start_reporter(spec, reaper.stop, lambda: "-")
+    _start_reporter(spec, reaper.stop, beat=lambda: write_report(spec.report_fd, "beat", "-"), tick=lambda: None)
     set_title(spec.name)
     write_report(spec.report_fd, "ready", "-")
     reaper.run()
@@ -124,15 +123,22 @@ def _install_stop_signals(stop: Callable[[], None]) -> None:
     signal.signal(signal.SIGQUIT, lambda signum, frame: os._exit(0))
 
 
-def _start_reporter(spec: ChildSpec, stop: Callable[[], None], listening: Callable[[], str]) -> None:
-    """Report liveness (and whether the LISTEN connection is up) every ``report_interval``
-    seconds, and stop if the supervisor is gone."""
+def _start_reporter(
+    spec: ChildSpec, stop: Callable[[], None], *, beat: Callable[[], None], tick: Callable[[], None]
+) -> None:
+    """A thread that flushes batched reports every 0.1 s, beats every ``report_interval``
+    seconds, and stops the child if the supervisor is gone."""
     parent = os.getppid()
 
     def report() -> None:
         orphaned_at: float | None = None
+        next_beat = time.monotonic()
         while True:
-            time.sleep(spec.report_interval)
+            time.sleep(0.1)
+            tick()
+            if time.monotonic() < next_beat:
+                continue
+            next_beat = time.monotonic() + spec.report_interval
             if os.getppid() != parent:
                 if orphaned_at is None:
                     log.warning("the supervisor (pid %d) is gone: stopping", parent)
@@ -141,36 +147,64 @@ def _start_reporter(spec: ChildSpec, stop: Callable[[], None], listening: Callab
                 elif time.monotonic() - orphaned_at > spec.shutdown_timeout + 2:
                     os._exit(0)
                 continue
-            write_report(spec.report_fd, "beat", listening())
+            beat()
 
     threading.Thread(target=report, name="miniqueue-reporter", daemon=True).start()
 
 
-class _Titles:
-    """Keeps the process title saying what the worker is doing."""
+class _Progress:
+    """What a worker tells the world about its jobs: report lines to the supervisor, batched
+    (a write every ~50 ms, not two per job), and its process title, refreshed at most every
+    0.25 s. The start of a job with a hard timeout is reported at once, since the supervisor
+    times it. Hooks run on handler threads and the claim loop, hence the lock."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    FLUSH_SECONDS = 0.05
+    TITLE_SECONDS = 0.25
+
+    def __init__(self, spec: ChildSpec, app: App) -> None:
+        self.spec, self.app = spec, app
+        self.lock = threading.Lock()
+        self.lines: list[str] = []
         self.running: dict[int, str] = {}
+        self.flushed_at = self.titled_at = 0.0
 
-    def idle(self) -> None:
-        if not self.running:
-            set_title(f"{self.name} idle")
-        else:
-            jobs = ", ".join(f"job {job_id} {task}" for job_id, task in list(self.running.items())[:3])
-            set_title(f"{self.name} {jobs}")
+    def job_started(self, job: Job) -> None:
+        task = self.app.tasks.get(job.task)
+        timeout = task.timeout if task and task.timeout else None
+        with self.lock:
+            self.running[job.id] = job.task
+            self.lines.append(report_line("start", job.id, job.attempt, timeout or "-", job.task))
+        self._soon(urgent=timeout is not None)
 
+    def job_ended(self, job: Job, outcome: Outcome) -> None:
+        label = "completed" if outcome.kind == "completed_in_transaction" else outcome.kind
+        with self.lock:
+            self.running.pop(job.id, None)
+            self.lines.append(report_line("end", job.id, label, f"{outcome.duration:.6f}", job.queue, job.task))
+        self._soon()
 
-def _on_start(spec: ChildSpec, app: App, titles: _Titles, job: Job) -> None:
-    task = app.tasks.get(job.task)
-    timeout = task.timeout if task and task.timeout else "-"
-    write_report(spec.report_fd, "start", job.id, job.attempt, timeout, job.task)
-    titles.running[job.id] = job.task
-    titles.idle()
+    def beat(self, listening: str) -> None:
+        with self.lock:
+            self.lines.append(report_line("beat", listening))
+        self.flush()
+        self.retitle()
 
+    def _soon(self, urgent: bool = False) -> None:
+        now = time.monotonic()
+        if urgent or now - self.flushed_at >= self.FLUSH_SECONDS or len(self.lines) >= 64:
+            self.flush()
+        if now - self.titled_at >= self.TITLE_SECONDS:
+            self.retitle()
 
-def _on_end(spec: ChildSpec, titles: _Titles, job: Job, outcome: Outcome) -> None:
-    label = "completed" if outcome.kind == "completed_in_transaction" else outcome.kind
-    write_report(spec.report_fd, "end", job.id, label, f"{outcome.duration:.6f}", job.queue, job.task)
-    titles.running.pop(job.id, None)
-    titles.idle()
+    def flush(self) -> None:
+        with self.lock:  # held while writing, so lines from several threads never interleave
+            lines, self.lines = self.lines, []
+            self.flushed_at = time.monotonic()
+            write_lines(self.spec.report_fd, lines)
+
+    def retitle(self) -> None:
+        with self.lock:
+            running = list(self.running.items())[:3]
+            self.titled_at = time.monotonic()
+        jobs = ", ".join(f"job {job_id} {task}" for job_id, task in running)
+        set_title(f"{self.spec.name} {jobs or 'idle'}")

@@ -96,9 +96,31 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         pass  # the parent-pid check in the child still catches an orphaned child
 
 
+def report_line(*words: object) -> str:
+    """One line of the child-to-supervisor protocol (newlines escaped)."""
+    return " ".join(str(w).replace("\n", "\\n") for w in words) + "\n"
+
+
+def write_lines(fd: int, lines: list[str]) -> None:
+    """Send report lines to the supervisor in as few writes as possible, each below PIPE_BUF so
+    that it arrives whole; a supervisor that is gone is ignored. Callers that write from
+    several threads serialise their calls."""
+    chunk = b""
+    for line in lines:
+        data = line.encode("utf-8", "replace")[:4000]
+        if len(chunk) + len(data) > 4000:
+            _write(fd, chunk)
+            chunk = b""
+        chunk += data
+    _write(fd, chunk)
+
+
 def write_report(fd: int, *words: object) -> None:
-    """Send one report line to the supervisor. Lines are far below PIPE_BUF, so writes from
-    several threads never interleave; a supervisor that is gone is ignored."""
-    line = " ".join(str(w).replace("\n", "\\n") for w in words) + "\n"
-    with contextlib.suppress(OSError):
-        os.write(fd, line.encode("utf-8", "replace")[:4000])
+    """Send one report line to the supervisor."""
+    write_lines(fd, [report_line(*words)])
+
+
+def _write(fd: int, data: bytes) -> None:
+    if data:
+        with contextlib.suppress(OSError):
+            os.write(fd, data)

@@ -144,10 +144,12 @@ RETURNING id
 
 # Complete a batch and claim the next one in one statement: one round trip and one commit
 # instead of two. The two updates touch disjoint rows (running and leased to us, versus
-# available), and a LEFT JOIN keeps the completed ids even when nothing is claimed.
+# available). A LEFT JOIN keeps the completed ids even when nothing is claimed; they ride on
+# the first row only (repeating the array on every claimed row cost more than the claim).
 _COMPLETE_AND_CLAIM = """
 WITH completed AS ({complete}), claimed AS ({claim})
-SELECT d.ids, c.* FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
 """
 
 # Extend a batch of leases by `lease` seconds from now; returns the ids still held.
