@@ -83,7 +83,7 @@ WITH src AS MATERIALIZED (
     INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => delay)), key
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -521,12 +521,18 @@ class Store:
         """Insert many validated jobs in one statement; results are in input order."""
         if not jobs:
             return []
+        run_ats = [j.run_at for j in jobs]
+        delays = [j.delay_seconds for j in jobs]
+        keys = [j.idempotency_key for j in jobs]
         params = {
             "table": self.table_name,
             "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
             "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
-            "max_attempts": [j.max_attempts for j in jobs], "run_ats": [j.run_at for j in jobs],
-            "delays": [j.delay_seconds for j in jobs], "keys": [j.idempotency_key for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            # A column every job leaves at its default goes as an empty array, which unnest()
+            # pads with NULLs: most batches schedule nothing and carry no keys.
+            "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
+            "keys": keys if any(keys) else [],
             "notify": notify, "channel": self.channel,
         }  # fmt: skip
         results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, self._enqueue_many, params)]
