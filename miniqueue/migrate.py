@@ -56,8 +56,9 @@ def latest_version() -> int:
 
 def apply_migrations(conn: Connection, schema: str = "public") -> list[Migration]:
     """Apply the pending migrations on ``conn`` (autocommit); return those applied by this call."""
-    applied = Store(schema).apply_migrations(conn, [(m.version, m.name, m.sql) for m in load_migrations()])
-    return [m for m in load_migrations() if m.version in applied]
+    shipped = load_migrations()
+    applied = Store(schema).apply_migrations(conn, [(m.version, m.name, m.sql) for m in shipped])
+    return [m for m in shipped if m.version in applied]
 
 
 def run_migrations(dsn: str, schema: str = "public") -> list[Migration]:

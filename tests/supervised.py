@@ -76,3 +76,21 @@ class Supervised:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+
+class Fleet:
+    """Starts supervisors for one test (each with its own log folder) and kills them all at the end."""
+
+    def __init__(self, dsn: str, folder: Path, cwd: Path, app: str) -> None:
+        self.dsn, self.folder, self.cwd, self.app = dsn, folder, cwd, app
+        self.started: list[Supervised] = []
+
+    def start(self, *args: str, app: str | None = None, workers: int = 2) -> Supervised:
+        argv = ["--app", app or self.app, "--workers", str(workers), *FAST, *args]
+        supervised = Supervised(self.dsn, argv, self.folder / f"supervisor-{len(self.started)}", self.cwd)
+        self.started.append(supervised)
+        return supervised
+
+    def stop_all(self) -> None:
+        for supervised in self.started:
+            supervised.stop()

@@ -23,7 +23,7 @@ from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
 
 from .helpers import count, wait_until
-from .supervised import FAST, Supervised, free_port
+from .supervised import FAST, Fleet, free_port
 
 APP = "tests.apps.metrics_app:app"
 
@@ -40,18 +40,9 @@ def runs(conn: Connection) -> Connection:
 
 @pytest.fixture
 def supervise(dsn: str, tmp_path: Path, repo_root: Path, runs: Connection) -> Iterator[Any]:
-    started: list[Supervised] = []
-
-    def start(*args: str, workers: int = 2) -> Supervised:
-        folder = tmp_path / f"supervisor-{len(started)}"
-        folder.mkdir()
-        supervised = Supervised(dsn, ["--app", APP, "--workers", str(workers), *FAST, *args], folder, repo_root)
-        started.append(supervised)
-        return supervised
-
-    yield start
-    for supervised in started:
-        supervised.stop()
+    fleet = Fleet(dsn, tmp_path, repo_root, APP)
+    yield fleet.start
+    fleet.stop_all()
 
 
 def get(port: int, path: str = "/metrics", data: bytes | None = None) -> tuple[int, str]:

@@ -19,7 +19,7 @@ from miniqueue import Client
 from miniqueue.db import Connection
 
 from .helpers import count, row, wait_until
-from .supervised import FAST, Supervised
+from .supervised import Fleet
 
 APP = "tests.apps.supervised:app"
 
@@ -33,17 +33,9 @@ def executions(conn: Connection) -> Connection:
 
 @pytest.fixture
 def supervise(dsn: str, tmp_path: Path, repo_root: Path, executions: Connection) -> Iterator[Any]:
-    started: list[Supervised] = []
-
-    def start(*args: str, app: str = APP, workers: int = 2) -> Supervised:
-        argv = ["--app", app, "--workers", str(workers), *FAST, *args]
-        supervised = Supervised(dsn, argv, tmp_path / f"supervisor-{len(started)}", repo_root)
-        started.append(supervised)
-        return supervised
-
-    yield start
-    for supervised in started:
-        supervised.stop()
+    fleet = Fleet(dsn, tmp_path, repo_root, APP)
+    yield fleet.start
+    fleet.stop_all()
 
 
 def held_by(conn: Connection, job_id: int) -> int | None:
