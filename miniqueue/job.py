@@ -23,11 +23,6 @@ class State(str, enum.Enum):
     DEAD = "dead"
     CANCELLED = "cancelled"
 
-    @property
-    def is_terminal(self) -> bool:
-        """True for states a job leaves only by an explicit requeue."""
-        return self in TERMINAL_STATES
-
 
 TERMINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED})
 REQUEUEABLE_STATES = frozenset({State.FAILED, State.DEAD, State.CANCELLED})
