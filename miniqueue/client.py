@@ -10,10 +10,9 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from .db import Connection, connect, create_pool, translate_errors
-from .errors import InvalidInput
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .store import Store
-from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate
+from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate, validate_many
 
 
 class Client:
@@ -105,12 +104,7 @@ class Client:
         and none is stored. Idempotency keys are honoured against stored jobs and within the
         batch (the first occurrence wins).
         """
-        validated = []
-        for index, spec in enumerate(jobs):
-            try:
-                validated.append(validate(spec, max_payload_bytes=self.max_payload_bytes))
-            except InvalidInput as exc:
-                raise InvalidInput(f"job {index}: {exc}") from exc
+        validated = validate_many(jobs, max_payload_bytes=self.max_payload_bytes)
         with self.connection(conn) as c:
             return self.store.enqueue_many(c, validated, notify=self.notify)
 

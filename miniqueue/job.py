@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class State(str, enum.Enum):
@@ -28,12 +28,12 @@ TERMINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.DEAD, State.CA
 REQUEUEABLE_STATES = frozenset({State.FAILED, State.DEAD, State.CANCELLED})
 
 
-@dataclass(frozen=True)
-class JobSpec:
+class JobSpec(NamedTuple):
     """One job to enqueue, as passed to :meth:`miniqueue.Client.enqueue_many`.
 
     ``run_at`` (timezone-aware) and ``delay`` (seconds or timedelta, counted on the database
-    clock) are mutually exclusive; with neither the job is available at once.
+    clock) are mutually exclusive; with neither the job is available at once. (A NamedTuple:
+    producers build these by the thousand, and a frozen dataclass cost 3 us apiece.)
     """
 
     task: str

@@ -57,7 +57,7 @@ WITH ins AS (
     INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s)
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
@@ -85,7 +85,7 @@ WITH src AS MATERIALIZED (
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key
       FROM src ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
 ), notified AS (
     SELECT pg_notify(%(channel)s, queue)
@@ -100,6 +100,18 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
  WHERE (SELECT count(*) FROM notified) >= 0
  ORDER BY s.ord
 """
+
+# A batch without idempotency keys goes by COPY, twice as fast on the server as the statement
+# above. Its ids are drawn first (to return them), with the transaction's now(): the database
+# clock that every job's scheduled_at counts from, exactly as the column default would.
+_DRAW_IDS = """
+SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
+                      FROM generate_series(1, %(count)s))
+"""
+_COPY_JOBS = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN
+"""
+_NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
 
 _CLAIM_SET = """
 UPDATE {jobs}
@@ -442,6 +454,8 @@ class Store:
         self._enqueue = render(_ENQUEUE)
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
         self._enqueue_many = render(_ENQUEUE_MANY)
+        self._draw_ids, self._copy_jobs = render(_DRAW_IDS), render(_COPY_JOBS)
+        self._notify_queues = render(_NOTIFY_QUEUES)
         claim_one, claim_many = (_CLAIM_SET.replace("{pick}", pick) for pick in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES))
         self._claim_one, self._claim_many = render(claim_one), render(claim_many)
         self._complete_and_claim_one, self._complete_and_claim_many = (
@@ -518,21 +532,22 @@ class Store:
         return EnqueueResult(id=rows[0][0], duplicate=True)
 
     def enqueue_many(self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True) -> list[EnqueueResult]:
-        """Insert many validated jobs in one statement; results are in input order."""
+        """Insert many validated jobs in one transaction; results are in input order."""
         if not jobs:
             return []
+        if not any(j.idempotency_key for j in jobs):
+            return self._copy_many(conn, jobs, notify)
         run_ats = [j.run_at for j in jobs]
         delays = [j.delay_seconds for j in jobs]
-        keys = [j.idempotency_key for j in jobs]
         params = {
             "table": self.table_name,
             "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
             "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
             "max_attempts": [j.max_attempts for j in jobs],
             # A column every job leaves at its default goes as an empty array, which unnest()
-            # pads with NULLs: most batches schedule nothing and carry no keys.
+            # pads with NULLs: most batches schedule nothing.
             "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
-            "keys": keys if any(keys) else [],
+            "keys": [j.idempotency_key for j in jobs],
             "notify": notify, "channel": self.channel,
         }  # fmt: skip
         results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, self._enqueue_many, params)]
@@ -541,6 +556,25 @@ class Store:
                 key = jobs[i].idempotency_key
                 results[i] = EnqueueResult(id=self._rows(conn, self._by_key, {"key": key})[0][0], duplicate=True)
         return results
+
+    def _copy_many(self, conn: Connection, jobs: Sequence[NewJob], notify: bool) -> list[EnqueueResult]:
+        """Insert jobs that carry no idempotency keys by COPY, notifying each queue given a due job."""
+        with translate_errors(), conn.transaction():
+            [(now, ids)] = self._rows(conn, self._draw_ids, {"table": self.table_name, "count": len(jobs)})
+            ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
+            due = set()
+            with conn.cursor() as cur, cur.copy(self._copy_jobs) as copy:
+                for job_id, job in zip(ids, jobs, strict=True):
+                    scheduled = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
+                    if scheduled <= now:
+                        due.add(job.queue)
+                    copy.write_row(
+                        (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts,
+                         job.max_attempts, scheduled)
+                    )  # fmt: skip
+            if notify and due:
+                self._rows(conn, self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
+        return [EnqueueResult(id=job_id) for job_id in ids]
 
     def listen(self, conn: Connection) -> None:
         """Subscribe ``conn`` to this schema's enqueue notifications (payload: the queue name)."""

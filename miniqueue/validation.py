@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import json.encoder
 import re
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from .errors import InvalidInput
@@ -28,6 +30,24 @@ MAX_DELAY_SECONDS = 100 * 365.25 * 86400
 # An escaped NUL that is not itself an escaped backslash followed by "u0000": PostgreSQL's
 # jsonb cannot store U+0000, and would reject the whole statement (or batch) at insert time.
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _json_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)``, built once.
+
+    json.dumps with options builds a new encoder on every call, which cost more than all the
+    other checks together; the C encoder built here once is three times faster. It keeps no
+    markers, so a circular payload raises RecursionError (as a too-deeply nested one does).
+    """
+    encoder = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # a Python without the _json accelerator
+        return encoder.encode
+    chunks = make(None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+    return lambda value: "".join(chunks(value, 0))
+
+
+_encode_json = _json_encoder()
 
 
 class NewJob(NamedTuple):
@@ -82,20 +102,25 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
     if payload is None:
         return "{}"
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _encode_json(payload)
     except ValueError as exc:
         if "Out of range float" in str(exc):
             raise InvalidInput("payload contains a float nan, inf or -inf, which JSON cannot represent") from None
         raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from exc
     except TypeError as exc:
         raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from exc
-    if _JSON_NUL_RE.search(text):
+    except RecursionError:
+        raise InvalidInput("payload is not JSON-serialisable: it is circular or nested too deeply") from None
+    if "\\u0000" in text and _JSON_NUL_RE.search(text):
         raise InvalidInput("payload contains the character U+0000, which PostgreSQL jsonb cannot store")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        bad = exc.object[exc.start : exc.end]
-        raise InvalidInput(f"payload contains {bad!r}, a lone surrogate that is not valid Unicode text") from None
+    if text.isascii():  # the common case: one byte per character, and no surrogates
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start : exc.end]
+            raise InvalidInput(f"payload contains {bad!r}, a lone surrogate that is not valid Unicode text") from None
     if size > max_bytes:
         raise InvalidInput(f"payload is {size} bytes encoded as JSON: the limit is {max_bytes} bytes")
     return text
@@ -150,3 +175,14 @@ def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
         delay_seconds=delay_seconds,
         idempotency_key=check_idempotency_key(spec.idempotency_key),
     )
+
+
+def validate_many(specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[NewJob]:
+    """Check every job of a batch; the first invalid one raises InvalidInput naming its index."""
+    jobs = []
+    for index, spec in enumerate(specs):
+        try:
+            jobs.append(validate(spec, max_payload_bytes=max_payload_bytes))
+        except InvalidInput as exc:
+            raise InvalidInput(f"job {index}: {exc}") from exc
+    return jobs

@@ -65,7 +65,7 @@ def test_key_still_deduplicates_after_the_job_finished(client: Client, conn: Con
 # --- enqueue_many -----------------------------------------------------------------------------------
 
 
-def test_enqueue_many_stores_thousands_in_one_statement_in_input_order(client: Client, conn: Connection) -> None:
+def test_enqueue_many_stores_thousands_in_one_transaction_in_input_order(client: Client, conn: Connection) -> None:
     specs = [JobSpec("bulk", {"i": i}, queue=f"q{i % 3}", priority=i % 5) for i in range(5000)]
     results = client.enqueue_many(specs)
     assert len(results) == 5000
@@ -77,7 +77,7 @@ def test_enqueue_many_stores_thousands_in_one_statement_in_input_order(client: C
     assert len(stored) == 5000
     for i, result in enumerate(results):
         assert stored[result.id] == (str(i), f"q{i % 3}", i % 5)
-    # One statement in autocommit is one transaction: every row has the same now().
+    # One transaction: every row has the same now().
     assert conn.execute("SELECT count(DISTINCT created_at) FROM miniqueue_jobs").fetchone() == (1,)
 
 
@@ -108,20 +108,58 @@ def test_enqueue_many_of_nothing(client: Client, conn: Connection) -> None:
     assert count(conn) == 0
 
 
-def test_enqueue_many_schedules_each_job(client: Client, conn: Connection, store: Store) -> None:
+# A batch without idempotency keys goes by COPY, one with keys by INSERT ... ON CONFLICT: the
+# tests below run both.
+BATCH_PATHS = pytest.mark.parametrize("keyed", [False, True], ids=["copy", "insert"])
+
+
+def key_for(keyed: bool, n: int) -> str | None:
+    return f"key-{n}" if keyed else None
+
+
+@BATCH_PATHS
+def test_enqueue_many_schedules_each_job(keyed: bool, client: Client, conn: Connection, store: Store) -> None:
     now = db_now(conn)
-    due, later, delayed = client.enqueue_many(
+    due, later, delayed, plain = client.enqueue_many(
         [
-            JobSpec("t", run_at=now - dt.timedelta(minutes=1)),
-            JobSpec("t", run_at=now + dt.timedelta(hours=1)),
-            JobSpec("t", delay=dt.timedelta(minutes=10)),
+            JobSpec("t", run_at=now - dt.timedelta(minutes=1), idempotency_key=key_for(keyed, 0)),
+            JobSpec("t", run_at=now + dt.timedelta(hours=1), idempotency_key=key_for(keyed, 1)),
+            JobSpec("t", delay=dt.timedelta(minutes=10), idempotency_key=key_for(keyed, 2)),
+            JobSpec("t", idempotency_key=key_for(keyed, 3)),
         ]
     )
     assert row(conn, due.id)["scheduled_at"] == now - dt.timedelta(minutes=1)
     assert row(conn, later.id)["scheduled_at"] == now + dt.timedelta(hours=1)
-    delayed_row = row(conn, delayed.id)
+    delayed_row, plain_row = row(conn, delayed.id), row(conn, plain.id)
     assert delayed_row["scheduled_at"] - delayed_row["created_at"] == dt.timedelta(minutes=10)
-    assert [lease.id for lease in store.claim(conn, ["default"], W1, 30, 10)] == [due.id]
+    assert plain_row["scheduled_at"] == plain_row["created_at"], "counted from the database clock"
+    assert [lease.id for lease in store.claim(conn, ["default"], W1, 30, 10)] == [due.id, plain.id]
+
+
+@BATCH_PATHS
+def test_enqueue_many_notifies_each_queue_given_a_due_job_once(keyed: bool, client: Client, dsn: str) -> None:
+    with connect(dsn, purpose="test-listen") as listener:
+        client.store.listen(listener)
+        specs = [JobSpec("t", queue="a", idempotency_key=key_for(keyed, n)) for n in range(3)]
+        specs += [JobSpec("t", queue="b", delay=60, idempotency_key=key_for(keyed, 3))]
+        specs += [JobSpec("t", queue="c", run_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
+                          idempotency_key=key_for(keyed, 4))]  # fmt: skip
+        client.enqueue_many(specs)
+        client.enqueue("t", queue="d")  # a marker: notifications arrive in commit order
+        heard = [n.payload for n in listener.notifies(timeout=10, stop_after=3)]
+    assert sorted(heard[:2]) == ["a", "c"], "b's job is not due yet"
+    assert heard[2] == "d"
+
+
+def test_enqueue_many_without_notify_sends_none(dsn: str) -> None:
+    with Client(dsn, notify=False) as quiet, connect(dsn, purpose="test-listen") as listener:
+        quiet.store.listen(listener)
+        quiet.enqueue_many([JobSpec("t", queue="a"), JobSpec("t", queue="b", idempotency_key="k")])
+        quiet.enqueue_many([JobSpec("t", queue="c", idempotency_key="k2")])
+        quiet.enqueue("t", queue="d")
+        with Client(dsn) as loud:
+            loud.enqueue("t", queue="marker")
+        assert [n.payload for n in listener.notifies(timeout=10, stop_after=1)] == ["marker"]
 
 
 # --- transactional enqueue ------------------------------------------------------------------------
