@@ -136,6 +136,20 @@ def test_enqueue_many_schedules_each_job(keyed: bool, client: Client, conn: Conn
     assert [lease.id for lease in store.claim(conn, ["default"], W1, 30, 10)] == [due.id, plain.id]
 
 
+AWKWARD_PAYLOADS = [
+    {"tab": "a\tb", "newline": "a\nb", "cr": "a\rb", "backslash": "a\\b", "end-of-copy": "\\.", "nul-text": "\\u0000"},
+    {"unicode": "ünïcødé ✓ 🚀", "ctrl": "\x01\x1f\x7f", "quote": '"', "big": 10**20, "float": 1e-300},
+    ["\\N", "\\", None, "", "\\t"],
+]  # fmt: skip
+
+
+@BATCH_PATHS
+def test_enqueue_many_stores_awkward_payloads_exactly(keyed: bool, client: Client, conn: Connection) -> None:
+    specs = [JobSpec("t", p, idempotency_key=key_for(keyed, n)) for n, p in enumerate(AWKWARD_PAYLOADS)]
+    results = client.enqueue_many(specs)
+    assert [row(conn, r.id)["payload"] for r in results] == AWKWARD_PAYLOADS
+
+
 @BATCH_PATHS
 def test_enqueue_many_notifies_each_queue_given_a_due_job_once(keyed: bool, client: Client, dsn: str) -> None:
     with connect(dsn, purpose="test-listen") as listener:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import traceback
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from miniqueue import Client, ConfigError, InvalidInput, JobSpec
 from miniqueue.db import Connection, check_dsn, mask_dsn
+from miniqueue.validation import encode_payload
 
 from .helpers import count, row
 
@@ -87,6 +89,23 @@ def test_circular_payload(client: Client, conn: Connection) -> None:
     loop: dict[str, Any] = {}
     loop["self"] = loop
     rejected(client, conn, JobSpec("t", loop), "not JSON-serialisable", "circular")
+
+
+def test_payload_nested_too_deeply(client: Client, conn: Connection) -> None:
+    deep: list[Any] = []
+    for _ in range(50_000):
+        deep = [deep]
+    rejected(client, conn, JobSpec("t", deep), "not JSON-serialisable", "nested too deeply")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"a": [1, 2.5, True, None], "é": "ünïcødé ✓"}, {2: "int key", True: "bool key", None: "none key"},
+     "just a string", 7, [], {"nested": {"deeper": [{"x": -1e300}]}}, {"s": "tab\there\nnewline \\ back"}],
+)  # fmt: skip
+def test_payload_encoding_is_compact_json_as_json_dumps_writes_it(payload: Any) -> None:
+    expected = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    assert encode_payload(payload) == expected
 
 
 @pytest.mark.parametrize(
