@@ -19,7 +19,7 @@ from typing import Any
 
 from psycopg import sql
 
-from .db import Connection, check_schema, translate_errors
+from .db import Connection, check_schema, cursor_for, translate_errors
 from .errors import InvalidInput, InvalidTransition, JobNotFound, LeaseLost
 from .job import (
     REQUEUEABLE_STATES,
@@ -504,13 +504,17 @@ class Store:
 
     @staticmethod
     def _rows(conn: Connection, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        with translate_errors(), conn.cursor() as cur:
+        with translate_errors():
+            cur = cursor_for(conn)
             cur.execute(query, params)
-            return cur.fetchall() if cur.description else []
+            # (rownumber is None when the statement returned no rows; description would build
+            # Column objects, which cost the one-by-one enqueue more than its validation.)
+            return cur.fetchall() if cur.rownumber is not None else []
 
     @staticmethod
     def _rowcount(conn: Connection, query: str, params: dict[str, Any]) -> int:
-        with translate_errors(), conn.cursor() as cur:
+        with translate_errors():
+            cur = cursor_for(conn)
             cur.execute(query, params)
             return cur.rowcount
 

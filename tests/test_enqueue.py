@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from miniqueue import Client, EnqueueResult, JobNotFound, JobSpec, QueueCount, State, Store
-from miniqueue.db import Connection, connect
+from miniqueue.db import Connection, PooledConnection, connect
 
 from .helpers import count, row, wait_until
 
@@ -311,3 +311,14 @@ def test_client_get_counts_cancel_and_requeue(client: Client, conn: Connection) 
     assert count(conn, "state = 'available'") == 2
     with pytest.raises(JobNotFound):
         client.get(987_654)
+
+
+def test_a_pooled_connection_keeps_one_cursor_past_a_failed_statement(client: Client, conn: Connection) -> None:
+    with client.connection() as pooled:
+        assert isinstance(pooled, PooledConnection)
+        cursor = pooled.statement_cursor()
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            cursor.execute("SELECT 1 / 0")
+        job = client.enqueue("t", {"after": "error"}, conn=pooled)
+        assert pooled.statement_cursor() is cursor
+    assert row(conn, job.id)["payload"] == {"after": "error"}
