@@ -101,9 +101,10 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
  ORDER BY s.ord
 """
 
-# A batch without idempotency keys goes by COPY, twice as fast on the server as the statement
-# above. Its ids are drawn first (to return them), with the transaction's now(): the database
-# clock that every job's scheduled_at counts from, exactly as the column default would.
+# A large batch without idempotency keys goes by COPY: 25% faster than the statement above at
+# 10,000 jobs, though its four extra round trips make it slower below a few hundred. Its ids are
+# drawn first (to return them), with the transaction's now(): the database clock that every
+# job's scheduled_at counts from, exactly as the column default would.
 _DRAW_IDS = """
 SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
                       FROM generate_series(1, %(count)s))
@@ -430,6 +431,9 @@ class Store:
     the caller's transaction.
     """
 
+    #: The smallest batch without idempotency keys that enqueue_many sends by COPY.
+    copy_threshold = 500
+
     def __init__(self, schema: str = "public") -> None:
         self.schema = check_schema(schema)
         self.channel = f"miniqueue_{schema}"
@@ -539,7 +543,8 @@ class Store:
         """Insert many validated jobs in one transaction; results are in input order."""
         if not jobs:
             return []
-        if not any(j.idempotency_key for j in jobs):
+        keys = [j.idempotency_key for j in jobs]
+        if len(jobs) >= self.copy_threshold and not any(keys):
             return self._copy_many(conn, jobs, notify)
         run_ats = [j.run_at for j in jobs]
         delays = [j.delay_seconds for j in jobs]
@@ -549,9 +554,9 @@ class Store:
             "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
             "max_attempts": [j.max_attempts for j in jobs],
             # A column every job leaves at its default goes as an empty array, which unnest()
-            # pads with NULLs: most batches schedule nothing.
+            # pads with NULLs: most batches schedule nothing and carry no keys.
             "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
-            "keys": [j.idempotency_key for j in jobs],
+            "keys": keys if any(keys) else [],
             "notify": notify, "channel": self.channel,
         }  # fmt: skip
         results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, self._enqueue_many, params)]

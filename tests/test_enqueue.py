@@ -108,24 +108,26 @@ def test_enqueue_many_of_nothing(client: Client, conn: Connection) -> None:
     assert count(conn) == 0
 
 
-# A batch without idempotency keys goes by COPY, one with keys by INSERT ... ON CONFLICT: the
-# tests below run both.
-BATCH_PATHS = pytest.mark.parametrize("keyed", [False, True], ids=["copy", "insert"])
+@pytest.fixture(params=["copy", "insert", "insert-keyed"])
+def path(request: pytest.FixtureRequest, client: Client) -> str:
+    """enqueue_many's two ways in: COPY for a large batch without idempotency keys (here any
+    batch without keys), else INSERT ... ON CONFLICT (here any batch, with or without keys)."""
+    client.store.copy_threshold = 1 if request.param == "copy" else 10**9
+    return str(request.param)
 
 
-def key_for(keyed: bool, n: int) -> str | None:
-    return f"key-{n}" if keyed else None
+def key_for(path: str, n: int) -> str | None:
+    return f"key-{n}" if path == "insert-keyed" else None
 
 
-@BATCH_PATHS
-def test_enqueue_many_schedules_each_job(keyed: bool, client: Client, conn: Connection, store: Store) -> None:
+def test_enqueue_many_schedules_each_job(path: str, client: Client, conn: Connection, store: Store) -> None:
     now = db_now(conn)
     due, later, delayed, plain = client.enqueue_many(
         [
-            JobSpec("t", run_at=now - dt.timedelta(minutes=1), idempotency_key=key_for(keyed, 0)),
-            JobSpec("t", run_at=now + dt.timedelta(hours=1), idempotency_key=key_for(keyed, 1)),
-            JobSpec("t", delay=dt.timedelta(minutes=10), idempotency_key=key_for(keyed, 2)),
-            JobSpec("t", idempotency_key=key_for(keyed, 3)),
+            JobSpec("t", run_at=now - dt.timedelta(minutes=1), idempotency_key=key_for(path, 0)),
+            JobSpec("t", run_at=now + dt.timedelta(hours=1), idempotency_key=key_for(path, 1)),
+            JobSpec("t", delay=dt.timedelta(minutes=10), idempotency_key=key_for(path, 2)),
+            JobSpec("t", idempotency_key=key_for(path, 3)),
         ]
     )
     assert row(conn, due.id)["scheduled_at"] == now - dt.timedelta(minutes=1)
@@ -143,21 +145,19 @@ AWKWARD_PAYLOADS = [
 ]  # fmt: skip
 
 
-@BATCH_PATHS
-def test_enqueue_many_stores_awkward_payloads_exactly(keyed: bool, client: Client, conn: Connection) -> None:
-    specs = [JobSpec("t", p, idempotency_key=key_for(keyed, n)) for n, p in enumerate(AWKWARD_PAYLOADS)]
+def test_enqueue_many_stores_awkward_payloads_exactly(path: str, client: Client, conn: Connection) -> None:
+    specs = [JobSpec("t", p, idempotency_key=key_for(path, n)) for n, p in enumerate(AWKWARD_PAYLOADS)]
     results = client.enqueue_many(specs)
     assert [row(conn, r.id)["payload"] for r in results] == AWKWARD_PAYLOADS
 
 
-@BATCH_PATHS
-def test_enqueue_many_notifies_each_queue_given_a_due_job_once(keyed: bool, client: Client, dsn: str) -> None:
+def test_enqueue_many_notifies_each_queue_given_a_due_job_once(path: str, client: Client, dsn: str) -> None:
     with connect(dsn, purpose="test-listen") as listener:
         client.store.listen(listener)
-        specs = [JobSpec("t", queue="a", idempotency_key=key_for(keyed, n)) for n in range(3)]
-        specs += [JobSpec("t", queue="b", delay=60, idempotency_key=key_for(keyed, 3))]
+        specs = [JobSpec("t", queue="a", idempotency_key=key_for(path, n)) for n in range(3)]
+        specs += [JobSpec("t", queue="b", delay=60, idempotency_key=key_for(path, 3))]
         specs += [JobSpec("t", queue="c", run_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
-                          idempotency_key=key_for(keyed, 4))]  # fmt: skip
+                          idempotency_key=key_for(path, 4))]  # fmt: skip
         client.enqueue_many(specs)
         client.enqueue("t", queue="d")  # a marker: notifications arrive in commit order
         heard = [n.payload for n in listener.notifies(timeout=10, stop_after=3)]
@@ -169,7 +169,8 @@ def test_enqueue_many_without_notify_sends_none(dsn: str) -> None:
     with Client(dsn, notify=False) as quiet, connect(dsn, purpose="test-listen") as listener:
         quiet.store.listen(listener)
         quiet.enqueue_many([JobSpec("t", queue="a"), JobSpec("t", queue="b", idempotency_key="k")])
-        quiet.enqueue_many([JobSpec("t", queue="c", idempotency_key="k2")])
+        quiet.enqueue_many([JobSpec("t", queue="c")])
+        quiet.enqueue_many([JobSpec("t", queue="e")] * quiet.store.copy_threshold)
         quiet.enqueue("t", queue="d")
         with Client(dsn) as loud:
             loud.enqueue("t", queue="marker")
