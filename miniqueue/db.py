@@ -7,9 +7,8 @@ across ``fork()``: create them in the process that uses them.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -150,26 +149,32 @@ def create_pool(
     return pool
 
 
-@contextlib.contextmanager
-def translate_errors(dsn: str | None = None) -> Iterator[None]:
+class translate_errors:  # lower case: it reads as the function it replaced, `with translate_errors(dsn):`
     """Turn psycopg's connectivity and missing-schema errors into miniqueue's own.
 
     The one place where psycopg exceptions become :class:`MiniqueueError` subclasses; other
     database errors (constraint violations and the like) are bugs and propagate unchanged.
+    (A class rather than a @contextmanager generator: every statement runs inside one.)
     """
-    try:
-        yield
-    except psycopg.errors.UndefinedTable as exc:
-        raise SchemaOutOfDate(
-            f"the miniqueue tables are missing ({exc.diag.message_primary}): run `miniqueue migrate` first"
-        ) from exc
-    except psycopg.errors.UndefinedColumn as exc:
-        raise SchemaOutOfDate(
-            f"the miniqueue schema is out of date ({exc.diag.message_primary}): run `miniqueue migrate`"
-        ) from exc
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if dsn:
-            detail = _scrub(detail, dsn)
-        where = f" at {mask_dsn(dsn)}" if dsn else ""
-        raise DatabaseUnavailable(f"database unavailable{where}: {detail}") from exc
+
+    __slots__ = ("dsn",)
+
+    def __init__(self, dsn: str | None = None) -> None:
+        self.dsn = dsn
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)):
+            table = isinstance(exc, psycopg.errors.UndefinedTable)
+            missing = "tables are missing" if table else "schema is out of date"
+            raise SchemaOutOfDate(
+                f"the miniqueue {missing} ({exc.diag.message_primary}): run `miniqueue migrate` first"
+            ) from exc
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if self.dsn:
+                detail = _scrub(detail, self.dsn)
+            where = f" at {mask_dsn(self.dsn)}" if self.dsn else ""
+            raise DatabaseUnavailable(f"database unavailable{where}: {detail}") from exc
