@@ -98,12 +98,14 @@ def check_complete_many(conn: Connection, batch: int) -> PlanCheck:
 
 
 def check_enqueue_many(conn: Connection, count: int) -> PlanCheck:
-    """A bulk insert should not pay for JIT compilation (a sign of a badly overestimated plan)."""
-    jobs = [validate(JobSpec(TASK, payload(n), queue=QUEUE)) for n in range(count)]
+    """A bulk insert should not pay for JIT compilation (a sign of a badly overestimated plan).
+
+    The batch carries idempotency keys: one without them goes by COPY, which has no plan."""
+    jobs = [validate(JobSpec(TASK, payload(n), queue=QUEUE, idempotency_key=f"plans-{n}")) for n in range(count)]
     plan = _explain(conn, lambda store: store.enqueue_many(conn, jobs, notify=True))
     jit = next((float(m[1]) for line in plan if (m := _JIT_TOTAL.search(line))), None)
     verdict = "no JIT" if jit is None else f"JIT compilation took {jit:,.0f} ms of it"
-    return _check(f"enqueue_many x{count:,}", plan, jit is None, verdict)
+    return _check(f"enqueue_many x{count:,} with keys", plan, jit is None, verdict)
 
 
 def _explain(conn: Connection, call: Callable[[ExplainingStore], object]) -> list[str]:

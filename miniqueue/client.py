@@ -12,7 +12,7 @@ from psycopg_pool import ConnectionPool
 from .db import Connection, connect, create_pool, translate_errors
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .store import Store
-from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate, validate_many
+from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate, validate_each, validate_many
 
 
 class Client:
@@ -98,15 +98,21 @@ class Client:
             return self.store.enqueue(c, job, notify=self.notify)
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
-        """Enqueue many jobs in one statement; results are in input order.
+        """Enqueue many jobs in one transaction; results are in input order.
 
-        Every job is validated first: one invalid job raises InvalidInput (naming its index)
-        and none is stored. Idempotency keys are honoured against stored jobs and within the
-        batch (the first occurrence wins).
+        One invalid job raises InvalidInput (naming its index) and none is stored. Idempotency
+        keys are honoured against stored jobs and within the batch (the first occurrence wins).
         """
-        validated = validate_many(jobs, max_payload_bytes=self.max_payload_bytes)
+        specs = list(jobs)
+        limit = self.max_payload_bytes
         with self.connection(conn) as c:
-            return self.store.enqueue_many(c, validated, notify=self.notify)
+            if len(specs) >= self.store.copy_threshold and all(s.idempotency_key is None for s in specs):
+                # Each job is checked as the COPY streams it, so the checks overlap the server's
+                # inserts; an invalid one aborts the COPY, and nothing is stored.
+                scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
+                checked = validate_each(specs, max_payload_bytes=limit)
+                return self.store.copy_many(c, len(specs), checked, scheduled=scheduled, notify=self.notify)
+            return self.store.enqueue_many(c, validate_many(specs, max_payload_bytes=limit), notify=self.notify)
 
     def get(self, job_id: int) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""

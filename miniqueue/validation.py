@@ -1,4 +1,4 @@
-"""Input rules, checked before any SQL runs so that a bad value stores nothing.
+"""Input rules, checked before a job reaches the database, so that a bad value stores nothing.
 
 Each check raises :class:`~miniqueue.errors.InvalidInput` with a message naming the value and
 the rule it broke.
@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import json.encoder
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from .errors import InvalidInput
@@ -177,12 +177,15 @@ def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
     )
 
 
-def validate_many(specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[NewJob]:
-    """Check every job of a batch; the first invalid one raises InvalidInput naming its index."""
-    jobs = []
+def validate_each(specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Iterator[NewJob]:
+    """Check each job of a batch as it is consumed; an invalid one raises InvalidInput naming its index."""
     for index, spec in enumerate(specs):
         try:
-            jobs.append(validate(spec, max_payload_bytes=max_payload_bytes))
+            yield validate(spec, max_payload_bytes=max_payload_bytes)
         except InvalidInput as exc:
             raise InvalidInput(f"job {index}: {exc}") from exc
-    return jobs
+
+
+def validate_many(specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[NewJob]:
+    """Check every job of a batch; the first invalid one raises InvalidInput naming its index."""
+    return list(validate_each(specs, max_payload_bytes=max_payload_bytes))

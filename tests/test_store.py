@@ -776,3 +776,19 @@ def test_claim_plan_uses_the_claim_index_without_sorting(client: Client, conn: C
     nodes = list(_plan_nodes(plan_row[0][0]["Plan"]))
     assert "idx_miniqueue_jobs_claim" in {n.get("Index Name") for n in nodes}, nodes
     assert not any(n["Node Type"] in {"Sort", "Incremental Sort", "Seq Scan"} for n in nodes), nodes
+
+
+def test_copy_many_refuses_jobs_it_cannot_store_faithfully(store: Store, conn: Connection) -> None:
+    keyed = [validate(JobSpec("t")), validate(JobSpec("t", idempotency_key="k"))]
+    with pytest.raises(ValueError, match="without idempotency keys"):
+        store.copy_many(conn, 2, keyed, scheduled=False)
+    delayed = [validate(JobSpec("t")), validate(JobSpec("t", delay=60))]
+    with pytest.raises(ValueError, match="scheduled=True"):
+        store.copy_many(conn, 2, delayed, scheduled=False)
+    with pytest.raises(ValueError, match="zip"):
+        store.copy_many(conn, 3, delayed, scheduled=True)  # fewer jobs than it was told
+    assert count(conn) == 0
+    stored = store.copy_many(conn, 2, delayed, scheduled=True)
+    assert [row(conn, r.id)["scheduled_at"] - row(conn, r.id)["created_at"] for r in stored] == [
+        dt.timedelta(0), dt.timedelta(seconds=60)
+    ]  # fmt: skip

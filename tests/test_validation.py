@@ -7,6 +7,7 @@ import json
 import traceback
 from typing import Any
 
+import psycopg
 import pytest
 
 from miniqueue import Client, ConfigError, InvalidInput, JobSpec
@@ -217,6 +218,24 @@ def test_batch_error_names_the_index_of_the_first_bad_job(client: Client, conn: 
     with pytest.raises(InvalidInput, match=r"^job 637: payload"):
         client.enqueue_many(specs)
     assert count(conn) == 0
+
+
+def test_a_bad_job_late_in_a_streamed_batch_leaves_the_callers_transaction_intact(
+    client: Client, conn: Connection, dsn: str
+) -> None:
+    # A large batch without keys streams by COPY, each job checked as it is sent: the bad one
+    # aborts the COPY after 1,999 rows went to the server, and only the batch is undone.
+    specs = [JobSpec("t", {"i": i}) for i in range(2000)]
+    specs[-1] = JobSpec("t", run_at=dt.datetime(2030, 1, 1))  # naive
+    with psycopg.connect(dsn) as own:
+        mine = client.enqueue("t", {"mine": True}, conn=own)
+        with pytest.raises(InvalidInput, match=r"^job 1999: run_at .* naive"):
+            client.enqueue_many(specs, conn=own)
+        after = client.enqueue("t", {"after": True}, conn=own)
+        own.commit()
+    assert count(conn) == 2
+    assert row(conn, mine.id)["payload"] == {"mine": True}
+    assert row(conn, after.id)["payload"] == {"after": True}
 
 
 # --- DSNs ----------------------------------------------------------------------------------------------
