@@ -1,24 +1,25 @@
-"""Producer rows: enqueue one by one, enqueue_many, and the bare-INSERT floor under them."""
+"""Producer rows: enqueue one by one, enqueue_many, and the SQL floor under them."""
 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from dataclasses import dataclass
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from miniqueue import Client, JobSpec
+from miniqueue import Client, JobSpec, Store
 
 from .database import QUEUE, TASK, payload, settle
 from .measure import Laps, Sample, WorkerReport, combine
 from .processes import Gate, run_workers
 from .registry import Benchmark, Context
 
-# The same columns Client.enqueue fills, with nothing else: no validation, no ON CONFLICT, no
-# NOTIFY, no pool. What one autocommit INSERT per job costs on this server.
-FLOOR_INSERT = """
+# For reference: the same columns Client.enqueue fills, with nothing else: no ON CONFLICT, no
+# NOTIFY. What the plainest autocommit INSERT per job costs on this server.
+PLAIN_INSERT = """
 INSERT INTO public.miniqueue_jobs
        (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
 VALUES (%(queue)s, %(task)s, %(payload)s, 0, 5, 5, now(), NULL)
@@ -48,7 +49,13 @@ def enqueue_in_batches(ctx: Context, *, batch: int, notify: bool) -> Sample:
     return combine(run_workers(enqueue_many_worker, [EnqueueSpec(ctx.dsn, ctx.jobs, batch, notify)]))
 
 
-def insert_floor(ctx: Context) -> Sample:
+def enqueue_floor(ctx: Context) -> Sample:
+    """The SQL floor: the store's own enqueue statement (with NOTIFY), issued by a bare psycopg loop."""
+    settle(ctx.dsn)
+    return combine(run_workers(floor_worker, [EnqueueSpec(ctx.dsn, ctx.jobs)]))
+
+
+def plain_insert(ctx: Context) -> Sample:
     """A bare psycopg loop: one plain INSERT per job, autocommit."""
     settle(ctx.dsn)
     return combine(run_workers(insert_worker, [EnqueueSpec(ctx.dsn, ctx.jobs)]))
@@ -82,13 +89,31 @@ def enqueue_many_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
         return laps.report()
 
 
-def insert_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
-    """Worker: the SQL floor, one bare INSERT per job."""
+def floor_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
+    """Worker: the SQL floor, the store's enqueue SQL text with the parameters it sends, one
+    ``conn.execute`` per job: no validation, no pool, no API."""
+    store = Store()
+    params: dict[str, object] = {
+        "queue": QUEUE, "task": TASK, "priority": 0, "max_attempts": 5, "run_at": None, "delay": 0.0, "key": None,
+        "notify": True, "channel": store.channel,
+    }  # fmt: skip
     with psycopg.connect(spec.dsn, autocommit=True) as conn:
         laps = Laps(gate.wait())
         for n in range(spec.jobs):
             began = time.perf_counter()
-            conn.execute(FLOOR_INSERT, {"queue": QUEUE, "task": TASK, "payload": Jsonb(payload(n))}).fetchone()
+            params["payload"] = json.dumps(payload(n), separators=(",", ":"))
+            conn.execute(store._enqueue, params).fetchall()  # only the rendered SQL text
+            laps.record(began, 1)
+        return laps.report()
+
+
+def insert_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
+    """Worker: one plain INSERT per job."""
+    with psycopg.connect(spec.dsn, autocommit=True) as conn:
+        laps = Laps(gate.wait())
+        for n in range(spec.jobs):
+            began = time.perf_counter()
+            conn.execute(PLAIN_INSERT, {"queue": QUEUE, "task": TASK, "payload": Jsonb(payload(n))}).fetchone()
             laps.record(began, 1)
         return laps.report()
 
@@ -100,7 +125,8 @@ def _notify_label(notify: bool) -> str:
 BENCHMARKS: list[Benchmark] = [
     Benchmark("enqueue", "enqueue (NOTIFY)", 1, functools.partial(enqueue_one_by_one, notify=True)),
     Benchmark("enqueue-no-notify", "enqueue (no NOTIFY)", 1, functools.partial(enqueue_one_by_one, notify=False)),
-    Benchmark("floor-insert", "SQL floor: INSERT per job", 1, insert_floor),
+    Benchmark("floor-enqueue", "SQL floor: enqueue statement per job", 1, enqueue_floor),
+    Benchmark("plain-insert", "plain INSERT per job (reference)", 1, plain_insert),
     *[
         Benchmark(
             f"enqueue-many-{batch}{'' if notify else '-no-notify'}",

@@ -48,10 +48,10 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                                   _rate, drain.benchmark.name))  # fmt: skip
     if many := best("enqueue-many-"):
         verdicts.append(_at_least("enqueue_many", many.jobs_per_s, 60_000, _rate, many.benchmark.name))
-    one, floor = by_name.get("enqueue"), by_name.get("floor-insert")
+    one, floor = by_name.get("enqueue"), by_name.get("floor-enqueue")
     if one and floor and floor.jobs_per_s:
         verdicts.append(_at_least("one-by-one enqueue / SQL floor (within 20%)", one.jobs_per_s / floor.jobs_per_s,
-                                  0.8, lambda v: f"{v:.2f}x", "enqueue / floor-insert"))  # fmt: skip
+                                  0.8, lambda v: f"{v:.2f}x", "enqueue / floor-enqueue"))  # fmt: skip
     if (notify := by_name.get("latency-notify")) is not None:
         for label, field, limit in (("p50", "p50_ms", 5.0), ("p99", "p99_ms", 50.0)):
             value = notify.median_of(field)

@@ -46,8 +46,7 @@ class JobSpec(NamedTuple):
     idempotency_key: str | None = None
 
 
-@dataclass(frozen=True)
-class EnqueueResult:
+class EnqueueResult(NamedTuple):
     """The outcome of one enqueue: the job's id, and whether an earlier job with the same
     idempotency key already existed (in which case ``id`` is that earlier job's)."""
 
