@@ -24,7 +24,10 @@ from .registry import Benchmark, Context
 from .supervised import SuperviseOptions, supervised
 
 NOOP_APP = "bench.apps:noop_app"
-PREFETCH = 200
+# Claims of about half of this (a worker refills its buffer when half is free): on a 2-core
+# machine where a commit costs a millisecond or more, 200 left the drain at 20-24k jobs/s,
+# 1,000 reaches the floor (each claim-and-complete statement, with its commit, serves 500 jobs).
+PREFETCH = 1000
 CONCURRENCY = 1
 # Drain rows move this many times --jobs (50,000 by default), like the batch-claim rows.
 DRAIN_SCALE = 5
