@@ -188,6 +188,9 @@ class Worker:
     worker's lifetime.
     """
 
+    #: Longest a finished job's outcome waits before the claim loop records it.
+    OUTCOME_DELAY = 0.05
+
     def __init__(
         self,
         app: App,
@@ -311,9 +314,11 @@ class Worker:
                 self._sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            # Handlers finishing and notifications set the wake event; only a claim we could make
-            # right now is a reason not to wait for one.
-            self._sleep(0.0 if self._claim_size(False) else max(0.0, next_poll - time.monotonic()))
+            # Handlers and notifications set the wake event; only a claim we could make right
+            # now is a reason not to wait for one, and outcomes waiting to be recorded a reason
+            # not to wait long.
+            wait = 0.0 if self._claim_size(False) else max(0.0, next_poll - time.monotonic())
+            self._sleep(min(wait, self.OUTCOME_DELAY) if self._outcomes else wait)
 
     def _drain(self, deadline: float) -> bool:
         """One step of a graceful stop; True once there is nothing left to wait for."""
@@ -376,14 +381,19 @@ class Worker:
     def _work(self, job: Job | None) -> None:
         """A handler thread's loop: run a job, queue its outcome, and take the next ready job
         straight away, so handlers never wait for the claim loop's round trips."""
+        capacity = self.config.concurrency + self.config.prefetch
         while job is not None:
             outcome = self._execute(job)
             self._slots.finish(job)
             self._outcomes.append((job, outcome))
-            self._wake.set()
             if self._stop_requested:
+                self._wake.set()
                 return
             job = self._slots.start_next(self._make_job, self.config.concurrency)
+            # Wake the claim loop when a claim is due or this thread has nothing left to run;
+            # not for every job (the loop records lone outcomes within OUTCOME_DELAY anyway).
+            if job is None or len(self._outcomes) >= max(1, capacity // 2):
+                self._wake.set()
             if job is not None:
                 self.hooks.on_job_start(job)
 
