@@ -201,6 +201,10 @@ class Worker:
     ) -> None:
         self.app = app
         self.config = (config or WorkerConfig()).validated()
+        # The most jobs held at once (running and prefetched), and the smallest claim worth a
+        # statement of its own: half of that, so that claims come in batches.
+        self._capacity = self.config.concurrency + self.config.prefetch
+        self._claim_batch = max(1, self._capacity // 2)
         self.queues = list(self.config.queues or app.queues)
         if not self.queues:
             raise ConfigError("the worker has no queue to claim from: register a task or pass queues")
@@ -337,8 +341,7 @@ class Worker:
         prefetch, wait until half the buffer is free (or it ran dry) so that claims come in
         batches rather than one statement per finished job.
         """
-        capacity = self.config.concurrency + self.config.prefetch
-        free = capacity - self._slots.held() + len(self._outcomes)
+        free = self._capacity - self._slots.held() + len(self._outcomes)
         if self.config.max_jobs is not None:  # never claim a job this worker will not run
             # (jobs held, finishing ones included, will all count as done)
             free = min(free, self.config.max_jobs - self.jobs_done - self._slots.held())
@@ -346,7 +349,7 @@ class Worker:
             return 0
         with self._slots.lock:
             ran_dry = not self._slots.ready
-        return free if ran_dry or free >= max(1, capacity // 2) else 0
+        return free if ran_dry or free >= self._claim_batch else 0
 
     def _sleep(self, seconds: float) -> None:
         """Wait until woken (outcome, notification) or ``seconds`` pass, checking the stop flag."""
@@ -381,7 +384,6 @@ class Worker:
     def _work(self, job: Job | None) -> None:
         """A handler thread's loop: run a job, queue its outcome, and take the next ready job
         straight away, so handlers never wait for the claim loop's round trips."""
-        capacity = self.config.concurrency + self.config.prefetch
         while job is not None:
             outcome = self._execute(job)
             self._slots.finish(job)
@@ -392,7 +394,7 @@ class Worker:
             job = self._slots.start_next(self._make_job, self.config.concurrency)
             # Wake the claim loop when a claim is due or this thread has nothing left to run;
             # not for every job (the loop records lone outcomes within OUTCOME_DELAY anyway).
-            if job is None or len(self._outcomes) >= max(1, capacity // 2):
+            if job is None or len(self._outcomes) >= self._claim_batch:
                 self._wake.set()
             if job is not None:
                 self.hooks.on_job_start(job)
