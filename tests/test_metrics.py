@@ -191,7 +191,16 @@ def test_a_killed_worker_counts_as_a_restart(supervise: Any) -> None:
     victim = sup.workers()[0]
     os.kill(victim, signal.SIGKILL)
     wait_until(lambda: len(sup.workers()) == 2 and victim not in sup.workers(), what="the worker replaced")
-    samples = scrape_until(port, lambda s: value(s, "miniqueue_processes", kind="worker") == 2, "two workers")
+    # The gauge read 2 before the kill too: wait for the restart to be counted as well.
+    samples = scrape_until(
+        port,
+        lambda s: (
+            value(s, "miniqueue_processes", kind="worker") == 2
+            and value(s, "miniqueue_child_restarts_total", kind="worker") == 1
+        ),
+        "two workers, one restart",
+    )
+    assert value(samples, "miniqueue_processes", kind="worker") == 2
     assert value(samples, "miniqueue_child_restarts_total", kind="worker") == 1
     assert value(samples, "miniqueue_child_restarts_total", kind="reaper") in (None, 0)
 
