@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 from .app import App, load_app
 from .context import Job
-from .process import EXIT_BOOT_ERROR, die_with_parent, report_line, set_label, set_title, write_lines, write_report
+from .process import (
+    EXIT_BOOT_ERROR,
+    Tally,
+    die_with_parent,
+    report_line,
+    set_label,
+    set_title,
+    write_lines,
+    write_report,
+)
 from .reaper import Reaper, ReaperConfig
 from .worker import Outcome, Worker, WorkerConfig, WorkerHooks, new_worker_id
 
@@ -93,7 +102,7 @@ def _run_worker(spec: ChildSpec) -> int:
     worker.hooks = WorkerHooks(on_job_start=progress.job_started, on_job_end=progress.job_ended)
     _install_stop_signals(worker.stop)
     listening = {True: "1", False: "0", None: "-"}
-    _start_reporter(spec, worker.stop, beat=lambda: progress.beat(listening[worker.listening]), tick=progress.flush)
+    _start_reporter(spec, worker.stop, beat=lambda: progress.beat(listening[worker.listening]), tick=progress.tick)
     progress.retitle()
     write_report(spec.report_fd, "ready", worker.worker_id)
     worker.run()
@@ -153,58 +162,72 @@ def _start_reporter(
 
 
 class _Progress:
-    """What a worker tells the world about its jobs: report lines to the supervisor, batched
-    (a write every ~50 ms, not two per job), and its process title, refreshed at most every
-    0.25 s. The start of a job with a hard timeout is reported at once, since the supervisor
-    times it. Hooks run on handler threads and the claim loop, hence the lock."""
+    """What a worker tells the world about its jobs: report lines to the supervisor and its
+    process title, at a cost that does not grow with the job rate. Per job, the hooks only
+    touch a few dicts; every flush (the reporter's 0.1 s tick) sends
 
-    FLUSH_SECONDS = 0.05
+    - ``start`` for each job still running, once (at once for a task with a hard timeout,
+      since the supervisor times it), and ``end`` for such a job once it finished;
+    - ``done`` per (outcome, queue, task): a :class:`Tally` of every job finished since.
+
+    A job that starts and ends between two flushes is only counted. Hooks run on handler
+    threads and the claim loop, hence the lock."""
+
     TITLE_SECONDS = 0.25
 
     def __init__(self, spec: ChildSpec, app: App) -> None:
-        self.spec, self.app = spec, app
+        self.spec = spec
+        self.timeouts = {name: task.timeout for name, task in app.tasks.items() if task.timeout}
         self.lock = threading.Lock()
         self.lines: list[str] = []
-        self.running: dict[int, str] = {}
-        self.flushed_at = self.titled_at = 0.0
+        self.running: dict[int, Job] = {}
+        self.reported: set[int] = set()  # running jobs whose start the supervisor knows
+        self.tallies: dict[tuple[str, str, str], Tally] = {}
+        self.titled_at = 0.0
 
     def job_started(self, job: Job) -> None:
-        task = self.app.tasks.get(job.task)
-        timeout = task.timeout if task and task.timeout else None
         with self.lock:
-            self.running[job.id] = job.task
-            self.lines.append(report_line("start", job.id, job.attempt, timeout or "-", job.task))
-        self._soon(urgent=timeout is not None)
+            self.running[job.id] = job
+        if job.task in self.timeouts:
+            self.flush()
 
     def job_ended(self, job: Job, outcome: Outcome) -> None:
         label = "completed" if outcome.kind == "completed_in_transaction" else outcome.kind
+        key = (label, job.queue, job.task)
         with self.lock:
             self.running.pop(job.id, None)
-            self.lines.append(report_line("end", job.id, label, f"{outcome.duration:.6f}", job.queue, job.task))
-        self._soon()
+            if job.id in self.reported:
+                self.reported.discard(job.id)
+                self.lines.append(report_line("end", job.id))
+            tally = self.tallies.get(key)
+            if tally is None:
+                tally = self.tallies[key] = Tally()
+            tally.add(outcome.duration)
 
     def beat(self, listening: str) -> None:
         with self.lock:
             self.lines.append(report_line("beat", listening))
-        self.flush()
-        self.retitle()
+        self.tick()
 
-    def _soon(self, urgent: bool = False) -> None:
-        now = time.monotonic()
-        if urgent or now - self.flushed_at >= self.FLUSH_SECONDS or len(self.lines) >= 64:
-            self.flush()
-        if now - self.titled_at >= self.TITLE_SECONDS:
+    def tick(self) -> None:
+        self.flush()
+        if time.monotonic() - self.titled_at >= self.TITLE_SECONDS:
             self.retitle()
 
     def flush(self) -> None:
         with self.lock:  # held while writing, so lines from several threads never interleave
-            lines, self.lines = self.lines, []
-            self.flushed_at = time.monotonic()
+            lines, self.lines = self.lines, []  # "end" lines first: a job id may start again
+            for job in self.running.values():
+                if job.id not in self.reported:
+                    self.reported.add(job.id)
+                    lines.append(report_line("start", job.id, job.attempt, self.timeouts.get(job.task, "-"), job.task))
+            lines += [tally.line(*key) for key, tally in self.tallies.items()]
+            self.tallies = {}
             write_lines(self.spec.report_fd, lines)
 
     def retitle(self) -> None:
         with self.lock:
-            running = list(self.running.items())[:3]
+            running = list(self.running.values())[:3]
             self.titled_at = time.monotonic()
-        jobs = ", ".join(f"job {job_id} {task}" for job_id, task in running)
+        jobs = ", ".join(f"job {job.id} {job.task}" for job in running)
         set_title(f"{self.spec.name} {jobs or 'idle'}")

@@ -1,27 +1,62 @@
 """Prometheus metrics for ``miniqueue-supervise --metrics-port``.
 
 Job counters and the duration histogram are fed by the supervisor from its children's
-reports (each worker reports every job it finishes), so they are correct with any number of
-forked workers without prometheus-client's multiprocess mode. Queue gauges are read from the
-database at scrape time, on a short-lived connection.
+reports (each worker sends a tally of the jobs it finished, several times a second), so they
+are correct with any number of forked workers without prometheus-client's multiprocess mode.
+Queue gauges are read from the database at scrape time, on a short-lived connection.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .db import connect
 from .errors import MiniqueueError
+from .process import DURATION_BUCKETS, Tally
 from .store import Store
 
 log = logging.getLogger("miniqueue.metrics")
 
-DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, float("inf"))
+
+def _bound(seconds: float) -> str:
+    """A bucket's ``le`` label, as prometheus-client writes it: 0.005, 1.0, +Inf."""
+    return "+Inf" if seconds == float("inf") else repr(float(seconds))
+
+
+class _JobCollector(Collector):
+    """Job outcomes and handler durations, summed from the workers' tallies."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # tallies arrive on the supervisor's loop, scrapes on the HTTP thread
+        self.outcomes: dict[tuple[str, str, str], int] = {}
+        self.durations: dict[tuple[str, str], Tally] = {}
+
+    def add(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
+        with self.lock:
+            key = (queue, task, outcome)
+            self.outcomes[key] = self.outcomes.get(key, 0) + tally.count
+            self.durations.setdefault((queue, task), Tally()).merge(tally)
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = CounterMetricFamily(
+            "miniqueue_jobs_finished", "Job outcomes recorded by workers", labels=["queue", "task", "outcome"]
+        )
+        duration = HistogramMetricFamily("miniqueue_job_duration_seconds", "Handler run time", labels=["queue", "task"])
+        with self.lock:
+            for labels, count in sorted(self.outcomes.items()):
+                jobs.add_metric(list(labels), count)
+            for (queue, task), total in sorted(self.durations.items()):
+                cumulative = itertools.accumulate(total.buckets)
+                buckets = [(_bound(le), n) for le, n in zip(DURATION_BUCKETS, cumulative, strict=True)]
+                duration.add_metric([queue, task], buckets, total.seconds)
+        yield from (jobs, duration)
 
 
 class _QueueCollector(Collector):
@@ -64,23 +99,17 @@ class Metrics:
 
     def __init__(self, dsn: str, store: Store, processes: Callable[[], dict[str, int]]) -> None:
         self.registry = CollectorRegistry()
-        self.jobs = Counter(
-            "miniqueue_jobs_finished", "Job outcomes recorded by workers", ["queue", "task", "outcome"],
-            registry=self.registry,
-        )  # fmt: skip
-        self.duration = Histogram(
-            "miniqueue_job_duration_seconds", "Handler run time", ["queue", "task"], buckets=DURATION_BUCKETS,
-            registry=self.registry,
-        )  # fmt: skip
+        self.jobs = _JobCollector()
+        self.registry.register(self.jobs)
         self.restarts = Counter(
             "miniqueue_child_restarts", "Children that died unexpectedly and were replaced", ["kind"],
             registry=self.registry,
         )  # fmt: skip
         self.registry.register(_QueueCollector(dsn, store, processes))
 
-    def job_finished(self, queue: str, task: str, outcome: str, seconds: float) -> None:
-        self.jobs.labels(queue, task, outcome).inc()
-        self.duration.labels(queue, task).observe(seconds)
+    def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
+        """Count a worker's tally of finished jobs."""
+        self.jobs.add(queue, task, outcome, tally)
 
     def render(self) -> tuple[int, str, bytes]:
         return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)

@@ -3,6 +3,7 @@ and the one-line report protocol children speak to the supervisor over a pipe.""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import json
@@ -10,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass, field
 
 import setproctitle
 
@@ -99,6 +101,45 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 def report_line(*words: object) -> str:
     """One line of the child-to-supervisor protocol (newlines escaped)."""
     return " ".join(str(w).replace("\n", "\\n") for w in words) + "\n"
+
+
+#: Upper bounds (seconds) of the job duration histogram's buckets.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, float("inf"))
+
+
+@dataclass
+class Tally:
+    """Jobs of one (outcome, queue, task) finished since a worker's last report: how many, their
+    total run time, and how many fell in each duration bucket. A worker reports a tally per
+    flush, not a line per job, so the supervisor's work does not grow with the job rate."""
+
+    count: int = 0
+    seconds: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * len(DURATION_BUCKETS))
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.seconds += seconds
+        self.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+
+    def merge(self, other: Tally) -> None:
+        self.count += other.count
+        self.seconds += other.seconds
+        self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
+
+    def line(self, outcome: str, queue: str, task: str) -> str:
+        """The ``done`` report line (the task name last: it may hold spaces)."""
+        buckets = ",".join(map(str, self.buckets))
+        return report_line("done", outcome, self.count, f"{self.seconds:.6f}", buckets, queue, task)
+
+    @classmethod
+    def parse(cls, rest: str) -> tuple[str, str, str, Tally]:
+        """Read a ``done`` line (without its first word): outcome, queue, task and the tally."""
+        outcome, count, seconds, buckets, queue, task = rest.split(" ", 5)
+        tally = cls(int(count), float(seconds), [int(n) for n in buckets.split(",")])
+        if len(tally.buckets) != len(DURATION_BUCKETS):
+            raise ValueError(f"a done line with {len(tally.buckets)} buckets: {rest!r}")
+        return outcome, queue, task, tally
 
 
 def write_lines(fd: int, lines: list[str]) -> None:

@@ -38,7 +38,7 @@ from .httpserver import TinyHTTPServer
 from .job import ProcessInfo
 from .metrics import Metrics
 from .migrate import check_schema_version
-from .process import EXIT_BOOT_ERROR, describe_exit, set_title, signal_name
+from .process import EXIT_BOOT_ERROR, Tally, describe_exit, set_title, signal_name
 from .reaper import ReaperConfig
 from .retry import default_backoff
 from .store import Failure, Store
@@ -418,11 +418,12 @@ class Supervisor:
             limit = None if timeout == "-" else float(timeout)
             child.jobs[int(job_id)] = RunningJob(int(attempt), task, now, limit)
         elif kind == "end":
-            job_id, outcome, seconds, queue, task = rest.split(" ", 4)
-            child.jobs.pop(int(job_id), None)
-            child.jobs_done += 1
+            child.jobs.pop(int(rest), None)
+        elif kind == "done":
+            outcome, queue, task, tally = Tally.parse(rest)
+            child.jobs_done += tally.count
             if self.metrics:
-                self.metrics.job_finished(queue, task, outcome, float(seconds))
+                self.metrics.jobs_finished(queue, task, outcome, tally)
         elif kind == "error":
             child.error = rest.replace("\\n", "\n")
 

@@ -123,6 +123,28 @@ def test_supervisor_registers_its_processes(supervised: tuple[Supervised, int], 
     assert registered() == [], "a stopping supervisor removes its rows"
 
 
+def test_registry_shows_running_jobs_and_counts_finished_ones(
+    supervised: tuple[Supervised, int], client: Client, conn: Connection
+) -> None:
+    """Workers tell the supervisor of a job only if it is still running at their next report,
+    and send a tally of the jobs they finished: the registry shows both."""
+    sup, _ = supervised
+    quick = [client.enqueue("work").id for _ in range(25)]
+    wait_until(lambda: all(row(conn, i)["state"] == "completed" for i in quick), what="the quick jobs")
+    long = client.enqueue("work", {"sleep_on": [1], "seconds": 30}).id
+    wait_until(lambda: row(conn, long)["state"] == "running", what="the long job running")
+
+    def workers() -> list[tuple[int, list[int]]]:
+        return conn.execute("SELECT jobs_done, current_jobs FROM miniqueue_processes WHERE kind = 'worker'").fetchall()
+
+    wait_until(lambda: sorted(current for _, current in workers()) == [[], [long]], timeout=20,
+               what="the long job in the registry")  # fmt: skip
+    wait_until(lambda: sum(done for done, _ in workers()) == 25, timeout=20, what="25 jobs done")
+    client.cancel([long])  # its heartbeat finds the lease gone and tells the handler to stop
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(20) == 0
+
+
 def test_systemd_hears_ready_status_watchdog_and_stopping(
     supervised: tuple[Supervised, int], notify_socket: socket.socket
 ) -> None:
