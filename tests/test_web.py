@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -77,8 +77,8 @@ def token(web: TestClient) -> str:
     return value
 
 
-def post(web: TestClient, path: str, **fields: Any) -> httpx.Response:
-    response: httpx.Response = web.post(path, data={"csrf_token": token(web), **fields}, follow_redirects=False)
+def post(web: TestClient, path: str, **fields: Any) -> httpx2.Response:
+    response: httpx2.Response = web.post(path, data={"csrf_token": token(web), **fields}, follow_redirects=False)
     return response
 
 
@@ -552,10 +552,10 @@ def test_miniqueue_web_serves_the_dashboard(dsn: str, client: Client) -> None:
     )
     try:
 
-        def page() -> httpx.Response | None:
+        def page() -> httpx2.Response | None:
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/jobs", timeout=2)
-            except httpx.TransportError:
+                return httpx2.get(f"http://127.0.0.1:{port}/jobs", timeout=2)
+            except httpx2.TransportError:
                 assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
                 return None
 
@@ -566,7 +566,7 @@ def test_miniqueue_web_serves_the_dashboard(dsn: str, client: Client) -> None:
             and f"/jobs/{job_id}" in response.text
             and "read-only" in response.text
         )
-        assert httpx.post(f"http://127.0.0.1:{port}/queues/emails/pause").status_code == 403
+        assert httpx2.post(f"http://127.0.0.1:{port}/queues/emails/pause").status_code == 403
     finally:
         server.terminate()
         server.wait(10)
