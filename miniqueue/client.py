@@ -11,7 +11,7 @@ from psycopg_pool import ConnectionPool
 from .db import Connection, connect, create_pool, translate_errors
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .store import Store
-from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate, validate_each, validate_many
+from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate, validate_each
 
 
 class Client:
@@ -95,15 +95,14 @@ class Client:
         keys are honoured against stored jobs and within the batch (the first occurrence wins).
         """
         specs = list(jobs)
-        limit = self.max_payload_bytes
+        checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
         with self.connection(conn) as c:
             if len(specs) >= self.store.copy_threshold and all(s.idempotency_key is None for s in specs):
                 # Each job is checked as the COPY streams it, so the checks overlap the server's
                 # inserts; an invalid one aborts the COPY, and nothing is stored.
                 scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
-                checked = validate_each(specs, max_payload_bytes=limit)
                 return self.store.copy_many(c, len(specs), checked, scheduled=scheduled, notify=self.notify)
-            return self.store.enqueue_many(c, validate_many(specs, max_payload_bytes=limit), notify=self.notify)
+            return self.store.enqueue_many(c, list(checked), notify=self.notify)
 
     def get(self, job_id: int) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""

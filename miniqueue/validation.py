@@ -184,8 +184,3 @@ def validate_each(specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_
             yield validate(spec, max_payload_bytes=max_payload_bytes)
         except InvalidInput as exc:
             raise InvalidInput(f"job {index}: {exc}") from exc
-
-
-def validate_many(specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[NewJob]:
-    """Check every job of a batch; the first invalid one raises InvalidInput naming its index."""
-    return list(validate_each(specs, max_payload_bytes=max_payload_bytes))
