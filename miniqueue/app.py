@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import inspect
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +65,11 @@ class App:
 
         def register(handler: Handler) -> Handler:
             task_name = check_task_name(name or handler.__name__)
+            if _is_async(handler):
+                raise ConfigError(
+                    f"task {task_name!r}: the handler is an async function, and async handlers are not "
+                    "supported: define it with 'def' (a coroutine that nobody awaits never runs)"
+                )
             if cron is not None and task_name not in self.schedules:
                 Periodic(task_name, cron, task_name)  # validate before registering anything
             if task_name in self.tasks:
@@ -146,6 +153,25 @@ class App:
         )
 
 
+def _is_async(handler: Handler) -> bool:
+    """True for a handler whose call returns a coroutine or an async generator (also a callable
+    object with an ``async def __call__``)."""
+    for candidate in (handler, getattr(handler, "__call__", None)):  # noqa: B004 (the method itself)
+        if inspect.iscoroutinefunction(candidate) or inspect.isasyncgenfunction(candidate):
+            return True
+    return False
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback of an import error without the import machinery's own frames, so the
+    file and line that raised come first."""
+    frames = [
+        frame for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith("<frozen importlib") and frame.filename != __file__
+    ]  # fmt: skip
+    return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)).rstrip()
+
+
 def load_app(reference: str) -> App:
     """Import ``module:attribute`` and return the App it names, or raise AppLoadError."""
     module_name, sep, attribute = reference.partition(":")
@@ -159,7 +185,8 @@ def load_app(reference: str) -> App:
         module = importlib.import_module(module_name)
     except Exception as exc:  # a broken module can raise anything at import; report it whole
         raise AppLoadError(
-            f"cannot import module {module_name!r} for app {reference!r}: {type(exc).__name__}: {exc}"
+            f"cannot import module {module_name!r} for app {reference!r}: {type(exc).__name__}: {exc}\n"
+            f"{_user_traceback(exc)}"
         ) from exc
     try:
         app = getattr(module, attribute)

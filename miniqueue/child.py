@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .app import App, load_app
 from .context import Job
+from .inflight import InflightBoard
 from .process import (
     EXIT_BOOT_ERROR,
     Tally,
@@ -56,6 +57,7 @@ class ChildSpec:
     reaper: ReaperConfig | None = None
     max_jobs: int | None = None
     shutdown_timeout: float = 10.0
+    board: InflightBoard | None = None  # a worker's running handlers, shared with the supervisor
 
 
 def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
@@ -88,7 +90,8 @@ def _reset_after_fork(spec: ChildSpec, close_fds: list[int]) -> None:
 
 
 def _run_worker(spec: ChildSpec) -> int:
-    assert spec.worker is not None
+    assert spec.worker is not None and spec.board is not None
+    board = spec.board
     try:
         app = spec.app or load_app(spec.app_ref or "")
         config = dataclasses.replace(
@@ -99,13 +102,17 @@ def _run_worker(spec: ChildSpec) -> int:
         write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
         return EXIT_BOOT_ERROR
     progress = _Progress(spec, app)
-    worker.hooks = WorkerHooks(on_job_start=progress.job_started, on_job_end=progress.job_ended)
-    _install_stop_signals(worker.stop)
+    worker.hooks = WorkerHooks(
+        on_job_start=progress.job_started, on_job_end=progress.job_ended,
+        on_handler_start=board.handler_started, on_handler_end=board.handler_finished,
+    )  # fmt: skip
+    _install_stop_signals(worker.stop, board)
     listening = {True: "1", False: "0", None: "-"}
     _start_reporter(spec, worker.stop, beat=lambda: progress.beat(listening[worker.listening]), tick=progress.tick)
     progress.retitle()
     write_report(spec.report_fd, "ready", worker.worker_id)
     worker.run()
+    board.stop_requested()  # also when it stopped itself (max_jobs): handlers left running were not a crash
     progress.flush()
     return 0
 
@@ -125,11 +132,23 @@ def _run_reaper(spec: ChildSpec) -> int:
     return 0
 
 
-def _install_stop_signals(stop: Callable[[], None]) -> None:
-    """TERM/INT: drain and exit (``stop`` only sets a flag). QUIT: leave at once."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop())
-    signal.signal(signal.SIGINT, lambda signum, frame: stop())
-    signal.signal(signal.SIGQUIT, lambda signum, frame: os._exit(0))
+def _install_stop_signals(stop: Callable[[], None], board: InflightBoard | None = None) -> None:
+    """TERM/INT: drain and exit (``stop`` only sets a flag). QUIT: leave at once. Either way the
+    board records that the stop was asked for, so the jobs left behind are not charged."""
+
+    def graceful(signum: int, frame: object) -> None:
+        if board is not None:
+            board.stop_requested()
+        stop()
+
+    def fast(signum: int, frame: object) -> None:
+        if board is not None:
+            board.stop_requested()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, graceful)
+    signal.signal(signal.SIGINT, graceful)
+    signal.signal(signal.SIGQUIT, fast)
 
 
 def _start_reporter(

@@ -16,9 +16,14 @@ from .job import Lease
 class PermanentError(Exception):
     """Raise from a handler to fail the job for good: state ``failed``, no retry."""
 
+    # Named by where users import it from, in tracebacks and error histories.
+    __module__ = "miniqueue"
+
 
 class Snooze(Exception):
     """Raise from a handler to run the job again after ``delay`` seconds without spending an attempt."""
+
+    __module__ = "miniqueue"
 
     def __init__(self, delay: float | dt.timedelta = 0.0) -> None:
         seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)

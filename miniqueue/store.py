@@ -206,16 +206,17 @@ UPDATE {jobs}
 RETURNING id
 """
 
-# Hand back leases whose jobs were never started (prefetched, then the worker stopped). Like a
-# snooze, the attempt number stays spent (it is the fencing token and never repeats) and
-# max_attempts moves up with it, so the job's budget of attempts is unchanged.
+# Hand back leases without spending an attempt: prefetched jobs never started, or jobs whose
+# run was interrupted by a stop someone asked for (or by a neighbour's crash). Like a snooze,
+# the attempt number stays spent (it is the fencing token and never repeats) and max_attempts
+# moves up with it, so the job's budget of attempts is unchanged; the history says why.
 _RELEASE = """
-UPDATE {jobs}
-   SET state = 'available', max_attempts = max_attempts + 1, lease_expires_at = NULL, leased_by = NULL
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
-   AND {fence}
-RETURNING id
+UPDATE {jobs} j
+   SET state = 'available', max_attempts = j.max_attempts + 1, errors = {append},
+       lease_expires_at = NULL, leased_by = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[]) AS r(id, attempt, note)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND {fence}
+RETURNING j.id
 """
 
 # Return expired leases to the queue (or dead, when attempts are exhausted). The outer WHERE
@@ -335,6 +336,31 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
 """
 _PAUSED = "SELECT name FROM {queues} WHERE paused ORDER BY name"
 
+# Which of the given queue names are known: paused or resumed before, or holding a job that
+# is waiting or running. Each probe is an index lookup: the claim index for waiting jobs, the
+# expired-lease index (running jobs, one per busy handler thread) for running ones. Finished
+# jobs are not consulted: no index has them by queue, and a lookup would scan the table.
+_KNOWN_QUEUES = """
+SELECT q.name FROM unnest(%(names)s::text[]) AS q(name)
+ WHERE EXISTS (SELECT 1 FROM {queues} WHERE name = q.name)
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = q.name)
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL AND queue = q.name)
+"""
+# Every known queue name (as above), for an error naming the known ones. The waiting queues are
+# found by skipping through the claim index one queue at a time, never reading each job.
+_KNOWN_QUEUE_NAMES = """
+WITH RECURSIVE waiting(queue) AS (
+    (SELECT queue FROM {jobs} WHERE state = 'available' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {jobs} j WHERE j.state = 'available' AND j.queue > w.queue ORDER BY j.queue LIMIT 1)
+      FROM waiting w WHERE w.queue IS NOT NULL
+)
+SELECT queue FROM waiting WHERE queue IS NOT NULL
+ UNION SELECT queue FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL
+ UNION SELECT name FROM {queues}
+ ORDER BY 1 LIMIT %(limit)s
+"""
+
 # Jobs finished per minute over the last hour, by outcome, computed in the database.
 _THROUGHPUT = """
 SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
@@ -420,6 +446,15 @@ class Failure:
     backoff_seconds: float
 
 
+@dataclass(frozen=True)
+class Release:
+    """A lease to hand back without spending an attempt, and the history note saying why."""
+
+    id: int
+    attempt: int
+    note: str
+
+
 class Store:
     """All of miniqueue's SQL, for the queue tables in one schema.
 
@@ -470,7 +505,7 @@ class Store:
         self._record_failures = render(_RECORD_FAILURES, fence=fence, append=_append_error("f.error", "j."))
         self._fail = render(_FAIL, fence=fence, append=append)
         self._snooze = render(_SNOOZE, fence=fence)
-        self._release = render(_RELEASE, fence=fence)
+        self._release = render(_RELEASE, fence=fence, append=_append_error("r.note", "j."))
         self._recover = render(
             _RECOVER_EXPIRED,
             append_lost=_append_error("'worker lost: lease expired without renewal'"),
@@ -489,6 +524,8 @@ class Store:
         self._set_periodic_enabled = render(_SET_PERIODIC_ENABLED)
         self._set_paused = render(_SET_PAUSED)
         self._paused = render(_PAUSED)
+        self._known_queues = render(_KNOWN_QUEUES)
+        self._known_queue_names = render(_KNOWN_QUEUE_NAMES)
         self._throughput = render(_THROUGHPUT)
         self._delete = render(_DELETE)
         self._upsert_processes = render(_UPSERT_PROCESSES)
@@ -726,14 +763,17 @@ class Store:
         if not self._rows(conn, self._snooze, params):
             raise LeaseLost(job_id, worker_id, attempt)
 
-    def release_unstarted(self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]]) -> set[int]:
-        """Hand back leases whose jobs no handler started: available again at once, with their
-        budget of attempts unchanged. Returns the ids still held (and so released)."""
-        ids, attempts = _columns(leases)
-        if not ids:
+    def release(self, conn: Connection, worker_id: str, releases: Sequence[Release]) -> set[int]:
+        """Hand leases back without spending an attempt: each job is available again at once,
+        its budget of attempts unchanged, and its history notes why. Returns the ids still held
+        (and so released)."""
+        if not releases:
             return set()
-        rows = self._rows(conn, self._release, {"ids": ids, "attempts": attempts, "worker": worker_id})
-        return {row[0] for row in rows}
+        params = {
+            "ids": [r.id for r in releases], "attempts": [r.attempt for r in releases],
+            "notes": [r.note for r in releases], "worker": worker_id,
+        }  # fmt: skip
+        return {row[0] for row in self._rows(conn, self._release, params)}
 
     def leases_of(self, conn: Connection, worker_id: str) -> list[tuple[int, int]]:
         """The ``(job id, attempt)`` of every job currently leased to ``worker_id``."""
@@ -876,6 +916,14 @@ class Store:
     def paused_queues(self, conn: Connection) -> list[str]:
         """The queues currently paused."""
         return [row[0] for row in self._rows(conn, self._paused, {})]
+
+    def known_queues(self, conn: Connection, names: Sequence[str]) -> set[str]:
+        """Those of ``names`` that are known: paused or resumed before, or with a job waiting or running."""
+        return {row[0] for row in self._rows(conn, self._known_queues, {"names": list(names)})}
+
+    def known_queue_names(self, conn: Connection, limit: int = 100) -> list[str]:
+        """Up to ``limit`` known queue names (see :meth:`known_queues`), in order."""
+        return [row[0] for row in self._rows(conn, self._known_queue_names, {"limit": limit})]
 
     def throughput(self, conn: Connection) -> list[tuple[dt.datetime, State, int]]:
         """Jobs finished per minute over the last hour: ``(minute, state, count)``."""

@@ -35,13 +35,14 @@ from .child import SUPERVISOR_SIGNALS, ChildSpec, run_child
 from .db import connect, mask_dsn
 from .errors import ConfigError, MiniqueueError
 from .httpserver import TinyHTTPServer
-from .job import ProcessInfo
+from .inflight import InflightBoard
+from .job import ProcessInfo, State
 from .metrics import Metrics
 from .migrate import check_schema_version
 from .process import EXIT_BOOT_ERROR, Tally, describe_exit, set_title, signal_name
 from .reaper import ReaperConfig
 from .retry import default_backoff
-from .store import Failure, Store
+from .store import Failure, Release, Store
 from .systemd import Notifier
 from .worker import WorkerConfig, new_worker_id
 
@@ -106,7 +107,12 @@ class Child:
     last_report: float
     ready: bool = False
     retiring: bool = False
+    #: Why we asked it to stop (TERM, HUP, TTOU...): what it leaves behind is not charged.
+    stop_reason: str | None = None
+    #: Why we killed it or made it leave in a way that charges the job it ran (a hard timeout,
+    #: silence, the memory ceiling): that job may be what went wrong.
     kill_reason: str | None = None
+    board: InflightBoard | None = None  # a worker's running handlers (see miniqueue.inflight)
     error: str | None = None
     jobs: dict[int, RunningJob] = field(default_factory=dict)
     buffer: bytes = b""
@@ -182,16 +188,24 @@ class Supervisor:
 
     def check_database(self) -> None:
         """Fail fast, before forking, if the schema is old or the connections cannot fit."""
-        per_worker = 2 if self.config.worker.poll_only else 3
+        worker = self.config.worker
+        # The claim loop's, the heartbeat's and (unless poll-only) the listener's, plus the pool
+        # that job.transaction() opens on demand, up to one per handler thread.
+        own = 2 if worker.poll_only else 3
+        per_worker = own + worker.concurrency
         needed = self.config.workers * per_worker + 2
         with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema) as conn:
             check_schema_version(conn, self.store.schema)
             limit, reserved, in_use = self.store.connection_capacity(conn)
-        if needed > limit - reserved - in_use + 1:  # +1: this check's own connection is closed now
+        available = limit - reserved - in_use + 1  # +1: this check's own connection is closed now
+        if needed > available:
+            fit = max(0, (available - 2) // per_worker)
             raise ConfigError(
-                f"--workers {self.config.workers} needs {needed} connections ({per_worker} per worker, the reaper "
-                f"and the supervisor) but the server allows {limit} ({reserved} reserved, {in_use} in use): "
-                "lower --workers or raise max_connections"
+                f"--workers {self.config.workers} --concurrency {worker.concurrency} needs {needed} connections "
+                f"({per_worker} per worker: {own} of its own and up to {worker.concurrency} for job.transaction(); "
+                f"plus the reaper and the supervisor) but the server has {available} free "
+                f"(max_connections {limit}, {reserved} reserved, {in_use} in use): run at most {fit} worker(s) "
+                "at this concurrency, lower --concurrency, or raise max_connections"
             )
 
     def start_http(self) -> None:
@@ -290,6 +304,8 @@ class Supervisor:
         self.stopping = mode
         self.notifier.send("STOPPING=1", f"STATUS=stopping ({mode})")
         self.restart_at.clear()
+        for child in self.children.values():
+            child.stop_reason = child.stop_reason or f"the supervisor was asked to stop ({mode})"
         if mode == "graceful":
             self.stop_deadline = time.monotonic() + self.config.worker.shutdown_timeout + 5.0
             self.signal_children(signal.SIGTERM)
@@ -300,8 +316,6 @@ class Supervisor:
     def enforce_stop_deadline(self) -> None:
         if self.children and time.monotonic() >= self.stop_deadline:
             log.warning("children still running at the stop deadline: killing %s", sorted(self.children))
-            for child in self.children.values():
-                child.kill_reason = child.kill_reason or "supervisor stop deadline passed"
             self.signal_children(signal.SIGKILL)
             self.stop_deadline = time.monotonic() + 5.0
 
@@ -331,9 +345,14 @@ class Supervisor:
                 self.retire(child, "removed by TTOU")
             log.info("removing %s (now %d workers)", slot, len(workers) - 1)
 
-    def retire(self, child: Child, why: str) -> None:
+    def retire(self, child: Child, why: str, *, charge: bool = False) -> None:
+        """Stop ``child`` gracefully. With ``charge``, a job it is made to abandon is charged an
+        attempt (the memory ceiling: that job may be the leak)."""
         log.info("stopping %s (pid %d) gracefully: %s", child.slot, child.pid, why)
         child.retiring = True
+        child.stop_reason = why
+        if charge:
+            child.kill_reason = f"worker process stopped: {why}"
         self.kill(child.pid, signal.SIGTERM)
 
     # -- children --------------------------------------------------------------------------------
@@ -356,6 +375,7 @@ class Supervisor:
         spec = self.child_spec(slot, write_fd, suffix)
         sys.stdout.flush()
         sys.stderr.flush()
+        board = spec.board
         pid = os.fork()
         if pid == 0:
             inherited = [read_fd, self.wake_r, self.wake_w, *(c.read_fd for c in self.children.values())]
@@ -366,7 +386,8 @@ class Supervisor:
         os.set_blocking(read_fd, False)
         now = time.monotonic()
         worker_id = None if slot == "reaper" else new_worker_id(pid, suffix)
-        child = Child(slot=slot, pid=pid, read_fd=read_fd, worker_id=worker_id, started=now, last_report=now)
+        child = Child(slot=slot, pid=pid, read_fd=read_fd, worker_id=worker_id, started=now, last_report=now,
+                      board=board)  # fmt: skip
         self.children[pid] = child
         log.info("spawned %s (pid %d)", slot, pid)
         return child
@@ -388,6 +409,7 @@ class Supervisor:
             worker_suffix=suffix,
             worker=self.config.worker,
             max_jobs=self.config.max_jobs_per_child,
+            board=InflightBoard(self.config.worker.concurrency),
         )
 
     def read_reports(self) -> None:
@@ -447,9 +469,8 @@ class Supervisor:
         level = logging.INFO if clean or child.retiring or self.stopping else logging.WARNING
         log.log(level, "%s (pid %d) %s%s", child.slot, child.pid, how,
                 f" ({child.kill_reason})" if child.kill_reason else "")  # fmt: skip
-        if child.worker_id and not (clean and not child.jobs):
-            reason = child.kill_reason or f"worker process died: {how.removeprefix('killed by ')}"
-            self.release_leases(child, f"{reason} (pid {child.pid})")
+        if child.board is not None:
+            self.release_leases(child, how)
         if self.slots.get(child.slot) is child:
             self.slots[child.slot] = None
             self.schedule_restart(child, clean)
@@ -478,22 +499,47 @@ class Supervisor:
         if delay:
             log.info("restarting %s in %.1fs", child.slot, delay)
 
-    def release_leases(self, child: Child, reason: str) -> None:
-        """Charge an attempt to every job a reaped worker still held (contract 3: the holder is
-        known dead, so the job may leave ``running``)."""
-        assert child.worker_id is not None
+    def release_leases(self, child: Child, how: str) -> None:
+        """Return the jobs a reaped worker still held (its holder is known dead, so they may leave
+        ``running``). Only a death nobody asked for (a crash, a kill from outside, a hard timeout,
+        the memory ceiling) costs an attempt, and only to the jobs whose handler was running:
+        the others (prefetched, or finished with the outcome not yet recorded) go back uncharged,
+        as does everything a worker we asked to stop leaves behind (a worker that drained holds
+        nothing, but one that hit its shutdown timeout may hold a job whose handler returned
+        after the worker stopped recording outcomes)."""
+        assert child.board is not None and child.worker_id is not None
+        running, asked = child.board.running(), child.board.was_stop_requested() or child.stop_reason is not None
+        child.board.close()
+        charged = bool(child.kill_reason) or not asked
+        died = child.kill_reason or f"worker process died: {how.removeprefix('killed by ')}"
         try:
             with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=5) as conn:
-                leases = self.store.leases_of(conn, child.worker_id)
-                failures = [Failure(i, attempt, reason, default_backoff(attempt)) for i, attempt in leases]
+                held = self.store.leases_of(conn, child.worker_id)
+                failures = [Failure(i, a, f"{died} (pid {child.pid})", default_backoff(a))
+                            for i, a in held if charged and i in running]  # fmt: skip
+                releases = [Release(i, a, self.release_note(child, running.get(i), died, charged))
+                            for i, a in held if not (charged and i in running)]  # fmt: skip
                 states = self.store.record_failures(conn, child.worker_id, failures)
+                released = self.store.release(conn, child.worker_id, releases)
         except MiniqueueError as exc:
             log.warning("could not release the leases of %s (%s); the reaper will recover them at expiry",
                         child.slot, exc)  # fmt: skip
             return
-        if states:
-            summary = ", ".join(f"job {i} → {s.value}" for i, s in sorted(states.items()))
-            log.info("released %d lease(s) of %s (pid %d): %s", len(states), child.slot, child.pid, summary)
+        for job_id, state in sorted(states.items()):
+            level = logging.ERROR if state is State.DEAD else logging.WARNING
+            log.log(level, "job %d charged an attempt (%s): %s", job_id, state.value, died)
+        if released:
+            log.info("handed back %d job(s) of %s (pid %d) uncharged: %s", len(released), child.slot,
+                     child.pid, ", ".join(map(str, sorted(released))))  # fmt: skip
+
+    @staticmethod
+    def release_note(child: Child, run: tuple[int, float] | None, died: str, charged: bool) -> str:
+        """The history entry of a job handed back uncharged."""
+        if charged:
+            return f"handed back: {died} (pid {child.pid}) while this job was not running; attempt not charged"
+        ran = f" after {run[1]:.1f}s" if run else ""
+        why = child.stop_reason or "the worker was asked to stop"
+        return f"interrupted{ran}: {why} (pid {child.pid}); attempt not charged"
 
     def refresh_registry(self) -> None:
         """Every few seconds, record this supervisor and its children in the process registry
@@ -547,7 +593,7 @@ class Supervisor:
         workers over the memory limit."""
         now = time.monotonic()
         for child in list(self.children.values()):
-            if child.kill_reason:
+            if child.kill_reason and not child.retiring:
                 continue
             silent = now - child.last_report
             if silent > self.config.liveness_timeout:
@@ -570,11 +616,12 @@ class Supervisor:
         except psutil.Error:
             return
         if rss_mb > limit:
-            self.retire(child, f"RSS {rss_mb:.0f} MB is over --max-memory-per-child {limit:g} MB")
+            self.retire(child, f"RSS {rss_mb:.0f} MB is over --max-memory-per-child {limit:g} MB", charge=True)
 
     def murder(self, child: Child, reason: str) -> None:
         log.warning("killing %s (pid %d): %s", child.slot, child.pid, reason)
         child.kill_reason = reason
+        child.retiring = False  # a memory retirement that turned into a kill: charged either way
         self.kill(child.pid, signal.SIGKILL)
 
     @staticmethod

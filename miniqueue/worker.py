@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import secrets
@@ -32,7 +33,8 @@ from .errors import ConfigError, DatabaseUnavailable, LeaseLost
 from .heartbeat import Heartbeat
 from .job import Lease, State
 from .notify import Listener
-from .store import Failure, Store
+from .retry import default_backoff
+from .store import Failure, Release, Store
 from .validation import check_queue_name
 
 log = logging.getLogger("miniqueue.worker")
@@ -116,10 +118,14 @@ class Outcome:
 @dataclass
 class WorkerHooks:
     """Callbacks the supervisor uses to follow a worker. ``on_job_start`` may run on a handler
-    thread; ``on_job_end`` runs on the claim loop once the outcome is recorded."""
+    thread; ``on_job_end`` runs on the claim loop once the outcome is recorded.
+    ``on_handler_start`` and ``on_handler_end`` run on the handler thread right before and
+    right after the handler itself."""
 
     on_job_start: Callable[[Job], None] = lambda job: None
     on_job_end: Callable[[Job, Outcome], None] = lambda job, outcome: None
+    on_handler_start: Callable[[Job], None] = lambda job: None
+    on_handler_end: Callable[[Job], None] = lambda job: None
 
 
 @dataclass
@@ -227,6 +233,7 @@ class Worker:
         self._conn: Connection | None = None
         self._listener: Listener | None = None
         self._completions_in_doubt = False
+        self._unknown_tasks: set[str] = set()
 
     # -- control -------------------------------------------------------------------------------
 
@@ -404,13 +411,28 @@ class Worker:
         task = self.app.tasks.get(job.task)
         try:
             if task is None:
-                raise LookupError(f"no handler is registered for task {job.task!r} in this worker's app")
-            task.handler(job)
+                raise LookupError(self._unknown_task(job.task))
+            self.hooks.on_handler_start(job)
+            try:
+                returned = task.handler(job)
+            finally:
+                self.hooks.on_handler_end(job)
+            if inspect.isawaitable(returned):
+                raise TypeError(_not_awaited(returned, job.task))
             outcome = Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
         except BaseException as exc:  # whatever the handler raises is its outcome
             outcome = _outcome_of(job, exc)
         outcome.duration = time.monotonic() - job.started_at
         return outcome
+
+    def _unknown_task(self, task: str) -> str:
+        """The error of a job whose task this worker's app does not know; logged once per task."""
+        message = f"no handler is registered for task {task!r} in this worker's app"
+        if task not in self._unknown_tasks:
+            self._unknown_tasks.add(task)
+            log.error("%s (known: %s): its jobs fail and retry with backoff until they are dead", message,
+                      ", ".join(sorted(self.app.tasks)) or "none")  # fmt: skip
+        return message
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -446,9 +468,8 @@ class Worker:
                 outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
             elif outcome.kind in ("error", "permanent", "snoozed"):
                 outcome = self._record(conn, job, outcome)
-            if outcome.kind == "lease_lost":
-                log.warning("job %d (%s, attempt %d): outcome discarded: %s", job.id, job.task, job.attempt,
-                            outcome.error or "the lease was lost")  # fmt: skip
+            if outcome.kind in _LOGGED_OUTCOMES:
+                _log_outcome(job, outcome)
             self._outcomes.popleft()
             self._slots.forget(job)
             self.jobs_done += 1
@@ -472,12 +493,12 @@ class Worker:
         try:
             if outcome.kind == "error":
                 task = self.app.tasks.get(job.task)
-                backoff = task.backoff(job.attempt) if task else 60.0
+                backoff = (task.backoff if task else default_backoff)(job.attempt)
                 failure = Failure(job.id, job.attempt, outcome.error or "", backoff)
                 state = self.store.record_failures(conn, self.worker_id, [failure]).get(job.id)
                 if state is None:
                     raise LeaseLost(job.id, self.worker_id, job.attempt)
-                return dataclasses.replace(outcome, kind="dead" if state == State.DEAD else "retried")
+                return dataclasses.replace(outcome, kind="dead" if state == State.DEAD else "retried", delay=backoff)
             if outcome.kind == "permanent":
                 self.store.fail(conn, job.id, self.worker_id, job.attempt, outcome.error or "")
                 return dataclasses.replace(outcome, kind="failed")
@@ -491,7 +512,9 @@ class Worker:
         They leave the buffer only once the database has them back."""
         unstarted = self._slots.ready_leases()
         if unstarted:
-            self.store.release_unstarted(self._connection(), self.worker_id, unstarted)
+            note = "handed back unstarted: the worker stopped; attempt not charged"
+            releases = [Release(job_id, attempt, note) for job_id, attempt in unstarted]
+            self.store.release(self._connection(), self.worker_id, releases)
             self._slots.drop_lost({job_id for job_id, _ in unstarted})
 
     def _abandon_running(self) -> None:
@@ -529,6 +552,38 @@ class Worker:
         with self._tx_pool.connection() as conn, conn.transaction():
             yield conn
             self.store.complete(conn, job.id, self.worker_id, job.attempt)
+
+
+#: Outcomes that leave a log line: every failed attempt, and every discarded outcome.
+_LOGGED_OUTCOMES = frozenset({"retried", "dead", "failed", "lease_lost"})
+
+
+def _log_outcome(job: Job, outcome: Outcome) -> None:
+    """One line per failed attempt: WARNING, with the error's last line for a retry and the whole
+    traceback when the job fails for good; ERROR when its attempts are exhausted. JSON logs
+    carry the same as fields (``job``)."""
+    error = outcome.error or ""
+    fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempt,
+              "max_attempts": job.max_attempts, "outcome": outcome.kind, "error": error}  # fmt: skip
+    where = f"job {job.id} ({job.task} on {job.queue}) attempt {job.attempt}/{job.max_attempts}"
+    extra = {"job": fields}
+    if outcome.kind == "retried":
+        summary = error.strip().rsplit("\n", 1)[-1]
+        log.warning("%s failed; retrying in %.1fs: %s", where, outcome.delay, summary, extra=extra)
+    elif outcome.kind == "dead":
+        log.error("%s failed; no attempts left, the job is dead:\n%s", where, error, extra=extra)
+    elif outcome.kind == "failed":
+        log.warning("%s failed permanently:\n%s", where, error, extra=extra)
+    else:
+        log.warning("%s: outcome discarded: %s", where, error or "the lease was lost", extra=extra)
+
+
+def _not_awaited(returned: object, task: str) -> str:
+    """The error of a handler that returned an awaitable: it never ran, so it did not complete."""
+    if inspect.iscoroutine(returned):
+        returned.close()  # never awaited on purpose: close it so Python does not warn about it
+    return (f"the handler of task {task!r} returned {type(returned).__name__} instead of running: "
+            "async handlers are not supported; define the handler with 'def'")  # fmt: skip
 
 
 def _outcome_of(job: Job, exc: BaseException) -> Outcome:

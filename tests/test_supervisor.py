@@ -110,6 +110,62 @@ def test_term_while_a_job_runs_completes_it_and_exits_0(supervise: Any, client: 
     assert row(conn, job_id)["attempt"] == 1
 
 
+def interruptions(conn: Connection, job_id: int) -> list[str]:
+    return [e["error"] for e in row(conn, job_id)["errors"] if e["error"].startswith("interrupted")]
+
+
+@pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGINT"], ["SIGQUIT"], ["SIGINT", "SIGINT"]])
+@pytest.mark.parametrize("deaf", [True, False], ids=["ignores-stop", "honours-stop"])
+def test_a_stop_interrupting_a_job_spends_no_attempt(
+    supervise: Any, client: Client, conn: Connection, signals: list[str], deaf: bool
+) -> None:
+    sup = supervise("--shutdown-timeout", "0.5", workers=1)
+    sup.wait_ready(1)
+    payload = {"sleep_on": [1], "seconds": 15, "deaf": deaf}
+    job_id = client.enqueue("work", payload, max_attempts=1).id
+    wait_until(lambda: held_by(conn, job_id), what="job running")
+    for name in signals:
+        os.killpg(sup.proc.pid, getattr(signal, name))  # as a terminal's Ctrl-C reaches the whole group
+    assert sup.proc.wait(20) == 0
+    stored = row(conn, job_id)
+    assert (stored["state"], stored["attempt"], stored["max_attempts"]) == ("available", 1, 2)
+    [note] = interruptions(conn, job_id)
+    assert "the supervisor was asked to stop" in note and note.endswith("attempt not charged")
+    assert "died" not in (stored["last_error"] or "")
+
+
+def test_hup_interrupting_a_job_spends_no_attempt_and_the_new_generation_runs_it(
+    supervise: Any, client: Client, conn: Connection
+) -> None:
+    sup = supervise("--shutdown-timeout", "0.5", workers=1)
+    sup.wait_ready(1)
+    job_id = client.enqueue("work", {"sleep_on": [1], "seconds": 15, "deaf": True}, max_attempts=1).id
+    wait_until(lambda: held_by(conn, job_id), what="job running")
+    sup.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=20, what="job completed after HUP")
+    stored = row(conn, job_id)
+    assert (stored["attempt"], stored["max_attempts"]) == (2, 2)
+    [note] = interruptions(conn, job_id)
+    assert "replaced by HUP" in note
+
+
+def test_a_crash_charges_only_the_running_job_not_the_prefetched_ones(
+    supervise: Any, client: Client, conn: Connection
+) -> None:
+    sup = supervise("--prefetch", "10", workers=1)
+    sup.wait_ready(1)
+    with conn.transaction():  # one commit: the worker's first claim takes the crash and its bystanders
+        crash = client.enqueue("segfault", priority=1, max_attempts=2, conn=conn).id
+        bystanders = [client.enqueue("work", max_attempts=1, conn=conn).id for _ in range(10)]
+    wait_until(lambda: row(conn, crash)["state"] == "dead", timeout=30, what="the crashing job dead")
+    wait_until(lambda: count(conn, "state = 'completed'") == 10, timeout=30, what="every bystander completed")
+    assert [e["error"].split(" (pid")[0] for e in row(conn, crash)["errors"]] == ["worker process died: SIGSEGV"] * 2
+    handed_back = [e["error"] for i in bystanders for e in row(conn, i)["errors"]]
+    assert handed_back, "the bystanders were held by the crashed worker"
+    assert all(note.startswith("handed back: worker process died: SIGSEGV") for note in handed_back)
+    assert all(note.endswith("attempt not charged") for note in handed_back)
+
+
 def test_ttin_adds_and_ttou_removes_a_worker(supervise: Any) -> None:
     sup = supervise(workers=2)
     sup.wait_ready(2)
@@ -179,6 +235,7 @@ def test_a_bad_app_exits_non_zero_with_the_import_error(supervise: Any) -> None:
     sup = supervise(app="tests.apps.broken:app", workers=2)
     assert sup.proc.wait(30) == 3
     assert "this app is broken on purpose" in sup.output()
+    assert 'tests/apps/broken.py", line 3, in <module>' in sup.output()  # where it broke
     assert "failed to boot 3 times in a row" in sup.output()
 
 
@@ -206,7 +263,8 @@ def test_two_supervisors_share_the_work_without_duplicates(supervise: Any, clien
     [
         (["--workers", "0"], "--workers 0 is invalid"),
         (["--lease-duration", "3", "--heartbeat-interval", "3"], "must be below the lease"),
-        (["--workers", "500"], "needs 1502 connections"),
+        (["--workers", "500"], "needs 2002 connections"),
+        (["--workers", "4", "--concurrency", "400"], "run at most"),
     ],
 )
 def test_bad_options_get_one_clear_line(dsn: str, repo_root: Path, args: list[str], message: str) -> None:

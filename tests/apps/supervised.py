@@ -28,10 +28,15 @@ def record(job: Job) -> None:
 
 @app.task("work", max_attempts=3)
 def work(job: Job) -> None:
-    """Record, then sleep ``seconds`` on the attempts listed in ``sleep_on`` (default: none)."""
+    """Record, then sleep ``seconds`` on the attempts listed in ``sleep_on`` (default: none),
+    waking early when told to stop unless ``deaf``."""
     record(job)
     if job.attempt in job.payload.get("sleep_on", []):
-        job.wait(job.payload.get("seconds", 30))
+        seconds = job.payload.get("seconds", 30)
+        if job.payload.get("deaf"):
+            time.sleep(seconds)
+        else:
+            job.wait(seconds)
 
 
 @app.task("segfault", max_attempts=2)
