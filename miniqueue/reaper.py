@@ -87,13 +87,19 @@ class Reaper:
             self._conn = connect(self.dsn, purpose="reaper", schema=self.config.schema)
         while not self._stopping.is_set():
             states = self.store.recover_expired_leases(self._conn, self.config.batch_size)
-            result.recovered += sum(1 for s in states.values() if s == State.AVAILABLE)
-            result.dead += sum(1 for s in states.values() if s == State.DEAD)
+            back = sorted(i for i, s in states.items() if s == State.AVAILABLE)
+            dead = sorted(i for i, s in states.items() if s == State.DEAD)
+            # Each is a failed attempt (its worker vanished), so each leaves a log line.
+            if back:
+                log.warning("lease expired without renewal (worker lost): job(s) %s available again, "
+                            "charged an attempt", ", ".join(map(str, back)))  # fmt: skip
+            if dead:
+                log.error("lease expired without renewal (worker lost): job(s) %s dead, no attempts left",
+                          ", ".join(map(str, dead)))  # fmt: skip
+            result.recovered += len(back)
+            result.dead += len(dead)
             if len(states) < self.config.batch_size:
                 break
-        if result.recovered or result.dead:
-            log.info("recovered %d expired lease(s); %d job(s) dead after exhausting attempts",
-                     result.recovered, result.dead)  # fmt: skip
         if self.config.prune:
             result.pruned = self._prune(self._conn)
         result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))

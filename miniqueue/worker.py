@@ -409,9 +409,9 @@ class Worker:
     def _execute(self, job: Job) -> Outcome:
         """Run one handler and classify what it did."""
         task = self.app.tasks.get(job.task)
+        if task is None:
+            return Outcome("error", self._unknown_task(job.task))
         try:
-            if task is None:
-                raise LookupError(self._unknown_task(job.task))
             self.hooks.on_handler_start(job)
             try:
                 returned = task.handler(job)

@@ -270,7 +270,7 @@ def test_json_logs_from_every_process_are_one_object_per_line(supervise: Any, cl
     done = client.enqueue("ok", queue="fast").id
     failed = client.enqueue("boom", queue="flaky", max_attempts=1).id
     wait_until(lambda: count(conn, "id = ANY(%s) AND state IN ('completed', 'dead')", [[done, failed]]) == 2)
-    wait_until(lambda: "recovered 1 expired lease" in sup.output(), what="the reaper's log line")
+    wait_until(lambda: f"job(s) {lost} available again" in sup.output(), what="the reaper's log line")
     workers = set(sup.workers())
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(20) == 0
@@ -284,7 +284,7 @@ def test_json_logs_from_every_process_are_one_object_per_line(supervise: Any, cl
     assert by_process["worker-1"] | by_process["worker-2"] >= workers
     assert sup.proc.pid not in by_process["reaper"] | by_process["worker-1"] | by_process["worker-2"]
     messages = [e["message"] for e in entries]
-    assert any(m.startswith("recovered 1 expired lease") for m in messages)
+    assert any(m.startswith("lease expired without renewal") for m in messages)
     assert messages[-1] == "supervisor stopped"
 
 

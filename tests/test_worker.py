@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from miniqueue import Client, LeaseLost, State, Store
 from miniqueue.app import App
 from miniqueue.context import Job, PermanentError, Snooze
 from miniqueue.db import Connection
+from miniqueue.errors import ConfigError
 from miniqueue.reaper import Reaper
 from miniqueue.worker import Worker, WorkerConfig
 
@@ -366,13 +368,84 @@ def test_permanent_error_fails_without_retry(client: Client, conn: Connection, s
     assert "card declined" in row(conn, job_id)["last_error"]
 
 
-def test_unknown_task_is_retried_then_dead(client: Client, conn: Connection, start_worker: StartWorker) -> None:
+def test_unknown_task_is_retried_with_backoff_then_dead_and_logged_once(
+    client: Client, conn: Connection, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
+) -> None:
     app = App()
     app.task("known")(lambda job: None)
-    job_id = client.enqueue("unknown", max_attempts=1)
+    ids = [client.enqueue("unknown", max_attempts=2).id for _ in range(3)]
+    with caplog.at_level(logging.WARNING, logger="miniqueue.worker"):
+        start_worker(app)
+        wait_until(lambda: count(conn, "state = 'available' AND attempt = 1") == 3, what="first attempts failed")
+        # The default backoff after attempt 1 is at most 2 s (it was a fixed 60 s).
+        wait_until(lambda: count(conn, "state = 'dead'") == 3, timeout=10, what="unknown tasks dead")
+    assert all("no handler is registered for task 'unknown'" in row(conn, i)["last_error"] for i in ids)
+    unknown = [r for r in caplog.records if "(known: " in r.message]
+    assert len(unknown) == 1 and "(known: known)" in unknown[0].message
+
+
+def test_every_failed_attempt_leaves_a_log_line(
+    client: Client, conn: Connection, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = App()
+
+    @app.task("flaky", max_attempts=2, backoff=lambda attempt: 0.0)
+    def flaky(job: Job) -> None:
+        raise ValueError(f"bad input on attempt {job.attempt}")
+
+    @app.task("refuse")
+    def refuse(job: Job) -> None:
+        raise PermanentError("card declined")
+
+    flaky_id, refuse_id = app.enqueue(client, "flaky").id, app.enqueue(client, "refuse").id
+    with caplog.at_level(logging.WARNING, logger="miniqueue.worker"):
+        start_worker(app)
+        wait_until(lambda: count(conn, "state IN ('dead', 'failed')") == 2, what="both jobs finished")
+    lines = {(r.job["job_id"], r.job["attempt"]): r for r in caplog.records if hasattr(r, "job")}  # type: ignore[attr-defined]
+    retried, dead, failed = lines[(flaky_id, 1)], lines[(flaky_id, 2)], lines[(refuse_id, 1)]
+    assert retried.levelno == logging.WARNING
+    assert retried.message == (f"job {flaky_id} (flaky on default) attempt 1/2 failed; retrying in 0.0s: "
+                               "ValueError: bad input on attempt 1")  # fmt: skip
+    assert dead.levelno == logging.ERROR and "the job is dead" in dead.message
+    assert "Traceback" in dead.message and "ValueError: bad input on attempt 2" in dead.message
+    assert failed.levelno == logging.WARNING and "failed permanently" in failed.message
+    assert "miniqueue.PermanentError: card declined" in failed.message  # named as users import it
+    assert dead.job == {"job_id": flaky_id, "task": "flaky", "queue": "default", "attempt": 2,  # type: ignore[attr-defined]
+                        "max_attempts": 2, "outcome": "dead", "error": row(conn, flaky_id)["last_error"]}  # fmt: skip
+
+
+def test_an_async_handler_is_refused_at_registration() -> None:
+    app = App()
+
+    async def fetch(job: Job) -> None: ...
+
+    class Callback:
+        async def __call__(self, job: Job) -> None: ...
+
+    for handler in (fetch, Callback()):
+        with pytest.raises(ConfigError, match="async handlers are not supported"):
+            app.task("fetch")(handler)
+    assert app.tasks == {}
+
+
+def test_a_handler_returning_an_awaitable_fails_its_attempt(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    ran: list[int] = []
+
+    async def body(job: Job) -> None:
+        ran.append(job.id)
+
+    @app.task("sneaky", max_attempts=1)
+    def sneaky(job: Job) -> Any:
+        return body(job)  # a coroutine nobody awaits: the work never happens
+
+    job_id = app.enqueue(client, "sneaky").id
     start_worker(app)
-    wait_until(lambda: row(conn, job_id.id)["state"] == "dead", what="unknown task dead")
-    assert "no handler is registered for task 'unknown'" in row(conn, job_id.id)["last_error"]
+    wait_until(lambda: row(conn, job_id)["state"] == "dead", what="job dead, not completed")
+    assert ran == []
+    assert "returned coroutine instead of running" in row(conn, job_id)["last_error"]
 
 
 def test_timeout_tells_the_handler_to_stop(client: Client, conn: Connection, start_worker: StartWorker) -> None:
@@ -468,3 +541,5 @@ def test_prefetched_jobs_go_back_unstarted_at_shutdown(
         stored = row(conn, job_id)
         assert (stored["state"], stored["leased_by"]) == ("available", None)
         assert stored["max_attempts"] - stored["attempt"] == 5, "the budget of attempts is unchanged"
+        [entry] = stored["errors"]
+        assert entry["error"] == "handed back unstarted: the worker stopped; attempt not charged"
