@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount
 from starlette.testclient import TestClient
+from starlette.types import ASGIApp
 
 from miniqueue import App, Client, ConfigError, State, Store
 from miniqueue.db import Connection
@@ -30,9 +31,14 @@ OTHER_WORKER = "web-8:77:ffee01"
 AUDIT = "miniqueue.web.audit"
 
 
+def on_localhost(asgi: ASGIApp) -> TestClient:
+    """A browser on this machine: its requests name localhost in Host, as the dashboard expects."""
+    return TestClient(asgi, base_url="http://localhost")
+
+
 @pytest.fixture
 def web(client: Client) -> Iterator[TestClient]:
-    with TestClient(create_app(client)) as test_client:
+    with on_localhost(create_app(client)) as test_client:
         yield test_client
 
 
@@ -177,7 +183,7 @@ def test_job_detail_shows_redacted_payload_errors_workers_and_timeline(
     payload = {"to": "ada@example.com", "smtp": {"password": "hunter2"}}
     job_id = dead_job(client, store, conn, "ValueError: first", "KeyError: 'second'", payload=payload,
                       workers=(WORKER, OTHER_WORKER))  # fmt: skip
-    with TestClient(create_app(client, redact=redact_keys(["password"]))) as web:
+    with on_localhost(create_app(client, redact=redact_keys(["password"]))) as web:
         html = web.get(f"/jobs/{job_id}").text
     assert "ada@example.com" in html and "hunter2" not in html and "••••••" in html
     assert "ValueError: first" in html and "KeyError: &#39;second&#39;" in html
@@ -374,7 +380,7 @@ def test_periodic_enable_disable_and_run_now(
     client: Client, store: Store, conn: Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=AUDIT)
-    with TestClient(create_app(client, app=schedules_app())) as web:
+    with on_localhost(create_app(client, app=schedules_app())) as web:
         page = web.get("/periodic").text
         assert "hourly-digest" in page and "0 * * * *" in page and "send_digest" in page
         assert 'action="/periodic/hourly-digest/disable"' in page and "Run now" in page
@@ -412,7 +418,7 @@ def test_periodic_without_an_app_shows_the_database_state(web: TestClient, store
 
 def test_read_only_shows_no_action_and_refuses_every_post(client: Client, store: Store, conn: Connection) -> None:
     job_id = dead_job(client, store, conn, "ValueError: boom")
-    with TestClient(create_app(client, read_only=True, app=schedules_app())) as web:
+    with on_localhost(create_app(client, read_only=True, app=schedules_app())) as web:
         for path in ["/", "/jobs", f"/jobs/{job_id}", "/queues", "/periodic", "/workers"]:
             page = web.get(path)
             assert page.status_code == 200 and 'method="post"' not in page.text and 'name="ids"' not in page.text
@@ -435,7 +441,7 @@ def test_every_post_needs_the_csrf_token_of_its_cookie(
     assert web.post(path, data={"csrf_token": "é"}).status_code == 403
     as_json = web.post(path, content=b'{"csrf_token": "x"}', headers={"content-type": "application/json"})
     assert as_json.status_code == 403
-    with TestClient(create_app(client)) as stranger:  # a cross-site form: the token without its cookie
+    with on_localhost(create_app(client)) as stranger:  # a cross-site form: the token without its cookie
         assert stranger.post(path, data={"csrf_token": good}).status_code == 403
         forged = "nonce.0123"  # a cookie the attacker planted: not signed by the server
         stranger.cookies.set("miniqueue_csrf", forged)
@@ -453,7 +459,7 @@ def test_csrf_cookie_is_strict_and_http_only(web: TestClient) -> None:
 
 
 def test_pages_refuse_to_be_framed_and_load_only_their_own_assets(web: TestClient, client: Client) -> None:
-    for response in [web.get("/"), web.get("/jobs/1"), TestClient(create_app(client, auth=lambda r: False)).get("/")]:
+    for response in [web.get("/"), web.get("/jobs/1"), on_localhost(create_app(client, auth=lambda r: False)).get("/")]:
         assert response.headers["x-frame-options"] == "DENY"
         assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
         assert response.headers["x-content-type-options"] == "nosniff"
@@ -467,7 +473,7 @@ def test_basic_auth_from_the_environment(
     monkeypatch.setenv("MINIQUEUE_WEB_PASSWORD", "s3cret:with:colons")
     job_id = dead_job(client, store, conn, "ValueError: boom")
     caplog.set_level(logging.INFO, logger=AUDIT)
-    with TestClient(create_app(client)) as web:
+    with on_localhost(create_app(client)) as web:
         refused = web.get("/")
         assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic realm=")
         assert web.get("/", auth=("alice", "wrong")).status_code == 401
@@ -494,10 +500,10 @@ def test_a_pluggable_auth_callable(client: Client) -> None:
     async def by_cookie(request: Request) -> bool:
         return request.cookies.get("session") == "valid"
 
-    with TestClient(create_app(client, auth=by_header)) as web:
+    with on_localhost(create_app(client, auth=by_header)) as web:
         assert web.get("/").status_code == 401
         assert web.get("/", headers={"x-api-key": "k-123"}).status_code == 200
-    with TestClient(create_app(client, auth=by_cookie)) as web:
+    with on_localhost(create_app(client, auth=by_cookie)) as web:
         assert web.get("/jobs").status_code == 401
         web.cookies.set("session", "valid")
         assert web.get("/jobs").status_code == 200
@@ -509,7 +515,7 @@ def test_a_pluggable_auth_callable(client: Client) -> None:
 def test_mounted_under_a_prefix_inside_another_app(client: Client, store: Store, conn: Connection) -> None:
     job_id = dead_job(client, store, conn, "ValueError: boom")
     host = Starlette(routes=[Mount("/admin/queue", app=create_app(client))])
-    with TestClient(host) as web:
+    with on_localhost(host) as web:
         first = web.get("/admin/queue/jobs")
         assert "Path=/admin/queue;" in first.headers["set-cookie"]
         page = first.text
@@ -524,13 +530,13 @@ def test_mounted_under_a_prefix_inside_another_app(client: Client, store: Store,
 
 def test_a_dashboard_created_from_a_dsn_opens_its_pool_on_first_use(dsn: str, client: Client) -> None:
     job_id = client.enqueue("send_email", queue="emails").id
-    with TestClient(create_app(dsn)) as web:
+    with on_localhost(create_app(dsn)) as web:
         assert listed(web.get("/jobs").text) == [job_id]
 
 
 def test_an_unreachable_database_is_a_503_page_not_a_traceback() -> None:
     dashboard = create_app("postgresql://miniqueue:s3cret@127.0.0.1:1/nowhere")  # connects on first use only
-    with TestClient(dashboard) as web:
+    with on_localhost(dashboard) as web:
         response = web.get("/")
     assert response.status_code == 503 and "database unavailable" in response.text
     assert "s3cret" not in response.text and "Traceback" not in response.text

@@ -1,9 +1,10 @@
-"""Who may see the dashboard and change things: authentication, read-only mode and CSRF.
+"""Who may see the dashboard and change things: allowed hosts, authentication, read-only mode and CSRF.
 
 ASGI middlewares, outermost first: :class:`SecurityHeadersMiddleware` (no framing, no inline
-script), :class:`AuthMiddleware` (HTTP Basic from the environment, or the user's
-``auth(request)`` callable), :class:`ReadOnlyMiddleware` (every non-GET refused) and
-:class:`CsrfMiddleware` (every POST must carry the token of a signed double-submit cookie).
+script), :class:`AllowedHostsMiddleware` (only the hosts it serves, against DNS rebinding),
+:class:`AuthMiddleware` (HTTP Basic from the environment, or the user's ``auth(request)``
+callable), :class:`ReadOnlyMiddleware` (every non-GET refused) and :class:`CsrfMiddleware`
+(every POST must carry the token of a signed double-submit cookie).
 Being middlewares, they guard every route, including ones added later.
 """
 
@@ -15,8 +16,9 @@ import hashlib
 import hmac
 import inspect
 import os
+import re
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from urllib.parse import parse_qs
 
 from starlette.datastructures import MutableHeaders
@@ -33,6 +35,11 @@ CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER = "miniqueue_csrf", "csrf_token", "x-csrf-t
 USER_STATE, TOKEN_STATE = "miniqueue_user", "miniqueue_csrf"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MAX_FORM_BYTES = 1024 * 1024
+#: The names a dashboard on this machine is reached by when nobody names others.
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+ANY_HOST = "*"
+# [IPv6 literal] or a name or IPv4 address, then an optional port that may be empty (RFC 3986 3.2).
+_HOST_HEADER = re.compile(r"(?:\[([0-9a-z:.%]+)\]|([a-z0-9._~%!$&'()*+,;=-]+))(?::([0-9]*))?", re.IGNORECASE)
 
 
 class BasicAuth:
@@ -112,6 +119,55 @@ class SecurityHeadersMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class AllowedHostsMiddleware:
+    """Refuse with 400 every request whose Host header is not one of ``hosts`` (any port).
+
+    A page on another site can point its own name at 127.0.0.1 (DNS rebinding) and then read
+    and post to a dashboard on localhost as its own origin, CSRF token included; its requests
+    still name that site in Host, so they are refused before anything else runs. ``"*"``
+    admits every host: only for a dashboard behind a proxy that checks Host itself.
+    """
+
+    def __init__(self, app: ASGIApp, hosts: Iterable[str]) -> None:
+        self.app = app
+        self.hosts = frozenset(allowed_host(host) for host in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or ANY_HOST in self.hosts:
+            await self.app(scope, receive, send)
+            return
+        host = request_host(HTTPConnection(scope).headers.get("host", ""))
+        if host in self.hosts:
+            await self.app(scope, receive, send)
+            return
+        named = f"host {host!r}" if host else "a missing or malformed Host header"
+        message = f"the dashboard does not answer for {named}: add the name to its allowed hosts (--allowed-host)"
+        await PlainTextResponse(message, 400)(scope, receive, send)
+
+
+def allowed_host(entry: str) -> str:
+    """An allowed-hosts entry in the form :func:`request_host` returns (``"[::1]"`` is ``"::1"``)."""
+    name = entry.strip()
+    if name == ANY_HOST:
+        return name
+    if name.count(":") > 1 and not name.startswith("["):
+        name = f"[{name}]"  # a bare IPv6 address: bracket it as a Host header would
+    match = _HOST_HEADER.fullmatch(name)
+    if match is None:
+        raise ConfigError(f"allowed host {entry!r} is not a host name or address (or '*' for any host)")
+    if match[3] is not None:
+        raise ConfigError(f"allowed host {entry!r} has a port: give the name alone (every port is allowed)")
+    return (match[1] or match[2]).lower().rstrip(".")
+
+
+def request_host(header: str) -> str | None:
+    """The host a Host header names, lowercased, without its port or IPv6 brackets; None if malformed."""
+    match = _HOST_HEADER.fullmatch(header.strip())
+    if match is None:
+        return None
+    return (match[1] or match[2]).lower().rstrip(".") or None
 
 
 class AuthMiddleware:

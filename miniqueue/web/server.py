@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -32,17 +33,21 @@ from .dashboard import HERE, Dashboard, Database
 from .pages import Pages
 from .present import Redact
 from .security import (
+    LOCAL_HOSTS,
+    AllowedHostsMiddleware,
     Auth,
     AuthMiddleware,
     CsrfMiddleware,
     ReadOnlyMiddleware,
     SecurityHeadersMiddleware,
+    allowed_host,
     auth_from_env,
     csrf_secret,
 )
 
 log = logging.getLogger("miniqueue.web")
-LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+#: Addresses that mean "every interface": no one name to answer for.
+EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})
 STATUS = {JobNotFound: 404, InvalidInput: 400, InvalidTransition: 409, ConfigError: 400,
           DatabaseUnavailable: 503, SchemaOutOfDate: 503}  # fmt: skip
 
@@ -56,6 +61,7 @@ def create_app(
     app: App | None = None,
     secret: str | bytes | None = None,
     refresh_seconds: float = 2.0,
+    allowed_hosts: Iterable[str] = LOCAL_HOSTS,
 ) -> Starlette:
     """The dashboard as a Starlette app, to serve or mount (``Mount("/queue", create_app(dsn))``).
 
@@ -66,11 +72,14 @@ def create_app(
     ``redact(payload) -> payload`` is applied to every payload shown. ``app`` (your App) lists
     its schedules and queues and enables "run now". ``secret`` signs the CSRF cookie (default:
     MINIQUEUE_WEB_SECRET, else random per process, which is fine for one server process).
+    ``allowed_hosts``: the names (any port) a request's Host header may give, else 400; by
+    default localhost's; ``["*"]`` admits any, for use behind a proxy that checks Host.
     """
+    hosts = _allowed_hosts(allowed_hosts)
     database = Database(dsn_or_client)
     dash = Dashboard(database, read_only=read_only, redact=redact, app=app, refresh_seconds=refresh_seconds)
     checker = auth if auth is not None else auth_from_env()
-    middleware = [Middleware(SecurityHeadersMiddleware)]
+    middleware = [Middleware(SecurityHeadersMiddleware), Middleware(AllowedHostsMiddleware, hosts=hosts)]
     if checker:
         middleware.append(Middleware(AuthMiddleware, auth=checker))
     if read_only:
@@ -88,6 +97,13 @@ def create_app(
         exception_handlers={MiniqueueError: _error_page(dash), HTTPException: _error_page(dash)},
         lifespan=lifespan,
     )
+
+
+def _allowed_hosts(hosts: Iterable[str]) -> list[str]:
+    """The allowed hosts, checked now: a bad entry fails ``create_app``, not the first request."""
+    if isinstance(hosts, str):  # a lone name would be taken letter by letter
+        raise ConfigError(f"allowed_hosts={hosts!r} is one string: pass a list of host names")
+    return [allowed_host(host) for host in hosts]
 
 
 def _routes(dash: Dashboard) -> list[Route | Mount]:
@@ -131,18 +147,56 @@ def serve(
     read_only: bool = False,
     app_ref: str | None = None,
     log_level: str = "info",
+    allowed_hosts: Iterable[str] = (),
+    insecure_bind_public: bool = False,
 ) -> None:
     """Serve the dashboard with uvicorn until interrupted (localhost by default).
 
-    ``app_ref`` (``module:attribute``) loads your App for periodic "run now" and its queues.
+    It answers for localhost's names, for ``host`` unless that is every address (0.0.0.0),
+    and for ``allowed_hosts``. Listening beyond loopback without authentication
+    (MINIQUEUE_WEB_USER and MINIQUEUE_WEB_PASSWORD) raises ConfigError unless
+    ``insecure_bind_public``. ``app_ref`` (``module:attribute``) loads your App for periodic
+    "run now" and its queues.
     """
     import uvicorn
 
+    check_bind(host, insecure_bind_public=insecure_bind_public)
     if not logging.getLogger().handlers:  # audit lines are INFO: show them unless the host app decided
         configure_logging(log_level)
     app = load_app(app_ref) if app_ref else None
-    asgi = create_app(dsn, read_only=read_only, app=app)
-    if host not in LOCAL_HOSTS and auth_from_env() is None:
-        log.warning("the dashboard listens on %s without authentication: set MINIQUEUE_WEB_USER and "
-                    "MINIQUEUE_WEB_PASSWORD, or put it behind an authenticating proxy", host)  # fmt: skip
+    hosts = served_hosts(host, allowed_hosts)
+    asgi = create_app(dsn, read_only=read_only, app=app, allowed_hosts=hosts)
+    if not is_loopback(host) and auth_from_env() is None:
+        log.warning("the dashboard listens on %s without authentication (--insecure-bind-public): anyone who "
+                    "can reach it can read and change the queue", host)  # fmt: skip
+    log.info("the dashboard answers for the hosts %s", ", ".join(hosts))
     uvicorn.run(asgi, host=host, port=port, log_level=log_level)
+
+
+def check_bind(host: str, *, insecure_bind_public: bool = False) -> None:
+    """Raise ConfigError if listening on ``host`` would serve beyond loopback with no
+    authentication, unless ``insecure_bind_public`` accepts that."""
+    if is_loopback(host) or insecure_bind_public or auth_from_env() is not None:
+        return
+    raise ConfigError(
+        f"refusing to serve the dashboard on {host} without authentication (anyone who can reach it could "
+        "delete jobs): set MINIQUEUE_WEB_USER and MINIQUEUE_WEB_PASSWORD, or pass --insecure-bind-public "
+        "(serve(insecure_bind_public=True)) if a proxy in front authenticates"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` reaches this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # any other name may resolve to a public address
+
+
+def served_hosts(host: str, allowed_hosts: Iterable[str] = ()) -> list[str]:
+    """The Host names :func:`serve` answers for: localhost's, the address it listens on (unless
+    that is every address) and ``allowed_hosts``."""
+    bound = [] if host in EVERY_ADDRESS else [host]
+    return list(dict.fromkeys(_allowed_hosts([*LOCAL_HOSTS, *bound]) + _allowed_hosts(allowed_hosts)))
