@@ -33,6 +33,7 @@ from .errors import ConfigError, DatabaseUnavailable, LeaseLost
 from .heartbeat import Heartbeat
 from .job import Lease, State
 from .notify import Listener
+from .prefetch import Prefetch, PrefetchPolicy, parse_prefetch
 from .retry import default_backoff
 from .store import Failure, Release, Store
 from .validation import check_queue_name
@@ -58,10 +59,13 @@ class WorkerConfig:
     """How a worker claims and runs jobs. Durations are in seconds.
 
     ``queues`` defaults to every queue of the app's tasks. ``heartbeat_seconds`` defaults to a
-    third of the lease. ``prefetch`` claims that many jobs beyond the free handler slots, so
-    the next job is ready when a slot frees (prefetched jobs hold leases, renewed like running
-    ones, and are released unstarted at shutdown). ``poll_only`` skips LISTEN/NOTIFY (for
-    PgBouncer in transaction mode).
+    third of the lease. ``prefetch`` claims jobs beyond the free handler slots, so the next
+    job is ready when a slot frees and outcomes commit in batches (prefetched jobs hold leases,
+    renewed like running ones, and are released unstarted at shutdown): ``"auto"`` holds as
+    many as the threads are expected to finish within ``prefetch_budget`` seconds, judged from
+    recent run times, and hands them back when every thread is stuck past the budget (see
+    :mod:`miniqueue.prefetch`); a number holds that many; 0 claims one job per free thread.
+    ``poll_only`` skips LISTEN/NOTIFY (for PgBouncer in transaction mode).
     """
 
     queues: Sequence[str] | None = None
@@ -70,7 +74,8 @@ class WorkerConfig:
     heartbeat_seconds: float | None = None
     poll_interval: float = 1.0
     shutdown_timeout: float = 10.0
-    prefetch: int = 0
+    prefetch: Prefetch = "auto"
+    prefetch_budget: float = 0.1
     poll_only: bool = False
     worker_id: str | None = None
     schema: str = "public"
@@ -84,7 +89,7 @@ class WorkerConfig:
     def validated(self) -> WorkerConfig:
         """Return this config if it is consistent, else raise ConfigError naming the problem."""
         positive = {"lease_seconds": self.lease_seconds, "poll_interval": self.poll_interval,
-                    "heartbeat interval": self.heartbeat_interval}  # fmt: skip
+                    "heartbeat interval": self.heartbeat_interval, "prefetch_budget": self.prefetch_budget}  # fmt: skip
         for name, value in positive.items():
             if not value > 0:
                 raise ConfigError(f"{name} {value!r} is invalid: use a positive number of seconds")
@@ -97,8 +102,9 @@ class WorkerConfig:
             raise ConfigError(f"concurrency {self.concurrency!r} is invalid: use 1 or more handler threads")
         if self.max_jobs is not None and self.max_jobs < 1:
             raise ConfigError(f"max_jobs {self.max_jobs} is invalid: use 1 or more")
-        if self.prefetch < 0 or self.shutdown_timeout < 0:
-            raise ConfigError("prefetch and shutdown_timeout must not be negative")
+        parse_prefetch(self.prefetch)
+        if self.shutdown_timeout < 0:
+            raise ConfigError(f"shutdown_timeout {self.shutdown_timeout!r} is invalid: use 0 or more seconds")
         for queue in self.queues or ():
             check_queue_name(queue)
         return self
@@ -170,9 +176,20 @@ class _Slots:
         with self.lock:
             self.finishing.pop(job.id, None)
 
-    def ready_leases(self) -> list[tuple[int, int]]:
+    def has_ready(self) -> bool:
         with self.lock:
-            return [(lease.id, lease.attempt) for lease in self.ready]
+            return bool(self.ready)
+
+    def take_ready(self) -> list[Lease]:
+        """Take every unstarted lease out of the buffer (so no handler thread can start one)."""
+        with self.lock:
+            taken, self.ready = list(self.ready), collections.deque()
+            return taken
+
+    def put_back(self, leases: list[Lease]) -> None:
+        """Return leases taken by :meth:`take_ready` to the front of the buffer, in order."""
+        with self.lock:
+            self.ready.extendleft(reversed(leases))
 
     def drop_lost(self, ids: Collection[int]) -> list[Job]:
         """Forget unstarted leases in ``ids``; return the started jobs among them."""
@@ -207,10 +224,14 @@ class Worker:
     ) -> None:
         self.app = app
         self.config = (config or WorkerConfig()).validated()
-        # The most jobs held at once (running and prefetched), and the smallest claim worth a
-        # statement of its own: half of that, so that claims come in batches.
-        self._capacity = self.config.concurrency + self.config.prefetch
-        self._claim_batch = max(1, self._capacity // 2)
+        self._prefetch = PrefetchPolicy(
+            parse_prefetch(self.config.prefetch), concurrency=self.config.concurrency,
+            budget=self.config.prefetch_budget,
+        )  # fmt: skip
+        # The smallest claim worth a statement of its own: half the jobs held at most (running
+        # and prefetched), so that claims come in batches. Set by the claim loop, read by
+        # handler threads to decide when to wake it.
+        self._claim_batch = 1
         self.queues = list(self.config.queues or app.queues)
         if not self.queues:
             raise ConfigError("the worker has no queue to claim from: register a task or pass queues")
@@ -308,6 +329,7 @@ class Worker:
                     if self._drain(deadline):
                         return
                 else:
+                    self._hand_back_if_stuck()
                     claim = self._claim_size(time.monotonic() >= next_poll)
                     self._flush_outcomes(claim)
                     if claim:
@@ -329,6 +351,7 @@ class Worker:
             # now is a reason not to wait for one, and outcomes waiting to be recorded a reason
             # not to wait long.
             wait = 0.0 if self._claim_size(False) else max(0.0, next_poll - time.monotonic())
+            wait = min(wait, self._stuck_in())
             self._sleep(min(wait, self.OUTCOME_DELAY) if self._outcomes else wait)
 
     def _drain(self, deadline: float) -> bool:
@@ -337,7 +360,7 @@ class Worker:
             self._abandon_running()
             return True
         self._flush_outcomes(claim=0)
-        self._release_ready()
+        self._release_ready("handed back unstarted: the worker stopped; attempt not charged")
         return not self._slots.running and not self._outcomes
 
     def _claim_size(self, poll_due: bool) -> int:
@@ -348,7 +371,9 @@ class Worker:
         prefetch, wait until half the buffer is free (or it ran dry) so that claims come in
         batches rather than one statement per finished job.
         """
-        free = self._capacity - self._slots.held() + len(self._outcomes)
+        capacity = self.config.concurrency + self._prefetch.size(stuck=self._prefetch.stuck(self._running_for()))
+        self._claim_batch = max(1, capacity // 2)
+        free = capacity - self._slots.held() + len(self._outcomes)
         if self.config.max_jobs is not None:  # never claim a job this worker will not run
             # (jobs held, finishing ones included, will all count as done)
             free = min(free, self.config.max_jobs - self.jobs_done - self._slots.held())
@@ -357,6 +382,28 @@ class Worker:
         with self._slots.lock:
             ran_dry = not self._slots.ready
         return free if ran_dry or free >= self._claim_batch else 0
+
+    def _running_for(self) -> list[float]:
+        """How long each running handler has run, in seconds."""
+        now = time.monotonic()
+        return [now - job.started_at for job in self._slots.running_jobs()]
+
+    def _stuck_in(self) -> float:
+        """Seconds until every handler thread will have outlived the prefetch budget while
+        prefetched jobs wait (when they are handed back); infinity when that cannot happen."""
+        if not self._prefetch.adaptive or not self._slots.has_ready():
+            return float("inf")
+        running_for = self._running_for()
+        if len(running_for) < self.config.concurrency:
+            return float("inf")
+        return max(0.0, self.config.prefetch_budget - min(running_for)) + 0.001
+
+    def _hand_back_if_stuck(self) -> None:
+        """Work-conserving prefetch: jobs waiting behind handlers that all outlived the budget
+        go back unstarted, so that an idle worker takes them instead of them waiting here."""
+        if self._slots.has_ready() and self._prefetch.stuck(self._running_for()):
+            self._release_ready("handed back unstarted: every handler thread of its worker was busy past the "
+                                f"{self.config.prefetch_budget:g}s prefetch budget; attempt not charged")  # fmt: skip
 
     def _sleep(self, seconds: float) -> None:
         """Wait until woken (outcome, notification) or ``seconds`` pass, checking the stop flag."""
@@ -464,6 +511,7 @@ class Worker:
             completed |= self._completed_before_the_drop(conn, completions, completed)
             self._completions_in_doubt = False
         for job, outcome in pending:
+            self._prefetch.record(outcome.duration)
             if outcome.kind == "completed" and job.id not in completed:
                 outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
             elif outcome.kind in ("error", "permanent", "snoozed"):
@@ -507,15 +555,18 @@ class Worker:
         except LeaseLost as exc:
             return dataclasses.replace(outcome, kind="lease_lost", error=str(exc))
 
-    def _release_ready(self) -> None:
-        """At shutdown, hand prefetched (never started) jobs back without spending an attempt.
-        They leave the buffer only once the database has them back."""
-        unstarted = self._slots.ready_leases()
+    def _release_ready(self, note: str) -> None:
+        """Hand prefetched (never started) jobs back without spending an attempt, ``note`` in
+        their history. They leave the buffer first, so no handler thread starts one the
+        database is being told is free; if the database cannot be told, they go back in."""
+        unstarted = self._slots.take_ready()
         if unstarted:
-            note = "handed back unstarted: the worker stopped; attempt not charged"
-            releases = [Release(job_id, attempt, note) for job_id, attempt in unstarted]
-            self.store.release(self._connection(), self.worker_id, releases)
-            self._slots.drop_lost({job_id for job_id, _ in unstarted})
+            try:
+                self.store.release(self._connection(), self.worker_id,
+                                   [Release(lease.id, lease.attempt, note) for lease in unstarted])  # fmt: skip
+            except BaseException:
+                self._slots.put_back(unstarted)
+                raise
 
     def _abandon_running(self) -> None:
         abandoned = self._slots.running_jobs()
