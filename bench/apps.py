@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -67,3 +68,19 @@ def burn(n: int) -> int:
     for i in range(n):
         total += i
     return total
+
+
+fairness_app = App()
+SHORT_TASK, LONG_TASK = "bench.short", "bench.long"
+
+
+@fairness_app.task(SHORT_TASK, queue=QUEUE)
+def short(job: Job) -> None:
+    """About a millisecond of waiting, as a quick call to another service would take."""
+    time.sleep(0.001)
+
+
+@fairness_app.task(LONG_TASK, queue=QUEUE)
+def long(job: Job) -> None:
+    """Five seconds: long enough that a short job stuck behind it is plainly unfair."""
+    time.sleep(5.0)

@@ -57,9 +57,17 @@ SELECT count(*),
 
 def drain(ctx: Context) -> Sample:
     """``ctx.workers`` supervised workers drain 5 x --jobs no-op jobs enqueued in one transaction."""
-    jobs = [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.jobs * DRAIN_SCALE)]
     options = SuperviseOptions(NOOP_APP, ctx.workers, concurrency=CONCURRENCY, prefetch=PREFETCH)
-    return drain_through_supervisor(ctx.dsn, options, jobs)
+    return drain_through_supervisor(ctx.dsn, options, _noop_jobs(ctx))
+
+
+def drain_default(ctx: Context) -> Sample:
+    """The same drain with no tuning flag: ``miniqueue-supervise --app ... --workers N``."""
+    return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), _noop_jobs(ctx))
+
+
+def _noop_jobs(ctx: Context) -> list[JobSpec]:
+    return [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.jobs * DRAIN_SCALE)]
 
 
 def drain_through_supervisor(dsn: str, options: SuperviseOptions, jobs: Sequence[JobSpec]) -> Sample:
@@ -112,11 +120,13 @@ def _check_outcome(conn: Connection, committed_at: dt.datetime, jobs: int) -> fl
 
 
 BENCHMARKS: list[Benchmark] = [
-    Benchmark(
+    *(Benchmark(f"drain-{n}-default", "supervise drain, no-op, defaults (no tuning flag)", n, drain_default)
+      for n in (1, 2, 4, 8)),
+    *(Benchmark(
         f"drain-{n}",
         f"supervise drain, no-op (--prefetch {PREFETCH} --concurrency {CONCURRENCY})",
         n,
         drain,
     )
-    for n in (1, 2, 4, 8)
+    for n in (1, 2, 4, 8)),
 ]

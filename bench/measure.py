@@ -41,6 +41,8 @@ class Sample:
     # Supervised rows: CPU seconds the worker processes used per second of the run, i.e. how
     # many cores they actually got (on a busy machine, fewer than there are workers).
     worker_cores: float | None = None
+    # The fairness row: when the first long job completed, in ms from the commit.
+    long_first_ms: float | None = None
 
     @property
     def jobs_per_s(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from . import claim, cpu, drain, enqueue, latency
+from . import claim, cpu, drain, enqueue, fairness, latency
 from .database import scratch_database
 from .measure import Sample, load_average
 from .registry import Benchmark, Context
@@ -17,6 +17,7 @@ BENCHMARKS: list[Benchmark] = [
     *enqueue.BENCHMARKS,
     *claim.BENCHMARKS,
     *drain.BENCHMARKS,
+    *fairness.BENCHMARKS,
     *latency.BENCHMARKS,
     *cpu.BENCHMARKS,
 ]

@@ -46,20 +46,23 @@ class SupervisorFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class SuperviseOptions:
-    """The ``miniqueue-supervise`` command line of a row (every option the rows vary is explicit)."""
+    """The ``miniqueue-supervise`` command line of a row. An option left at None is not passed
+    at all, so a row of defaults runs exactly what a user who typed only ``--app`` and
+    ``--workers`` runs."""
 
     app: str
     workers: int
-    concurrency: int = 1
-    prefetch: int = 0
+    concurrency: int | None = None
+    prefetch: int | str | None = None
     poll_only: bool = False
-    poll_interval: float = 1.0
+    poll_interval: float | None = None
 
     def argv(self) -> list[str]:
-        flags = [
-            "--app", self.app, "--workers", str(self.workers), "--concurrency", str(self.concurrency),
-            "--prefetch", str(self.prefetch), "--poll-interval", f"{self.poll_interval:g}",
-        ]  # fmt: skip
+        flags = ["--app", self.app, "--workers", str(self.workers)]
+        for flag, value in (("--concurrency", self.concurrency), ("--prefetch", self.prefetch),
+                            ("--poll-interval", self.poll_interval)):  # fmt: skip
+            if value is not None:
+                flags += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         return [*flags, "--poll-only"] if self.poll_only else flags
 
 

@@ -13,7 +13,7 @@ from .cpu import BASELINE, Calibration
 from .report import RowResult, markdown_table
 
 #: Rows whose RSS is a miniqueue worker process's (the others measure the bench's own workers).
-SUPERVISED_PREFIXES = ("drain-", "latency-", "cpu-")
+SUPERVISED_PREFIXES = ("drain-", "latency-", "cpu-", "fairness")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,18 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
     if drain := best("drain-"):
         verdicts.append(_at_least("end-to-end drain, no-op jobs, best worker count", drain.jobs_per_s, 30_000,
                                   _rate, drain.benchmark.name))  # fmt: skip
+    default, tuned = by_name.get("drain-2-default"), by_name.get("drain-2")
+    if default and tuned and tuned.jobs_per_s:
+        verdicts.append(_at_least("default drain, 2 workers / --prefetch 1000 drain (same run)",
+                                  default.jobs_per_s / tuned.jobs_per_s, 0.9, lambda v: f"{v:.2f}x",
+                                  "drain-2-default / drain-2"))  # fmt: skip
+    if (fair := by_name.get("fairness")) is not None:
+        last, first_long = fair.median_of("seconds"), fair.median_of("long_first_ms")
+        if last is not None:
+            verdicts.append(_at_most("fairness: the last short job completes", last * 1000, 1000.0, _ms, "fairness"))
+        if last is not None and first_long is not None:
+            verdicts.append(_at_least("fairness: first long job's completion / last short job's",
+                                      first_long / (last * 1000), 1.0, lambda v: f"{v:.2f}x", "fairness"))  # fmt: skip
     if many := best("enqueue-many-"):
         verdicts.append(_at_least("enqueue_many", many.jobs_per_s, 60_000, _rate, many.benchmark.name))
     one, floor = by_name.get("enqueue"), by_name.get("floor-enqueue")
@@ -102,7 +114,7 @@ def render_cpu_table(ratios: Sequence[Ratio], calibration: Calibration | None) -
 
 def render_verdicts(verdicts: Sequence[Verdict]) -> str:
     """One line per target: met or MISSED, the measured median and the margin."""
-    lines = ["Targets (issues 4 and 6), against the medians above:"]
+    lines = ["Targets, against the medians above:"]
     for v in verdicts:
         lines.append(f"  [{'ok' if v.met else 'MISSED'}] {v.target}: {v.measured}; {v.margin}")
     return "\n".join(lines)
