@@ -3,7 +3,10 @@
 Job counters and the duration histogram are fed by the supervisor from its children's
 reports (each worker sends a tally of the jobs it finished, several times a second), so they
 are correct with any number of forked workers without prometheus-client's multiprocess mode.
-Queue gauges are read from the database at scrape time, on a short-lived connection.
+Queue gauges are read from the database at scrape time, on a short-lived connection opened on
+the HTTP thread that serves the scrape (never on the supervisor's loop), one scrape at a time.
+A child forked during a scrape inherits that connection's socket but never uses it, and leaves
+with ``os._exit()``, which sends nothing on it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from .process import DURATION_BUCKETS, Tally
 from .store import Store
 
 log = logging.getLogger("miniqueue.metrics")
+
+#: How long a scrape waits for the one before it to finish before answering 503.
+SCRAPE_WAIT = 0.5
 
 
 def _bound(seconds: float) -> str:
@@ -106,10 +112,19 @@ class Metrics:
             registry=self.registry,
         )  # fmt: skip
         self.registry.register(_QueueCollector(dsn, store, processes))
+        # One scrape at a time: a database that hangs (a lock, a dead network) holds one HTTP
+        # thread, not all of them, so /livez and /readyz still get through.
+        self.scraping = threading.Lock()
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         """Count a worker's tally of finished jobs."""
         self.jobs.add(queue, task, outcome, tally)
 
     def render(self) -> tuple[int, str, bytes]:
-        return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)
+        """The /metrics answer; 503 if another scrape still waits on the database."""
+        if not self.scraping.acquire(timeout=SCRAPE_WAIT):
+            return 503, "text/plain", b"another scrape is still waiting for the database\n"
+        try:
+            return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)
+        finally:
+            self.scraping.release()

@@ -209,27 +209,32 @@ class Supervisor:
             )
 
     def start_http(self) -> None:
-        """Serve /metrics (when --metrics-port is set) from the supervisor's own loop."""
+        """Serve /metrics, /livez and /readyz (when --metrics-port is set) on threads of their own,
+        so that neither a slow client nor the scrape's database query holds up the loop. Those
+        threads read only ``last_tick`` and what ``sleep`` publishes, never the loop's dicts."""
         if self.config.metrics_port is None:
             return
-        self.metrics = Metrics(self.config.dsn, self.store, self.process_counts)
-        routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": self.readyz}
+        self.published = self.readyz(), self.process_counts()
+        self.metrics = Metrics(self.config.dsn, self.store, lambda: self.published[1])
+        routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": lambda: self.published[0]}
         try:
             self.http = TinyHTTPServer(self.config.metrics_host, self.config.metrics_port, routes)
         except OSError as exc:
             where = f"{self.config.metrics_host}:{self.config.metrics_port}"
             raise ConfigError(f"cannot serve metrics on {where}: {exc.strerror or exc}") from None
+        self.http.start()
         log.info("serving /metrics, /livez and /readyz on http://%s:%d", *self.http.address[:2])
 
     def livez(self) -> tuple[int, str, bytes]:
         """Alive: the main loop ticked recently (no database check: a database outage must not
-        get the supervisor restarted)."""
+        get the supervisor restarted). Runs on an HTTP thread, so it answers while the loop is stuck."""
         stale = time.monotonic() - self.last_tick > 5 * TICK_SECONDS
         return (503, "text/plain", b"supervisor loop stalled\n") if stale else (200, "text/plain", b"ok\n")
 
     def readyz(self) -> tuple[int, str, bytes]:
         """Ready: not draining, the database answered the last registry refresh, a worker is up,
-        and every ready worker's LISTEN connection is healthy (unless --poll-only)."""
+        and every ready worker's LISTEN connection is healthy (unless --poll-only). Computed on
+        the loop each tick (see ``sleep``); /readyz serves the latest answer."""
         workers = [c for c in self.children.values() if c.worker_id and c.ready and not c.retiring]
         problems = []
         if self.stopping:
@@ -259,20 +264,18 @@ class Supervisor:
             signal.signal(sig, lambda signum, frame: self.signals.put(signum))
 
     def sleep(self) -> None:
+        if self.http:  # a snapshot for the HTTP threads, which must not iterate dicts the loop mutates
+            self.published = self.readyz(), self.process_counts()
         now = time.monotonic()
         wake_at = [now + TICK_SECONDS, *self.restart_at.values()]
         if self.stopping:
             wake_at.append(self.stop_deadline)
         timeout = max(0.0, min(wake_at) - now)
         fds = [self.wake_r, *(c.read_fd for c in self.children.values())]
-        if self.http:
-            fds.append(self.http.fileno())
         try:
             readable, _, _ = select.select(fds, [], [], timeout)
         except InterruptedError:
             return
-        if self.http and self.http.fileno() in readable:
-            self.http.handle()
         if self.wake_r in readable:
             try:
                 while os.read(self.wake_r, 512):
@@ -380,7 +383,7 @@ class Supervisor:
         if pid == 0:
             inherited = [read_fd, self.wake_r, self.wake_w, *(c.read_fd for c in self.children.values())]
             if self.http:
-                inherited.append(self.http.fileno())
+                inherited.extend(self.http.filenos())
             run_child(spec, inherited)
         os.close(write_fd)
         os.set_blocking(read_fd, False)

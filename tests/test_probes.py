@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from .helpers import row, wait_until
 from .supervised import FAST, Supervised, free_port
 
 APP = "tests.apps.supervised:app"
+CROWD = 20  # connections at once: well over the HTTP server's cap
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -31,6 +34,65 @@ def get(port: int, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def status(port: int, path: str) -> int | None:
+    """The status of one quick GET, or None if the server refused, dropped or did not answer it in 1 s."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+def holder(conn: Connection, job_id: int) -> int | None:
+    """The pid of the worker holding a running job."""
+    leased_by = row(conn, job_id)["leased_by"]
+    return int(leased_by.split(":")[1]) if leased_by else None
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server ends the connection within 5 s (a reset counts)."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+class SlowClient:
+    """Keeps a request head trickling into the metrics port, one byte every 0.3 s, never ending
+    it; reconnects whenever the server cuts it off, and counts the cuts."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.sent, self.cuts = port, 0, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.trickle, daemon=True)
+        self.thread.start()
+
+    def trickle(self) -> None:
+        while not self.done.is_set():
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+                sock.sendall(b"GET /livez HTTP/1.1\r\nX-Slow: ")
+                sock.settimeout(0.3)
+                try:
+                    while not self.done.is_set():
+                        try:
+                            sock.recv(1)  # data or EOF: the server stopped waiting for us
+                            break
+                        except TimeoutError:
+                            sock.sendall(b"a")
+                            self.sent += 1
+                except OSError:
+                    pass
+            if not self.done.is_set():
+                self.cuts += 1
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
 
 
 @pytest.fixture
@@ -79,6 +141,63 @@ def test_livez_and_readyz_are_200_when_running(supervised: tuple[Supervised, int
     _, port = supervised
     assert get(port, "/livez") == (200, "ok\n")
     assert wait_until(lambda: get(port, "/readyz") == (200, "ok\n"), what="ready")
+
+
+def test_a_slow_client_holds_up_neither_recovery_nor_livez(
+    supervised: tuple[Supervised, int], client: Client, conn: Connection
+) -> None:
+    """The HTTP endpoints live off the supervisor's loop: while a client trickles a request into
+    the metrics port, a SIGKILLed worker is still replaced and its job released at once (the
+    reaper would take the 5 s lease and more), and the slow client is cut off at the deadline."""
+    sup, port = supervised
+    job_id = client.enqueue("work", {"sleep_on": [1], "seconds": 30}).id
+    pid = wait_until(lambda: holder(conn, job_id), what="the job running")
+    slow = SlowClient(port)
+    try:
+        wait_until(lambda: slow.sent >= 2, what="the slow client trickling")
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: len(sup.workers()) == 2 and pid not in sup.workers(), timeout=5, what="worker replaced")
+        stored = wait_until(lambda: (r := row(conn, job_id))["errors"] and r, timeout=5, what="the job released")
+        assert stored["errors"][0]["error"] == f"worker process died: SIGKILL (pid {pid})"
+        assert stored["state"] in ("available", "running", "completed")
+        assert get(port, "/livez") == (200, "ok\n")
+        wait_until(lambda: slow.cuts >= 1, timeout=5, what="the slow client cut off")
+    finally:
+        slow.stop()
+
+
+def test_more_connections_than_the_cap_do_not_stall_livez(supervised: tuple[Supervised, int]) -> None:
+    """Connections over the cap are closed at once, the rest at the request deadline: /livez gets
+    through within seconds however many idle connections are open."""
+    _, port = supervised
+    crowd = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(CROWD)]
+    try:
+        wait_until(lambda: status(port, "/livez") == 200, timeout=5, what="/livez through the crowd")
+        assert all(closed_by_server(sock) for sock in crowd)
+    finally:
+        for sock in crowd:
+            sock.close()
+
+
+def test_a_scrape_waiting_on_the_database_does_not_stall_the_loop(
+    supervised: tuple[Supervised, int], dsn: str, conn: Connection
+) -> None:
+    """/metrics queries the database on an HTTP thread: while that query waits on a lock, the loop
+    ticks and /livez answers; a second scrape meanwhile gets a quick 503 rather than piling up."""
+    _, port = supervised
+    scraped: list[tuple[int, str]] = []
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE miniqueue_jobs IN ACCESS EXCLUSIVE MODE")
+        scrape = threading.Thread(target=lambda: scraped.append(get(port, "/metrics")), daemon=True)
+        scrape.start()
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:metrics' " \
+                  "AND wait_event_type = 'Lock'"  # fmt: skip
+        wait_until(lambda: conn.execute(waiting).fetchone() == (1,), what="the scrape waiting on the lock")
+        assert get(port, "/livez") == (200, "ok\n")
+        assert get(port, "/metrics")[0] == 503
+        locker.rollback()
+    scrape.join(5)
+    assert scraped and scraped[0][0] == 200
 
 
 def test_a_database_outage_turns_readyz_503_while_livez_stays_200(
