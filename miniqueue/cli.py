@@ -12,6 +12,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -26,13 +27,15 @@ from . import embedded
 from .app import load_app
 from .client import Client
 from .db import check_dsn, mask_dsn
-from .errors import MiniqueueError
+from .errors import InvalidInput, MiniqueueError
 from .health import probe_database, probe_url
 from .job import JobRecord, QueueStats, State
 from .migrate import run_migrations
+from .prefetch import parse_prefetch
 from .process import configure_logging
 from .reaper import ReaperConfig
 from .supervisor import Supervisor, SupervisorConfig
+from .validation import JOB_ID_RANGE, parse_json
 from .worker import WorkerConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,23 +60,74 @@ def resolve_database(url: str | None, announce: Callable[[str], None] | None = N
     return uri
 
 
+class BadInput(click.ClickException):
+    """A value broke a rule (nothing was stored): one line, and exit 2 as for click's own usage errors."""
+
+    exit_code = 2
+
+
 def friendly_errors(command: F) -> F:
-    """Report miniqueue errors as one line and a non-zero exit, never a traceback."""
+    """Report miniqueue errors as one line, never a traceback: exit 2 for bad input, else 1."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
+        except InvalidInput as exc:
+            raise BadInput(str(exc)) from exc
         except MiniqueueError as exc:
             raise click.ClickException(str(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
 
 
+class JsonText(click.ParamType):  # type: ignore[type-arg]
+    """A JSON document given on the command line (a payload)."""
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return parse_json(value)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds within a range (click's FloatRange lets NaN through: it compares false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
+
+
+#: A job id: the column is a BIGINT from a sequence starting at 1, so anything else is a typo
+#: (and a larger number would reach the database only to fail there).
+JOB_ID = click.IntRange(*JOB_ID_RANGE)
+
+
+def to_json(value: Any) -> str:
+    """``value`` as JSON text, timestamps in ISO 8601 (``2026-01-02T09:30:00.123456+00:00``)."""
+    return json.dumps(value, default=_json_default)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    return str(value)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="miniqueue")
 def main() -> None:
-    """miniqueue: a PostgreSQL-backed job queue."""
+    """miniqueue: a PostgreSQL-backed job queue.
+
+    Exit status: 0 on success, 1 when the command failed (database unreachable, a job in the
+    wrong state), 2 for bad input (nothing was changed). With --json, a command prints one JSON
+    document: an object for one item, an array for a list; timestamps are ISO 8601 with offset.
+    """
 
 
 @main.command()
@@ -90,7 +144,7 @@ def migrate(database_url: str | None) -> None:
 @main.command()
 @click.argument("task")
 @click.option("--queue", default="default", show_default=True)
-@click.option("--payload", default="{}", show_default=True, help="The job's payload, as JSON.")
+@click.option("--payload", type=JsonText(), default="{}", show_default=True, help="The job's payload, as JSON.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--delay", type=float, help="Run no sooner than this many seconds from now.")
 @click.option(
@@ -106,7 +160,7 @@ def migrate(database_url: str | None) -> None:
 def enqueue(
     task: str,
     queue: str,
-    payload: str,
+    payload: Any,
     priority: int,
     delay: float | None,
     run_at: dt.datetime | None,
@@ -116,14 +170,10 @@ def enqueue(
     database_url: str | None,
 ) -> None:
     """Enqueue one job of TASK."""
-    try:
-        data = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
     with Client(resolve_database(database_url)) as client:
         result = client.enqueue(
             task,
-            data,
+            payload,
             queue=queue,
             priority=priority,
             delay=delay,
@@ -132,13 +182,13 @@ def enqueue(
             idempotency_key=idempotency_key,
         )
     if as_json:
-        click.echo(json.dumps({"id": result.id, "duplicate": result.duplicate}))
+        click.echo(to_json({"id": result.id, "duplicate": result.duplicate}))
     else:
         click.echo(f"job {result.id} {'already existed (same idempotency key)' if result.duplicate else 'enqueued'}")
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as a JSON array, one object per queue.")
 @database_option
 @friendly_errors
 def stats(as_json: bool, database_url: str | None) -> None:
@@ -146,7 +196,7 @@ def stats(as_json: bool, database_url: str | None) -> None:
     with Client(resolve_database(database_url)) as client:
         queues = client.queue_stats()
     if as_json:
-        click.echo(json.dumps([_stats_dict(q) for q in queues]))
+        click.echo(to_json([_stats_dict(q) for q in queues]))
         return
     headers = ["queue", *(s.value for s in State), "scheduled", "oldest waiting (s)", "expired leases"]
     table = [headers]
@@ -177,8 +227,8 @@ def jobs() -> None:
 @click.option("--state", type=click.Choice([s.value for s in State]))
 @click.option("--task")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-@click.option("--before", "before_id", type=int, help="Only jobs with a smaller id (the next page).")
-@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON lines.")
+@click.option("--before", "before_id", type=JOB_ID, help="Only jobs with a smaller id (the next page).")
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON array, newest first.")
 @database_option
 @friendly_errors
 def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int, before_id: int | None,
@@ -187,19 +237,19 @@ def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int
     with Client(resolve_database(database_url)) as client:
         found = client.list_jobs(state=State(state) if state else None, queue=queue, task=task,
                                  before_id=before_id, limit=limit)  # fmt: skip
+    if as_json:
+        click.echo(to_json([_job_dict(job) for job in found]))
+        return
     for job in found:
-        if as_json:
-            click.echo(json.dumps(_job_dict(job), default=str))
-        else:
-            error = (job.last_error or "").strip().splitlines()[-1:] or [""]
-            click.echo(
-                f"{job.id:>10}  {job.state.value:<9}  {job.queue:<16} {job.task:<24} "
-                f"attempt {job.attempt}/{job.max_attempts}  {job.created_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
-            )
+        error = (job.last_error or "").strip().splitlines()[-1:] or [""]
+        click.echo(
+            f"{job.id:>10}  {job.state.value:<9}  {job.queue:<16} {job.task:<24} "
+            f"attempt {job.attempt}/{job.max_attempts}  {job.created_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
+        )
 
 
 @jobs.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @database_option
 @friendly_errors
@@ -209,11 +259,11 @@ def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
         job = client.get(job_id)
     fields = _job_dict(job)
     if as_json:
-        click.echo(json.dumps(fields, default=str))
+        click.echo(to_json(fields))
         return
     history = fields.pop("errors")
     for key, value in fields.items():
-        click.echo(f"{key:>16}: {json.dumps(value, default=str) if key == 'payload' else value}")
+        click.echo(f"{key:>16}: {to_json(value) if key == 'payload' else value}")
     for entry in history:
         click.echo(f"--- attempt {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
 
@@ -226,7 +276,7 @@ def _job_dict(job: JobRecord) -> dict[str, Any]:
 
 
 @main.command()
-@click.argument("job_ids", type=int, nargs=-1)
+@click.argument("job_ids", type=JOB_ID, nargs=-1)
 @click.option(
     "--state",
     "states",
@@ -253,7 +303,7 @@ def requeue(
 
 
 @main.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
+@click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
 @database_option
 @friendly_errors
 def cancel(job_ids: tuple[int, ...], database_url: str | None) -> None:
@@ -306,39 +356,46 @@ def periodic() -> None:
 def list_periodic(app_ref: str, database_url: str | None) -> None:
     """Each schedule of the app: cron, task, enabled, last and next slot."""
     app = load_app(app_ref)
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        state = client.store.periodic_state(conn)
-        now = client.store.now(conn)
+    with Client(resolve_database(database_url)) as client:
+        state = client.periodic_state()
+        now = client.now()
     for name, schedule in sorted(app.schedules.items()):
         last, enabled = state.get(name, (None, True))
         click.echo(f"{name:<24} {schedule.cron:<16} task {schedule.task:<20} {'enabled ' if enabled else 'disabled'} "
                    f"last {last or '-'}  next {schedule.next_slot(now)}")  # fmt: skip
 
 
-def _switch_schedule(name: str, enabled: bool, database_url: str | None) -> None:
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        new = client.store.set_periodic_enabled(conn, name, enabled)
-    click.echo(f"schedule {name} {'enabled' if enabled else 'disabled'}")
-    if new:
-        click.echo(f"note: no scheduler has run a schedule named {name!r} yet (check the spelling)", err=True)
+schedule_app_option = click.option(
+    "--app",
+    "app_ref",
+    help="The app that defines the schedule (module:attribute): needed for one no scheduler has run yet.",
+)
 
 
 @periodic.command("enable")
 @click.argument("name")
+@schedule_app_option
 @database_option
 @friendly_errors
-def enable_periodic(name: str, database_url: str | None) -> None:
-    """Enable schedule NAME."""
-    _switch_schedule(name, True, database_url)
+def enable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
+    """Enable schedule NAME (a schedule a scheduler has run, or one of --app's)."""
+    app = load_app(app_ref) if app_ref else None
+    with Client(resolve_database(database_url)) as client:
+        client.enable_schedule(name, app=app)
+    click.echo(f"schedule {name} enabled")
 
 
 @periodic.command("disable")
 @click.argument("name")
+@schedule_app_option
 @database_option
 @friendly_errors
-def disable_periodic(name: str, database_url: str | None) -> None:
+def disable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
     """Disable schedule NAME (its slots are skipped until enabled again)."""
-    _switch_schedule(name, False, database_url)
+    app = load_app(app_ref) if app_ref else None
+    with Client(resolve_database(database_url)) as client:
+        client.disable_schedule(name, app=app)
+    click.echo(f"schedule {name} disabled")
 
 
 @main.group()
@@ -346,47 +403,55 @@ def queues() -> None:
     """Pause and resume queues."""
 
 
-def _pause(names: tuple[str, ...], paused: bool, database_url: str | None) -> None:
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        for name in names:
-            client.store.set_queue_paused(conn, name, paused)
-    click.echo(f"{'paused' if paused else 'resumed'} {', '.join(names)}")
+create_option = click.option(
+    "--create", is_flag=True, help="Also accept a queue not seen yet (no job waiting or running, never paused)."
+)
 
 
 @queues.command("pause")
 @click.argument("names", nargs=-1, required=True)
+@create_option
 @database_option
 @friendly_errors
-def pause_queues(names: tuple[str, ...], database_url: str | None) -> None:
-    """Stop every worker, on every host, from claiming jobs of these queues."""
-    _pause(names, True, database_url)
+def pause_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
+    """Stop every worker, on every host, from claiming jobs of these queues (all or none)."""
+    with Client(resolve_database(database_url)) as client:
+        paused = client.pause_queues(names, create=create)
+    click.echo(f"paused {', '.join(paused)}")
 
 
 @queues.command("resume")
 @click.argument("names", nargs=-1, required=True)
+@create_option
 @database_option
 @friendly_errors
-def resume_queues(names: tuple[str, ...], database_url: str | None) -> None:
-    """Let workers claim jobs of these queues again."""
-    _pause(names, False, database_url)
+def resume_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
+    """Let workers claim jobs of these queues again (all or none)."""
+    with Client(resolve_database(database_url)) as client:
+        resumed = client.resume_queues(names, create=create)
+    click.echo(f"resumed {', '.join(resumed)}")
 
 
 @queues.command("list")
+@click.option("--json", "as_json", is_flag=True, help='Print the queues as a JSON array of {"queue", "paused"}.')
 @database_option
 @friendly_errors
-def list_queues(database_url: str | None) -> None:
-    """Every queue with jobs, and whether it is paused."""
-    with Client(resolve_database(database_url)) as client, client.connection() as conn:
-        paused = set(client.store.paused_queues(conn))
-        names = sorted({q.queue for q in client.store.queue_stats(conn)} | paused)
-    for name in names:
-        click.echo(f"{name:<32} {'paused' if name in paused else 'active'}")
+def list_queues(as_json: bool, database_url: str | None) -> None:
+    """Every queue that has jobs or is paused, and whether it is paused."""
+    with Client(resolve_database(database_url)) as client:
+        found = client.list_queues()
+    if as_json:
+        click.echo(to_json([{"queue": name, "paused": paused} for name, paused in found.items()]))
+        return
+    for name, paused in found.items():
+        click.echo(f"{name:<32} {'paused' if paused else 'active'}")
 
 
 @main.command()
 @click.option("--url", help="Probe this URL (e.g. http://127.0.0.1:9187/readyz) instead of the database.")
-@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds.")
+@click.option("--timeout", type=Seconds(0.1, 3600), default=5.0, show_default=True, help="Seconds.")
 @database_option
+@friendly_errors
 def healthcheck(url: str | None, timeout: float, database_url: str | None) -> None:
     """Exit 0 if healthy, 1 if not (for exec probes): the supervisor's probe URL, or else the
     database's reachability and schema version."""
@@ -402,7 +467,8 @@ def healthcheck(url: str | None, timeout: float, database_url: str | None) -> No
 @database_option
 @friendly_errors
 def demo(database_url: str | None) -> None:
-    """Run the seed's demo: five jobs through a real supervisor, printed in processing order."""
+    """Enqueue five jobs of different priorities and run them under a real supervisor with one
+    worker: each prints a line as it is processed, highest priority first (FIFO within a priority)."""
     from .demo import DEMO_JOBS
     from .demo import app as demo_app
 
@@ -444,17 +510,56 @@ def demo(database_url: str | None) -> None:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this host name (repeatable; localhost and --host always). '*': any.",
+)
+@click.option(
+    "--insecure-bind-public",
+    is_flag=True,
+    help="Listen beyond localhost without authentication (only behind a proxy that authenticates).",
+)
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
 @click.option("--app", "app_ref", help="Your app (module:attribute): schedules' cron and next run, and run now.")
 @database_option
 @friendly_errors
-def web(host: str, port: int, read_only: bool, app_ref: str | None, database_url: str | None) -> None:
+def web(
+    host: str,
+    port: int,
+    allowed_hosts: tuple[str, ...],
+    insecure_bind_public: bool,
+    read_only: bool,
+    app_ref: str | None,
+    database_url: str | None,
+) -> None:
     """Serve the dashboard (needs the `web` extra: pip install 'miniqueue[web]')."""
+    from .errors import ConfigError
+    from .process import set_label, set_title
+
+    # --database-url may hold a password: out of ps before anything slow runs.
+    set_title(f"web [{host}]:{port}" if ":" in host else f"web {host}:{port}")
+    set_label("web")
     try:
-        from .web.server import serve
+        from .web.server import check_bind, serve
     except ImportError as exc:
         raise click.ClickException(f"the dashboard needs the web extra: pip install 'miniqueue[web]' ({exc})") from None
-    serve(resolve_database(database_url), host=host, port=port, read_only=read_only, app_ref=app_ref)
+    try:
+        check_bind(host, insecure_bind_public=insecure_bind_public)
+    except ConfigError as exc:  # the command line asked for something unsafe: exit 2, as for a bad option
+        click.echo(f"Error: {exc}", err=True)
+        raise click.exceptions.Exit(2) from None
+    serve(
+        resolve_database(database_url),
+        host=host,
+        port=port,
+        read_only=read_only,
+        app_ref=app_ref,
+        allowed_hosts=allowed_hosts,
+        insecure_bind_public=insecure_bind_public,
+    )
 
 
 def _seconds(name: str, default: float | None) -> Callable[[F], F]:
@@ -466,7 +571,20 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option("--workers", type=int, default=os.cpu_count() or 1, show_default=True, help="Worker processes.")
 @click.option("--queues", help="Comma-separated queues to claim from (default: every queue of the app's tasks).")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Handler threads per worker.")
-@click.option("--prefetch", type=int, default=0, show_default=True, help="Jobs claimed ahead of free threads.")
+@click.option(
+    "--prefetch",
+    default="auto",
+    show_default=True,
+    help="Jobs claimed ahead of free threads: 'auto' (sized to finish within --prefetch-budget), a number, "
+    "or 0 for one job per free thread.",
+)
+@click.option(
+    "--prefetch-budget",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Seconds of expected work 'auto' prefetch holds per thread; jobs stuck behind handlers past it go back.",
+)
 @_seconds("lease-duration", 30.0)
 @_seconds("heartbeat-interval", None)
 @_seconds("poll-interval", 1.0)
@@ -496,7 +614,8 @@ def supervise(
     workers: int,
     queues: str | None,
     concurrency: int,
-    prefetch: int,
+    prefetch: str,
+    prefetch_budget: float,
     lease_duration: float,
     heartbeat_interval: float | None,
     poll_interval: float,
@@ -521,7 +640,8 @@ def supervise(
     worker = WorkerConfig(
         queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
         concurrency=concurrency,
-        prefetch=prefetch,
+        prefetch=parse_prefetch(prefetch),
+        prefetch_budget=prefetch_budget,
         lease_seconds=lease_duration,
         heartbeat_seconds=heartbeat_interval,
         poll_interval=poll_interval,

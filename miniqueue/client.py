@@ -4,14 +4,32 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import ConnectionPool
 
 from .db import Connection, connect, create_pool, translate_errors
+from .errors import InvalidInput
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .store import Store
-from .validation import DEFAULT_MAX_PAYLOAD_BYTES, validate, validate_each
+from .validation import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    JOB_ID_RANGE,
+    check_int_range,
+    check_job_ids,
+    check_queue_name,
+    check_schedule_name,
+    check_task_name,
+    check_text,
+    validate,
+    validate_each,
+)
+
+if TYPE_CHECKING:
+    from .app import App
+
+#: How many known names an "unknown queue" error lists.
+_KNOWN_SHOWN = 20
 
 
 class Client:
@@ -106,6 +124,7 @@ class Client:
 
     def get(self, job_id: int) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""
+        job_id = check_int_range("job id", job_id, JOB_ID_RANGE)
         with self.connection() as c:
             return self.store.get(c, job_id)
 
@@ -121,7 +140,9 @@ class Client:
 
     def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:
         """Jobs matching the filters (state, queue, task, search, created_after, created_before),
-        newest first; page with ``before_id``."""
+        newest first; page with ``before_id``. A filter that no job could match (a queue or task
+        name that breaks the naming rules) raises InvalidInput."""
+        _check_filters(before_id=before_id, **filters)
         with self.connection() as c:
             return self.store.list_jobs(c, before_id=before_id, limit=limit, **filters)
 
@@ -142,11 +163,13 @@ class Client:
 
         All or nothing: raises JobNotFound or InvalidTransition if any id cannot be requeued.
         """
+        ids = check_job_ids(job_ids)
         with self.connection(conn) as c:
-            return self.store.requeue(c, job_ids)
+            return self.store.requeue(c, ids)
 
     def requeue_matching(self, states: Iterable[State], *, queue: str | None = None, task: str | None = None) -> int:
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""
+        _check_filters(queue=queue, task=task)
         with self.connection() as c:
             return self.store.requeue_matching(c, states, queue=queue, task=task)
 
@@ -155,8 +178,111 @@ class Client:
 
         All or nothing: raises JobNotFound or InvalidTransition if any id cannot be cancelled.
         """
+        ids = check_job_ids(job_ids)
         with self.connection(conn) as c:
-            return self.store.cancel(c, job_ids)
+            return self.store.cancel(c, ids)
+
+    # -- queues and schedules (operator calls) ---------------------------------------------------
+
+    def pause_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
+        """Stop every worker, on every host, from claiming jobs of these queues; return them.
+
+        A name that is not known (no job waiting or running in it, never paused or resumed)
+        raises InvalidInput naming it, and nothing is paused: a typo must not leave a paused
+        queue that nothing uses. ``create=True`` pauses such a queue anyway (before its first job).
+        """
+        return self._set_paused(names, True, create)
+
+    def resume_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
+        """Let workers claim jobs of these queues again; return them (unknown names: as :meth:`pause_queues`)."""
+        return self._set_paused(names, False, create)
+
+    def list_queues(self) -> dict[str, bool]:
+        """Every queue that has jobs or is paused, in name order, and whether it is paused."""
+        with self.connection() as c:
+            paused = set(self.store.paused_queues(c))
+            names = {q.queue for q in self.store.queue_stats(c)} | paused
+        return {name: name in paused for name in sorted(names)}
+
+    def enable_schedule(self, name: str, *, app: App | None = None) -> None:
+        """Enable periodic schedule ``name`` (see :meth:`disable_schedule` for which names are known)."""
+        self._switch_schedule(name, True, app)
+
+    def disable_schedule(self, name: str, *, app: App | None = None) -> None:
+        """Disable periodic schedule ``name``: its slots are skipped until it is enabled again.
+
+        The name must be known: a schedule some scheduler has run, or one of ``app``'s
+        schedules (which may be switched before its first run). Otherwise InvalidInput names it
+        and the known ones, and nothing is stored.
+        """
+        self._switch_schedule(name, False, app)
+
+    def periodic_state(self) -> dict[str, tuple[dt.datetime, bool]]:
+        """Each periodic schedule a scheduler has run or an operator switched: its last slot and
+        whether it is enabled."""
+        with self.connection() as c:
+            return self.store.periodic_state(c)
+
+    def now(self) -> dt.datetime:
+        """The database's clock (what schedules and delays are measured against)."""
+        with self.connection() as c:
+            return self.store.now(c)
+
+    def _set_paused(self, names: Iterable[str], paused: bool, create: bool) -> list[str]:
+        chosen = list(dict.fromkeys(check_queue_name(name) for name in names))
+        if not chosen:
+            raise InvalidInput("no queue name given: name at least one queue")
+        # One transaction: with one unknown name among several, none is paused.
+        with self.connection() as c, c.transaction():
+            if not create:
+                self._check_known_queues(c, chosen)
+            for name in chosen:
+                self.store.set_queue_paused(c, name, paused)
+        return chosen
+
+    def _check_known_queues(self, conn: Connection, names: list[str]) -> None:
+        known = self.store.known_queues(conn, names)
+        unknown = [name for name in names if name not in known]
+        if not unknown:
+            return
+        listed = self.store.known_queue_names(conn, limit=_KNOWN_SHOWN + 1)
+        shown = ", ".join(listed[:_KNOWN_SHOWN]) + (", ..." if len(listed) > _KNOWN_SHOWN else "")
+        which = f"queue {unknown[0]!r} is" if len(unknown) == 1 else f"queues {', '.join(map(repr, unknown))} are"
+        raise InvalidInput(
+            f"{which} unknown: no job waiting or running, never paused or resumed "
+            f"(known: {shown or 'none yet'}); to set a queue before its first job, pass create=True "
+            "(--create on the command line)"
+        )
+
+    def _switch_schedule(self, name: str, enabled: bool, app: App | None) -> None:
+        name = check_schedule_name(name)
+        defined = set(app.schedules) if app is not None else set()
+        with self.connection() as c, c.transaction():
+            stored = self.store.periodic_state(c)
+            if name not in stored and name not in defined:
+                known = ", ".join(sorted({*stored, *defined})) or "none yet"
+                hint = "" if app is not None else "; a schedule no scheduler has run yet needs the app that defines it"
+                raise InvalidInput(f"schedule {name!r} is unknown (known: {known}){hint}")
+            self.store.set_periodic_enabled(c, name, enabled)
+
+
+def _check_filters(
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    search: str | None = None,
+    before_id: int | None = None,
+    **_: Any,
+) -> None:
+    """Reject a filter value that no stored job can match, before it reaches the database."""
+    if queue is not None:
+        check_queue_name(queue)
+    if task is not None:
+        check_task_name(task)
+    if search is not None:
+        check_text("search text", search)
+    if before_id is not None:
+        check_int_range("before id", before_id, JOB_ID_RANGE)
 
 
 class _Borrowed:

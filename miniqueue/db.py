@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 import psycopg
 import psycopg.errors
@@ -18,14 +19,22 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
 
-from .errors import ConfigError, DatabaseUnavailable, SchemaOutOfDate
+from .errors import ConfigError, DatabaseUnavailable, InvalidInput, SchemaOutOfDate
 
 # A URL's "user:password@" part; the slashes are optional so that a URL missing one (which
 # libpq then echoes back whole in its error) is still masked.
 # Greedy up to the last "@": a password with an unescaped "@" or "/" is still masked whole.
 _URL_PASSWORD_RE = re.compile(r"([:/][^:/@\s]*:)(\S*)(@)")
-_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_QUOTED_RE = re.compile(r'"[^"]*"')
+# A key=value password: quoted, or unquoted together with any bare words after it (libpq reads
+# "password=two words" as a password and a keyword "words", and quotes "words" in its error).
+_KV_PASSWORD_RE = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+(?:\s+[^\s=']+(?=\s|$)(?!\s*=))*)", re.IGNORECASE)
+# A URL query parameter whose name, percent-decoded, is "password" ("pass%77ord" is one too).
+_QUERY_PARAM_RE = re.compile(r"([?&])([^=&#\s]*)=([^&#\s]*)")
+# Where libpq's URL parser cuts a password holding an unescaped delimiter into pieces.
+_URL_DELIMITERS_RE = re.compile(r"[/@:?#,&=\s]")
+_QUOTED_RE = re.compile(r'"([^"]*)"')
+_URL_PREFIXES = ("postgresql://", "postgres://")
+_DSN_FORMS = "use postgresql://user:password@host:port/dbname, or key=value pairs such as 'host=... dbname=...'"
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 Connection = psycopg.Connection[Any]
@@ -69,19 +78,84 @@ def cursor_for(conn: Connection) -> psycopg.Cursor[Any]:
 
 def mask_dsn(dsn: str) -> str:
     """Return ``dsn`` with any password replaced by ``***``, safe to log or print."""
-    masked = _URL_PASSWORD_RE.sub(r"\1***\3", dsn)
+    span = _url_password_span(dsn)
+    masked = f"{dsn[: span[0]]}***{dsn[span[1] :]}" if span else _URL_PASSWORD_RE.sub(r"\1***\3", dsn)
+    masked = _QUERY_PARAM_RE.sub(_mask_query_password, masked)
     return _KV_PASSWORD_RE.sub(r"\1***", masked)
 
 
+def _url_password_span(dsn: str) -> tuple[int, int] | None:
+    """Where a URL's password is: from the first ':' of "user:password@" to the last '@', even
+    with unescaped spaces, '/' or '@' in it (the pattern stops at a space)."""
+    if not dsn.startswith(_URL_PREFIXES):
+        return None
+    start = dsn.index("://") + 3
+    at = dsn.rfind("@")
+    colon = dsn.find(":", start, at)
+    return (colon + 1, at) if at > start and colon >= 0 else None
+
+
+def _mask_query_password(match: re.Match[str]) -> str:
+    if unquote(match.group(2)).strip().lower() != "password":
+        return match.group(0)
+    return f"{match.group(1)}{match.group(2)}=***"
+
+
+def _password_forms(dsn: str) -> list[str]:
+    """Every form in which ``dsn``'s password may reach a message, longest first: as written,
+    percent-decoded, and the pieces libpq's URL parser makes of a password holding an unescaped
+    '/', '@' or ':' (it reads them as host, port or database name, decoded, and may echo them)."""
+    span = _url_password_span(dsn)
+    written = [dsn[span[0] : span[1]]] if span else []
+    written += [m.group(2) for m in _URL_PASSWORD_RE.finditer(dsn)]
+    written += [m.group(3) for m in _QUERY_PARAM_RE.finditer(dsn) if unquote(m.group(2)).strip().lower() == "password"]
+    written += [m.group(2).strip("'").replace("\\'", "'") for m in _KV_PASSWORD_RE.finditer(dsn)]
+    forms: set[str] = set()
+    for secret in written:
+        for text in (secret, unquote(secret)):
+            forms.add(text)
+            # A piece shorter than 3 characters would mask innocent text everywhere; the port
+            # check names such a piece for what it is instead (see _port_problem).
+            for piece in _URL_DELIMITERS_RE.split(text):
+                forms.update(p for p in (piece, unquote(piece)) if len(p) >= 3)
+    return sorted(filter(None, forms), key=len, reverse=True)
+
+
 def _scrub(text: str, dsn: str) -> str:
-    """Remove from ``text`` any password that ``dsn`` contains, even one the parser echoed."""
-    secrets = [m.group(2) for m in _URL_PASSWORD_RE.finditer(dsn)]
-    secrets += [m.group(2).strip("'") for m in _KV_PASSWORD_RE.finditer(dsn)]
-    # libpq may echo a piece of an unescaped password (read as a port, say): hide the pieces too.
-    pieces = [p for secret in secrets for p in re.split(r"[/@:?#]", secret) if len(p) >= 3]
-    for secret in sorted(filter(None, {*secrets, *pieces}), key=len, reverse=True):
+    """Remove from ``text`` every form of the password ``dsn`` holds, even a piece the parser echoed."""
+    text = mask_dsn(text)
+    for secret in _password_forms(dsn):
         text = text.replace(secret, "***")
     return text
+
+
+def _parser_reason(exc: psycopg.ProgrammingError, dsn: str) -> str:
+    """libpq's explanation of why ``dsn`` does not parse, with any password removed.
+
+    libpq quotes the text it choked on, which is the useful part ("missing "=" after "not""),
+    but may be a fragment of the password ("password=two words" fails after "words"): a quoted
+    fragment that is part of the password is hidden whole, however short.
+    """
+    forms = _password_forms(dsn)
+
+    def hide(match: re.Match[str]) -> str:
+        quoted = match.group(1)
+        return '"***"' if quoted and any(quoted in form for form in forms) else f'"{_scrub(quoted, dsn)}"'
+
+    return _QUOTED_RE.sub(hide, _scrub(str(exc).strip(), dsn))
+
+
+def _port_problem(port: str, dsn: str) -> str | None:
+    """Why ``port`` (as parsed from ``dsn``) is not a port, or None if it is one."""
+    if all(p.isdigit() and 0 < int(p) < 65536 for p in port.split(",")):
+        return None
+    rule = "is not a number from 1 to 65535"
+    userinfo = dsn.split("://", 1)[-1].rpartition("@")[0] if dsn.startswith(_URL_PREFIXES) else ""
+    if port and any(port in text for text in (userinfo, unquote(userinfo))):
+        # An unescaped '/' in the password ends the host part early: libpq then reads the
+        # rest of the password as the port. Never show it, however short.
+        return f"the port {rule}: it is part of the password (percent-encode any '@', '/' or ':' in the password)"
+    return f"port {_scrub(port, dsn)!r} {rule} (percent-encode any '@', '/' or ':' in the password)"
 
 
 def check_dsn(dsn: str) -> dict[str, str]:
@@ -94,16 +168,12 @@ def check_dsn(dsn: str) -> dict[str, str]:
     try:
         parts = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
     except psycopg.ProgrammingError as exc:
-        # libpq quotes the text it choked on, which may be the password: never show quoted text.
-        reason = _QUOTED_RE.sub('"…"', _scrub(str(exc).strip(), dsn))
-        raise ConfigError(f"database URL {mask_dsn(dsn)} is invalid: {reason}") from None
-    port = parts.get("port")
-    if port is not None and not all(p.isdigit() and 0 < int(p) < 65536 for p in port.split(",")):
-        shown = _scrub(repr(port), dsn)
         raise ConfigError(
-            f"database URL {mask_dsn(dsn)} is invalid: port {shown} is not a number from 1 to 65535 "
-            "(percent-encode any '@', '/' or ':' in the password)"
-        )
+            f"database URL {mask_dsn(dsn)!r} is invalid: {_parser_reason(exc, dsn)} ({_DSN_FORMS})"
+        ) from None
+    problem = _port_problem(parts.get("port") or "", dsn) if "port" in parts else None
+    if problem:
+        raise ConfigError(f"database URL {mask_dsn(dsn)!r} is invalid: {problem}")
     return parts
 
 
@@ -168,11 +238,28 @@ def create_pool(
     return pool
 
 
+# The data errors that mean "this value does not fit" (a number beyond a BIGINT, text the
+# database cannot encode), plus psycopg's own (sqlstate None: a NUL in text, caught before
+# sending). Other data errors, such as a division by zero in a migration, are bugs: they propagate.
+_BAD_VALUE_ERRORS = (
+    psycopg.errors.NumericValueOutOfRange,
+    psycopg.errors.InvalidTextRepresentation,
+    psycopg.errors.InvalidBinaryRepresentation,
+    psycopg.errors.CharacterNotInRepertoire,
+    psycopg.errors.UntranslatableCharacter,
+    psycopg.errors.StringDataRightTruncation,
+    psycopg.errors.DatetimeFieldOverflow,
+    psycopg.errors.InvalidDatetimeFormat,
+)
+
+
 class translate_errors:  # lower case: it reads as the function it replaced, `with translate_errors(dsn):`
-    """Turn psycopg's connectivity and missing-schema errors into miniqueue's own.
+    """Turn psycopg's connectivity, missing-schema and bad-value errors into miniqueue's own.
 
     The one place where psycopg exceptions become :class:`MiniqueueError` subclasses; other
     database errors (constraint violations and the like) are bugs and propagate unchanged.
+    A value the database cannot take (a number out of a column's range, text that is not
+    valid Unicode) becomes InvalidInput: the statement failed, so nothing was stored.
     (A class rather than a @contextmanager generator: every statement runs inside one.)
     """
 
@@ -191,9 +278,21 @@ class translate_errors:  # lower case: it reads as the function it replaced, `wi
             raise SchemaOutOfDate(
                 f"the miniqueue {missing} ({exc.diag.message_primary}): run `miniqueue migrate` first"
             ) from exc
+        if isinstance(exc, psycopg.DataError) and (exc.sqlstate is None or isinstance(exc, _BAD_VALUE_ERRORS)):
+            raise InvalidInput(f"the database rejected a value: {_first_line(exc)}") from exc
+        if isinstance(exc, UnicodeEncodeError):
+            # psycopg encodes each text parameter as it sends it: a lone surrogate (from bytes
+            # that were not UTF-8, say) fails there, before the statement reaches the server.
+            bad = exc.object[exc.start : exc.end]
+            raise InvalidInput(f"text containing {bad!r} is invalid: a lone surrogate is not valid Unicode") from exc
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            detail = _first_line(exc)
             if self.dsn:
                 detail = _scrub(detail, self.dsn)
             where = f" at {mask_dsn(self.dsn)}" if self.dsn else ""
             raise DatabaseUnavailable(f"database unavailable{where}: {detail}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

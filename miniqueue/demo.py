@@ -9,7 +9,7 @@ from .context import Job
 
 app = App()
 
-#: The seed's demo: (task, priority), enqueued in this order, processed by priority then FIFO.
+#: The demo's jobs, (task, priority): enqueued in this order, processed by priority then FIFO.
 DEMO_JOBS = [
     ("process_payment", 10),
     ("generate_thumbnail", 5),

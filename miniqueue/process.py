@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import datetime as dt
 import json
 import logging
 import os
@@ -41,11 +42,14 @@ class _LabelFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, process label and pid, logger, message."""
+    """One JSON object per line: time (ISO 8601 UTC, ``2026-01-02T09:30:00.123Z``), level,
+    process label and pid, logger, message."""
 
     def format(self, record: logging.LogRecord) -> str:
+        # UTC with its "Z": a log shipper must not guess the host's time zone.
+        moment = dt.datetime.fromtimestamp(record.created, dt.timezone.utc)
         entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "time": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname,
             "process": getattr(record, "mq_process", _label),
             "pid": record.process,
@@ -139,14 +143,21 @@ class Tally:
         return outcome, queue, task, cls(int(count), float(seconds), [int(n) for n in buckets.split(",")])
 
 
+#: The longest report line, and the most written at once: below PIPE_BUF (4096 on Linux), so a
+#: write arrives whole even with several threads writing.
+_LINE_LIMIT = 4000
+
+
 def write_lines(fd: int, lines: list[str]) -> None:
     """Send report lines to the supervisor in as few writes as possible, each below PIPE_BUF so
     that it arrives whole; a supervisor that is gone is ignored. Callers that write from
     several threads serialise their calls."""
     chunk = b""
     for line in lines:
-        data = line.encode("utf-8", "replace")[:4000]
-        if len(chunk) + len(data) > 4000:
+        data = line.encode("utf-8", "replace")
+        if len(data) > _LINE_LIMIT:  # cut the payload, never the line ending that delimits it
+            data = data[: _LINE_LIMIT - 4] + b"...\n"
+        if len(chunk) + len(data) > _LINE_LIMIT:
             _write(fd, chunk)
             chunk = b""
         chunk += data

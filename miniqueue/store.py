@@ -848,7 +848,8 @@ class Store:
                 raise JobNotFound(job_id)
         job_id = missing[0]
         names = ", ".join(sorted(s.value for s in allowed))
-        raise InvalidTransition(f"cannot {verb} job {job_id}: it is {states[job_id]}; only {names} jobs can be")
+        past = "cancelled" if verb == "cancel" else f"{verb}d"
+        raise InvalidTransition(f"cannot {verb} job {job_id}: it is {states[job_id]}; only {names} jobs can be {past}")
 
     def states(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, State]:
         """The current state of each given job that exists."""

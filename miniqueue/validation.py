@@ -23,6 +23,7 @@ TASK_NAME_RULE = "use 1-128 characters of A-Z, a-z, 0-9, '_', '.', ':' or '-'"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 PRIORITY_RANGE = (-32768, 32767)  # the column is a SMALLINT
 MAX_ATTEMPTS_RANGE = (1, 1000)
+JOB_ID_RANGE = (1, 2**63 - 1)  # the column is a BIGINT, filled from a sequence starting at 1
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 # 100 years: far beyond any sane schedule, far inside PostgreSQL's timestamp range.
 MAX_DELAY_SECONDS = 100 * 365.25 * 86400
@@ -85,6 +86,45 @@ def check_task_name(task: object) -> str:
     return task
 
 
+def check_schedule_name(name: object) -> str:
+    """Return ``name`` if it can name a periodic schedule (the rule of task names), else raise InvalidInput."""
+    if not isinstance(name, str) or not TASK_NAME_RE.fullmatch(name):
+        raise InvalidInput(f"schedule name {_show(name)} is invalid: {TASK_NAME_RULE}")
+    return name
+
+
+def check_job_ids(job_ids: Iterable[object]) -> list[int]:
+    """Return ``job_ids`` as a list if each is a possible job id, else raise InvalidInput naming the first bad one."""
+    return [check_int_range("job id", job_id, JOB_ID_RANGE) for job_id in job_ids]
+
+
+def check_text(name: str, value: str) -> str:
+    """Return ``value`` if it is valid Unicode text (no lone surrogate), else raise InvalidInput.
+
+    A lone surrogate is what Python makes of bytes that are not UTF-8 (a command-line argument,
+    a file name); PostgreSQL cannot store it.
+    """
+    if not value.isascii():  # ASCII is the common case, and cannot hold a surrogate
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start : exc.end]
+            raise InvalidInput(
+                f"{name} {_show(value)} is invalid: {bad!r} is a lone surrogate, not valid Unicode"
+            ) from None
+    return value
+
+
+def parse_json(text: str) -> Any:
+    """Parse JSON text (a payload given on the command line, say), or raise InvalidInput saying why."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput("not valid JSON: it is nested too deeply to parse") from None
+
+
 def check_int_range(name: str, value: object, bounds: tuple[int, int]) -> int:
     """Return ``value`` if it is an int within ``bounds`` (inclusive), else raise InvalidInput."""
     low, high = bounds
@@ -133,7 +173,7 @@ def check_idempotency_key(key: object) -> str | None:
     rule = f"use 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters, without U+0000"
     if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or "\x00" in key:
         raise InvalidInput(f"idempotency key {_show(key)} is invalid: {rule}")
-    return key
+    return check_text("idempotency key", key)
 
 
 def check_seconds(name: str, value: object, *, limit: float = MAX_DELAY_SECONDS) -> float:

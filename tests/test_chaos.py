@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,10 @@ SHORT_FORM = ["--jobs", "300", "--workers", "4", "--duration", "30", "--kill-int
 @pytest.mark.timeout(150)
 def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(tmp_path: Path, repo_root: Path) -> None:
     result_file = tmp_path / "chaos.json"
-    started = time.monotonic()
     run = subprocess.run(
         [sys.executable, "-m", "chaos", *SHORT_FORM, "--workdir", str(tmp_path / "run"), "--json", str(result_file)],
         cwd=repo_root, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    elapsed = time.monotonic() - started
     assert run.returncode == 0, f"chaos run failed:\n{run.stdout}\n--- stderr (tail)\n{run.stderr[-6000:]}"
     result = json.loads(result_file.read_text())
     assert result["enqueued"] == 300
@@ -45,4 +42,3 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(tmp_path: Pat
         assert faults.get(scenario, 0) >= 1, f"{scenario} was never injected: {faults}"
     assert faults.get("restart-postgres", 0) >= 2, f"expected a fast and an immediate restart: {faults}"
     assert any(stop["taken_over"] for stop in result["stops"]), f"no SIGSTOP outlived its lease: {result['stops']}"
-    assert elapsed < 90, f"the short form took {elapsed:.0f}s"

@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from miniqueue import App, Client, State, Store
+from miniqueue import App, Client, InvalidInput, State, Store
 from miniqueue.cli import main
 from miniqueue.context import Job
 from miniqueue.db import Connection
+from miniqueue.process import JsonFormatter
 from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, row, wait_until
@@ -57,17 +63,22 @@ def ok(result: Result) -> str:
     return result.stdout
 
 
-def error_line(result: Result, *fragments: str) -> str:
-    """A command's error: exit 1 and exactly one line, ``Error: ...``, naming ``fragments``."""
+def error_line(result: Result, *fragments: str, code: int = 1) -> str:
+    """A command's error: exit ``code`` and exactly one line, ``Error: ...``, naming ``fragments``."""
     assert "Traceback" not in result.output
     assert isinstance(result.exception, SystemExit), repr(result.exception)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == code, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, f"expected one line, got {result.output!r}"
     assert lines[0].startswith("Error: "), lines[0]
     for fragment in fragments:
         assert fragment in lines[0]
     return lines[0]
+
+
+def bad_input(result: Result, *fragments: str) -> str:
+    """Input that breaks a rule: exit 2 and one line, ``Error: ...``, naming ``fragments``."""
+    return error_line(result, *fragments, code=2)
 
 
 def usage_error(result: Result, *fragments: str) -> str:
@@ -115,11 +126,17 @@ def states(conn: Connection) -> dict[int, str]:
     "command",
     [[], ["migrate"], ["enqueue"], ["stats"], ["jobs"], ["jobs", "list"], ["jobs", "show"], ["requeue"], ["cancel"],
      ["prune"], ["periodic"], ["periodic", "list"], ["periodic", "enable"], ["periodic", "disable"], ["demo"],
-     ["supervise"]],
+     ["supervise"], ["queues", "pause"], ["queues", "resume"], ["queues", "list"], ["healthcheck"]],
 )  # fmt: skip
 def test_every_command_has_help(command: list[str]) -> None:
     result = CliRunner().invoke(main, [*command, "--help"])
     assert ok(result).startswith("Usage: ")
+
+
+def test_demo_help_says_what_the_demo_does() -> None:
+    text = ok(CliRunner().invoke(main, ["demo", "--help"]))
+    assert "five jobs" in text and "supervisor" in text and "priority" in text
+    assert "seed" not in text.lower()
 
 
 def test_migrate_creates_the_schema_once_and_commands_before_it_say_to_run_it(fresh_database: str) -> None:
@@ -192,12 +209,12 @@ def test_enqueue_a_naive_run_at_is_rejected(cli: Invoke, conn: Connection) -> No
 def test_enqueue_bad_input_is_one_line_and_stores_nothing(
     cli: Invoke, conn: Connection, args: list[str], message: str
 ) -> None:
-    error_line(cli("enqueue", "t", *args), message)
+    bad_input(cli("enqueue", "t", *args), message)
     assert count(conn) == 0
 
 
 def test_enqueue_a_bad_task_name_is_one_line(cli: Invoke, conn: Connection) -> None:
-    error_line(cli("enqueue", "no spaces allowed"), "task name 'no spaces allowed' is invalid")
+    bad_input(cli("enqueue", "no spaces allowed"), "task name 'no spaces allowed' is invalid")
     assert count(conn) == 0
 
 
@@ -275,15 +292,15 @@ def mixed_jobs(client: Client, store: Store, conn: Connection) -> dict[str, list
 def test_jobs_list_is_newest_first_and_its_json_matches_the_rows(
     cli: Invoke, conn: Connection, mixed_jobs: dict[str, list[int]]
 ) -> None:
-    found = [json.loads(line) for line in ok(cli("jobs", "list", "--json")).splitlines()]
+    found = json.loads(ok(cli("jobs", "list", "--json")))
     assert [j["id"] for j in found] == [7, 6, 5, 4, 3, 2, 1]
     for job in found:
         stored = row(conn, job["id"])
         for key in ("queue", "task", "payload", "state", "priority", "attempt", "max_attempts", "idempotency_key",
                     "leased_by", "last_error"):  # fmt: skip
             assert job[key] == stored[key], key
-        assert job["created_at"] == str(stored["created_at"])
-        assert job["scheduled_at"] == str(stored["scheduled_at"])
+        assert dt.datetime.fromisoformat(job["created_at"]) == stored["created_at"]
+        assert dt.datetime.fromisoformat(job["scheduled_at"]) == stored["scheduled_at"]
         assert len(job["errors"]) == len(stored["errors"])
 
     lines = ok(cli("jobs", "list")).splitlines()
@@ -312,7 +329,7 @@ def test_jobs_list_filters(
     cli: Invoke, mixed_jobs: dict[str, list[int]], filters: list[str], expected: list[int]
 ) -> None:
     out = ok(cli("jobs", "list", *filters, "--json"))
-    assert [json.loads(line)["id"] for line in out.splitlines()] == expected
+    assert [job["id"] for job in json.loads(out)] == expected
 
 
 def test_jobs_list_pages_with_before(cli: Invoke, mixed_jobs: dict[str, list[int]]) -> None:
@@ -320,7 +337,7 @@ def test_jobs_list_pages_with_before(cli: Invoke, mixed_jobs: dict[str, list[int
     before: list[str] = []
     while True:
         out = ok(cli("jobs", "list", "--limit", "3", *before, "--json"))
-        page = [json.loads(line)["id"] for line in out.splitlines()]
+        page = [job["id"] for job in json.loads(out)]
         if not page:
             break
         pages.append(page)
@@ -358,7 +375,7 @@ def test_jobs_show_prints_every_field_and_the_error_history(
     assert [(e["attempt"], e["worker"], e["error"]) for e in shown["errors"]] == [
         (1, W, "Traceback ...\nValueError: failure 1"), (2, W, "Traceback ...\nValueError: failure 2")
     ]  # fmt: skip
-    assert [e["at"] for e in shown["errors"]] == [str(e.at) for e in client.get(job_id).errors]
+    assert [e["at"] for e in shown["errors"]] == [e.at.isoformat() for e in client.get(job_id).errors]
     assert len(stored["errors"]) == 2
 
     text = ok(cli("jobs", "show", str(job_id)))
@@ -579,7 +596,7 @@ def test_prune_bad_options_are_usage_errors_and_delete_nothing(
 
 
 def test_prune_an_absurd_age_is_one_line(cli: Invoke, conn: Connection, aged_jobs: dict[str, int]) -> None:
-    error_line(cli("prune", "--older-than", "inf"), "prune age inf is invalid")
+    bad_input(cli("prune", "--older-than", "inf"), "prune age inf is invalid")
     assert remaining(conn, aged_jobs) == set(aged_jobs)
 
 
@@ -605,13 +622,13 @@ def test_periodic_disable_and_enable_toggle_the_row(cli: Invoke, store: Store, p
 
 
 def test_periodic_disable_a_schedule_never_run_yet(cli: Invoke, periodic_table: Connection) -> None:
-    ok(cli("periodic", "disable", "cleanup"))
+    ok(cli("periodic", "disable", "cleanup", "--app", "tests.test_cli:PERIODIC_APP"))
     rows = periodic_table.execute("SELECT enabled FROM miniqueue_periodic WHERE name = 'cleanup'").fetchall()
     assert rows == [(False,)]
 
 
 def test_periodic_list_shows_each_schedule_and_its_state(cli: Invoke, periodic_table: Connection) -> None:
-    ok(cli("periodic", "disable", "cleanup"))
+    ok(cli("periodic", "disable", "cleanup", "--app", "tests.test_cli:PERIODIC_APP"))
     lines = ok(cli("periodic", "list", "--app", "tests.test_cli:PERIODIC_APP")).splitlines()
     assert len(lines) == 2
     cleanup, morning = lines
@@ -625,7 +642,11 @@ def test_periodic_list_shows_each_schedule_and_its_state(cli: Invoke, periodic_t
 
 def test_periodic_list_needs_a_loadable_app(cli: Invoke) -> None:
     usage_error(cli("periodic", "list"), "Missing option '--app'")
-    error_line(cli("periodic", "list", "--app", "tests.no_such_module:app"), "cannot import module")
+    broken = cli("periodic", "list", "--app", "tests.no_such_module:app")
+    # An app that fails to import is shown with its own traceback (the import's frames), but as
+    # the command's error message, never click's crash.
+    assert isinstance(broken.exception, SystemExit) and broken.exit_code == 1, broken.output
+    assert broken.output.startswith("Error: cannot import module 'tests.no_such_module'")
     error_line(cli("periodic", "list", "--app", "nocolon"), "app reference 'nocolon' is invalid")
 
 
@@ -692,3 +713,256 @@ def test_demo_runs_its_jobs_through_a_supervisor(cli: Invoke, conn: Connection) 
     assert out.count("enqueued ") == 5
     assert out.endswith("all 5 demo jobs completed, in priority order (FIFO within a priority)\n")
     assert count(conn, "state = 'completed'") == 5 and count(conn) == 5
+
+
+# --- a password in every form a DSN can take ------------------------------------------------------
+
+#: Passwords holding an unescaped or a percent-encoded delimiter: libpq's URL parser cuts such a
+#: password into host, port and database name, decoded, and may echo any of those pieces.
+LEAKY_URLS = {
+    "encoded @ and a bare /": ("postgresql://app:S3cret%40x/Wurd9@127.0.0.1:1/db", ["S3cret", "Wurd9", "S3cret@x"]),
+    "short piece as port": ("postgresql://app:ab/Cdefgh@127.0.0.1:1/db", ["Cdefgh", ":ab", "'ab'"]),
+    "password= query": ("postgresql://app@127.0.0.1:1/db?pass%77ord=Hunter%32x&connect_timeout=2", ["Hunter"]),
+    "two-word key=value": ("host=127.0.0.1 port=1 password=Two Words dbname=db", ["Two", "Words"]),
+}
+
+
+@pytest.mark.parametrize("command", [["stats"], ["migrate"], ["healthcheck"]], ids=" ".join)
+@pytest.mark.parametrize(("url", "secrets"), list(LEAKY_URLS.values()), ids=list(LEAKY_URLS))
+def test_no_form_of_the_password_is_ever_printed(command: list[str], url: str, secrets: list[str]) -> None:
+    result = run(url, *command)
+    assert "Traceback" not in result.output and result.exit_code == 1, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    for secret in secrets:
+        assert secret not in result.output, result.output
+
+
+def test_healthcheck_with_a_malformed_url_is_one_line() -> None:
+    result = run("postgresql://app:S3cret%40x/word@127.0.0.1:1/db", "healthcheck")
+    line = error_line(result, "database URL", "is invalid", "part of the password")
+    assert "S3cret" not in line
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("not a url", 'missing "=" after "not" in connection info string'),
+        ("postgresql://alice@db.example/queue?nosuch=1", 'invalid URI query parameter: "nosuch"'),
+        ("host=db.example password=Two Words", 'missing "=" after "***"'),
+    ],
+)
+def test_an_invalid_url_keeps_the_parsers_reason(url: str, reason: str) -> None:
+    result = CliRunner().invoke(main, ["stats"], env={"DATABASE_URL": url})
+    line = error_line(result, "database URL", "is invalid", reason, "postgresql://user:password@host")
+    assert "Two" not in line and "Words" not in line
+
+
+# --- inputs that must not end in a traceback ------------------------------------------------------
+
+
+def test_a_payload_nested_too_deeply_is_a_usage_error(cli: Invoke, conn: Connection) -> None:
+    usage_error(cli("enqueue", "t", "--payload", "[" * 5000 + "]" * 5000), "--payload", "nested too deeply")
+    assert count(conn) == 0
+
+
+@pytest.mark.parametrize("job_id", ["18446744073709551616", "9223372036854775808", "0"])
+@pytest.mark.parametrize(
+    "command",
+    [["cancel"], ["requeue"], ["jobs", "show"], ["jobs", "list", "--before"]],
+    ids=" ".join,
+)
+def test_a_job_id_outside_bigint_is_a_usage_error(
+    cli: Invoke, client: Client, conn: Connection, command: list[str], job_id: str
+) -> None:
+    job = client.enqueue("t").id
+    usage_error(cli(*command, job_id), job_id, "1<=x<=9223372036854775807")
+    assert states(conn) == {job: "available"}
+
+
+def test_the_largest_job_id_is_accepted(cli: Invoke) -> None:
+    assert error_line(cli("jobs", "show", str(2**63 - 1))) == f"Error: job {2**63 - 1} does not exist"
+    assert json.loads(ok(cli("jobs", "list", "--before", str(2**63 - 1), "--json"))) == []
+
+
+# Bytes that are not UTF-8 on a command line reach click as str with lone surrogates (Python's
+# surrogateescape): "\udcff" is the byte 0xff.
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["enqueue", "t", "--idempotency-key", "key-\udcff"], "idempotency key 'key-\\udcff' is invalid"),
+        (["enqueue", "t", "--payload", '{"s": "\udcff"}'], "lone surrogate"),
+        (["enqueue", "t\udcff"], "task name 't\\udcff' is invalid"),
+        (["enqueue", "t", "--queue", "q\udcff"], "queue name 'q\\udcff' is invalid"),
+        (["jobs", "list", "--task", "t\udcff"], "task name 't\\udcff' is invalid"),
+        (["jobs", "list", "--queue", "q\udcff"], "queue name 'q\\udcff' is invalid"),
+        (["requeue", "--state", "dead", "--task", "t\udcff"], "task name 't\\udcff' is invalid"),
+        (["periodic", "disable", "x\udcff"], "schedule name 'x\\udcff' is invalid"),
+        (["queues", "pause", "q\udcff"], "queue name 'q\\udcff' is invalid"),
+    ],
+)
+def test_text_that_is_not_utf8_is_one_line_and_stores_nothing(
+    cli: Invoke, conn: Connection, args: list[str], message: str
+) -> None:
+    bad_input(cli(*args), message)
+    assert count(conn) == 0
+    assert conn.execute("SELECT count(*) FROM miniqueue_periodic").fetchone() == (0,)
+
+
+def test_bytes_that_are_not_utf8_on_a_real_command_line(dsn: str, conn: Connection, repo_root: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "miniqueue.cli", "enqueue", "t", "--idempotency-key", b"key-\xff"],
+        env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.decode().strip() == "Error: idempotency key 'key-\\udcff' is invalid: " + (
+        "'\\udcff' is a lone surrogate, not valid Unicode"
+    )
+    assert count(conn) == 0
+
+
+def test_a_schedule_name_is_checked_like_the_dashboard_checks_it(cli: Invoke, periodic_table: Connection) -> None:
+    bad_input(cli("periodic", "disable", "x'; drop table miniqueue_jobs;--"), "schedule name", "is invalid")
+    assert periodic_table.execute("SELECT count(*) FROM miniqueue_periodic").fetchone() == (0,)
+
+
+# --- unknown queue and schedule names ------------------------------------------------------------
+
+
+def paused_rows(conn: Connection) -> dict[str, bool]:
+    return dict(conn.execute("SELECT name, paused FROM miniqueue_queues").fetchall())
+
+
+def test_pausing_an_unknown_queue_names_it_and_the_known_ones(cli: Invoke, client: Client, conn: Connection) -> None:
+    client.enqueue("t", queue="emails")
+    line = bad_input(cli("queues", "pause", "emials"), "queue 'emials' is unknown", "known: emails", "--create")
+    assert "create=True" in line
+    assert paused_rows(conn) == {}
+
+
+def test_pausing_several_queues_pauses_none_if_one_is_unknown(cli: Invoke, client: Client, conn: Connection) -> None:
+    client.enqueue("t", queue="emails")
+    client.enqueue("t", queue="reports")
+    bad_input(cli("queues", "pause", "emails", "nosuch", "reports", "other"), "queues 'nosuch', 'other' are unknown")
+    assert paused_rows(conn) == {}
+    assert ok(cli("queues", "pause", "emails", "reports")) == "paused emails, reports\n"
+    assert paused_rows(conn) == {"emails": True, "reports": True}
+
+
+def test_known_queues_are_those_waiting_running_or_already_set(
+    cli: Invoke, client: Client, store: Store, conn: Connection
+) -> None:
+    client.enqueue("t", queue="waiting")
+    client.enqueue("t", queue="busy")
+    claim(store, conn, "busy")
+    done = client.enqueue("t", queue="finished").id
+    finish(conn, done, "completed", "1 minute")
+    assert ok(cli("queues", "pause", "waiting", "busy")) == "paused waiting, busy\n"
+    # A queue whose jobs have all finished is not looked up (no index holds finished jobs by
+    # queue): --create says it is meant.
+    bad_input(cli("queues", "pause", "finished"), "queue 'finished' is unknown", "known: busy, waiting")
+    assert ok(cli("queues", "pause", "finished", "--create")) == "paused finished\n"
+    assert ok(cli("queues", "resume", "finished")) == "resumed finished\n"  # it has a row now
+    assert paused_rows(conn) == {"waiting": True, "busy": True, "finished": False}
+    assert json.loads(ok(cli("queues", "list", "--json"))) == [
+        {"queue": "busy", "paused": True}, {"queue": "finished", "paused": False},
+        {"queue": "waiting", "paused": True},
+    ]  # fmt: skip
+
+
+def test_resuming_an_unknown_queue_is_an_error_too(cli: Invoke, conn: Connection) -> None:
+    bad_input(cli("queues", "resume", "nosuch"), "queue 'nosuch' is unknown", "known: none yet")
+    assert paused_rows(conn) == {}
+
+
+def test_client_pause_and_resume_queues(client: Client, conn: Connection) -> None:
+    client.enqueue("t", queue="emails")
+    with pytest.raises(InvalidInput, match="queue 'nosuch' is unknown"):
+        client.pause_queues(["emails", "nosuch"])
+    assert paused_rows(conn) == {}
+    assert client.pause_queues(["emails", "emails", "later"], create=True) == ["emails", "later"]
+    assert client.list_queues() == {"emails": True, "later": True}
+    assert client.resume_queues(["later"]) == ["later"]
+    assert client.list_queues() == {"emails": True}  # "later" has no jobs and is not paused
+    with pytest.raises(InvalidInput, match="no queue name given"):
+        client.pause_queues([])
+
+
+@pytest.mark.parametrize("statement", ["_known_queues", "_known_queue_names"])
+def test_the_known_queue_lookups_never_scan_the_jobs_table(store: Store, conn: Connection, statement: str) -> None:
+    # With sequential scans priced out, a plan still holding one has no index to use instead.
+    params = {"names": ["a", "b"], "limit": 20}
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + getattr(store, statement), params).fetchall())
+    assert "Seq Scan on miniqueue_jobs" not in plan, plan
+
+
+def test_switching_an_unknown_schedule_names_it_and_the_known_ones(
+    cli: Invoke, store: Store, periodic_table: Connection
+) -> None:
+    store.claim_periodic_slot(periodic_table, "morning-report", dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
+    line = bad_input(cli("periodic", "disable", "mornig-report"), "schedule 'mornig-report' is unknown",
+                     "known: morning-report")  # fmt: skip
+    assert "needs the app" in line
+    bad_input(cli("periodic", "enable", "nosuch", "--app", "tests.test_cli:PERIODIC_APP"),
+              "known: cleanup, morning-report")  # fmt: skip
+    rows = periodic_table.execute("SELECT name, enabled FROM miniqueue_periodic").fetchall()
+    assert rows == [("morning-report", True)]
+
+
+def test_client_enable_and_disable_schedule(client: Client, periodic_table: Connection) -> None:
+    with pytest.raises(InvalidInput, match="schedule 'cleanup' is unknown"):
+        client.disable_schedule("cleanup")
+    client.disable_schedule("cleanup", app=PERIODIC_APP)
+    assert client.periodic_state()["cleanup"][1] is False
+    client.enable_schedule("cleanup")  # it has a row now
+    assert client.periodic_state()["cleanup"][1] is True
+    with pytest.raises(InvalidInput, match="schedule name"):
+        client.enable_schedule("no spaces")
+
+
+# --- output formats ------------------------------------------------------------------------------
+
+
+def test_requeue_of_a_job_in_the_wrong_state_says_which_states_can_be_requeued(
+    cli: Invoke, client: Client, conn: Connection
+) -> None:
+    done = client.enqueue("t").id
+    finish(conn, done, "completed", "1 minute")
+    line = error_line(cli("requeue", str(done)))
+    assert line.endswith(
+        f"cannot requeue job {done}: it is completed; only cancelled, dead, failed jobs can be requeued"
+    )
+    line = error_line(cli("cancel", str(done)))
+    assert line.endswith("only available, running jobs can be cancelled")
+
+
+def test_every_list_prints_one_json_array(cli: Invoke, client: Client) -> None:
+    client.enqueue("t", queue="emails")
+    client.pause_queues(["emails"])
+    for command in (["stats"], ["jobs", "list"], ["queues", "list"]):
+        out = ok(cli(*command, "--json"))
+        assert out.count("\n") == 1, out
+        found = json.loads(out)
+        assert isinstance(found, list) and len(found) == 1, command
+
+
+def test_json_timestamps_are_iso_8601_with_t_and_offset(cli: Invoke, client: Client, conn: Connection) -> None:
+    job_id = client.enqueue("t").id
+    shown = json.loads(ok(cli("jobs", "show", str(job_id), "--json")))
+    (listed,) = json.loads(ok(cli("jobs", "list", "--json")))
+    for job in (shown, listed):
+        text = job["created_at"]
+        assert "T" in text and " " not in text, text
+        parsed = dt.datetime.fromisoformat(text)
+        assert parsed.utcoffset() is not None and parsed == row(conn, job_id)["created_at"]
+
+
+def test_the_json_log_time_is_utc_with_its_zone() -> None:
+    record = logging.LogRecord("miniqueue.test", logging.INFO, __file__, 1, "hello %s", ("there",), None)
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "hello there"
+    assert entry["time"].endswith("Z"), entry["time"]
+    logged = dt.datetime.fromisoformat(entry["time"].replace("Z", "+00:00"))
+    assert logged.utcoffset() == dt.timedelta(0)
+    assert abs(logged.timestamp() - record.created) < 0.001

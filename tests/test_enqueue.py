@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import psycopg
 import pytest
 
-from miniqueue import Client, EnqueueResult, JobNotFound, JobSpec, QueueCount, State, Store
+from miniqueue import Client, EnqueueResult, InvalidInput, JobNotFound, JobSpec, QueueCount, State, Store
 from miniqueue.db import Connection, PooledConnection, connect
 
 from .helpers import count, row, wait_until
@@ -60,6 +60,20 @@ def test_key_still_deduplicates_after_the_job_finished(client: Client, conn: Con
     store.complete(conn, first.id, W1, lease.attempt)
     assert client.enqueue("t", idempotency_key="once") == EnqueueResult(first.id, duplicate=True)
     assert count(conn) == 1
+
+
+@pytest.mark.parametrize("key", ["order-\udcff", "\ud800", "ok-" + "\udfff" * 3])
+def test_a_key_with_a_lone_surrogate_is_invalid_input_on_every_path(client: Client, conn: Connection, key: str) -> None:
+    # What Python makes of bytes that are not UTF-8: no text PostgreSQL can store, so no key.
+    with pytest.raises(InvalidInput, match=r"^idempotency key .* is invalid: .* lone surrogate"):
+        client.enqueue("t", idempotency_key=key)
+    for size in (10, 499, 500, 2000):  # around Store.copy_threshold: small and large batches
+        specs = [JobSpec("t", {"i": i}, idempotency_key=f"k-{i}") for i in range(size)]
+        specs[size // 2] = JobSpec("t", idempotency_key=key)
+        with pytest.raises(InvalidInput, match=rf"^job {size // 2}: idempotency key .* lone surrogate"):
+            client.enqueue_many(specs)
+    assert count(conn) == 0
+    assert client.enqueue("t", idempotency_key="order-1").duplicate is False  # the pool is still usable
 
 
 # --- enqueue_many -----------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,12 +61,11 @@ def test_sigkill_a_worker_mid_job_then_the_job_is_rerun_as_attempt_2(
     pid = wait_until(lambda: held_by(conn, job_id), what="job running")
     wait_until(lambda: f"job {job_id} work" in sup.titles().get(pid, ""), what="title shows the job")
     os.kill(pid, signal.SIGKILL)
-    killed_at = time.monotonic()
     wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=15, what="job completed after the kill")
     stored = row(conn, job_id)
     assert stored["attempt"] == 2
+    # Released by the supervisor after waitpid (the reaper would say "worker lost" at lease expiry).
     assert stored["errors"][0]["error"] == f"worker process died: SIGKILL (pid {pid})"
-    assert time.monotonic() - killed_at < 10, "recovery waited for the lease instead of the supervisor"
     wait_until(lambda: len(sup.workers()) == 2 and pid not in sup.workers(), what="worker replaced")
 
 

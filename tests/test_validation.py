@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import traceback
 from typing import Any
 
 import psycopg
 import pytest
 
-from miniqueue import Client, ConfigError, InvalidInput, JobSpec
+from miniqueue import Client, ConfigError, DatabaseUnavailable, InvalidInput, JobSpec, Store
 from miniqueue.db import Connection, check_dsn, mask_dsn
 from miniqueue.validation import encode_payload
 
@@ -296,3 +297,126 @@ def test_valid_dsn_parses() -> None:
 )
 def test_mask_dsn(dsn: str, masked: str) -> None:
     assert mask_dsn(dsn) == masked
+
+
+#: (dsn, every form of its password that must never be shown)
+PASSWORD_FORMS = [
+    # libpq reads host "app", port "S3cret@x" (decoded) and database "word@127.0.0.1:1/db".
+    ("postgresql://app:S3cret%40x/word@127.0.0.1:1/db", ["S3cret", "S3cret@x", "S3cret%40x", "x/word"]),
+    ("postgresql://app:ab/Cdefgh@db.example/app", ["Cdefgh", "'ab'"]),  # a 2-character piece read as port
+    ("postgresql://app:Pass%20Word@[::1/app", ["Pass", "Pass Word", "Pass%20Word"]),  # echoed whole
+    ("postgresql://app:Pa ss@db.example/app", ["Pa ss", '"Pa']),  # spaces: "unexpected spaces found in ..."
+    ("postgresql://app:Pa%zzss@db.example/app", ["Pa%zzss"]),  # "invalid percent-encoded token: ..."
+    ("postgresql://db.example/app?pass%77ord=Hid%64en&bogus", ["Hidden", "Hid%64en"]),
+    ("host=db.example password=Two Words", ['"Words"', "Two"]),  # libpq: missing "=" after "Words"
+    ("host=db.example password=Two wd", ['"wd"', "Two"]),  # ... after "wd", too short to find anywhere
+]
+
+
+@pytest.mark.parametrize(("dsn", "forms"), PASSWORD_FORMS)
+def test_no_form_of_the_password_reaches_a_dsn_error(dsn: str, forms: list[str]) -> None:
+    with pytest.raises(ConfigError) as raised:
+        check_dsn(dsn)
+    message = str(raised.value)
+    assert "is invalid" in message
+    for form in forms:
+        assert form not in message, message
+    assert re.search(r"(?<!pass)word", message) is None, message
+
+
+def test_the_port_error_names_a_port_that_is_not_part_of_the_password() -> None:
+    with pytest.raises(ConfigError, match=r"port 'nope' is not a number from 1 to 65535"):
+        check_dsn("postgresql://app:pw@db.example:nope/app")
+    with pytest.raises(ConfigError, match=r"the port is not a number .*: it is part of the password"):
+        check_dsn("postgresql://app:S3cret%40x/word@127.0.0.1:1/db")
+
+
+@pytest.mark.parametrize(
+    ("dsn", "reason"),
+    [
+        ("not a url", 'missing "=" after "not" in connection info string'),
+        ("host=db.example nosuch=1", 'invalid connection option "nosuch"'),
+        (
+            "postgresql://alice:pw@db.example/app?bogus",
+            'missing key/value separator "=" in URI query parameter: "bogus"',
+        ),
+    ],
+)
+def test_a_dsn_error_keeps_the_parsers_reason(dsn: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        check_dsn(dsn)
+    assert reason in str(raised.value)
+    assert "use postgresql://user:password@host:port/dbname" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "masked"),
+    [
+        ("postgresql://app:Pa ss@db/app", "postgresql://app:***@db/app"),
+        ("postgresql://db/app?pass%77ord=Hidden&user=a", "postgresql://db/app?pass%77ord=***&user=a"),
+        ("host=db password=Two Words user=alice", "host=db password=*** user=alice"),
+        ("host=db password=pw user = alice", "host=db password=*** user = alice"),
+    ],
+)
+def test_mask_dsn_hides_every_way_of_writing_a_password(dsn: str, masked: str) -> None:
+    assert mask_dsn(dsn) == masked
+
+
+def test_an_unreachable_database_error_hides_the_password_pieces(dsn: str) -> None:
+    # The password's "/" ends the host early, and the port parsed from it is a number: libpq
+    # tries host "app", port 5432, and may name any of those pieces in its error.
+    with pytest.raises(DatabaseUnavailable) as raised:
+        Client("postgresql://app:5432/Secretpart@127.0.0.1:1/db?connect_timeout=2")
+    assert "Secretpart" not in str(raised.value)
+    assert "5432/" not in str(raised.value)
+
+
+# --- values the database cannot take ----------------------------------------------------------------
+
+
+def test_a_number_out_of_a_columns_range_is_invalid_input(store: Store, conn: Connection) -> None:
+    # psycopg's DataError is translated where every error is: nothing was stored.
+    with pytest.raises(InvalidInput, match="the database rejected a value: bigint out of range"):
+        store.cancel(conn, [2**64])
+    with pytest.raises(InvalidInput, match="the database rejected a value"):
+        store.requeue(conn, [2**63])
+
+
+@pytest.mark.parametrize("call", ["cancel", "requeue"])
+@pytest.mark.parametrize("job_id", [2**64, 2**63, 0, -1])
+def test_client_checks_job_ids(client: Client, call: str, job_id: int) -> None:
+    with pytest.raises(InvalidInput, match=f"job id {job_id} is invalid: use a whole number from 1 to {2**63 - 1}"):
+        getattr(client, call)([job_id])
+    with pytest.raises(InvalidInput, match=f"job id {job_id} is invalid"):
+        client.get(job_id)
+
+
+def test_a_lone_surrogate_that_reaches_the_driver_is_invalid_input(store: Store, conn: Connection) -> None:
+    # The store's filters take any text; psycopg fails to encode it before anything is sent.
+    with pytest.raises(InvalidInput, match=r"'\\udcff' is invalid: a lone surrogate"):
+        store.list_jobs(conn, search="\udcff")
+    with pytest.raises(InvalidInput, match=r"the database rejected a value: .* NUL"):
+        store.list_jobs(conn, search="a\x00b")
+    assert store.list_jobs(conn) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        (JobSpec("t\udcff"), "task name"),
+        (JobSpec("t", queue="q\udcff"), "queue name"),
+        (JobSpec("t", {"s": "\udcff"}), "lone surrogate"),
+        (JobSpec("t", {"k\udcff": 1}), "lone surrogate"),
+        (JobSpec("t", idempotency_key="k\udcff"), "idempotency key 'k\\udcff' is invalid"),
+    ],
+)
+@pytest.mark.parametrize("size", [10, 600], ids=["insert", "copy"])
+def test_a_lone_surrogate_in_a_batch_names_the_job_and_stores_nothing(
+    client: Client, conn: Connection, spec: JobSpec, named: str, size: int
+) -> None:
+    # 600 jobs without keys go by COPY; a key sends the batch by INSERT whatever its size.
+    specs = [JobSpec("t", {"i": i}) for i in range(size)]
+    specs[size - 3] = spec
+    with pytest.raises(InvalidInput, match=rf"^job {size - 3}: .*{re.escape(named)}"):
+        client.enqueue_many(specs)
+    assert count(conn) == 0
