@@ -73,7 +73,11 @@ BEGIN
         OLD.state,
         NEW.state,
         CASE WHEN NEW.state = 'running' THEN NEW.leased_by ELSE OLD.leased_by END,
-        CASE WHEN NEW.state IN ('available', 'dead', 'failed') THEN left(NEW.last_error, 4000) END
+        -- The entry the transition appended to the history (a failure, or the note of a job handed
+        -- back without spending an attempt), else last_error.
+        CASE WHEN NEW.state IN ('available', 'dead', 'failed') THEN left(
+            CASE WHEN jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors)
+                 THEN NEW.errors -> -1 ->> 'error' ELSE NEW.last_error END, 4000) END
     );
     RETURN NULL;
 END

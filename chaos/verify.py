@@ -137,23 +137,32 @@ def _job_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
 # -- executions and their causes ---------------------------------------------------------------------
 
 
+#: How a job handed back by a worker whose every thread was busy past its prefetch budget begins.
+PREFETCH_HAND_BACK = "handed back unstarted: every handler thread"
+
+
 def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
     """The injected fault that ended an attempt without completion, or None.
 
     The attempt's recorded end reason says which faults could have caused it:
 
-    - no error, back to ``available``: handed back unstarted by a worker told to stop (its
-      supervisor killed or stopped);
-    - ``worker process died: SIGKILL`` (released by the supervisor): a kill of that very pid;
+    - handed back unstarted by a worker that stopped, or interrupted by a requested stop
+      (``... attempt not charged``): a worker told to stop (its supervisor killed or stopped);
+    - handed back unstarted because every handler thread was busy past the prefetch budget:
+      no fault, the prefetch doing its job (no handler ran, so nothing ran twice);
+    - ``worker process died: SIGKILL`` (released by the supervisor, charged or, for a job that
+      was not running, handed back): a kill of that very pid;
     - ``worker lost: ... stopped renewing its lease`` (the reaper): a fault on that pid (killed,
       frozen, its supervisor killed or stopped), or a database fault during the lease;
     - a handler error that is a dead connection: a database fault during the lease, or an
       earlier one (a pooled connection that went stale);
     - anything else: no fault explains it.
     """
-    error = attempt.error or ""
-    if attempt.end_state == "available" and not error:
-        # Handed back unstarted by a worker told to stop (its supervisor was killed or stopped).
+    error = (attempt.error or "").removeprefix("handed back: ")
+    if error.startswith(PREFETCH_HAND_BACK):
+        return "prefetch hand-back"
+    if attempt.end_state == "available" and error.startswith(("handed back unstarted", "interrupted")):
+        # Handed back by a worker told to stop (its supervisor was killed or stopped).
         process_kinds: tuple[str, ...] = ("kill-supervisor", "two-supervisors")
         database, stale = False, False
     elif error.startswith(("worker process died", "worker process killed")):
@@ -310,7 +319,7 @@ def _where_it_landed(fault: Fault, executed_at: float | None, sleep_ms: int, eff
 
 
 def _release_kind(lease: Attempt) -> str:
-    error = lease.error or ""
+    error = (lease.error or "").removeprefix("handed back: ")
     if lease.end_state == "completed":
         return "completion already on the wire"
     if error.startswith("worker process died"):
@@ -365,7 +374,7 @@ def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
 
 
 def _discarded_in_log(logs: str, pid: int, job: int, attempt: int) -> bool:
-    pattern = rf"\[worker-\d+ {pid}\] WARNING [\w.]+: job {job} \(\w+, attempt {attempt}\): outcome discarded"
+    pattern = rf"\[worker-\d+ {pid}\] WARNING [\w.]+: job {job} \([^)]*\) attempt {attempt}/\d+: outcome discarded"
     return re.search(pattern, logs) is not None
 
 
