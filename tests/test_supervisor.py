@@ -43,6 +43,12 @@ def held_by(conn: Connection, job_id: int) -> int | None:
     return int(leased_by.split(":")[1]) if leased_by else None
 
 
+def handler_started(conn: Connection, job_id: int) -> bool:
+    """The handler recorded its execution (claimed is not enough: a stop between the claim and
+    the handler's start hands the job back unstarted)."""
+    return conn.execute("SELECT 1 FROM executions WHERE job_id = %s", [job_id]).fetchone() is not None
+
+
 def test_spawns_named_workers_and_a_reaper(supervise: Any) -> None:
     sup = supervise(workers=3)
     sup.wait_ready(3)
@@ -101,7 +107,7 @@ def test_term_while_a_job_runs_completes_it_and_exits_0(supervise: Any, client: 
     sup = supervise(workers=1)
     sup.wait_ready(1)
     job_id = client.enqueue("work", {"sleep_on": [1], "seconds": 1.5}).id
-    wait_until(lambda: held_by(conn, job_id), what="job running")
+    wait_until(lambda: handler_started(conn, job_id), what="handler running")
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(20) == 0
     assert row(conn, job_id)["state"] == "completed"
@@ -121,7 +127,7 @@ def test_a_stop_interrupting_a_job_spends_no_attempt(
     sup.wait_ready(1)
     payload = {"sleep_on": [1], "seconds": 15, "deaf": deaf}
     job_id = client.enqueue("work", payload, max_attempts=1).id
-    wait_until(lambda: held_by(conn, job_id), what="job running")
+    wait_until(lambda: handler_started(conn, job_id), what="handler running")
     for name in signals:
         os.killpg(sup.proc.pid, getattr(signal, name))  # as a terminal's Ctrl-C reaches the whole group
     assert sup.proc.wait(20) == 0
@@ -138,7 +144,7 @@ def test_hup_interrupting_a_job_spends_no_attempt_and_the_new_generation_runs_it
     sup = supervise("--shutdown-timeout", "0.5", workers=1)
     sup.wait_ready(1)
     job_id = client.enqueue("work", {"sleep_on": [1], "seconds": 15, "deaf": True}, max_attempts=1).id
-    wait_until(lambda: held_by(conn, job_id), what="job running")
+    wait_until(lambda: handler_started(conn, job_id), what="handler running")
     sup.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=20, what="job completed after HUP")
     stored = row(conn, job_id)
