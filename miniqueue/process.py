@@ -43,7 +43,8 @@ class _LabelFilter(logging.Filter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (ISO 8601 UTC, ``2026-01-02T09:30:00.123Z``), level,
-    process label and pid, logger, message."""
+    process label and pid, logger, message; and ``job`` (id, task, queue, attempt,
+    max_attempts, outcome, error) on the line a failed attempt leaves."""
 
     def format(self, record: logging.LogRecord) -> str:
         # UTC with its "Z": a log shipper must not guess the host's time zone.
@@ -58,6 +59,9 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        job = getattr(record, "job", None)
+        if job is not None:
+            entry["job"] = job
         return json.dumps(entry, ensure_ascii=False)
 
 
