@@ -14,8 +14,9 @@ from typing import Any
 
 import psycopg
 
-from miniqueue import State, Store
+from miniqueue import State
 from miniqueue.db import connect
+from miniqueue.store import Store
 
 from .database import QUEUE, count_in_state, seed_jobs, settle
 from .measure import Laps, Sample, WorkerReport, combine

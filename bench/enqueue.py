@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.types.json import Jsonb
 
-from miniqueue import Client, JobSpec, Store
+from miniqueue import Client, JobSpec
+from miniqueue.store import Store
 
 from .database import QUEUE, TASK, payload, settle
 from .measure import Laps, Sample, WorkerReport, combine

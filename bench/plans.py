@@ -15,8 +15,9 @@ from typing import Any
 
 import psycopg
 
-from miniqueue import JobSpec, Store
+from miniqueue import JobSpec
 from miniqueue.db import Connection, connect
+from miniqueue.store import Store
 from miniqueue.validation import validate
 
 from .database import QUEUE, TASK, payload, scratch_database, seed_jobs

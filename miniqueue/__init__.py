@@ -1,6 +1,14 @@
-"""miniqueue: a PostgreSQL-backed job queue with leases, fencing and at-least-once delivery."""
+"""miniqueue: a PostgreSQL-backed job queue with leases, fencing and at-least-once delivery.
 
-from .app import App, Task, load_app
+What is exported here is the public API: tasks and their handlers (:class:`App`, :class:`Job`,
+:class:`PermanentError`, :class:`Snooze`), producing and inspecting (:class:`Client`,
+:class:`JobSpec` and the result types), running in-process (:class:`Worker`, :class:`Reaper`
+and their configs), migrations, backoff, and the errors. Everything else (the store, the
+supervisor and its children, the wire protocol between them) is internal and may change; run
+the supervisor with the ``miniqueue-supervise`` command.
+"""
+
+from .app import App
 from .client import Client
 from .context import Job, PermanentError, Snooze
 from .errors import (
@@ -14,12 +22,10 @@ from .errors import (
     MiniqueueError,
     SchemaOutOfDate,
 )
-from .job import AttemptError, EnqueueResult, JobRecord, JobSpec, Lease, QueueCount, State
+from .job import AttemptError, EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .migrate import run_migrations
 from .reaper import Reaper, ReaperConfig
 from .retry import Backoff, default_backoff, exponential_backoff
-from .store import Store
-from .supervisor import Supervisor, SupervisorConfig
 from .worker import Worker, WorkerConfig
 
 __version__ = "0.1.0"
@@ -39,25 +45,20 @@ __all__ = [
     "JobNotFound",
     "JobRecord",
     "JobSpec",
-    "Lease",
     "LeaseLost",
     "MiniqueueError",
     "PermanentError",
     "QueueCount",
+    "QueueStats",
     "Reaper",
     "ReaperConfig",
     "SchemaOutOfDate",
     "Snooze",
     "State",
-    "Store",
-    "Supervisor",
-    "SupervisorConfig",
-    "Task",
     "Worker",
     "WorkerConfig",
     "__version__",
     "default_backoff",
     "exponential_backoff",
-    "load_app",
     "run_migrations",
 ]

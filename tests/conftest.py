@@ -16,8 +16,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from miniqueue import Client, Store, run_migrations
+from miniqueue import Client, run_migrations
 from miniqueue.db import Connection, connect
+from miniqueue.store import Store
 
 
 @pytest.fixture(scope="session")

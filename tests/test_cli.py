@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from miniqueue import App, Client, InvalidInput, State, Store
+from miniqueue import App, Client, InvalidInput, State
 from miniqueue.cli import main
 from miniqueue.context import Job
 from miniqueue.db import Connection
 from miniqueue.process import JsonFormatter
+from miniqueue.store import Store
 from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, row, wait_until

@@ -9,8 +9,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import psycopg
 import pytest
 
-from miniqueue import Client, EnqueueResult, InvalidInput, JobNotFound, JobSpec, QueueCount, State, Store
+from miniqueue import Client, EnqueueResult, InvalidInput, JobNotFound, JobSpec, QueueCount, State
 from miniqueue.db import Connection, PooledConnection, connect
+from miniqueue.store import Store
 
 from .helpers import count, row, wait_until
 

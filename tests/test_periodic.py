@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from miniqueue import App, ConfigError, MiniqueueError, Reaper, ReaperConfig, Store
+from miniqueue import App, ConfigError, MiniqueueError, Reaper, ReaperConfig
 from miniqueue.context import Job
 from miniqueue.db import Connection, connect
 from miniqueue.periodic import Periodic, schedule_due
+from miniqueue.store import Store
 
 from .helpers import count, row, wait_until
 from .supervised import FAST, Supervised

@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from miniqueue import Client, InvalidInput, InvalidTransition, JobNotFound, JobSpec, LeaseLost, State, Store
+from miniqueue import Client, InvalidInput, InvalidTransition, JobNotFound, JobSpec, LeaseLost, State
 from miniqueue.db import Connection, connect
 from miniqueue.job import Lease, QueueCount
-from miniqueue.store import Failure
+from miniqueue.store import Failure, Store
 from miniqueue.validation import validate
 
 from .helpers import count, expire_lease, row

@@ -11,8 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from miniqueue import Client, ConfigError, DatabaseUnavailable, InvalidInput, JobSpec, Store
+from miniqueue import Client, ConfigError, DatabaseUnavailable, InvalidInput, JobSpec
 from miniqueue.db import Connection, check_dsn, mask_dsn
+from miniqueue.store import Store
 from miniqueue.validation import encode_payload
 
 from .helpers import count, row

@@ -19,9 +19,10 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp
 
-from miniqueue import App, Client, ConfigError, State, Store
+from miniqueue import App, Client, ConfigError, State
 from miniqueue.db import Connection
 from miniqueue.job import ProcessInfo
+from miniqueue.store import Store
 from miniqueue.web import create_app, redact_keys
 
 from .helpers import count, row, wait_until

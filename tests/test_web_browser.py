@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import uvicorn
 
-from miniqueue import App, Client, JobSpec, Store, Worker, WorkerConfig
+from miniqueue import App, Client, JobSpec, Worker, WorkerConfig
 from miniqueue.db import Connection
 from miniqueue.job import ProcessInfo
+from miniqueue.store import Store
 from miniqueue.web import create_app, redact_keys
 
 from .helpers import row, wait_until

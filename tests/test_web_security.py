@@ -18,8 +18,9 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from starlette.testclient import TestClient
 
-from miniqueue import Client, ConfigError, Store
+from miniqueue import Client, ConfigError
 from miniqueue.db import Connection
+from miniqueue.store import Store
 from miniqueue.web import create_app
 from miniqueue.web.security import LOCAL_HOSTS
 from miniqueue.web.server import check_bind, served_hosts

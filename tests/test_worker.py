@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from miniqueue import Client, LeaseLost, State, Store
+from miniqueue import Client, LeaseLost, State
 from miniqueue.app import App
 from miniqueue.context import Job, PermanentError, Snooze
 from miniqueue.db import Connection
 from miniqueue.errors import ConfigError
 from miniqueue.reaper import Reaper
+from miniqueue.store import Store
 from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, row, wait_until
