@@ -18,29 +18,16 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import reports
 from .app import App, load_app
 from .context import Job
 from .inflight import InflightBoard
-from .process import (
-    EXIT_BOOT_ERROR,
-    Tally,
-    die_with_parent,
-    report_line,
-    set_label,
-    set_title,
-    write_lines,
-    write_report,
-)
+from .process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_title
 from .reaper import Reaper, ReaperConfig
+from .signals import SUPERVISOR_SIGNALS
 from .worker import Outcome, Worker, WorkerConfig, WorkerHooks, new_worker_id
 
 log = logging.getLogger("miniqueue.child")
-
-#: Signals the supervisor handles; children put them back to their defaults after fork.
-SUPERVISOR_SIGNALS = (
-    signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD,
-)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class ChildSpec:
@@ -67,7 +54,7 @@ def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
         _reset_after_fork(spec, close_fds)
         code = _run_worker(spec) if spec.worker else _run_reaper(spec)
     except BaseException:  # anything at all: report it, then leave without unwinding into the parent's code
-        write_report(spec.report_fd, "error", traceback.format_exc(limit=8).strip())
+        reports.write(spec.report_fd, [reports.Error(traceback.format_exc(limit=8).strip())])
         code = 1
     finally:
         logging.shutdown()
@@ -99,7 +86,7 @@ def _run_worker(spec: ChildSpec) -> int:
         )
         worker = Worker(app, spec.dsn, config)
     except Exception as exc:
-        write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
+        reports.write(spec.report_fd, [reports.Error(f"{type(exc).__name__}: {exc}")])
         return EXIT_BOOT_ERROR
     progress = _Progress(spec, app)
     worker.hooks = WorkerHooks(
@@ -107,10 +94,9 @@ def _run_worker(spec: ChildSpec) -> int:
         on_handler_start=board.handler_started, on_handler_end=board.handler_finished,
     )  # fmt: skip
     _install_stop_signals(worker.stop, board)
-    listening = {True: "1", False: "0", None: "-"}
-    _start_reporter(spec, worker.stop, beat=lambda: progress.beat(listening[worker.listening]), tick=progress.tick)
+    _start_reporter(spec, worker.stop, beat=lambda: progress.beat(worker.listening), tick=progress.tick)
     progress.retitle()
-    write_report(spec.report_fd, "ready", worker.worker_id)
+    reports.write(spec.report_fd, [reports.Ready(worker.worker_id)])
     worker.run()
     board.stop_requested()  # also when it stopped itself (max_jobs): handlers left running were not a crash
     progress.flush()
@@ -122,12 +108,13 @@ def _run_reaper(spec: ChildSpec) -> int:
     try:
         reaper = Reaper(spec.dsn, spec.reaper, app=spec.app or load_app(spec.app_ref or ""))
     except Exception as exc:
-        write_report(spec.report_fd, "error", f"{type(exc).__name__}: {exc}")
+        reports.write(spec.report_fd, [reports.Error(f"{type(exc).__name__}: {exc}")])
         return EXIT_BOOT_ERROR
     _install_stop_signals(reaper.stop)
-    _start_reporter(spec, reaper.stop, beat=lambda: write_report(spec.report_fd, "beat", "-"), tick=lambda: None)
+    beat = [reports.Beat(None)]
+    _start_reporter(spec, reaper.stop, beat=lambda: reports.write(spec.report_fd, beat), tick=lambda: None)
     set_title(spec.name)
-    write_report(spec.report_fd, "ready", "-")
+    reports.write(spec.report_fd, [reports.Ready("-")])
     reaper.run()
     return 0
 
@@ -187,7 +174,7 @@ class _Progress:
 
     - ``start`` for each job still running, once (at once for a task with a hard timeout,
       since the supervisor times it), and ``end`` for such a job once it finished;
-    - ``done`` per (outcome, queue, task): a :class:`Tally` of every job finished since.
+    - ``done`` per (outcome, queue, task): a :class:`~miniqueue.reports.Tally` of every job finished since.
 
     A job that starts and ends between two flushes is only counted. Hooks run on handler
     threads and the claim loop, hence the lock."""
@@ -198,10 +185,10 @@ class _Progress:
         self.spec = spec
         self.timeouts = {name: task.timeout for name, task in app.tasks.items() if task.timeout}
         self.lock = threading.Lock()
-        self.lines: list[str] = []
+        self.pending: list[reports.Report] = []
         self.running: dict[int, Job] = {}
         self.reported: set[int] = set()  # running jobs whose start the supervisor knows
-        self.tallies: dict[tuple[str, str, str], Tally] = {}
+        self.tallies: dict[tuple[str, str, str], reports.Tally] = {}
         self.titled_at = 0.0
 
     def job_started(self, job: Job) -> None:
@@ -217,15 +204,15 @@ class _Progress:
             self.running.pop(job.id, None)
             if job.id in self.reported:
                 self.reported.discard(job.id)
-                self.lines.append(report_line("end", job.id))
+                self.pending.append(reports.End(job.id))
             tally = self.tallies.get(key)
             if tally is None:
-                tally = self.tallies[key] = Tally()
+                tally = self.tallies[key] = reports.Tally()
             tally.add(outcome.duration)
 
-    def beat(self, listening: str) -> None:
+    def beat(self, listening: bool | None) -> None:
         with self.lock:
-            self.lines.append(report_line("beat", listening))
+            self.pending.append(reports.Beat(listening))
         self.tick()
 
     def tick(self) -> None:
@@ -235,14 +222,14 @@ class _Progress:
 
     def flush(self) -> None:
         with self.lock:  # held while writing, so lines from several threads never interleave
-            lines, self.lines = self.lines, []  # "end" lines first: a job id may start again
+            batch, self.pending = self.pending, []  # "end" reports first: a job id may start again
             for job in self.running.values():
                 if job.id not in self.reported:
                     self.reported.add(job.id)
-                    lines.append(report_line("start", job.id, job.attempt, self.timeouts.get(job.task, "-"), job.task))
-            lines += [tally.line(*key) for key, tally in self.tallies.items()]
+                    batch.append(reports.Start(job.id, job.attempt, self.timeouts.get(job.task), job.task))
+            batch += [reports.Done(*key, tally) for key, tally in self.tallies.items()]
             self.tallies = {}
-            write_lines(self.spec.report_fd, lines)
+            reports.write(self.spec.report_fd, batch)
 
     def retitle(self) -> None:
         with self.lock:

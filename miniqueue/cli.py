@@ -30,9 +30,9 @@ from .db import check_dsn, mask_dsn
 from .errors import InvalidInput, MiniqueueError
 from .health import probe_database, probe_url
 from .job import JobRecord, QueueStats, State
+from .logs import configure_logging
 from .migrate import run_migrations
 from .prefetch import parse_prefetch
-from .process import configure_logging
 from .reaper import ReaperConfig
 from .supervisor import Supervisor, SupervisorConfig
 from .validation import JOB_ID_RANGE, parse_json

@@ -22,7 +22,8 @@ from collections.abc import Callable
 log = logging.getLogger("miniqueue.http")
 
 #: A route returns (status, content type, body).
-Route = Callable[[], tuple[int, str, bytes]]
+Answer = tuple[int, str, bytes]
+Route = Callable[[], Answer]
 
 #: Enough for Prometheus and two probers; a slow client holds one for at most two deadlines.
 MAX_CONNECTIONS = 8

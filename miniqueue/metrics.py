@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from .db import connect
 from .errors import MiniqueueError
-from .process import DURATION_BUCKETS, Tally
+from .reports import DURATION_BUCKETS, Tally
 from .store import Store
 
 log = logging.getLogger("miniqueue.metrics")

@@ -1,25 +1,23 @@
-"""The prefork supervisor behind ``miniqueue-supervise``.
+"""The prefork supervisor behind ``miniqueue-supervise``: the arbiter.
 
-The supervisor (the arbiter) forks N worker processes and one reaper, then runs a loop that
-ticks at least once a second: drain recorded signals → read children's reports → reap dead
-children with ``waitpid`` → kill stale ones → spawn missing ones. It holds no database
-connection across ``fork()``: it opens one only to check the schema at start and to release
-the leases of a child it has reaped, and closes it at once.
-
-When a worker dies (SIGKILL, segfault, ``os._exit``, OOM), the supervisor charges an attempt
-to every job that worker still held, right after reaping it, so recovery takes one tick
-rather than lease duration plus reaper interval. The reaper stays as the backstop for hosts
-that vanish whole.
+It forks N worker processes and one reaper, then runs a loop that ticks at least once a second:
+act on recorded signals → read children's reports → reap dead children with ``waitpid`` (and
+return the jobs a dead worker held) → kill stale ones → spawn missing ones. Each concern lives
+in a module of its own: :mod:`~miniqueue.signals` (handlers that only record),
+:mod:`~miniqueue.children` and :mod:`~miniqueue.reports` (what children say),
+:mod:`~miniqueue.recovery` (a dead worker's jobs), :mod:`~miniqueue.registry` (the process
+registry), :mod:`~miniqueue.probes` (``--metrics-port``) and :mod:`~miniqueue.child` (what a
+forked child does). It holds no database connection across ``fork()``: it opens one only to
+check the schema at start, to return a reaped worker's jobs and to refresh the registry, and
+closes it at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import logging
 import os
-import queue
 import secrets
 import select
 import signal
@@ -30,26 +28,27 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from . import reports
 from .app import App, load_app
-from .child import SUPERVISOR_SIGNALS, ChildSpec, run_child
+from .child import ChildSpec, run_child
+from .children import Child
 from .db import connect, mask_dsn
-from .errors import ConfigError, MiniqueueError
-from .httpserver import TinyHTTPServer
+from .errors import ConfigError
 from .inflight import InflightBoard
-from .job import ProcessInfo, State
-from .metrics import Metrics
 from .migrate import check_schema_version
-from .process import EXIT_BOOT_ERROR, Tally, describe_exit, set_title, signal_name
+from .probes import Probes
+from .process import EXIT_BOOT_ERROR, describe_exit, set_title, signal_name
 from .reaper import ReaperConfig
-from .retry import default_backoff
-from .store import Failure, Release, Store
+from .recovery import release_leases
+from .registry import ProcessRegistry
+from .signals import SignalQueue
+from .store import Store
 from .systemd import Notifier
 from .worker import WorkerConfig, new_worker_id
 
 log = logging.getLogger("miniqueue.supervisor")
 
 TICK_SECONDS = 1.0
-REGISTRY_SECONDS = 5.0
 MAX_RESTART_DELAY = 10.0
 STABLE_AFTER_SECONDS = 10.0
 
@@ -87,39 +86,6 @@ class SupervisorConfig:
         return self
 
 
-@dataclass
-class RunningJob:
-    attempt: int
-    task: str
-    started: float
-    timeout: float | None
-
-
-@dataclass
-class Child:
-    """A forked child as the supervisor sees it."""
-
-    slot: str
-    pid: int
-    read_fd: int
-    worker_id: str | None  # None for the reaper
-    started: float
-    last_report: float
-    ready: bool = False
-    retiring: bool = False
-    #: Why we asked it to stop (TERM, HUP, TTOU...): what it leaves behind is not charged.
-    stop_reason: str | None = None
-    #: Why we killed it or made it leave in a way that charges the job it ran (a hard timeout,
-    #: silence, the memory ceiling): that job may be what went wrong.
-    kill_reason: str | None = None
-    board: InflightBoard | None = None  # a worker's running handlers (see miniqueue.inflight)
-    error: str | None = None
-    jobs: dict[int, RunningJob] = field(default_factory=dict)
-    buffer: bytes = b""
-    listening: bool | None = None  # the worker's LISTEN connection, as last reported
-    jobs_done: int = 0
-
-
 class Supervisor:
     """Forks and supervises worker processes and a reaper until told to stop."""
 
@@ -131,21 +97,16 @@ class Supervisor:
         self.slots: dict[str, Child | None] = {}
         self.restart_at: dict[str, float] = {}
         self.failures: dict[str, int] = {}
+        self.restarts: dict[str, int] = {}
         self.boot_failures = 0
         self.fatal_error: str | None = None
         self.stopping: str | None = None  # None, "graceful" or "fast"
         self.stop_deadline = 0.0
-        self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self.wake_r, self.wake_w = -1, -1
+        self.signals = SignalQueue()
         self.announced_ready = False
-        self.metrics: Metrics | None = None
-        self.http: TinyHTTPServer | None = None
-        self.host = socket.gethostname()
-        self.supervisor_id = f"{self.host}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.restarts: dict[str, int] = {}
-        self.last_tick = time.monotonic()
-        self.db_ok = True
-        self.next_refresh = 0.0
+        self.probes: Probes | None = None
+        host = socket.gethostname()
+        self.registry = ProcessRegistry(config.dsn, self.store, host, f"{host}:{os.getpid()}:{secrets.token_hex(3)}")
         self.notifier = Notifier()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -153,38 +114,48 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until stopped; return the exit code (0 after a graceful stop)."""
         set_title("supervisor")
-        self.install_signals()  # first: a TERM during start-up must stop us cleanly, not kill us
+        self.signals.install()  # first: a TERM during start-up must stop us cleanly, not kill us
         self.check_database()
         if self.config.preload:
             self.app = load_app(self.config.app_ref)
         self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
-        self.start_http()
+        if self.config.metrics_port is not None:
+            self.probes = Probes(self.config.dsn, self.store, self.config.metrics_host, self.config.metrics_port)
         log.info("supervisor starting %d worker(s) and a reaper for %s on %s", self.config.workers,
                  self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
         try:
             while self.children or not self.stopping:
-                self.last_tick = time.monotonic()
-                self.notifier.watchdog()
-                self.handle_signals()
-                self.read_reports()
-                self.reap_children()
-                if self.stopping:
-                    self.enforce_stop_deadline()
-                else:
-                    self.murder_workers()
-                    self.spawn_missing()
-                self.refresh_registry()
-                self.sleep()
+                self.tick()
         finally:
-            signal.set_wakeup_fd(-1)
-            if self.http:
-                self.http.close()
-            self.unregister()
+            self.signals.uninstall()
+            if self.probes:
+                self.probes.close()
+            self.registry.unregister()
         if self.fatal_error:
             log.error("%s", self.fatal_error)
             return EXIT_BOOT_ERROR
         log.info("supervisor stopped")
         return 0
+
+    def tick(self) -> None:
+        self.notifier.watchdog()
+        self.handle_signals()
+        for child in list(self.children.values()):
+            self.take_reports(child)
+        self.reap_children()
+        if self.stopping:
+            self.enforce_stop_deadline()
+        else:
+            self.murder_workers()
+            self.spawn_missing()
+        if self.registry.due():
+            busy = self.registry.refresh(self.children.values(), self.restarts)
+            workers = len(self.slots) - 1
+            database = "up" if self.registry.db_ok else "DOWN"
+            self.notifier.send(f"STATUS={workers} workers, {busy} jobs running, database {database}")
+        if self.probes:
+            self.probes.publish(self.problems(), self.process_counts())
+        self.sleep()
 
     def check_database(self) -> None:
         """Fail fast, before forking, if the schema is old or the connections cannot fit."""
@@ -208,88 +179,39 @@ class Supervisor:
                 "at this concurrency, lower --concurrency, or raise max_connections"
             )
 
-    def start_http(self) -> None:
-        """Serve /metrics, /livez and /readyz (when --metrics-port is set) on threads of their own,
-        so that neither a slow client nor the scrape's database query holds up the loop. Those
-        threads read only ``last_tick`` and what ``sleep`` publishes, never the loop's dicts."""
-        if self.config.metrics_port is None:
-            return
-        self.published = self.readyz(), self.process_counts()
-        self.metrics = Metrics(self.config.dsn, self.store, lambda: self.published[1])
-        routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": lambda: self.published[0]}
-        try:
-            self.http = TinyHTTPServer(self.config.metrics_host, self.config.metrics_port, routes)
-        except OSError as exc:
-            where = f"{self.config.metrics_host}:{self.config.metrics_port}"
-            raise ConfigError(f"cannot serve metrics on {where}: {exc.strerror or exc}") from None
-        self.http.start()
-        log.info("serving /metrics, /livez and /readyz on http://%s:%d", *self.http.address[:2])
-
-    def livez(self) -> tuple[int, str, bytes]:
-        """Alive: the main loop ticked recently (no database check: a database outage must not
-        get the supervisor restarted). Runs on an HTTP thread, so it answers while the loop is stuck."""
-        stale = time.monotonic() - self.last_tick > 5 * TICK_SECONDS
-        return (503, "text/plain", b"supervisor loop stalled\n") if stale else (200, "text/plain", b"ok\n")
-
-    def readyz(self) -> tuple[int, str, bytes]:
-        """Ready: not draining, the database answered the last registry refresh, a worker is up,
-        and every ready worker's LISTEN connection is healthy (unless --poll-only). Computed on
-        the loop each tick (see ``sleep``); /readyz serves the latest answer."""
+    def problems(self) -> list[str]:
+        """Why /readyz would say not ready: draining, the database did not answer the last
+        registry refresh, no worker is up, or a ready worker's LISTEN connection is down."""
         workers = [c for c in self.children.values() if c.worker_id and c.ready and not c.retiring]
         problems = []
         if self.stopping:
             problems.append("draining")
-        if not self.db_ok:
+        if not self.registry.db_ok:
             problems.append("database unreachable")
         if not workers:
             problems.append("no worker ready")
         if not self.config.worker.poll_only and any(c.listening is False for c in workers):
             problems.append("a worker's LISTEN connection is down")
-        if problems:
-            return 503, "text/plain", ("; ".join(problems) + "\n").encode()
-        return 200, "text/plain", b"ok\n"
+        return problems
 
     def process_counts(self) -> dict[str, int]:
         workers = sum(1 for c in self.children.values() if c.worker_id and not c.retiring)
         return {"worker": workers, "reaper": sum(1 for c in self.children.values() if c.worker_id is None)}
 
-    def install_signals(self) -> None:
-        """Signal handlers only record the signal; the main loop acts on it (no logging or
-        locking inside a handler, which can deadlock). The wakeup fd interrupts the loop's sleep."""
-        self.wake_r, self.wake_w = os.pipe()
-        for fd in (self.wake_r, self.wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        for sig in SUPERVISOR_SIGNALS:
-            signal.signal(sig, lambda signum, frame: self.signals.put(signum))
-
     def sleep(self) -> None:
-        if self.http:  # a snapshot for the HTTP threads, which must not iterate dicts the loop mutates
-            self.published = self.readyz(), self.process_counts()
+        """Wait for the next tick, a signal, a child's report or a due restart."""
         now = time.monotonic()
         wake_at = [now + TICK_SECONDS, *self.restart_at.values()]
         if self.stopping:
             wake_at.append(self.stop_deadline)
-        timeout = max(0.0, min(wake_at) - now)
-        fds = [self.wake_r, *(c.read_fd for c in self.children.values())]
-        try:
-            readable, _, _ = select.select(fds, [], [], timeout)
-        except InterruptedError:
-            return
-        if self.wake_r in readable:
-            try:
-                while os.read(self.wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
+        fds = [self.signals.wake_r, *(c.read_fd for c in self.children.values())]
+        with contextlib.suppress(InterruptedError):
+            select.select(fds, [], [], max(0.0, min(wake_at) - now))
 
     # -- signals -------------------------------------------------------------------------------
 
     def handle_signals(self) -> None:
-        while not self.signals.empty():
-            signum = self.signals.get()
-            if signum == signal.SIGCHLD:
-                continue  # reaping happens every tick anyway
+        for signum in self.signals.pending():
             log.info("received %s", signal_name(signum))
             if signum in (signal.SIGTERM, signal.SIGINT) and not self.stopping:
                 self.begin_stop("graceful")
@@ -378,19 +300,18 @@ class Supervisor:
         spec = self.child_spec(slot, write_fd, suffix)
         sys.stdout.flush()
         sys.stderr.flush()
-        board = spec.board
         pid = os.fork()
         if pid == 0:
-            inherited = [read_fd, self.wake_r, self.wake_w, *(c.read_fd for c in self.children.values())]
-            if self.http:
-                inherited.extend(self.http.filenos())
+            inherited = [read_fd, *self.signals.filenos(), *(c.read_fd for c in self.children.values())]
+            if self.probes:
+                inherited.extend(self.probes.filenos())
             run_child(spec, inherited)
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         now = time.monotonic()
         worker_id = None if slot == "reaper" else new_worker_id(pid, suffix)
         child = Child(slot=slot, pid=pid, read_fd=read_fd, worker_id=worker_id, started=now, last_report=now,
-                      board=board)  # fmt: skip
+                      board=spec.board)  # fmt: skip
         self.children[pid] = child
         log.info("spawned %s (pid %d)", slot, pid)
         return child
@@ -415,42 +336,14 @@ class Supervisor:
             board=InflightBoard(self.config.worker.concurrency),
         )
 
-    def read_reports(self) -> None:
-        for child in list(self.children.values()):
-            self.read_child(child)
-
-    def read_child(self, child: Child) -> None:
-        try:
-            while chunk := os.read(child.read_fd, 65536):
-                child.buffer += chunk
-        except (BlockingIOError, OSError):
-            pass
-        *lines, child.buffer = child.buffer.split(b"\n")
-        for line in lines:
-            self.handle_report(child, line.decode("utf-8", "replace").split(" ", 1))
-
-    def handle_report(self, child: Child, words: list[str]) -> None:
-        child.last_report = now = time.monotonic()
-        kind, rest = words[0], (words[1] if len(words) > 1 else "")
-        if kind == "beat":
-            child.listening = {"1": True, "0": False}.get(rest.strip())
-        elif kind == "ready":
-            child.ready = True
-            self.boot_failures = 0
-            log.info("%s (pid %d) ready", child.slot, child.pid)
-        elif kind == "start":
-            job_id, attempt, timeout, task = rest.split(" ", 3)
-            limit = None if timeout == "-" else float(timeout)
-            child.jobs[int(job_id)] = RunningJob(int(attempt), task, now, limit)
-        elif kind == "end":
-            child.jobs.pop(int(rest), None)
-        elif kind == "done":
-            outcome, queue, task, tally = Tally.parse(rest)
-            child.jobs_done += tally.count
-            if self.metrics:
-                self.metrics.jobs_finished(queue, task, outcome, tally)
-        elif kind == "error":
-            child.error = rest.replace("\\n", "\n")
+    def take_reports(self, child: Child) -> None:
+        """Read what ``child`` said; act on what concerns more than the child itself."""
+        for report in child.read():
+            if isinstance(report, reports.Ready):
+                self.boot_failures = 0
+                log.info("%s (pid %d) ready", child.slot, child.pid)
+            elif isinstance(report, reports.Done) and self.probes:
+                self.probes.jobs_finished(report.queue, report.task, report.outcome, report.tally)
 
     def reap_children(self) -> None:
         while True:
@@ -462,8 +355,8 @@ class Supervisor:
                 return
             child = self.children.pop(pid, None)
             if child is not None:
-                self.read_child(child)  # its last words (a boot error) are still in the pipe
-                os.close(child.read_fd)
+                self.take_reports(child)  # its last words (a boot error) are still in the pipe
+                child.close()
                 self.handle_exit(child, status)
 
     def handle_exit(self, child: Child, status: int) -> None:
@@ -473,7 +366,7 @@ class Supervisor:
         log.log(level, "%s (pid %d) %s%s", child.slot, child.pid, how,
                 f" ({child.kill_reason})" if child.kill_reason else "")  # fmt: skip
         if child.board is not None:
-            self.release_leases(child, how)
+            release_leases(self.config.dsn, self.store, child, how)
         if self.slots.get(child.slot) is child:
             self.slots[child.slot] = None
             self.schedule_restart(child, clean)
@@ -489,8 +382,8 @@ class Supervisor:
                 return
         if not clean:
             self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
-            if self.metrics:
-                self.metrics.restarts.labels("reaper" if child.worker_id is None else "worker").inc()
+            if self.probes:
+                self.probes.restarted(child.kind)
         lived = time.monotonic() - child.started
         if clean or lived >= STABLE_AFTER_SECONDS:
             self.failures[child.slot] = 0
@@ -501,95 +394,6 @@ class Supervisor:
         self.restart_at[child.slot] = time.monotonic() + delay
         if delay:
             log.info("restarting %s in %.1fs", child.slot, delay)
-
-    def release_leases(self, child: Child, how: str) -> None:
-        """Return the jobs a reaped worker still held (its holder is known dead, so they may leave
-        ``running``). Only a death nobody asked for (a crash, a kill from outside, a hard timeout,
-        the memory ceiling) costs an attempt, and only to the jobs whose handler was running:
-        the others (prefetched, or finished with the outcome not yet recorded) go back uncharged,
-        as does everything a worker we asked to stop leaves behind (a worker that drained holds
-        nothing, but one that hit its shutdown timeout may hold a job whose handler returned
-        after the worker stopped recording outcomes)."""
-        assert child.board is not None and child.worker_id is not None
-        running, asked = child.board.running(), child.board.was_stop_requested() or child.stop_reason is not None
-        child.board.close()
-        charged = bool(child.kill_reason) or not asked
-        died = child.kill_reason or f"worker process died: {how.removeprefix('killed by ')}"
-        try:
-            with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=5) as conn:
-                held = self.store.leases_of(conn, child.worker_id)
-                failures = [Failure(i, a, f"{died} (pid {child.pid})", default_backoff(a))
-                            for i, a in held if charged and i in running]  # fmt: skip
-                releases = [Release(i, a, self.release_note(child, running.get(i), died, charged))
-                            for i, a in held if not (charged and i in running)]  # fmt: skip
-                states = self.store.record_failures(conn, child.worker_id, failures)
-                released = self.store.release(conn, child.worker_id, releases)
-        except MiniqueueError as exc:
-            log.warning("could not release the leases of %s (%s); the reaper will recover them at expiry",
-                        child.slot, exc)  # fmt: skip
-            return
-        for job_id, state in sorted(states.items()):
-            level = logging.ERROR if state is State.DEAD else logging.WARNING
-            log.log(level, "job %d charged an attempt (%s): %s", job_id, state.value, died)
-        if released:
-            log.info("handed back %d job(s) of %s (pid %d) uncharged: %s", len(released), child.slot,
-                     child.pid, ", ".join(map(str, sorted(released))))  # fmt: skip
-
-    @staticmethod
-    def release_note(child: Child, run: tuple[int, float] | None, died: str, charged: bool) -> str:
-        """The history entry of a job handed back uncharged."""
-        if charged:
-            return f"handed back: {died} (pid {child.pid}) while this job was not running; attempt not charged"
-        ran = f" after {run[1]:.1f}s" if run else ""
-        why = child.stop_reason or "the worker was asked to stop"
-        return f"interrupted{ran}: {why} (pid {child.pid}); attempt not charged"
-
-    def refresh_registry(self) -> None:
-        """Every few seconds, record this supervisor and its children in the process registry
-        (on a connection opened and closed here: none is held across fork). Its success is
-        what /readyz reports as the database's health."""
-        if time.monotonic() < self.next_refresh:
-            return
-        self.next_refresh = time.monotonic() + REGISTRY_SECONDS
-        rows = [self.process_info(os.getpid(), self.supervisor_id, "supervisor", "miniqueue supervisor", 0, ())]
-        for child in self.children.values():
-            kind = "reaper" if child.worker_id is None else "worker"
-            jobs = tuple(sorted(child.jobs))
-            title = f"miniqueue {child.slot} " + (f"job {jobs[0]} {child.jobs[jobs[0]].task}" if jobs else "idle")
-            rows.append(self.process_info(child.pid, child.worker_id or f"{self.host}:{child.pid}", kind,
-                                          "miniqueue reaper" if kind == "reaper" else title, child.jobs_done, jobs,
-                                          self.restarts.get(child.slot, 0)))  # fmt: skip
-        try:
-            with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=2) as conn:
-                self.store.register_processes(conn, self.supervisor_id, self.host, rows)
-            self.db_ok = True
-        except MiniqueueError as exc:
-            if self.db_ok:
-                log.warning("cannot reach the database to refresh the process registry: %s", exc)
-            self.db_ok = False
-        busy = sum(len(c.jobs) for c in self.children.values())
-        self.notifier.send(
-            f"STATUS={len(rows) - 2} workers, {busy} jobs running, database {'up' if self.db_ok else 'DOWN'}"
-        )
-
-    def process_info(
-        self, pid: int, ident: str, kind: str, title: str, jobs_done: int, jobs: tuple[int, ...], restarts: int = 0
-    ) -> ProcessInfo:
-        try:
-            proc = psutil.Process(pid)
-            started = dt.datetime.fromtimestamp(proc.create_time(), dt.timezone.utc)
-            rss: int | None = proc.memory_info().rss
-        except psutil.Error:
-            started, rss = dt.datetime.now(dt.timezone.utc), None
-        return ProcessInfo(id=ident, kind=kind, pid=pid, title=title, started_at=started, rss_bytes=rss,
-                           jobs_done=jobs_done, restarts=restarts, current_jobs=jobs)  # fmt: skip
-
-    def unregister(self) -> None:
-        with (
-            contextlib.suppress(MiniqueueError),
-            connect(self.config.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=2) as conn,
-        ):
-            self.store.unregister_processes(conn, self.supervisor_id)
 
     def murder_workers(self) -> None:
         """Kill children that stopped reporting or hold a job past its hard timeout; recycle

@@ -24,7 +24,7 @@ from miniqueue import App, Client, InvalidInput, State
 from miniqueue.cli import main
 from miniqueue.context import Job
 from miniqueue.db import Connection
-from miniqueue.process import JsonFormatter
+from miniqueue.logs import JsonFormatter
 from miniqueue.store import Store
 from miniqueue.worker import Worker, WorkerConfig
 

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
-from miniqueue.process import DURATION_BUCKETS, Tally
+from miniqueue.reports import DURATION_BUCKETS, Tally
 
 from .helpers import count, wait_until
 from .supervised import FAST, Fleet, free_port
@@ -83,23 +83,6 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 def finished(samples: Samples, queue: str, task: str, outcome: str) -> float | None:
     return value(samples, "miniqueue_jobs_finished_total", queue=queue, task=task, outcome=outcome)
-
-
-def test_a_tally_survives_its_report_line() -> None:
-    """What a worker sends per flush instead of a line per job: bounds are inclusive (``le``),
-    and a task name may hold spaces."""
-    tally = Tally()
-    for seconds in (0.0005, 0.001, 0.0011, 7.0, 1e9):
-        tally.add(seconds)
-    line = tally.line("retried", "emails", "send welcome mail")
-    kind, rest = line.rstrip("\n").split(" ", 1)
-    assert kind == "done"
-    outcome, queue, task, parsed = Tally.parse(rest)
-    assert (outcome, queue, task) == ("retried", "emails", "send welcome mail")
-    assert parsed.count == 5 and parsed.seconds == pytest.approx(1e9 + 7.0021)
-    assert dict(zip(DURATION_BUCKETS, parsed.buckets, strict=True)) == {
-        **dict.fromkeys(DURATION_BUCKETS, 0), 0.001: 2, 0.005: 1, 10: 1, float("inf"): 1,
-    }  # fmt: skip
 
 
 def test_job_counters_durations_and_gauges_with_several_workers(

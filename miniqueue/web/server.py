@@ -27,7 +27,7 @@ from ..errors import (
     MiniqueueError,
     SchemaOutOfDate,
 )
-from ..process import configure_logging
+from ..logs import configure_logging
 from .actions import Actions
 from .dashboard import HERE, Dashboard, Database
 from .pages import Pages
