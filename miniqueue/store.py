@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from .db import Connection, check_schema, cursor_for, translate_errors
 from .errors import InvalidInput, InvalidTransition, JobNotFound, LeaseLost
@@ -36,15 +37,15 @@ from .job import (
 from .validation import NewJob, check_queue_name, check_seconds
 
 # --- SQL --------------------------------------------------------------------------------------
-# {jobs} is replaced by the schema-qualified table name; everything else is a bound parameter.
+# Each statement is a template composed by psycopg's sql.SQL.format, and only so: {jobs} and the
+# other table names become schema-qualified identifiers, and a {part} becomes another template
+# (composed the same way). Every value is a bound parameter. tests/sql/store.sql shows the final
+# text of every statement.
 
 
-def _append_error(error: str, table: str = "") -> str:
-    """The error-history entry every failure appends: which attempt, when, who held it, why."""
-    return (
-        f"{table}errors || jsonb_build_array(jsonb_build_object('attempt', {table}attempt, 'at', now(), "
-        f"'worker', {table}leased_by, 'error', {error}))"
-    )
+# The error-history entry every failure appends: which attempt, when, who held it, why.
+_APPEND_ERROR = """{table}errors || jsonb_build_array(jsonb_build_object(
+       'attempt', {table}attempt, 'at', now(), 'worker', {table}leased_by, 'error', {error}))"""
 
 
 # The fence every worker-side transition matches.
@@ -229,7 +230,7 @@ UPDATE {jobs}
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
                            leased_by, attempt, max_attempts),
-       errors = {append_lost}, lease_expires_at = NULL, leased_by = NULL
+       errors = {append}, lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(ARRAY(
         SELECT id FROM {jobs}
          WHERE state = 'running' AND lease_expires_at < now()
@@ -279,12 +280,13 @@ _GET = "SELECT {columns} FROM {jobs} WHERE id = %(id)s"
 # run, and leases that expired without the reaper having recovered them yet.
 _QUEUE_STATS = """
 SELECT queue,
-       count(*) FILTER (WHERE state = 'available'), count(*) FILTER (WHERE state = 'running'),
-       count(*) FILTER (WHERE state = 'completed'), count(*) FILTER (WHERE state = 'failed'),
-       count(*) FILTER (WHERE state = 'dead'), count(*) FILTER (WHERE state = 'cancelled'),
-       count(*) FILTER (WHERE state = 'available' AND scheduled_at > now()),
-       extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available' AND scheduled_at <= now())),
-       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < now())
+       count(*) FILTER (WHERE state = 'available') AS available, count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'completed') AS completed, count(*) FILTER (WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE state = 'dead') AS dead, count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE state = 'available' AND scheduled_at > now()) AS scheduled,
+       extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available' AND scheduled_at <= now()))
+           AS oldest_available_seconds,
+       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < now()) AS expired_leases
   FROM {jobs} GROUP BY queue ORDER BY queue
 """
 
@@ -472,44 +474,41 @@ class Store:
         self.channel = f"miniqueue_{schema}"
         jobs = sql.Identifier(schema, "miniqueue_jobs")
         self.table_name = jobs.as_string()
-        fence = _FENCE
+        names: dict[str, sql.Composable] = {
+            "jobs": jobs,
+            "migrations": sql.Identifier(schema, "miniqueue_migrations"),
+            "schema": sql.Identifier(schema),
+            "periodic": sql.Identifier(schema, "miniqueue_periodic"),
+            "queues": sql.Identifier(schema, "miniqueue_queues"),
+            "processes": sql.Identifier(schema, "miniqueue_processes"),
+        }
+
+        def compose(text: str, parts: dict[str, str]) -> sql.Composed:
+            nested = {name: compose(part, parts) for name, part in parts.items() if "{" + name + "}" in text}
+            return sql.SQL(text).format(**names, **nested)
 
         def render(text: str, **parts: str) -> str:
-            composed = sql.SQL(text).format(
-                jobs=jobs,
-                migrations=sql.Identifier(schema, "miniqueue_migrations"),
-                schema=sql.Identifier(schema),
-                periodic=sql.Identifier(schema, "miniqueue_periodic"),
-                queues=sql.Identifier(schema, "miniqueue_queues"),
-                processes=sql.Identifier(schema, "miniqueue_processes"),
-                columns=sql.SQL(_JOB_COLUMNS),
-                **{k: sql.SQL(v) for k, v in parts.items()},
-            )
-            return composed.as_string()
+            return compose(text, {"columns": _JOB_COLUMNS, "fence": _FENCE, **parts}).as_string()
 
-        append = _append_error("%(error)s::text")
         self._enqueue = render(_ENQUEUE)
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
         self._enqueue_many = render(_ENQUEUE_MANY)
         self._draw_ids = render(_DRAW_IDS)
         self._copy_due, self._copy_scheduled = (render(_COPY_JOBS, scheduled=c) for c in ("", ", scheduled_at"))
         self._notify_queues = render(_NOTIFY_QUEUES)
-        claim_one, claim_many = (_CLAIM_SET.replace("{pick}", pick) for pick in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES))
-        self._claim_one, self._claim_many = render(claim_one), render(claim_many)
+        self._claim_one, self._claim_many = (render(_CLAIM_SET, pick=p) for p in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES))
         self._complete_and_claim_one, self._complete_and_claim_many = (
-            render(_COMPLETE_AND_CLAIM.replace("{complete}", _COMPLETE).replace("{claim}", claim), fence=fence)
-            for claim in (claim_one, claim_many)
+            render(_COMPLETE_AND_CLAIM, complete=_COMPLETE, claim=_CLAIM_SET, pick=pick)
+            for pick in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES)
         )
-        self._complete = render(_COMPLETE, fence=fence)
-        self._renew = render(_RENEW, fence=fence)
-        self._record_failures = render(_RECORD_FAILURES, fence=fence, append=_append_error("f.error", "j."))
-        self._fail = render(_FAIL, fence=fence, append=append)
-        self._snooze = render(_SNOOZE, fence=fence)
-        self._release = render(_RELEASE, fence=fence, append=_append_error("r.note", "j."))
-        self._recover = render(
-            _RECOVER_EXPIRED,
-            append_lost=_append_error("'worker lost: lease expired without renewal'"),
-        )
+        self._complete = render(_COMPLETE)
+        self._renew = render(_RENEW)
+        self._record_failures = render(_RECORD_FAILURES, append=_APPEND_ERROR, table="j.", error="f.error")
+        self._fail = render(_FAIL, append=_APPEND_ERROR, table="", error="%(error)s::text")
+        self._snooze = render(_SNOOZE)
+        self._release = render(_RELEASE, append=_APPEND_ERROR, table="j.", error="r.note")
+        self._recover = render(_RECOVER_EXPIRED, append=_APPEND_ERROR, table="",
+                               error="'worker lost: lease expired without renewal'")  # fmt: skip
         self._leases_of = render(_LEASES_OF)
         self._requeue = render(_REQUEUE)
         self._cancel = render(_CANCEL)
@@ -534,7 +533,7 @@ class Store:
         self._counts = render(_COUNTS)
         self._prune = render(_PRUNE)
         self._schema_version = render(_SCHEMA_VERSION)
-        self._versions_table = sql.Identifier(schema, "miniqueue_migrations").as_string()
+        self._versions_table = names["migrations"].as_string()
         self._migration_ddl = [render(q) for q in (_CREATE_SCHEMA, _CREATE_VERSIONS)]
         self._applied_versions = render(_APPLIED_VERSIONS)
         self._pin_search_path = render(_PIN_SEARCH_PATH)
@@ -550,6 +549,14 @@ class Store:
             # (rownumber is None when the statement returned no rows; description would build
             # Column objects, which cost the one-by-one enqueue more than its validation.)
             return cur.fetchall() if cur.rownumber is not None else []
+
+    @staticmethod
+    def _named_rows(conn: Connection, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Rows as dicts by column name (for every row shape but the claim's, where building a
+        dict per job would cost the drain)."""
+        with translate_errors(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
 
     @staticmethod
     def _rowcount(conn: Connection, query: str, params: dict[str, Any]) -> int:
@@ -861,7 +868,7 @@ class Store:
 
     def get(self, conn: Connection, job_id: int) -> JobRecord:
         """Every column of one job, with its error history; raise JobNotFound if absent."""
-        rows = self._rows(conn, self._get, {"id": job_id})
+        rows = self._named_rows(conn, self._get, {"id": job_id})
         if not rows:
             raise JobNotFound(job_id)
         return _record(rows[0])
@@ -872,7 +879,7 @@ class Store:
         """Jobs matching ``filters`` (see :func:`job_filter`), newest first; pass the last id seen
         as ``before_id`` for the next page (keyset pagination stays fast however deep)."""
         params = {**job_filter(**filters), "before": before_id, "limit": limit}
-        return [_record(row) for row in self._rows(conn, self._list, params)]
+        return [_record(row) for row in self._named_rows(conn, self._list, params)]
 
     def count_jobs(self, conn: Connection, **filters: Any) -> int:
         """How many jobs match ``filters`` (see :func:`job_filter`)."""
@@ -885,10 +892,13 @@ class Store:
     def queue_stats(self, conn: Connection) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, oldest waiting job's age, expired leases."""
         stats = []
-        for row in self._rows(conn, self._queue_stats, {}):
-            counts = dict(zip(_STATE_ORDER, (int(n) for n in row[1:7]), strict=True))
-            oldest = None if row[8] is None else float(row[8])
-            stats.append(QueueStats(row[0], counts, int(row[7]), oldest, int(row[9])))
+        for row in self._named_rows(conn, self._queue_stats, {}):
+            oldest = row["oldest_available_seconds"]
+            stats.append(QueueStats(
+                queue=row["queue"], counts={state: int(row[state.value]) for state in _STATE_ORDER},
+                scheduled=int(row["scheduled"]), oldest_available_seconds=None if oldest is None else float(oldest),
+                expired_leases=int(row["expired_leases"]),
+            ))  # fmt: skip
         return stats
 
     def now(self, conn: Connection) -> dt.datetime:
@@ -955,11 +965,8 @@ class Store:
 
     def processes(self, conn: Connection, max_age_seconds: float = 60.0) -> list[ProcessInfo]:
         """Every process registered by a supervisor within the last ``max_age_seconds``."""
-        return [
-            ProcessInfo(id=r[0], supervisor=r[1], kind=r[2], host=r[3], pid=r[4], title=r[5], started_at=r[6],
-                        last_seen=r[7], rss_bytes=r[8], jobs_done=r[9], restarts=r[10], current_jobs=tuple(r[11]))
-            for r in self._rows(conn, self._processes, {"max_age": float(max_age_seconds)})
-        ]  # fmt: skip
+        rows = self._named_rows(conn, self._processes, {"max_age": float(max_age_seconds)})
+        return [ProcessInfo(**{**row, "current_jobs": tuple(row["current_jobs"])}) for row in rows]
 
     def counts(self, conn: Connection) -> list[QueueCount]:
         """How many jobs each queue holds in each state (states with no jobs are omitted)."""
@@ -1012,14 +1019,12 @@ def job_filter(
 _STATE_ORDER = (State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)
 
 
-def _record(row: Sequence[Any]) -> JobRecord:
-    history = tuple(AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row[16])
-    return JobRecord(
-        id=row[0], queue=row[1], task=row[2], payload=row[3], state=State(row[4]), priority=row[5],
-        attempt=row[6], max_attempts=row[7], idempotency_key=row[8], scheduled_at=row[9], created_at=row[10],
-        lease_expires_at=row[11], leased_by=row[12], last_error=row[13], completed_at=row[14],
-        finished_at=row[15], errors=history,
-    )  # fmt: skip
+def _record(row: dict[str, Any]) -> JobRecord:
+    """A job's row, by column name (``_JOB_COLUMNS`` are JobRecord's fields)."""
+    history = tuple(
+        AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row["errors"]
+    )
+    return JobRecord(**{**row, "state": State(row["state"]), "errors": history})
 
 
 def _in_claim_order(leases: Iterable[Lease]) -> list[Lease]:

@@ -1,0 +1,379 @@
+-- _enqueue
+WITH ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM "public"."miniqueue_jobs"
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- _by_key
+SELECT id FROM "public"."miniqueue_jobs" WHERE idempotency_key = %(key)s;
+
+-- _enqueue_many
+WITH src AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+      FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, ord)
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key)
+    SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key
+      FROM src ORDER BY ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at, idempotency_key
+), notified AS (
+    SELECT pg_notify(%(channel)s, queue)
+      FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
+     WHERE %(notify)s
+)
+SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+  FROM src s
+  LEFT JOIN ins i ON i.id = s.id
+  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
+  LEFT JOIN "public"."miniqueue_jobs" e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+ WHERE (SELECT count(*) FROM notified) >= 0
+ ORDER BY s.ord;
+
+-- _draw_ids
+SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
+                      FROM generate_series(1, %(count)s));
+
+-- _copy_due
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN;
+
+-- _copy_scheduled
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN;
+
+-- _notify_queues
+SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
+
+-- _claim_one
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(
+    SELECT id FROM "public"."miniqueue_jobs"
+     WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND paused)
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at;
+
+-- _claim_many
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(
+    SELECT c.id FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND p.paused)
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at;
+
+-- _complete_and_claim_one
+WITH completed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id
+), claimed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(
+    SELECT id FROM "public"."miniqueue_jobs"
+     WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND paused)
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
+
+-- _complete_and_claim_many
+WITH completed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id
+), claimed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(
+    SELECT c.id FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND p.paused)
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
+
+-- _complete
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id;
+
+-- _renew
+UPDATE "public"."miniqueue_jobs"
+   SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, lease_expires_at;
+
+-- _record_failures
+UPDATE "public"."miniqueue_jobs" j
+   SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+       scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
+                           ELSE now() + make_interval(secs => f.backoff) END,
+       finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+       last_error = f.error, errors = j.errors || jsonb_build_array(jsonb_build_object(
+       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', f.error)), lease_expires_at = NULL, leased_by = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
+       AS f(id, attempt, error, backoff)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
+RETURNING j.id, j.state;
+
+-- _fail
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = errors || jsonb_build_array(jsonb_build_object(
+       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
+       lease_expires_at = NULL, leased_by = NULL
+ WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+RETURNING id;
+
+-- _snooze
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'available', scheduled_at = now() + make_interval(secs => %(delay)s),
+       max_attempts = max_attempts + 1, lease_expires_at = NULL, leased_by = NULL
+ WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+RETURNING id;
+
+-- _release
+UPDATE "public"."miniqueue_jobs" j
+   SET state = 'available', max_attempts = j.max_attempts + 1, errors = j.errors || jsonb_build_array(jsonb_build_object(
+       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', r.note)),
+       lease_expires_at = NULL, leased_by = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[]) AS r(id, attempt, note)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s
+RETURNING j.id;
+
+-- _recover
+UPDATE "public"."miniqueue_jobs"
+   SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
+       scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at ELSE now() END,
+       finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
+       last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
+                           leased_by, attempt, max_attempts),
+       errors = errors || jsonb_build_array(jsonb_build_object(
+       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', 'worker lost: lease expired without renewal')), lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM "public"."miniqueue_jobs"
+         WHERE state = 'running' AND lease_expires_at < now()
+         ORDER BY lease_expires_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND state = 'running' AND lease_expires_at < now()
+RETURNING id, state;
+
+-- _leases_of
+SELECT id, attempt FROM "public"."miniqueue_jobs"
+ WHERE state = 'running' AND leased_by = %(worker)s AND lease_expires_at IS NOT NULL;
+
+-- _requeue
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'available', scheduled_at = now(), max_attempts = attempt + attempt_budget,
+       finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
+ WHERE state = ANY(%(states)s::text[])
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+RETURNING id;
+
+-- _cancel
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running')
+RETURNING id;
+
+-- _states
+SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]);
+
+-- _get
+SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
+       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
+
+-- _list
+SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
+       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors FROM "public"."miniqueue_jobs"
+ WHERE (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
+   AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- _count_matching
+SELECT count(*) FROM "public"."miniqueue_jobs" WHERE (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
+   AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s);
+
+-- _ids_matching
+SELECT id FROM "public"."miniqueue_jobs" WHERE (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
+   AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) ORDER BY id LIMIT %(limit)s;
+
+-- _queue_stats
+SELECT queue,
+       count(*) FILTER (WHERE state = 'available') AS available, count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'completed') AS completed, count(*) FILTER (WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE state = 'dead') AS dead, count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE state = 'available' AND scheduled_at > now()) AS scheduled,
+       extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available' AND scheduled_at <= now()))
+           AS oldest_available_seconds,
+       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < now()) AS expired_leases
+  FROM "public"."miniqueue_jobs" GROUP BY queue ORDER BY queue;
+
+-- _periodic_state
+SELECT name, last_slot, enabled FROM "public"."miniqueue_periodic";
+
+-- _claim_slot
+INSERT INTO "public"."miniqueue_periodic" (name, last_slot) VALUES (%(name)s, %(slot)s)
+ON CONFLICT (name) DO UPDATE SET last_slot = excluded.last_slot, updated_at = now()
+ WHERE "public"."miniqueue_periodic".last_slot < excluded.last_slot AND "public"."miniqueue_periodic".enabled
+RETURNING name;
+
+-- _set_periodic_enabled
+INSERT INTO "public"."miniqueue_periodic" (name, last_slot, enabled) VALUES (%(name)s, now(), %(enabled)s)
+ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
+RETURNING xmax = 0;
+
+-- _set_paused
+INSERT INTO "public"."miniqueue_queues" (name, paused) VALUES (%(name)s, %(paused)s)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
+
+-- _paused
+SELECT name FROM "public"."miniqueue_queues" WHERE paused ORDER BY name;
+
+-- _known_queues
+SELECT q.name FROM unnest(%(names)s::text[]) AS q(name)
+ WHERE EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = q.name)
+    OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND queue = q.name)
+    OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL AND queue = q.name);
+
+-- _known_queue_names
+WITH RECURSIVE waiting(queue) AS (
+    (SELECT queue FROM "public"."miniqueue_jobs" WHERE state = 'available' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM "public"."miniqueue_jobs" j WHERE j.state = 'available' AND j.queue > w.queue ORDER BY j.queue LIMIT 1)
+      FROM waiting w WHERE w.queue IS NOT NULL
+)
+SELECT queue FROM waiting WHERE queue IS NOT NULL
+ UNION SELECT queue FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL
+ UNION SELECT name FROM "public"."miniqueue_queues"
+ ORDER BY 1 LIMIT %(limit)s;
+
+-- _throughput
+SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
+  FROM "public"."miniqueue_jobs"
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND finished_at > now() - interval '1 hour'
+ GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- _delete
+DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id;
+
+-- _upsert_processes
+WITH incoming AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(pids)s::int[], %(titles)s::text[],
+                         %(started)s::timestamptz[], %(rss)s::bigint[], %(done)s::bigint[], %(restarts)s::int[],
+                         %(current)s::text[])
+           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs)
+), gone AS (
+    DELETE FROM "public"."miniqueue_processes" WHERE supervisor = %(supervisor)s AND id <> ALL(%(ids)s::text[])
+)
+INSERT INTO "public"."miniqueue_processes" AS p (id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done,
+                              restarts, current_jobs)
+SELECT id, %(supervisor)s, kind, %(host)s, pid, title, started_at, now(), rss_bytes, jobs_done, restarts,
+       current_jobs::bigint[]
+  FROM incoming
+ON CONFLICT (id) DO UPDATE SET title = excluded.title, last_seen = now(), rss_bytes = excluded.rss_bytes,
+    jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs;
+
+-- _delete_processes
+DELETE FROM "public"."miniqueue_processes" WHERE supervisor = %(supervisor)s;
+
+-- _processes
+SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs
+  FROM "public"."miniqueue_processes"
+ WHERE last_seen > now() - make_interval(secs => %(max_age)s)
+ ORDER BY host, supervisor, kind <> 'supervisor', kind, pid;
+
+-- _counts
+SELECT queue, state, count(*) FROM "public"."miniqueue_jobs" GROUP BY queue, state ORDER BY queue, state;
+
+-- _prune
+DELETE FROM "public"."miniqueue_jobs"
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM "public"."miniqueue_jobs"
+         WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+           AND finished_at < now() - make_interval(secs => %(age)s)
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED));
+
+-- _schema_version
+SELECT coalesce(max(version), 0) FROM "public"."miniqueue_migrations";
+
+-- _versions_table
+"public"."miniqueue_migrations";
+
+-- _migration_ddl[0]
+CREATE SCHEMA IF NOT EXISTS "public";
+
+-- _migration_ddl[1]
+CREATE TABLE IF NOT EXISTS "public"."miniqueue_migrations" (
+    version INT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
+
+-- _applied_versions
+SELECT version FROM "public"."miniqueue_migrations";
+
+-- _pin_search_path
+SET LOCAL search_path TO "public", pg_catalog;
+
+-- _record_version
+INSERT INTO "public"."miniqueue_migrations" (version, name) VALUES (%(version)s, %(name)s);
