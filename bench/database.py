@@ -16,7 +16,7 @@ from miniqueue import Client, JobSpec, State, run_migrations
 
 QUEUE = "default"
 TASK = "bench.noop"
-SEED_BATCH = 1000  # small enough that the seeding statement stays below the JIT cost threshold
+SEED_BATCH = 1000  # small enough that each filling statement stays below the JIT cost threshold
 
 
 def payload(n: int) -> dict[str, Any]:
@@ -52,8 +52,8 @@ def settle(dsn: str) -> None:
     """Bring every run to the same starting point: fresh planner statistics, then a checkpoint.
 
     ANALYZE stands in for the autovacuum the migration tunes the table for, so plans do not
-    depend on when it happened to run; the checkpoint keeps the seeding's dirty pages from
-    being flushed during the timed part.
+    depend on when it happened to run; the checkpoint keeps the dirty pages of the filled queue
+    from being flushed during the timed part.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ANALYZE miniqueue_jobs")

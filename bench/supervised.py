@@ -1,20 +1,17 @@
 """A real ``miniqueue-supervise`` for the supervised rows: started, waited for, measured, stopped.
 
-The supervisor runs as ``python -m miniqueue.cli supervise`` from the repository root (so
-``bench.apps`` imports), with ``DATABASE_URL`` set to the run's scratch database, in a session
-of its own. A run starts only once every worker is idle and waiting: the supervisor logged
-"supervisor ready", every worker's title says ``idle``, and the database shows each worker's
-claim connection (its first poll is done) and, unless ``--poll-only``, its listener after LISTEN.
-At the end the supervisor gets SIGTERM, then its whole process group SIGKILL.
+The supervisor is ``miniqueue.harness``'s: ``python -m miniqueue.cli supervise`` from the
+repository root (so ``bench.apps`` imports), with ``DATABASE_URL`` set to the run's scratch
+database, in a session of its own. A run starts only once every worker is idle and waiting: the
+supervisor sent READY=1, every worker's title says ``idle``, and the database shows each
+worker's claim connection (its first poll is done) and, unless ``--poll-only``, its listener
+after LISTEN. At the end the supervisor gets SIGTERM, then its whole process group SIGKILL.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,12 +21,10 @@ from pathlib import Path
 import psutil
 
 from miniqueue.db import Connection, connect
+from miniqueue.harness import WORKER_TITLE, SupervisorFailed, SupervisorProcess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_SECONDS = 120.0  # eight workers booting on two busy cores
-STOP_TIMEOUT_SECONDS = 30.0
-READY_LINE = "supervisor ready"
-WORKER_TITLE = "miniqueue worker-"
 
 # Each worker's claim connection exists once its first poll ran; its listener once LISTEN ran.
 _CONNECTIONS = """
@@ -38,10 +33,6 @@ SELECT count(*) FILTER (WHERE application_name = 'miniqueue:worker'),
   FROM pg_stat_activity
  WHERE datname = current_database()
 """
-
-
-class SupervisorFailed(RuntimeError):
-    """The supervisor exited early or never became ready; the message carries its log's tail."""
 
 
 @dataclass(frozen=True)
@@ -66,35 +57,20 @@ class SuperviseOptions:
         return [*flags, "--poll-only"] if self.poll_only else flags
 
 
-class Supervisor:
+class Supervisor(SupervisorProcess):
     """A running supervisor subprocess, its log and its worker processes."""
 
     def __init__(self, dsn: str, options: SuperviseOptions, log_path: Path) -> None:
-        self.dsn, self.options, self.log_path = dsn, options, log_path
         env = {k: v for k, v in os.environ.items() if not k.startswith("MINIQUEUE_")}  # options come from argv only
-        env["DATABASE_URL"] = dsn
-        with log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "miniqueue.cli", "supervise", *options.argv(), "--log-level", "INFO"],
-                cwd=REPO_ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
+        super().__init__([*options.argv(), "--log-level", "INFO"], log=log_path, dsn=dsn, env=env, cwd=REPO_ROOT)
+        self.dsn, self.options = dsn, options
 
     def workers(self) -> list[psutil.Process]:
         """The worker processes (by title: ``miniqueue worker-N ...``)."""
         found = []
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.process.pid).children():
-                with contextlib.suppress(psutil.Error):
-                    if " ".join(child.cmdline()).startswith(WORKER_TITLE):
-                        found.append(child)
+        for pid in self.worker_pids():
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(pid))
         return found
 
     def worker_rss_mb(self) -> float | None:
@@ -114,24 +90,20 @@ class Supervisor:
                 total += times.user + times.system
         return total
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> None:
         """Return once every worker is idle and waiting; raise SupervisorFailed otherwise."""
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        deadline = time.monotonic() + timeout
+        super().wait_ready(timeout)
         with connect(self.dsn, purpose="bench-watch") as conn:
-            while True:
-                if self.process.poll() is not None:
-                    raise SupervisorFailed(f"the supervisor exited with {self.process.returncode}:\n{self.log_tail()}")
-                if READY_LINE in self.log_tail(chars=1 << 20) and self._idle() and self._connected(conn):
-                    return
+            while not (self._idle() and self._connected(conn)):
+                if self.proc.poll() is not None:
+                    raise SupervisorFailed(f"the supervisor exited with {self.proc.returncode}:\n{self.log_tail()}")
                 if time.monotonic() > deadline:
-                    raise SupervisorFailed(f"not ready within {READY_TIMEOUT_SECONDS:.0f} s:\n{self.log_tail()}")
+                    raise SupervisorFailed(f"workers not idle within {timeout:.0f} s:\n{self.log_tail()}")
                 time.sleep(0.05)
 
     def _idle(self) -> bool:
-        titles = []
-        for worker in self.workers():
-            with contextlib.suppress(psutil.Error):
-                titles.append(" ".join(worker.cmdline()).strip())
+        titles = [title for title in self.titles().values() if title.startswith(WORKER_TITLE)]
         return len(titles) == self.options.workers and all(t.endswith(" idle") for t in titles)
 
     def _connected(self, conn: Connection) -> bool:
@@ -139,16 +111,6 @@ class Supervisor:
         claimers, listeners = (int(row[0]), int(row[1])) if row else (0, 0)
         wanted_listeners = 0 if self.options.poll_only else self.options.workers
         return claimers == self.options.workers and listeners == wanted_listeners
-
-    def stop(self) -> None:
-        """SIGTERM (graceful: idle workers exit at once), then SIGKILL whatever is left of the group."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(STOP_TIMEOUT_SECONDS)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
 
 
 @contextlib.contextmanager

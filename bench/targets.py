@@ -1,4 +1,5 @@
-"""The issues' targets, set against the medians of the rows that ran, and the CPU table's ratios.
+"""The targets (bench/README.md, "Targets"), set against the medians of the rows that ran, and
+the CPU table's ratios.
 
 Targets are what the table is read against, never assertions: the harness prints each with
 the measured median and how far from the target it is, and exits 0 either way.
@@ -35,7 +36,7 @@ class Ratio:
 
 
 def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
-    """Every target whose rows ran, in the order the issues list them."""
+    """Every target whose rows ran."""
     by_name = {row.benchmark.name: row for row in rows}
     verdicts: list[Verdict] = []
 

@@ -276,7 +276,7 @@ class Injector:
         A supervisor that is not ready yet is given until it is: before it has installed its
         signal handlers, TERM simply kills it, which tests nothing."""
         running = self.fleet.running()
-        if len(running) > 1 and not running[-1].ready():
+        if len(running) > 1 and not running[-1].ready:
             return  # asked again next tick
         self.extra_until = None
         if len(running) > 1 and self.extra_fault is not None:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from miniqueue.harness import SupervisorFailed
+
 from .options import Options
 from .processes import Supervisor, Tracker, reap_adopted
 
@@ -59,15 +61,6 @@ class Fleet:
         """Supervisors alive and not being stopped: the ones faults may target."""
         return [s for s in self.supervisors if s.alive and s.ended_by is None]
 
-    def wait_ready(self, supervisor: Supervisor, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not supervisor.ready():
-            if not supervisor.alive or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"supervisor {supervisor.number} did not become ready:\n{supervisor.output()[-3000:]}"
-                )
-            time.sleep(0.05)
-
     # -- every tick ----------------------------------------------------------------------------
 
     def monitor(self, keep_alive: bool = True) -> None:
@@ -77,7 +70,7 @@ class Fleet:
         for supervisor in self.supervisors:
             if supervisor.alive:
                 self.tracker.observe(supervisor, supervisor.children())
-                if self._failed_in_a_row and supervisor.ready():
+                if self._failed_in_a_row and supervisor.ready:
                     self._failed_in_a_row = 0
             elif supervisor.ended is None:
                 self._on_exit(supervisor)
@@ -105,7 +98,7 @@ class Fleet:
             return
         lived = supervisor.ended - supervisor.started
         tail = supervisor.output()[-2000:]
-        if not supervisor.ready():
+        if not supervisor.ready:
             self._failed_in_a_row += 1
             if self._failed_in_a_row >= CRASH_LOOP_LIMIT:
                 raise CrashLoop(
@@ -167,8 +160,8 @@ class Fleet:
         for supervisor in self.supervisors:
             if supervisor.alive and supervisor.term_deadline is None:
                 # Until it is ready a supervisor has no TERM handler: let it get there first.
-                with contextlib.suppress(RuntimeError):
-                    self.wait_ready(supervisor, timeout=30.0)
+                with contextlib.suppress(SupervisorFailed):
+                    supervisor.wait_ready(timeout=30.0)
                 supervisor.terminate(grace)
         while any(s.alive for s in self.supervisors):
             self.monitor(keep_alive=False)

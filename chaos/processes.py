@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from miniqueue.harness import SupervisorProcess
 
 from .options import Options
 from .server import code_env
@@ -33,15 +34,6 @@ def become_subreaper() -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-
-
-def supervise_command() -> list[str]:
-    """The installed ``miniqueue-supervise`` next to this interpreter (else on PATH)."""
-    beside = Path(sys.executable).with_name("miniqueue-supervise")
-    found = str(beside) if beside.exists() else shutil.which("miniqueue-supervise")
-    if not found:
-        raise RuntimeError("miniqueue-supervise is not installed in this environment: pip install -e .")
-    return [found]
 
 
 @dataclass(frozen=True)
@@ -74,14 +66,13 @@ class Child:
         return self.is_worker and " job " in f" {self.title} "
 
 
-class Supervisor:
-    """One ``miniqueue-supervise`` in its own session, its output in a file."""
+class Supervisor(SupervisorProcess):
+    """One ``miniqueue-supervise`` (started by ``miniqueue.harness``) in its own session, its
+    output in a file, run from the code snapshot ``code``."""
 
     def __init__(self, number: int, dsn: str, options: Options, logdir: Path, code: Path) -> None:
         self.number = number
-        self.log = logdir / f"supervisor-{number}.log"
         argv = [
-            *supervise_command(),
             "--app",
             "chaos.app:app",
             "--workers",
@@ -101,19 +92,7 @@ class Supervisor:
             "--log-level",
             "INFO",
         ]
-        env = code_env(code)
-        env["DATABASE_URL"] = dsn
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=code,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.pid = self.proc.pid
+        super().__init__(argv, log=logdir / f"supervisor-{number}.log", dsn=dsn, env=code_env(code), cwd=code)
         self.started = time.time()
         self.ended: float | None = None
         #: Why the harness ended it ("killed", "stopped"), or None while it is ours to keep alive.
@@ -123,12 +102,6 @@ class Supervisor:
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def ready(self) -> bool:
-        return "supervisor ready" in self.output()
 
     def children(self) -> list[Child]:
         try:
@@ -159,10 +132,8 @@ class Supervisor:
 
     def kill_group(self) -> None:
         """Last resort at cleanup: everything in its session."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
+            self.stop(grace=0)
 
 
 @dataclass

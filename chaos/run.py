@@ -100,7 +100,7 @@ def run(options: Options) -> int:
         db = Harness(dsn)
         offset = clock_offset(db)
         fleet = Fleet(dsn, options, workdir, code, say)
-        fleet.wait_ready(fleet.start())
+        fleet.start().wait_ready(timeout=60.0)
         workload = enqueue(dsn, options, rng)
         say(
             f"enqueued {len(workload.ids)} jobs ({len(workload.effect_jobs)} with a transactional effect), "

@@ -11,8 +11,9 @@ from miniqueue.db import Connection
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
+def wait_until(predicate: Callable[[], T | None], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass, and
+    return that value (never None: a predicate of ``int | None`` gives an ``int``)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

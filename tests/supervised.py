@@ -3,15 +3,13 @@ found with psutil, output kept in files, killed for real at the end."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
-import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
+
+from miniqueue.harness import SupervisorProcess
 
 from .helpers import wait_until
 
@@ -29,53 +27,44 @@ def free_port() -> int:
 
 
 class Supervised:
-    """A running miniqueue-supervise; its stdout and stderr go to files in ``folder``."""
+    """A running miniqueue-supervise (see ``miniqueue.harness``); its stdout and stderr go to
+    files in ``folder``. Without ``dsn`` it uses the embedded server (or ``env``'s DATABASE_URL)."""
 
-    def __init__(self, dsn: str, args: list[str], folder: Path, cwd: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
+    def __init__(
+        self, dsn: str | None, args: list[str], folder: Path, cwd: Path, env: Mapping[str, str] | None = None
+    ) -> None:
         self.stdout, self.stderr = folder / "stdout.log", folder / "stderr.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "miniqueue.cli", "supervise", *args],
-            env={**os.environ, "DATABASE_URL": dsn},
-            stdout=self.stdout.open("wb"),
-            stderr=self.stderr.open("wb"),
-            start_new_session=True,
-            cwd=cwd,
-        )
+        self.harness = SupervisorProcess(args, log=self.stderr, stdout=self.stdout, dsn=dsn, env=env, cwd=cwd)
+        self.proc = self.harness.proc
         self.process = psutil.Process(self.proc.pid)
 
     def output(self) -> str:
         """What the supervisor and its children logged (stderr)."""
-        return self.stderr.read_text(errors="replace")
+        return self.harness.output()
+
+    def notifications(self) -> list[str]:
+        """What the supervisor told systemd's notify socket so far."""
+        return self.harness.notifications()
 
     def titles(self) -> dict[int, str]:
         """Each live child's pid and process title."""
-        found = {}
-        with contextlib.suppress(psutil.NoSuchProcess):
-            for child in self.process.children():
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    if child.status() != psutil.STATUS_ZOMBIE:
-                        found[child.pid] = " ".join(child.cmdline()).strip()
-        return found
+        return self.harness.titles()
 
     def workers(self) -> list[int]:
-        return sorted(pid for pid, title in self.titles().items() if "worker-" in title)
+        return self.harness.worker_pids()
 
     def reaper(self) -> int | None:
-        return next((pid for pid, title in self.titles().items() if "reaper" in title), None)
+        return self.harness.reaper_pid()
 
     def wait_ready(self, workers: int, timeout: float = 20) -> None:
-        wait_until(
-            lambda: len(self.workers()) == workers and self.reaper() and "supervisor ready" in self.output(),
-            timeout=timeout,
-            what=f"{workers} workers and a reaper ready",
-        )
+        """The supervisor sent READY=1, and ``workers`` workers and a reaper are running."""
+        self.harness.wait_ready(timeout)
+        wait_until(lambda: len(self.workers()) == workers and self.reaper(), timeout=timeout,
+                   what=f"{workers} workers and a reaper")  # fmt: skip
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        """At once: SIGKILL to the whole process group."""
+        self.harness.stop(grace=0)
 
 
 class Fleet:

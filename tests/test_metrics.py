@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,10 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
-from miniqueue.reports import DURATION_BUCKETS, Tally
 
 from .helpers import count, wait_until
-from .supervised import FAST, Fleet, free_port
+from .supervised import FAST, Fleet, Supervised, free_port
 
 APP = "tests.apps.metrics_app:app"
 
@@ -280,20 +278,12 @@ def test_json_logs_with_the_embedded_server_are_json_too(tmp_path: Path, repo_ro
     """Without a database URL the supervisor starts the embedded server; that is logged as JSON too."""
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env["MINIQUEUE_DATA_DIR"] = str(tmp_path / "pgdata")
-    stderr = tmp_path / "stderr.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "miniqueue.cli", "supervise", "--app", APP, "--workers", "1", "--log-format", "json",
-         *FAST],
-        env=env, cwd=repo_root, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"), start_new_session=True,
-    )  # fmt: skip
+    sup = Supervised(None, ["--app", APP, "--workers", "1", "--log-format", "json", *FAST], tmp_path, repo_root, env)
     try:
-        wait_until(lambda: "supervisor ready" in stderr.read_text(), timeout=60, what="the supervisor ready")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        sup.harness.wait_ready(60)
+        sup.proc.send_signal(signal.SIGTERM)
+        assert sup.proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    entries = json_entries(stderr.read_text())
+        sup.stop()
+    entries = json_entries(sup.output())
     assert {e["process"] for e in entries} >= {"supervisor", "worker-1", "reaper"}

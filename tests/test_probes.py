@@ -96,45 +96,15 @@ class SlowClient:
 
 
 @pytest.fixture
-def notify_socket(tmp_path: Path) -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify.sock"))
-    sock.settimeout(0.2)
-    yield sock
-    sock.close()
-
-
-@pytest.fixture
-def supervised(
-    dsn: str, tmp_path: Path, repo_root: Path, conn: Connection, notify_socket: socket.socket
-) -> Iterator[tuple[Supervised, int]]:
+def supervised(dsn: str, tmp_path: Path, repo_root: Path, conn: Connection) -> Iterator[tuple[Supervised, int]]:
     conn.execute("CREATE TABLE IF NOT EXISTS executions (job_id BIGINT, attempt INT, pid INT)")
     conn.execute("TRUNCATE miniqueue_processes")
     port = free_port()
-    env = {"NOTIFY_SOCKET": notify_socket.getsockname(), "WATCHDOG_USEC": "1000000"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        sup = Supervised(dsn, ["--app", APP, "--workers", "2", "--metrics-port", str(port), *FAST],
-                         tmp_path / "supervisor", repo_root)  # fmt: skip
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    sup = Supervised(dsn, ["--app", APP, "--workers", "2", "--metrics-port", str(port), *FAST],
+                     tmp_path / "supervisor", repo_root, env={**os.environ, "WATCHDOG_USEC": "1000000"})  # fmt: skip
     sup.wait_ready(2)
     yield sup, port
     sup.stop()
-
-
-def messages(sock: socket.socket) -> list[str]:
-    found = []
-    while True:
-        try:
-            found.extend(sock.recv(4096).decode().splitlines())
-        except TimeoutError:
-            return found
 
 
 def test_livez_and_readyz_are_200_when_running(supervised: tuple[Supervised, int]) -> None:
@@ -264,17 +234,14 @@ def test_registry_shows_running_jobs_and_counts_finished_ones(
     assert sup.proc.wait(20) == 0
 
 
-def test_systemd_hears_ready_status_watchdog_and_stopping(
-    supervised: tuple[Supervised, int], notify_socket: socket.socket
-) -> None:
+def test_systemd_hears_ready_status_watchdog_and_stopping(supervised: tuple[Supervised, int]) -> None:
     sup, _ = supervised
-    heard: list[str] = []
-    wait_until(lambda: heard.extend(messages(notify_socket)) or "WATCHDOG=1" in heard, what="a watchdog ping")
-    assert "READY=1" in heard
-    assert any(m.startswith("STATUS=") for m in heard)
+    wait_until(lambda: "WATCHDOG=1" in sup.notifications(), what="a watchdog ping")
+    assert "READY=1" in sup.notifications()
+    assert any(m.startswith("STATUS=") for m in sup.notifications())
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(20) == 0
-    assert "STOPPING=1" in messages(notify_socket)
+    wait_until(lambda: "STOPPING=1" in sup.notifications(), timeout=2, what="STOPPING=1")
 
 
 def test_healthcheck_command_exit_codes(supervised: tuple[Supervised, int], dsn: str) -> None:

@@ -1,4 +1,4 @@
-"""Backoff: exponential with full jitter, capped at 30 minutes (the seed's table)."""
+"""Backoff: exponential with full jitter, capped at 30 minutes (README, "Tasks": the default backoff)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ THIRTY_MINUTES = 30 * 60.0
 
 
 def test_default_backoff_is_bounded_per_attempt_and_capped() -> None:
-    # The seed's table: attempt 1 waits 0-2 s, 2 0-4 s, 3 0-8 s, 4 0-16 s, ..., never over 30 minutes.
+    # As the README states it: attempt 1 waits 0-2 s, 2 0-4 s, 3 0-8 s, 4 0-16 s, ..., never over 30 minutes.
     expected = {1: 2.0, 2: 4.0, 3: 8.0, 4: 16.0, 5: 32.0, 10: 1024.0, 11: THIRTY_MINUTES, 50: THIRTY_MINUTES}
     for attempt, ceiling in expected.items():
         assert backoff_ceiling(attempt) == ceiling

@@ -1,5 +1,5 @@
-"""The store against a real PostgreSQL: the seed's 17 store tests, then fencing, recovery,
-ordering, batches, the operator side, and the claim plan."""
+"""The store against a real PostgreSQL: the basics (enqueue, claim, complete, fail, renew,
+recover, requeue), then fencing, recovery, ordering, batches, the operator side, and the claim plan."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def run_to_dead_letter(store: Store, conn: Connection, job_id: int) -> None:
         store.record_failure(conn, job_id, W1, lease.attempt, "boom", 0)
 
 
-# --- the seed's store tests ---------------------------------------------------------------------
+# --- the basics: enqueue, claim, complete, fail, renew, recover, requeue --------------------------
 
 
 def test_enqueue_simple(store: Store, conn: Connection) -> None:

@@ -275,7 +275,7 @@ def test_act_on_a_selection_counts_only_the_jobs_it_applies_to(
 ) -> None:
     dead = [dead_job(client, store, conn, "ValueError: boom") for _ in range(2)]
     done = completed_job(client, store, conn)
-    selection = {"action": "requeue", "ids": [*dead, done], "state": "dead"}
+    selection: dict[str, str | list[int]] = {"action": "requeue", "ids": [*dead, done], "state": "dead"}
     page = web.get("/jobs/confirm", params=selection).text
     assert "Requeue 2 jobs?" in page and "1 completed job" in page
     assert 'name="expected" value="2"' in page and 'name="state" value="dead"' in page

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, row, wait_until
 
-FAST = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "poll_interval": 0.2, "shutdown_timeout": 5.0}
+FAST = WorkerConfig(lease_seconds=2.0, heartbeat_seconds=0.5, poll_interval=0.2, shutdown_timeout=5.0)
 
 
 class Running:
@@ -53,7 +54,7 @@ def start_worker(dsn: str) -> Iterator[StartWorker]:
     started: list[Running] = []
 
     def start(app: App, **config: Any) -> Running:
-        running = Running(Worker(app, dsn, WorkerConfig(**{**FAST, **config})))
+        running = Running(Worker(app, dsn, dataclasses.replace(FAST, **config)))
         started.append(running)
         return running
 
@@ -402,7 +403,7 @@ def test_every_failed_attempt_leaves_a_log_line(
     with caplog.at_level(logging.WARNING, logger="miniqueue.worker"):
         start_worker(app)
         wait_until(lambda: count(conn, "state IN ('dead', 'failed')") == 2, what="both jobs finished")
-    lines = {(r.job["job_id"], r.job["attempt"]): r for r in caplog.records if hasattr(r, "job")}  # type: ignore[attr-defined]
+    lines = {(r.job["job_id"], r.job["attempt"]): r for r in caplog.records if hasattr(r, "job")}
     retried, dead, failed = lines[(flaky_id, 1)], lines[(flaky_id, 2)], lines[(refuse_id, 1)]
     assert retried.levelno == logging.WARNING
     assert retried.message == (f"job {flaky_id} (flaky on default) attempt 1/2 failed; retrying in 0.0s: "
@@ -411,7 +412,7 @@ def test_every_failed_attempt_leaves_a_log_line(
     assert "Traceback" in dead.message and "ValueError: bad input on attempt 2" in dead.message
     assert failed.levelno == logging.WARNING and "failed permanently" in failed.message
     assert "miniqueue.PermanentError: card declined" in failed.message  # named as users import it
-    assert dead.job == {"job_id": flaky_id, "task": "flaky", "queue": "default", "attempt": 2,  # type: ignore[attr-defined]
+    assert dead.job == {"job_id": flaky_id, "task": "flaky", "queue": "default", "attempt": 2,
                         "max_attempts": 2, "outcome": "dead", "error": row(conn, flaky_id)["last_error"]}  # fmt: skip
 
 
@@ -508,7 +509,7 @@ def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Conne
 
     job_id = app.enqueue(client, "pooled").id
     with create_pool(dsn, purpose="app") as pool:
-        running = Running(Worker(app, pool, WorkerConfig(**FAST)))
+        running = Running(Worker(app, pool, FAST))
         try:
             wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
         finally:
