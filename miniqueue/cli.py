@@ -595,6 +595,11 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option("--preload", is_flag=True, help="Import the app once before forking (copy-on-write).")
 @click.option("--poll-only", is_flag=True, help="Do not LISTEN (for PgBouncer in transaction mode).")
 @click.option(
+    "--listen-url",
+    envvar="MINIQUEUE_LISTEN_URL",
+    help="LISTEN on this direct PostgreSQL URL (when the database URL is PgBouncer's in transaction mode).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     help="Serve /metrics (Prometheus), /livez and /readyz on this port.",
@@ -625,6 +630,7 @@ def supervise(
     max_memory_per_child: float | None,
     preload: bool,
     poll_only: bool,
+    listen_url: str | None,
     metrics_port: int | None,
     metrics_host: str,
     log_format: str,
@@ -647,6 +653,7 @@ def supervise(
         poll_interval=poll_interval,
         shutdown_timeout=shutdown_timeout,
         poll_only=poll_only,
+        listen_url=listen_url or None,
     )
     config = SupervisorConfig(
         dsn="",

@@ -3,11 +3,15 @@
 Every connection miniqueue opens sets ``application_name`` (so operators can see what each
 backend is) and pins ``search_path`` to the queue's schema. Connections are never shared
 across ``fork()``: create them in the process that uses them.
+
+Behind a transaction pooler (``MINIQUEUE_PGBOUNCER=1``) a connection sends no ``options``
+startup parameter and never prepares a statement on the server: see :func:`behind_pooler`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +40,15 @@ _QUOTED_RE = re.compile(r'"([^"]*)"')
 _URL_PREFIXES = ("postgresql://", "postgres://")
 _DSN_FORMS = "use postgresql://user:password@host:port/dbname, or key=value pairs such as 'host=... dbname=...'"
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+#: Set to 1 when DATABASE_URL (or a Client's DSN) reaches PostgreSQL through PgBouncer, or a
+#: pooler like it, in transaction mode.
+POOLER_ENV = "MINIQUEUE_PGBOUNCER"
+_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"", "0", "false", "no", "off"})
+# What a connection through a transaction pooler passes to psycopg.connect: PgBouncer before
+# 1.21 (Debian 12 ships 1.18) hands each transaction to any server connection, where a statement
+# psycopg prepared on another one (after 5 executions) does not exist.
+_POOLER_KWARGS: dict[str, Any] = {"prepare_threshold": None}
 
 Connection = psycopg.Connection[Any]
 
@@ -186,17 +199,35 @@ def check_schema(schema: str) -> str:
     return schema
 
 
+def behind_pooler() -> bool:
+    """Whether connections go through a transaction pooler: ``$MINIQUEUE_PGBOUNCER`` is 1.
+
+    Such a connection sends no ``options`` startup parameter (PgBouncer refuses one it was not
+    told to ignore, and one it ignores would pin nothing), so neither ``search_path`` nor
+    ``jit`` is set: the store names every table with its schema, and ``jit`` can be set for
+    the role (``ALTER ROLE ... SET jit = off``). ``application_name`` stays: PgBouncer accepts
+    it and sets it on whichever server connection runs each transaction. And psycopg never
+    prepares a statement on the server (``prepare_threshold=None``). Read at each connect and
+    pool creation, so a process started with it set (a supervisor's children too) needs no code.
+    """
+    value = os.environ.get(POOLER_ENV, "").strip().lower()
+    if value in _FALSE:
+        return False
+    if value in _TRUE:
+        return True
+    raise ConfigError(f"{POOLER_ENV}={value!r} is invalid: use 1 (connections go through PgBouncer) or 0")
+
+
 def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) -> str:
-    """The connection string miniqueue uses: ``dsn`` plus application_name and a pinned search_path."""
+    """The connection string miniqueue uses: ``dsn`` plus application_name and, unless
+    :func:`behind_pooler`, a pinned search_path."""
     check_dsn(dsn)
-    return make_conninfo(
-        dsn,
-        application_name=f"miniqueue:{purpose}"[:63],
+    check_schema(schema)
+    if not behind_pooler():
         # JIT compilation costs more than a queue's short statements ever gain: on PostgreSQL 15
         # it spent 400+ ms compiling a 10,000-job enqueue_many that runs in 100 ms.
-        options=f"-c search_path={check_schema(schema)},pg_catalog -c jit=off",
-        **extra,
-    )
+        extra = {"options": f"-c search_path={schema},pg_catalog -c jit=off", **extra}
+    return make_conninfo(dsn, application_name=f"miniqueue:{purpose}"[:63], **extra)
 
 
 def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool = True, **extra: Any) -> Connection:
@@ -204,9 +235,15 @@ def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool 
     adds libpq parameters such as ``connect_timeout``."""
     info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
     with translate_errors(dsn):
-        conn = psycopg.connect(info, autocommit=autocommit)
+        conn = psycopg.connect(info, autocommit=autocommit, **_session_kwargs())
     _configure(conn)
     return conn
+
+
+def _session_kwargs() -> dict[str, Any]:
+    """psycopg.connect's arguments for where the connection goes: none for a direct one (psycopg's
+    defaults, prepared statements included), no server-side prepares behind a pooler."""
+    return _POOLER_KWARGS if behind_pooler() else {}
 
 
 def create_pool(
@@ -227,7 +264,7 @@ def create_pool(
         info,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **_session_kwargs()},
         connection_class=PooledConnection,
         configure=_configure,
         timeout=timeout,
@@ -290,6 +327,8 @@ class translate_errors:  # lower case: it reads as the function it replaced, `wi
             if self.dsn:
                 detail = _scrub(detail, self.dsn)
             where = f" at {mask_dsn(self.dsn)}" if self.dsn else ""
+            if "unsupported startup parameter" in detail:  # PgBouncer's answer to the options parameter
+                detail += f" (behind PgBouncer? set {POOLER_ENV}=1)"
             raise DatabaseUnavailable(f"database unavailable{where}: {detail}") from exc
 
 

@@ -4,6 +4,9 @@ Enqueue sends ``NOTIFY miniqueue_<schema>, '<queue>'`` in the enqueuing transact
 notification arrives when the job becomes visible. The listener runs on a connection of its
 own; after any connection error it reconnects with backoff, listens again, and wakes the
 worker once so that jobs enqueued while it was deaf are polled.
+
+LISTEN needs a session that stays on one server connection, which a transaction pooler does
+not keep: behind one, the listener connects to a direct URL of its own, or the worker polls.
 """
 
 from __future__ import annotations
@@ -12,10 +15,34 @@ import logging
 import threading
 from collections.abc import Callable, Collection
 
-from .db import Connection, connect, mask_dsn
+from .db import Connection, behind_pooler, connect, mask_dsn
 from .store import Store
 
 log = logging.getLogger("miniqueue.notify")
+
+
+def listener_for(
+    dsn: str,
+    listen_url: str | None,
+    store: Store,
+    queues: Collection[str],
+    wake: Callable[[], None],
+    *,
+    poll_only: bool,
+) -> Listener | None:
+    """A worker's listener (not started): on ``listen_url`` if given, else on ``dsn``. None when
+    the worker only polls: with ``poll_only``, or when ``dsn`` goes through a transaction
+    pooler and no ``listen_url`` is given (LISTEN through it would hear nothing; a warning says so)."""
+    if poll_only:
+        return None
+    if listen_url is None and behind_pooler():
+        log.warning(
+            "not listening for new jobs: LISTEN needs a session, which PgBouncer in transaction mode does "
+            "not keep, so this worker polls instead (pass --listen-url with a direct PostgreSQL URL to be "
+            "woken at once, or --poll-only to say polling is meant)"
+        )
+        return None
+    return Listener(listen_url or dsn, store, queues, wake)
 
 
 class Listener:

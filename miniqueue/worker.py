@@ -28,11 +28,11 @@ from psycopg_pool import ConnectionPool
 
 from .app import App
 from .context import Job, PermanentError, Snooze
-from .db import Connection, connect, create_pool
+from .db import Connection, check_dsn, connect, create_pool
 from .errors import ConfigError, DatabaseUnavailable, LeaseLost
 from .heartbeat import Heartbeat
 from .job import Lease, State
-from .notify import Listener
+from .notify import Listener, listener_for
 from .prefetch import Prefetch, PrefetchPolicy, parse_prefetch
 from .retry import default_backoff
 from .store import Failure, Release, Store
@@ -65,7 +65,8 @@ class WorkerConfig:
     many as the threads are expected to finish within ``prefetch_budget`` seconds, judged from
     recent run times, and hands them back when every thread is stuck past the budget (see
     :mod:`miniqueue.prefetch`); a number holds that many; 0 claims one job per free thread.
-    ``poll_only`` skips LISTEN/NOTIFY (for PgBouncer in transaction mode).
+    ``poll_only`` skips LISTEN/NOTIFY; ``listen_url`` runs LISTEN on a connection of its own
+    to that URL (a direct one, when the worker's DSN goes through PgBouncer in transaction mode).
     """
 
     queues: Sequence[str] | None = None
@@ -77,6 +78,7 @@ class WorkerConfig:
     prefetch: Prefetch = "auto"
     prefetch_budget: float = 0.1
     poll_only: bool = False
+    listen_url: str | None = None
     worker_id: str | None = None
     schema: str = "public"
     #: Stop (drain and return from run()) after this many jobs; the supervisor then recycles the process.
@@ -107,6 +109,8 @@ class WorkerConfig:
             raise ConfigError(f"shutdown_timeout {self.shutdown_timeout!r} is invalid: use 0 or more seconds")
         for queue in self.queues or ():
             check_queue_name(queue)
+        if self.listen_url is not None:
+            check_dsn(self.listen_url)
         return self
 
 
@@ -291,7 +295,7 @@ class Worker:
         ``miniqueue-supervise``, the supervisor) returns them to the queue.
         """
         cfg = self.config
-        listener = None if cfg.poll_only else Listener(self.dsn, self.store, self.queues, self._nudge)
+        listener = listener_for(self.dsn, cfg.listen_url, self.store, self.queues, self._nudge, poll_only=cfg.poll_only)
         self._listener = listener
         heartbeat = Heartbeat(
             self.dsn, self.store, self.worker_id, lease_seconds=cfg.lease_seconds, interval=cfg.heartbeat_interval,
