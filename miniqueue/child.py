@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from . import reports
 from .app import App, load_app
 from .context import Job
+from .db import Connection, connect
+from .errors import MiniqueueError
 from .inflight import InflightBoard
 from .process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_title
 from .reaper import Reaper, ReaperConfig
 from .signals import SUPERVISOR_SIGNALS
+from .store import Store
 from .worker import Outcome, Worker, WorkerConfig, WorkerHooks, new_worker_id
 
 log = logging.getLogger("miniqueue.child")
@@ -45,6 +48,7 @@ class ChildSpec:
     max_jobs: int | None = None
     shutdown_timeout: float = 10.0
     board: InflightBoard | None = None  # a worker's running handlers, shared with the supervisor
+    gauge_interval: float | None = None  # the reaper reads the queue gauges this often (for /metrics)
 
 
 def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
@@ -113,10 +117,37 @@ def _run_reaper(spec: ChildSpec) -> int:
     _install_stop_signals(reaper.stop)
     beat = [reports.Beat(None)]
     _start_reporter(spec, reaper.stop, beat=lambda: reports.write(spec.report_fd, beat), tick=lambda: None)
+    if spec.gauge_interval is not None:
+        gauges = threading.Thread(target=_read_gauges, args=(spec, spec.reaper.schema), daemon=True)
+        gauges.name = "miniqueue-gauges"
+        gauges.start()
     set_title(spec.name)
     reports.write(spec.report_fd, [reports.Ready("-")])
     reaper.run()
     return 0
+
+
+def _read_gauges(spec: ChildSpec, schema: str) -> None:
+    """The reaper's second thread: every ``gauge_interval`` seconds, read the queue gauges on a
+    connection of its own and send them to the supervisor, which serves them on /metrics. A
+    scrape then never waits on the database, and the supervisor holds no connection for it."""
+    assert spec.gauge_interval is not None
+    store = Store(schema)
+    conn: Connection | None = None
+    while True:
+        try:
+            if conn is None:
+                conn = connect(spec.dsn, purpose="gauges", schema=schema, connect_timeout=5)
+            stats = store.queue_stats(conn)
+            reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), reports.GaugesSent(True)])
+        except MiniqueueError as exc:
+            log.warning("cannot read the queue gauges: %s", exc)
+            reports.write(spec.report_fd, [reports.GaugesSent(False)])
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            conn = None
+        time.sleep(spec.gauge_interval)
 
 
 def _install_stop_signals(stop: Callable[[], None], board: InflightBoard | None = None) -> None:

@@ -189,11 +189,19 @@ def enqueue(
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as a JSON array, one object per queue.")
+@click.option(
+    "--recount", is_flag=True,
+    help="First recount finished jobs from the table (a repair after migrating with workers running; reads every row).",
+)  # fmt: skip
 @database_option
 @friendly_errors
-def stats(as_json: bool, database_url: str | None) -> None:
-    """Per queue: jobs by state, the oldest waiting job's age, running and expired leases."""
+def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
+    """Per queue: jobs by state, the oldest waiting job's age, running and expired leases.
+
+    Finished jobs are counted as they finish, so this costs the same at any table size."""
     with Client(resolve_database(database_url)) as client:
+        if recount:
+            client.recount()
         queues = client.queue_stats()
     if as_json:
         click.echo(to_json([_stats_dict(q) for q in queues]))
@@ -605,6 +613,10 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
     help="Serve /metrics (Prometheus), /livez and /readyz on this port.",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@click.option(
+    "--metrics-interval", type=float, default=5.0, show_default=True,
+    help="Seconds between the reaper's readings of the queue gauges that /metrics serves.",
+)  # fmt: skip
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(
     "--log-level",
@@ -633,6 +645,7 @@ def supervise(
     listen_url: str | None,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_interval: float,
     log_format: str,
     log_level: str,
     database_url: str | None,
@@ -666,6 +679,7 @@ def supervise(
         preload=preload,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        metrics_interval=metrics_interval,
     ).validated()
     announce = logging.getLogger("miniqueue.embedded").warning
     config = dataclasses.replace(config, dsn=resolve_database(database_url, announce))

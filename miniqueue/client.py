@@ -138,6 +138,12 @@ class Client:
         with self.connection() as c:
             return self.store.queue_stats(c)
 
+    def recount(self) -> None:
+        """Recount finished jobs from the jobs table, repairing counts that drifted (see the
+        README's Operating section). It reads every finished row: a repair, not a routine."""
+        with self.connection() as c:
+            self.store.recount(c)
+
     def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:
         """Jobs matching the filters (state, queue, task, search, created_after, created_before),
         newest first; page with ``before_id``. A filter that no job could match (a queue or task

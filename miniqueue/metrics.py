@@ -3,16 +3,14 @@
 Job counters and the duration histogram are fed by the supervisor from its children's
 reports (each worker sends a tally of the jobs it finished, several times a second), so they
 are correct with any number of forked workers without prometheus-client's multiprocess mode.
-Queue gauges are read from the database at scrape time, on a short-lived connection opened on
-the HTTP thread that serves the scrape (never on the supervisor's loop), one scrape at a time.
-A child forked during a scrape inherits that connection's socket but never uses it, and leaves
-with ``os._exit()``, which sends nothing on it.
+Queue gauges are read by the reaper child every few seconds (it already holds a connection) and
+sent over its report pipe; a scrape serves the latest reading, so it never waits on the
+database and the supervisor opens no connection for it.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from collections.abc import Callable, Iterator
 
@@ -20,15 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .db import connect
-from .errors import MiniqueueError
+from .job import QueueStats
 from .reports import DURATION_BUCKETS, Tally
-from .store import Store
 
-log = logging.getLogger("miniqueue.metrics")
-
-#: How long a scrape waits for the one before it to finish before answering 503.
-SCRAPE_WAIT = 0.5
+#: The queue gauges as last read, and whether the database answered that reading.
+Gauges = tuple[list[QueueStats], bool]
 
 
 def _bound(seconds: float) -> str:
@@ -66,27 +60,19 @@ class _JobCollector(Collector):
 
 
 class _QueueCollector(Collector):
-    """Queue depth by state, oldest waiting job, expired leases, and process counts, at scrape time."""
+    """Queue depth by state, oldest waiting job and expired leases, as the reaper last read them,
+    and process counts, as the supervisor's loop last published them: no query at scrape time."""
 
-    def __init__(self, dsn: str, store: Store, processes: Callable[[], dict[str, int]]) -> None:
-        self.dsn, self.store, self.processes = dsn, store, processes
+    def __init__(self, processes: Callable[[], dict[str, int]], gauges: Callable[[], Gauges]) -> None:
+        self.processes, self.gauges = processes, gauges
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         alive = GaugeMetricFamily("miniqueue_processes", "Child processes alive, by kind", labels=["kind"])
         for kind, count in self.processes().items():
             alive.add_metric([kind], count)
-        yield alive
-        up = GaugeMetricFamily("miniqueue_database_up", "1 if the last scrape could query the database")
-        try:
-            with connect(self.dsn, purpose="metrics", schema=self.store.schema, connect_timeout=2) as conn:
-                stats = self.store.queue_stats(conn)
-        except MiniqueueError as exc:
-            log.warning("metrics: cannot read queue gauges: %s", exc)
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
-        yield up
+        stats, database_up = self.gauges()
+        up = GaugeMetricFamily("miniqueue_database_up", "1 if the reaper's last reading of the gauges worked")
+        up.add_metric([], 1 if database_up else 0)
         depth = GaugeMetricFamily("miniqueue_jobs", "Jobs in the table, by queue and state", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "miniqueue_oldest_available_seconds", "Age of the oldest runnable available job", labels=["queue"]
@@ -97,13 +83,13 @@ class _QueueCollector(Collector):
                 depth.add_metric([queue.queue, state.value], count)
             oldest.add_metric([queue.queue], queue.oldest_available_seconds or 0.0)
             expired.add_metric([queue.queue], queue.expired_leases)
-        yield from (depth, oldest, expired)
+        yield from (alive, up, depth, oldest, expired)
 
 
 class Metrics:
     """The supervisor's metrics registry."""
 
-    def __init__(self, dsn: str, store: Store, processes: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, processes: Callable[[], dict[str, int]], gauges: Callable[[], Gauges]) -> None:
         self.registry = CollectorRegistry()
         self.jobs = _JobCollector()
         self.registry.register(self.jobs)
@@ -111,20 +97,12 @@ class Metrics:
             "miniqueue_child_restarts", "Children that died unexpectedly and were replaced", ["kind"],
             registry=self.registry,
         )  # fmt: skip
-        self.registry.register(_QueueCollector(dsn, store, processes))
-        # One scrape at a time: a database that hangs (a lock, a dead network) holds one HTTP
-        # thread, not all of them, so /livez and /readyz still get through.
-        self.scraping = threading.Lock()
+        self.registry.register(_QueueCollector(processes, gauges))
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         """Count a worker's tally of finished jobs."""
         self.jobs.add(queue, task, outcome, tally)
 
     def render(self) -> tuple[int, str, bytes]:
-        """The /metrics answer; 503 if another scrape still waits on the database."""
-        if not self.scraping.acquire(timeout=SCRAPE_WAIT):
-            return 503, "text/plain", b"another scrape is still waiting for the database\n"
-        try:
-            return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)
-        finally:
-            self.scraping.release()
+        """The /metrics answer."""
+        return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)

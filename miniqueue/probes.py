@@ -1,8 +1,9 @@
 """``--metrics-port``: ``/metrics``, ``/livez`` and ``/readyz``, served on threads of their own so
 that neither a slow client nor the scrape's database query holds up the supervisor's loop.
 
-The loop publishes a snapshot once per tick (readiness and process counts); the HTTP threads
-read only that snapshot and the time of the last tick, never the loop's own dicts.
+The loop publishes a snapshot once per tick (readiness and process counts) and the queue gauges
+the reaper sends; the HTTP threads read only those and the time of the last tick, never the
+loop's own dicts, and never the database.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import time
 
 from .errors import ConfigError
 from .httpserver import Answer, TinyHTTPServer
-from .metrics import Metrics
+from .job import QueueStats
+from .metrics import Gauges, Metrics
 from .reports import Tally
-from .store import Store
 
 log = logging.getLogger("miniqueue.supervisor")
 
@@ -25,11 +26,13 @@ STALL_SECONDS = 5.0
 class Probes:
     """The metrics registry and the HTTP server in front of it."""
 
-    def __init__(self, dsn: str, store: Store, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int) -> None:
         self.last_tick = time.monotonic()
         self._ready: Answer = (503, "text/plain", b"starting\n")
         self._counts: dict[str, int] = {}
-        self.metrics = Metrics(dsn, store, lambda: self._counts)
+        self._gauges: Gauges = ([], True)
+        self._reading: list[QueueStats] = []
+        self.metrics = Metrics(lambda: self._counts, lambda: self._gauges)
         routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": lambda: self._ready}
         try:
             self.http = TinyHTTPServer(host, port, routes)
@@ -53,6 +56,16 @@ class Probes:
         if time.monotonic() - self.last_tick > STALL_SECONDS:
             return 503, "text/plain", b"supervisor loop stalled\n"
         return 200, "text/plain", b"ok\n"
+
+    def queue_gauges(self, stats: QueueStats) -> None:
+        """One queue of the reaper's reading (kept aside until the reading is complete)."""
+        self._reading.append(stats)
+
+    def gauges_sent(self, database_up: bool) -> None:
+        """The reaper's reading is complete: serve it (or, if the database did not answer, keep
+        the last one and say the database is down)."""
+        stats = self._reading if database_up else self._gauges[0]
+        self._gauges, self._reading = (stats, database_up), []
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         self.metrics.jobs_finished(queue, task, outcome, tally)

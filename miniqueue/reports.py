@@ -9,7 +9,10 @@ Each report is one line of space-separated words, the kind first:
   time (still running at a flush, or with a hard timeout) began or finished;
 - ``done <outcome> <count> <seconds> <buckets> <queue> <task>``: a :class:`Tally` of the jobs
   finished since the last flush;
-- ``error <text>``: why the child is about to exit (a boot error, a traceback).
+- ``error <text>``: why the child is about to exit (a boot error, a traceback);
+- ``queue <name> <available> <running> <completed> <failed> <dead> <cancelled> <scheduled>
+  <oldest|-> <expired>`` per queue, then ``gauges 1|0``: the reaper's periodic reading of the
+  queue gauges (``0``: the database did not answer), which ``/metrics`` serves.
 
 Text is escaped (backslash and newline) so that a report never spans lines, and a line is at
 most :data:`LINE_LIMIT` bytes, so that a write of one arrives whole (below ``PIPE_BUF``) even
@@ -25,6 +28,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from .job import QueueStats, State
 
 #: The longest report line, and the most written at once (below PIPE_BUF, 4096 on Linux).
 LINE_LIMIT = 4000
@@ -85,7 +90,16 @@ class Error(NamedTuple):
     text: str
 
 
-Report = Beat | Ready | Start | End | Done | Error
+class QueueGauges(NamedTuple):
+    stats: QueueStats
+
+
+class GaugesSent(NamedTuple):
+    database_up: bool
+
+
+Report = Beat | Ready | Start | End | Done | Error | QueueGauges | GaugesSent
+_GAUGE_STATES = (State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)
 
 _LISTENING = {True: "1", False: "0", None: "-"}
 
@@ -114,6 +128,13 @@ def _words(report: Report) -> str:
         return f"start {report.job_id} {report.attempt} {timeout} {_escape(report.task)}"
     if isinstance(report, End):
         return f"end {report.job_id}"
+    if isinstance(report, QueueGauges):
+        q = report.stats
+        oldest = "-" if q.oldest_available_seconds is None else f"{q.oldest_available_seconds:.3f}"
+        counts = " ".join(str(q.counts.get(state, 0)) for state in _GAUGE_STATES)
+        return f"queue {_escape(q.queue)} {counts} {q.scheduled} {oldest} {q.expired_leases}"
+    if isinstance(report, GaugesSent):
+        return f"gauges {int(report.database_up)}"
     if isinstance(report, Done):
         tally = report.tally
         buckets = ",".join(map(str, tally.buckets))
@@ -140,6 +161,16 @@ def decode(line: bytes) -> Report:
         return Done(_unescape(outcome), _unescape(queue), _unescape(task), tally)
     if kind == "error":
         return Error(_unescape(rest))
+    if kind == "queue":
+        name, *counts, scheduled, oldest, expired = rest.split(" ")
+        stats = QueueStats(
+            queue=_unescape(name), counts=dict(zip(_GAUGE_STATES, map(int, counts), strict=True)),
+            scheduled=int(scheduled), oldest_available_seconds=None if oldest == "-" else float(oldest),
+            expired_leases=int(expired),
+        )  # fmt: skip
+        return QueueGauges(stats)
+    if kind == "gauges":
+        return GaugesSent(rest == "1")
     raise ValueError(f"not a report: {line[:80]!r}")
 
 

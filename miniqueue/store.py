@@ -48,6 +48,18 @@ _APPEND_ERROR = """{table}errors || jsonb_build_array(jsonb_build_object(
        'attempt', {table}attempt, 'at', now(), 'worker', {table}leased_by, 'error', {error}))"""
 
 
+# Count the finished jobs among the rows a statement changed: one upsert per queue and terminal
+# state into this backend's shard of miniqueue_counts (see migration 011), as a CTE of the
+# statement that finishes, requeues, prunes or deletes them. {rows} names the CTE whose rows
+# (queue, state) are counted; {delta} is count(*) for rows that became finished, -count(*) for
+# finished rows that went away.
+_COUNT_FINISHED = """
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, {delta} FROM {rows}
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count"""
+
 # The fence every worker-side transition matches.
 _FENCE = "state = 'running' AND leased_by = %(worker)s"
 
@@ -145,13 +157,17 @@ _PICK_MANY_QUEUES = """
 # Complete a batch of leases; returns the ids that were still held. Each row looks up its own
 # attempt by position instead of joining to unnest(), which planned as a nested loop comparing
 # every pair (quadratic in the batch size).
-_COMPLETE = """
+_COMPLETED = """
 UPDATE {jobs}
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND {fence}
-RETURNING id
+RETURNING id, queue, state
+"""
+_COMPLETE = """
+WITH completed AS ({completed}), counted AS ({count})
+SELECT id FROM completed
 """
 
 # Complete a batch and claim the next one in one statement: one round trip and one commit
@@ -159,7 +175,7 @@ RETURNING id
 # available). A LEFT JOIN keeps the completed ids even when nothing is claimed; they ride on
 # the first row only (repeating the array on every claimed row cost more than the claim).
 _COMPLETE_AND_CLAIM = """
-WITH completed AS ({complete}), claimed AS ({claim})
+WITH completed AS ({completed}), counted AS ({count}), claimed AS ({claim})
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
 """
@@ -176,6 +192,7 @@ RETURNING id, lease_expires_at
 
 # Record failed attempts: retry after the given backoff, or dead once attempts are exhausted.
 _RECORD_FAILURES = """
+WITH failed AS (
 UPDATE {jobs} j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
@@ -185,16 +202,21 @@ UPDATE {jobs} j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND {fence}
-RETURNING j.id, j.state
+RETURNING j.id, j.queue, j.state
+), counted AS ({count})
+SELECT id, state FROM failed
 """
 
 # Fail a job permanently: the handler said never retry.
 _FAIL = """
+WITH failed AS (
 UPDATE {jobs}
    SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = {append},
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND {fence}
-RETURNING id
+RETURNING id, queue, state
+), counted AS ({count})
+SELECT id FROM failed
 """
 
 # Put a job back to sleep without spending an attempt (the attempt number still moves on when
@@ -224,6 +246,7 @@ RETURNING j.id
 # re-checks the expiry in the same statement, so a job completed or renewed between the scan
 # and the update is left alone.
 _RECOVER_EXPIRED = """
+WITH recovered AS (
 UPDATE {jobs}
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at ELSE now() END,
@@ -237,7 +260,9 @@ UPDATE {jobs}
          ORDER BY lease_expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state = 'running' AND lease_expires_at < now()
-RETURNING id, state
+RETURNING id, queue, state
+), counted AS ({count})
+SELECT id, state FROM recovered
 """
 
 # The leases a worker holds (used by the supervisor after reaping a dead worker). The
@@ -250,22 +275,32 @@ SELECT id, attempt FROM {jobs}
 
 # Requeue finished jobs by id or by filter, with a fresh attempt budget (attempt keeps counting).
 _REQUEUE = """
-UPDATE {jobs}
-   SET state = 'available', scheduled_at = now(), max_attempts = attempt + attempt_budget,
-       finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
- WHERE state = ANY(%(states)s::text[])
-   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(task)s::text IS NULL OR task = %(task)s)
-RETURNING id
+WITH picked AS (
+    SELECT id, queue, state FROM {jobs}
+     WHERE state = ANY(%(states)s::text[])
+       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       FOR UPDATE
+), requeued AS (
+    UPDATE {jobs} j
+       SET state = 'available', scheduled_at = now(), max_attempts = j.attempt + j.attempt_budget,
+           finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
+      FROM picked p WHERE j.id = p.id
+    RETURNING j.id, p.queue, p.state
+), counted AS ({count})
+SELECT id FROM requeued
 """
 
 # Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat.
 _CANCEL = """
+WITH cancelled AS (
 UPDATE {jobs}
    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running')
-RETURNING id
+RETURNING id, queue, state
+), counted AS ({count})
+SELECT id FROM cancelled
 """
 
 # The state of each given job (to explain why a transition did not apply).
@@ -277,18 +312,49 @@ _JOB_COLUMNS = """id, queue, task, payload, state, priority, attempt, max_attemp
 _GET = "SELECT {columns} FROM {jobs} WHERE id = %(id)s"
 
 # Per queue: counts by state, jobs scheduled for later, the age of the oldest job waiting to
-# run, and leases that expired without the reaper having recovered them yet.
+# run, and leases that expired without the reaper having recovered them yet. Its cost does not
+# grow with finished rows: available and running jobs are read from their partial indexes (the
+# claim index, the reaper's lease index), finished ones from the counters.
 _QUEUE_STATS = """
-SELECT queue,
-       count(*) FILTER (WHERE state = 'available') AS available, count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'completed') AS completed, count(*) FILTER (WHERE state = 'failed') AS failed,
-       count(*) FILTER (WHERE state = 'dead') AS dead, count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
-       count(*) FILTER (WHERE state = 'available' AND scheduled_at > now()) AS scheduled,
-       extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available' AND scheduled_at <= now()))
-           AS oldest_available_seconds,
-       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < now()) AS expired_leases
-  FROM {jobs} GROUP BY queue ORDER BY queue
+WITH waiting AS (
+    SELECT queue, count(*) AS available, count(*) FILTER (WHERE scheduled_at > now()) AS scheduled,
+           extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE scheduled_at <= now()))
+               AS oldest_available_seconds
+      FROM {jobs} WHERE state = 'available' GROUP BY queue
+), leased AS (
+    SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
+      FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
+), finished AS (
+    SELECT queue,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'completed'), 0)) AS completed,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'failed'), 0)) AS failed,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'dead'), 0)) AS dead,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'cancelled'), 0)) AS cancelled
+      FROM {counts} GROUP BY queue
+)
+SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
+       coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
+       coalesce(cancelled, 0) AS cancelled, coalesce(scheduled, 0) AS scheduled, oldest_available_seconds,
+       coalesce(expired_leases, 0) AS expired_leases
+  FROM waiting FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
+ WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
+       + coalesce(dead, 0) + coalesce(cancelled, 0) > 0
+ ORDER BY queue
 """
+
+# Recount the finished jobs from the table itself: the repair for counts that drifted (jobs
+# finished by workers of an older version during the migration that added the counts, or rows
+# changed by hand). It reads every finished row once; the lock makes statements that finish
+# jobs wait until it commits, so none is counted twice or missed.
+_RECOUNT = ["LOCK TABLE {counts} IN EXCLUSIVE MODE", "DELETE FROM {counts}", """
+INSERT INTO {counts} (queue, state, shard, count)
+SELECT queue, state, 0, count(*) FROM {jobs}
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+"""]
+
+# A monitoring query must answer quickly or not at all: it never holds up what called it.
+_MONITORING_TIMEOUT = "SET LOCAL statement_timeout = '5s'"
 
 # A page of jobs, newest first, filtered; `before` pages by id (keyset pagination stays fast).
 _JOB_FILTER = """(%(state)s::text IS NULL OR state = %(state)s)
@@ -372,7 +438,12 @@ SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
 """
 
 # Delete jobs that are not running (an operator's explicit action).
-_DELETE = "DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id"
+_DELETE = """
+WITH deleted AS (
+    DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id, queue, state
+), counted AS ({count})
+SELECT id FROM deleted
+"""
 
 # Refresh one supervisor's rows of the process registry, and drop its children that are gone.
 _UPSERT_PROCESSES = """
@@ -403,17 +474,20 @@ SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes,
 """
 
 # How many jobs each queue holds in each state.
-_COUNTS = "SELECT queue, state, count(*) FROM {jobs} GROUP BY queue, state ORDER BY queue, state"
 
 # Delete a batch of jobs that finished longer ago than `age` seconds. The literal state list
 # lets the planner use the partial finished_at index.
 _PRUNE = """
-DELETE FROM {jobs}
- WHERE id = ANY(ARRAY(
-        SELECT id FROM {jobs}
-         WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
-           AND finished_at < now() - make_interval(secs => %(age)s)
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+WITH pruned AS (
+    DELETE FROM {jobs}
+     WHERE id = ANY(ARRAY(
+            SELECT id FROM {jobs}
+             WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+               AND finished_at < now() - make_interval(secs => %(age)s)
+             LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING queue, state
+), counted AS ({count})
+SELECT count(*) FROM pruned
 """
 
 # Whether the migrations table exists, then the newest applied migration.
@@ -481,6 +555,7 @@ class Store:
             "periodic": sql.Identifier(schema, "miniqueue_periodic"),
             "queues": sql.Identifier(schema, "miniqueue_queues"),
             "processes": sql.Identifier(schema, "miniqueue_processes"),
+            "counts": sql.Identifier(schema, "miniqueue_counts"),
         }
 
         def compose(text: str, parts: dict[str, str]) -> sql.Composed:
@@ -490,6 +565,11 @@ class Store:
         def render(text: str, **parts: str) -> str:
             return compose(text, {"columns": _JOB_COLUMNS, "fence": _FENCE, **parts}).as_string()
 
+        def counting(text: str, rows: str, *, removed: bool = False, **parts: str) -> str:
+            """``text`` with its {count} CTE counting the finished jobs in CTE ``rows``."""
+            delta = "-count(*)" if removed else "count(*)"
+            return render(text, count=_COUNT_FINISHED, rows=rows, delta=delta, **parts)
+
         self._enqueue = render(_ENQUEUE)
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
         self._enqueue_many = render(_ENQUEUE_MANY)
@@ -498,26 +578,27 @@ class Store:
         self._notify_queues = render(_NOTIFY_QUEUES)
         self._claim_one, self._claim_many = (render(_CLAIM_SET, pick=p) for p in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES))
         self._complete_and_claim_one, self._complete_and_claim_many = (
-            render(_COMPLETE_AND_CLAIM, complete=_COMPLETE, claim=_CLAIM_SET, pick=pick)
+            counting(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claim=_CLAIM_SET, pick=pick)
             for pick in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES)
         )
-        self._complete = render(_COMPLETE)
+        self._complete = counting(_COMPLETE, "completed", completed=_COMPLETED)
         self._renew = render(_RENEW)
-        self._record_failures = render(_RECORD_FAILURES, append=_APPEND_ERROR, table="j.", error="f.error")
-        self._fail = render(_FAIL, append=_APPEND_ERROR, table="", error="%(error)s::text")
+        self._record_failures = counting(_RECORD_FAILURES, "failed", append=_APPEND_ERROR, table="j.", error="f.error")
+        self._fail = counting(_FAIL, "failed", append=_APPEND_ERROR, table="", error="%(error)s::text")
         self._snooze = render(_SNOOZE)
         self._release = render(_RELEASE, append=_APPEND_ERROR, table="j.", error="r.note")
-        self._recover = render(_RECOVER_EXPIRED, append=_APPEND_ERROR, table="",
+        self._recover = counting(_RECOVER_EXPIRED, "recovered", append=_APPEND_ERROR, table="",
                                error="'worker lost: lease expired without renewal'")  # fmt: skip
         self._leases_of = render(_LEASES_OF)
-        self._requeue = render(_REQUEUE)
-        self._cancel = render(_CANCEL)
+        self._requeue = counting(_REQUEUE, "requeued", removed=True)
+        self._cancel = counting(_CANCEL, "cancelled")
         self._states = render(_STATES)
         self._get = render(_GET)
         self._list = render(_LIST, filter=_JOB_FILTER)
         self._count_matching = render(_COUNT_MATCHING, filter=_JOB_FILTER)
         self._ids_matching = render(_IDS_MATCHING, filter=_JOB_FILTER)
         self._queue_stats = render(_QUEUE_STATS)
+        self._recount = [render(statement) for statement in _RECOUNT]
         self._periodic_state = render(_PERIODIC_STATE)
         self._claim_slot = render(_CLAIM_SLOT)
         self._set_periodic_enabled = render(_SET_PERIODIC_ENABLED)
@@ -526,12 +607,11 @@ class Store:
         self._known_queues = render(_KNOWN_QUEUES)
         self._known_queue_names = render(_KNOWN_QUEUE_NAMES)
         self._throughput = render(_THROUGHPUT)
-        self._delete = render(_DELETE)
+        self._delete = counting(_DELETE, "deleted", removed=True)
         self._upsert_processes = render(_UPSERT_PROCESSES)
         self._delete_processes = render(_DELETE_PROCESSES)
         self._processes = render(_PROCESSES)
-        self._counts = render(_COUNTS)
-        self._prune = render(_PRUNE)
+        self._prune = counting(_PRUNE, "pruned", removed=True)
         self._schema_version = render(_SCHEMA_VERSION)
         self._versions_table = names["migrations"].as_string()
         self._migration_ddl = [render(q) for q in (_CREATE_SCHEMA, _CREATE_VERSIONS)]
@@ -801,7 +881,7 @@ class Store:
             raise InvalidInput(f"prune states {chosen} are invalid: choose among completed, failed, dead, cancelled")
         older_than_seconds = check_seconds("prune age", older_than_seconds)
         params = {"states": chosen, "age": float(older_than_seconds), "limit": limit}
-        return self._rowcount(conn, self._prune, params)
+        return int(self._rows(conn, self._prune, params)[0][0])
 
     # -- operator side --------------------------------------------------------------------------
 
@@ -892,7 +972,10 @@ class Store:
     def queue_stats(self, conn: Connection) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, oldest waiting job's age, expired leases."""
         stats = []
-        for row in self._named_rows(conn, self._queue_stats, {}):
+        with translate_errors(), conn.transaction():
+            conn.execute(_MONITORING_TIMEOUT)
+            rows = self._named_rows(conn, self._queue_stats, {})
+        for row in rows:
             oldest = row["oldest_available_seconds"]
             stats.append(QueueStats(
                 queue=row["queue"], counts={state: int(row[state.value]) for state in _STATE_ORDER},
@@ -968,9 +1051,18 @@ class Store:
         rows = self._named_rows(conn, self._processes, {"max_age": float(max_age_seconds)})
         return [ProcessInfo(**{**row, "current_jobs": tuple(row["current_jobs"])}) for row in rows]
 
+    def recount(self, conn: Connection) -> None:
+        """Recount finished jobs from the jobs table (see ``_RECOUNT``): O(table), for repair only."""
+        with translate_errors(), conn.transaction():
+            for statement in self._recount:
+                conn.execute(statement)
+
     def counts(self, conn: Connection) -> list[QueueCount]:
         """How many jobs each queue holds in each state (states with no jobs are omitted)."""
-        return [QueueCount(queue=r[0], state=State(r[1]), count=r[2]) for r in self._rows(conn, self._counts, {})]
+        return [
+            QueueCount(queue=q.queue, state=state, count=n)
+            for q in self.queue_stats(conn) for state, n in sorted(q.counts.items()) if n
+        ]  # fmt: skip
 
     # -- schema -----------------------------------------------------------------------------------
 

@@ -71,6 +71,8 @@ class SupervisorConfig:
     boot_failure_limit: int = 3
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    #: How often the reaper reads the queue gauges that /metrics serves (seconds).
+    metrics_interval: float = 5.0
 
     def validated(self) -> SupervisorConfig:
         if self.workers < 1:
@@ -79,6 +81,8 @@ class SupervisorConfig:
             raise ConfigError(f"--max-jobs-per-child {self.max_jobs_per_child} is invalid: use 1 or more")
         if self.max_memory_mb is not None and not self.max_memory_mb > 0:
             raise ConfigError(f"--max-memory-per-child {self.max_memory_mb} is invalid: use a positive number of MB")
+        if not self.metrics_interval > 0:
+            raise ConfigError(f"--metrics-interval {self.metrics_interval} is invalid: use a positive number of s")
         if self.liveness_timeout <= 2 * self.report_interval:
             raise ConfigError("the liveness timeout must exceed two report intervals")
         self.worker.validated()
@@ -120,7 +124,7 @@ class Supervisor:
             self.app = load_app(self.config.app_ref)
         self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
         if self.config.metrics_port is not None:
-            self.probes = Probes(self.config.dsn, self.store, self.config.metrics_host, self.config.metrics_port)
+            self.probes = Probes(self.config.metrics_host, self.config.metrics_port)
         log.info("supervisor starting %d worker(s) and a reaper for %s on %s", self.config.workers,
                  self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
         try:
@@ -164,7 +168,8 @@ class Supervisor:
         # that job.transaction() opens on demand, up to one per handler thread.
         own = 2 if worker.poll_only else 3
         per_worker = own + worker.concurrency
-        needed = self.config.workers * per_worker + 2
+        # The reaper's (and, with --metrics-port, its gauge reader's) and the supervisor's own.
+        needed = self.config.workers * per_worker + (3 if self.config.metrics_port is not None else 2)
         with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema) as conn:
             check_schema_version(conn, self.store.schema)
             limit, reserved, in_use = self.store.connection_capacity(conn)
@@ -327,7 +332,8 @@ class Supervisor:
             app=self.app,
         )
         if slot == "reaper":
-            return dataclasses.replace(spec, reaper=self.config.reaper)
+            gauges = None if self.config.metrics_port is None else self.config.metrics_interval
+            return dataclasses.replace(spec, reaper=self.config.reaper, gauge_interval=gauges)
         return dataclasses.replace(
             spec,
             worker_suffix=suffix,
@@ -342,8 +348,12 @@ class Supervisor:
             if isinstance(report, reports.Ready):
                 self.boot_failures = 0
                 log.info("%s (pid %d) ready", child.slot, child.pid)
-            elif isinstance(report, reports.Done) and self.probes:
+            elif self.probes and isinstance(report, reports.Done):
                 self.probes.jobs_finished(report.queue, report.task, report.outcome, report.tally)
+            elif self.probes and isinstance(report, reports.QueueGauges):
+                self.probes.queue_gauges(report.stats)
+            elif self.probes and isinstance(report, reports.GaugesSent):
+                self.probes.gauges_sent(report.database_up)
 
     def reap_children(self) -> None:
         while True:

@@ -61,7 +61,8 @@ def dsn(database_dsn: str) -> str:
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '10s'")
         conn.execute(
-            "TRUNCATE miniqueue_jobs, miniqueue_periodic, miniqueue_queues, miniqueue_processes RESTART IDENTITY"
+            "TRUNCATE miniqueue_jobs, miniqueue_periodic, miniqueue_queues, miniqueue_processes, miniqueue_counts"
+            " RESTART IDENTITY"
         )
     return database_dsn
 

@@ -114,6 +114,7 @@ def finish(conn: Connection, job_id: int, state: str, ago: str) -> None:
         " completed_at = CASE WHEN %s = 'completed' THEN now() - %s::interval END WHERE id = %s",
         [state, ago, state, ago, job_id],
     )
+    Store().recount(conn)  # the finished-job counts, after a change made behind the store's back
 
 
 def states(conn: Connection) -> dict[int, str]:

@@ -87,7 +87,7 @@ def test_job_counters_durations_and_gauges_with_several_workers(
     supervise: Any, client: Client, conn: Connection
 ) -> None:
     port = free_port()
-    sup = supervise("--metrics-port", str(port), workers=3)
+    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", workers=3)
     sup.wait_ready(3)
     client.enqueue_many(
         [JobSpec("ok", {"seconds": 0.1}, queue="fast") for _ in range(12)]
@@ -103,6 +103,9 @@ def test_job_counters_durations_and_gauges_with_several_workers(
             finished(s, "fast", "ok", "completed") == 12
             and finished(s, "flaky", "boom", "dead") == 2
             and finished(s, "flaky", "boom", "retried") == 2
+            # The queue gauges are the reaper's latest reading, taken every 0.2 s here.
+            and value(s, "miniqueue_jobs", queue="fast", state="completed") == 12
+            and value(s, "miniqueue_jobs", queue="flaky", state="dead") == 2
         ),
         "the job counters to catch up",
     )
@@ -146,7 +149,7 @@ def test_queue_gauges_for_waiting_and_expired_jobs(supervise: Any, client: Clien
         [canary],
     )
     port = free_port()
-    sup = supervise("--metrics-port", str(port), "--reaper-interval", "600", workers=1)
+    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", "--reaper-interval", "600", workers=1)
     sup.wait_ready(1)
     # The reaper's first pass recovers the canary; the next pass is ten minutes away.
     wait_until(lambda: count(conn, "id = %s AND state = 'available'", [canary]), what="the reaper's first pass")
@@ -162,7 +165,8 @@ def test_queue_gauges_for_waiting_and_expired_jobs(supervise: Any, client: Clien
             [expired, job_id],
         )
 
-    samples = scrape(port)
+    # The gauges are the reaper's latest reading (every 0.2 s here), not a query at scrape time.
+    samples = scrape_until(port, lambda s: value(s, "miniqueue_expired_leases", queue="idle") == 1, "a new reading")
     assert value(samples, "miniqueue_jobs", queue="idle", state="available") == 3
     assert value(samples, "miniqueue_jobs", queue="idle", state="running") == 2
     assert value(samples, "miniqueue_expired_leases", queue="idle") == 1

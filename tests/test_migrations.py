@@ -30,6 +30,7 @@ def recorded(conn: Connection, schema: str = "public") -> list[tuple[int, str]]:
 
 
 QUEUE_TABLES = [
+    "miniqueue_counts",
     "miniqueue_jobs",
     "miniqueue_migrations",
     "miniqueue_periodic",

@@ -91,8 +91,13 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id
-), claimed AS (
+RETURNING id, queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
@@ -114,8 +119,13 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id
-), claimed AS (
+RETURNING id, queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
@@ -135,12 +145,20 @@ SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
 
 -- _complete
+WITH completed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id;
+RETURNING id, queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT id FROM completed;
 
 -- _renew
 UPDATE "public"."miniqueue_jobs"
@@ -151,6 +169,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, lease_expires_at;
 
 -- _record_failures
+WITH failed AS (
 UPDATE "public"."miniqueue_jobs" j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
@@ -161,15 +180,30 @@ UPDATE "public"."miniqueue_jobs" j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
-RETURNING j.id, j.state;
+RETURNING j.id, j.queue, j.state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT id, state FROM failed;
 
 -- _fail
+WITH failed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = errors || jsonb_build_array(jsonb_build_object(
        'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
-RETURNING id;
+RETURNING id, queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT id FROM failed;
 
 -- _snooze
 UPDATE "public"."miniqueue_jobs"
@@ -188,6 +222,7 @@ UPDATE "public"."miniqueue_jobs" j
 RETURNING j.id;
 
 -- _recover
+WITH recovered AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at ELSE now() END,
@@ -202,27 +237,54 @@ UPDATE "public"."miniqueue_jobs"
          ORDER BY lease_expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state = 'running' AND lease_expires_at < now()
-RETURNING id, state;
+RETURNING id, queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT id, state FROM recovered;
 
 -- _leases_of
 SELECT id, attempt FROM "public"."miniqueue_jobs"
  WHERE state = 'running' AND leased_by = %(worker)s AND lease_expires_at IS NOT NULL;
 
 -- _requeue
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'available', scheduled_at = now(), max_attempts = attempt + attempt_budget,
-       finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
- WHERE state = ANY(%(states)s::text[])
-   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(task)s::text IS NULL OR task = %(task)s)
-RETURNING id;
+WITH picked AS (
+    SELECT id, queue, state FROM "public"."miniqueue_jobs"
+     WHERE state = ANY(%(states)s::text[])
+       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       FOR UPDATE
+), requeued AS (
+    UPDATE "public"."miniqueue_jobs" j
+       SET state = 'available', scheduled_at = now(), max_attempts = j.attempt + j.attempt_budget,
+           finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
+      FROM picked p WHERE j.id = p.id
+    RETURNING j.id, p.queue, p.state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM requeued
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT id FROM requeued;
 
 -- _cancel
+WITH cancelled AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running')
-RETURNING id;
+RETURNING id, queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT id FROM cancelled;
 
 -- _states
 SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]);
@@ -261,15 +323,42 @@ SELECT id FROM "public"."miniqueue_jobs" WHERE (%(state)s::text IS NULL OR state
    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) ORDER BY id LIMIT %(limit)s;
 
 -- _queue_stats
-SELECT queue,
-       count(*) FILTER (WHERE state = 'available') AS available, count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'completed') AS completed, count(*) FILTER (WHERE state = 'failed') AS failed,
-       count(*) FILTER (WHERE state = 'dead') AS dead, count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
-       count(*) FILTER (WHERE state = 'available' AND scheduled_at > now()) AS scheduled,
-       extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available' AND scheduled_at <= now()))
-           AS oldest_available_seconds,
-       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < now()) AS expired_leases
-  FROM "public"."miniqueue_jobs" GROUP BY queue ORDER BY queue;
+WITH waiting AS (
+    SELECT queue, count(*) AS available, count(*) FILTER (WHERE scheduled_at > now()) AS scheduled,
+           extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE scheduled_at <= now()))
+               AS oldest_available_seconds
+      FROM "public"."miniqueue_jobs" WHERE state = 'available' GROUP BY queue
+), leased AS (
+    SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
+      FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
+), finished AS (
+    SELECT queue,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'completed'), 0)) AS completed,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'failed'), 0)) AS failed,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'dead'), 0)) AS dead,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'cancelled'), 0)) AS cancelled
+      FROM "public"."miniqueue_counts" GROUP BY queue
+)
+SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
+       coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
+       coalesce(cancelled, 0) AS cancelled, coalesce(scheduled, 0) AS scheduled, oldest_available_seconds,
+       coalesce(expired_leases, 0) AS expired_leases
+  FROM waiting FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
+ WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
+       + coalesce(dead, 0) + coalesce(cancelled, 0) > 0
+ ORDER BY queue;
+
+-- _recount[0]
+LOCK TABLE "public"."miniqueue_counts" IN EXCLUSIVE MODE;
+
+-- _recount[1]
+DELETE FROM "public"."miniqueue_counts";
+
+-- _recount[2]
+INSERT INTO "public"."miniqueue_counts" (queue, state, shard, count)
+SELECT queue, state, 0, count(*) FROM "public"."miniqueue_jobs"
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state;
 
 -- _periodic_state
 SELECT name, last_slot, enabled FROM "public"."miniqueue_periodic";
@@ -317,7 +406,15 @@ SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
  GROUP BY 1, 2 ORDER BY 1, 2;
 
 -- _delete
-DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id;
+WITH deleted AS (
+    DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id, queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT id FROM deleted;
 
 -- _upsert_processes
 WITH incoming AS (
@@ -345,16 +442,22 @@ SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes,
  WHERE last_seen > now() - make_interval(secs => %(max_age)s)
  ORDER BY host, supervisor, kind <> 'supervisor', kind, pid;
 
--- _counts
-SELECT queue, state, count(*) FROM "public"."miniqueue_jobs" GROUP BY queue, state ORDER BY queue, state;
-
 -- _prune
-DELETE FROM "public"."miniqueue_jobs"
- WHERE id = ANY(ARRAY(
-        SELECT id FROM "public"."miniqueue_jobs"
-         WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
-           AND finished_at < now() - make_interval(secs => %(age)s)
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED));
+WITH pruned AS (
+    DELETE FROM "public"."miniqueue_jobs"
+     WHERE id = ANY(ARRAY(
+            SELECT id FROM "public"."miniqueue_jobs"
+             WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+               AND finished_at < now() - make_interval(secs => %(age)s)
+             LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+SELECT count(*) FROM pruned;
 
 -- _schema_version
 SELECT coalesce(max(version), 0) FROM "public"."miniqueue_migrations";

@@ -1,0 +1,88 @@
+"""Counts of finished jobs kept by the statements that finish, requeue, prune and delete them,
+so that stats never count finished rows: checked against count(*) after every kind of
+transition, and by the stats query's plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from miniqueue import Client, JobSpec, State
+from miniqueue.db import Connection
+from miniqueue.store import Failure, Store
+
+W = "test-host:1:counts"
+
+
+def by_count(conn: Connection) -> dict[tuple[str, str], int]:
+    """What count(*) says, for the states the counters keep."""
+    rows = conn.execute(
+        "SELECT queue, state, count(*) FROM miniqueue_jobs"
+        " WHERE state IN ('completed', 'failed', 'dead', 'cancelled') GROUP BY 1, 2"
+    ).fetchall()
+    return {(q, s): int(n) for q, s, n in rows}
+
+
+def by_stats(store: Store, conn: Connection) -> dict[tuple[str, str], int]:
+    finished = (State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)
+    return {(q.queue, s.value): q.counts[s] for q in store.queue_stats(conn) for s in finished if q.counts[s]}
+
+
+def claim(store: Store, conn: Connection, queue: str, n: int) -> list[tuple[int, int]]:
+    return [(lease.id, lease.attempt) for lease in store.claim(conn, [queue], W, 30, n)]
+
+
+def test_counts_follow_every_transition_in_and_out_of_a_finished_state(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    client.enqueue_many([JobSpec("t", queue=q, max_attempts=1) for q in ("a", "b") for _ in range(10)])
+    done = claim(store, conn, "a", 4)
+    store.complete_many(conn, W, done[:3])
+    completed, _ = store.complete_and_claim(conn, W, done[3:], ["b"], 30, 5)
+    assert by_stats(store, conn) == by_count(conn) == {("a", "completed"): 4}
+
+    held = [(i, a) for i, a in (store.leases_of(conn, W)) if i not in completed]
+    store.record_failures(conn, W, [Failure(i, a, "boom", 0) for i, a in held[:2]])  # max_attempts 1: dead
+    store.fail(conn, held[2][0], W, held[2][1], "never")
+    store.cancel(conn, [held[3][0], *[i for i, _ in claim(store, conn, "a", 1)]])
+    assert by_stats(store, conn) == by_count(conn)
+    assert by_count(conn)[("b", "dead")] == 2
+
+    store.requeue(conn, [held[0][0], held[2][0]])
+    assert by_stats(store, conn) == by_count(conn)
+    conn.execute("UPDATE miniqueue_jobs SET finished_at = now() - interval '2 days' WHERE state = 'completed'")
+    assert store.prune(conn, [State.COMPLETED], 3600) == 4
+    store.delete(conn, [i for (_, s), i in _ids_by_state(conn).items() if s == "cancelled"][:1])
+    assert by_stats(store, conn) == by_count(conn)
+
+
+def _ids_by_state(conn: Connection) -> dict[tuple[int, str], int]:
+    return {(int(i), s): int(i) for i, s in conn.execute("SELECT id, state FROM miniqueue_jobs").fetchall()}
+
+
+def test_recount_repairs_counts_changed_behind_the_stores_back(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    client.enqueue_many([JobSpec("t", queue="a") for _ in range(5)])
+    conn.execute("UPDATE miniqueue_jobs SET state = 'completed', finished_at = now() WHERE id <= 3")
+    assert by_stats(store, conn) == {}
+    store.recount(conn)
+    assert by_stats(store, conn) == by_count(conn) == {("a", "completed"): 3}
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *[node for child in plan.get("Plans", []) for node in _plan_nodes(child)]]
+
+
+def test_stats_read_no_finished_row(client: Client, store: Store, conn: Connection) -> None:
+    client.enqueue_many([JobSpec("t", queue=f"q{i % 3}") for i in range(3000)])
+    conn.execute("UPDATE miniqueue_jobs SET state = 'completed', finished_at = now() WHERE id % 10 <> 0")
+    conn.execute("ANALYZE miniqueue_jobs")
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")  # a scan of the table would show as a full index scan
+        row = conn.execute("EXPLAIN (FORMAT JSON) " + store._queue_stats).fetchone()
+    assert row is not None
+    nodes = _plan_nodes(row[0][0]["Plan"])
+    assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "miniqueue_jobs" for n in nodes)
+    indexes = {n["Index Name"] for n in nodes if "Index Name" in n}
+    assert indexes and indexes <= {"idx_miniqueue_jobs_claim", "idx_miniqueue_jobs_expired_leases",
+                                   "miniqueue_counts_pkey"}, indexes  # fmt: skip
