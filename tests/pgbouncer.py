@@ -88,7 +88,7 @@ class PgBouncer:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # pgbouncer's "shut down now"
+            self.proc.send_signal(signal.SIGTERM)  # pgbouncer's immediate shutdown (SIGINT waits for clients)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
