@@ -32,7 +32,7 @@ from . import reports
 from .app import App, load_app
 from .child import ChildSpec, run_child
 from .children import Child
-from .db import connect, mask_dsn
+from .db import behind_pooler, connect, mask_dsn
 from .errors import ConfigError
 from .inflight import InflightBoard
 from .migrate import check_schema_version
@@ -173,6 +173,9 @@ class Supervisor:
         with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema) as conn:
             check_schema_version(conn, self.store.schema)
             limit, reserved, in_use = self.store.connection_capacity(conn)
+        if behind_pooler():
+            # Our clients are PgBouncer's (its max_client_conn), not the server's: nothing to count here.
+            return
         available = limit - reserved - in_use + 1  # +1: this check's own connection is closed now
         if needed > available:
             fit = max(0, (available - 2) // per_worker)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from miniqueue import reports
-from miniqueue.reports import DURATION_BUCKETS, LINE_LIMIT, Beat, Done, End, Error, Ready, Reader, Start, Tally
+from miniqueue.reports import DURATION_BUCKETS, LINE_LIMIT, Beat, Done, End, Error, Reader, Ready, Start, Tally
 
 
 def tally_of(*seconds: float) -> Tally:
@@ -61,7 +61,8 @@ def test_an_error_over_the_limit_is_cut_in_its_text_not_its_line_ending(text: st
 def test_a_pipe_delivers_a_long_boot_error_whole_among_other_reports() -> None:
     read_fd, write_fd = os.pipe()
     try:
-        sent = [Ready("w1"), Error("boom " + "x" * 6000), Beat(True), *(End(n) for n in range(500))]
+        sent: list[reports.Report] = [Ready("w1"), Error("boom " + "x" * 6000), Beat(True)]
+        sent += [End(n) for n in range(500)]
         reports.write(write_fd, sent)
         os.close(write_fd)
         reader, received = Reader(), []
