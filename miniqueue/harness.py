@@ -61,11 +61,12 @@ class SupervisorProcess:
     ) -> None:
         self.log = log
         self._notify_dir = Path(tempfile.mkdtemp(prefix="mq-notify-"))  # short: unix socket paths stop at 107 bytes
+        self.notify_socket = self._notify_dir / "notify"
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._socket.bind(str(self._notify_dir / "notify"))
+        self._socket.bind(str(self.notify_socket))
         self._socket.settimeout(_LISTEN_SECONDS)
         child_env = dict(os.environ if env is None else env)
-        child_env["NOTIFY_SOCKET"] = str(self._notify_dir / "notify")
+        child_env["NOTIFY_SOCKET"] = str(self.notify_socket)
         if dsn is not None:
             child_env["DATABASE_URL"] = dsn
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -65,6 +66,12 @@ class Supervised:
     def stop(self) -> None:
         """At once: SIGKILL to the whole process group."""
         self.harness.stop(grace=0)
+
+
+class StartSupervisor(Protocol):
+    """``Fleet.start``, as the ``supervise`` fixtures hand it to tests."""
+
+    def __call__(self, *args: str, app: str | None = None, workers: int = 2) -> Supervised: ...
 
 
 class Fleet:

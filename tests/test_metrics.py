@@ -22,7 +22,7 @@ from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
 
 from .helpers import count, wait_until
-from .supervised import FAST, Fleet, Supervised, free_port
+from .supervised import FAST, Fleet, StartSupervisor, Supervised, free_port
 
 APP = "tests.apps.metrics_app:app"
 
@@ -38,7 +38,7 @@ def runs(conn: Connection) -> Connection:
 
 
 @pytest.fixture
-def supervise(dsn: str, tmp_path: Path, repo_root: Path, runs: Connection) -> Iterator[Any]:
+def supervise(dsn: str, tmp_path: Path, repo_root: Path, runs: Connection) -> Iterator[StartSupervisor]:
     fleet = Fleet(dsn, tmp_path, repo_root, APP)
     yield fleet.start
     fleet.stop_all()
@@ -84,7 +84,7 @@ def finished(samples: Samples, queue: str, task: str, outcome: str) -> float | N
 
 
 def test_job_counters_durations_and_gauges_with_several_workers(
-    supervise: Any, client: Client, conn: Connection
+    supervise: StartSupervisor, client: Client, conn: Connection
 ) -> None:
     port = free_port()
     sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", workers=3)
@@ -140,7 +140,9 @@ def test_job_counters_durations_and_gauges_with_several_workers(
     assert count(conn, "true") == 14
 
 
-def test_queue_gauges_for_waiting_and_expired_jobs(supervise: Any, client: Client, conn: Connection) -> None:
+def test_queue_gauges_for_waiting_and_expired_jobs(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
     """Jobs of a queue no worker serves: their ages and leases, as the database has them."""
     canary = client.enqueue("t", queue="idle").id
     conn.execute(
@@ -175,7 +177,7 @@ def test_queue_gauges_for_waiting_and_expired_jobs(supervise: Any, client: Clien
     assert value(samples, "miniqueue_database_up") == 1
 
 
-def test_other_paths_and_methods_are_refused(supervise: Any) -> None:
+def test_other_paths_and_methods_are_refused(supervise: StartSupervisor) -> None:
     port = free_port()
     sup = supervise("--metrics-port", str(port), workers=1)
     sup.wait_ready(1)
@@ -186,7 +188,7 @@ def test_other_paths_and_methods_are_refused(supervise: Any) -> None:
     assert status == 200 and "miniqueue_processes" in body
 
 
-def test_a_killed_worker_counts_as_a_restart(supervise: Any) -> None:
+def test_a_killed_worker_counts_as_a_restart(supervise: StartSupervisor) -> None:
     port = free_port()
     sup = supervise("--metrics-port", str(port), workers=2)
     sup.wait_ready(2)
@@ -242,7 +244,9 @@ def json_entries(output: str) -> list[dict[str, Any]]:
     return entries
 
 
-def test_json_logs_from_every_process_are_one_object_per_line(supervise: Any, client: Client, conn: Connection) -> None:
+def test_json_logs_from_every_process_are_one_object_per_line(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
     # An expired lease makes the reaper speak; a failing job and a completed one make workers run.
     lost = client.enqueue("t", queue="idle").id
     conn.execute(

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -18,7 +17,7 @@ from miniqueue import Client
 from miniqueue.db import Connection
 
 from .helpers import count, row, wait_until
-from .supervised import Fleet
+from .supervised import Fleet, StartSupervisor
 
 APP = "tests.apps.supervised:app"
 
@@ -31,7 +30,7 @@ def executions(conn: Connection) -> Connection:
 
 
 @pytest.fixture
-def supervise(dsn: str, tmp_path: Path, repo_root: Path, executions: Connection) -> Iterator[Any]:
+def supervise(dsn: str, tmp_path: Path, repo_root: Path, executions: Connection) -> Iterator[StartSupervisor]:
     fleet = Fleet(dsn, tmp_path, repo_root, APP)
     yield fleet.start
     fleet.stop_all()
@@ -49,7 +48,7 @@ def handler_started(conn: Connection, job_id: int) -> bool:
     return conn.execute("SELECT 1 FROM executions WHERE job_id = %s", [job_id]).fetchone() is not None
 
 
-def test_spawns_named_workers_and_a_reaper(supervise: Any) -> None:
+def test_spawns_named_workers_and_a_reaper(supervise: StartSupervisor) -> None:
     sup = supervise(workers=3)
     sup.wait_ready(3)
     titles = sorted(sup.titles().values())
@@ -59,7 +58,7 @@ def test_spawns_named_workers_and_a_reaper(supervise: Any) -> None:
 
 
 def test_sigkill_a_worker_mid_job_then_the_job_is_rerun_as_attempt_2(
-    supervise: Any, client: Client, conn: Connection
+    supervise: StartSupervisor, client: Client, conn: Connection
 ) -> None:
     sup = supervise(workers=2)
     sup.wait_ready(2)
@@ -75,16 +74,17 @@ def test_sigkill_a_worker_mid_job_then_the_job_is_rerun_as_attempt_2(
     wait_until(lambda: len(sup.workers()) == 2 and pid not in sup.workers(), what="worker replaced")
 
 
-def test_sigkill_the_reaper_then_it_is_replaced(supervise: Any) -> None:
+def test_sigkill_the_reaper_then_it_is_replaced(supervise: StartSupervisor) -> None:
     sup = supervise(workers=1)
     sup.wait_ready(1)
     reaper = sup.reaper()
+    assert reaper is not None
     os.kill(reaper, signal.SIGKILL)
     wait_until(lambda: sup.reaper() not in (None, reaper), what="a new reaper")
     assert "reaper" in sup.output() and "killed by SIGKILL" in sup.output()
 
 
-def test_sigkill_the_supervisor_then_every_child_exits(supervise: Any) -> None:
+def test_sigkill_the_supervisor_then_every_child_exits(supervise: StartSupervisor) -> None:
     sup = supervise(workers=2)
     sup.wait_ready(2)
     children = [psutil.Process(pid) for pid in sup.titles()]
@@ -103,7 +103,9 @@ def test_sigkill_the_supervisor_then_every_child_exits(supervise: Any) -> None:
     wait_until(all_gone, timeout=10, what="children exit after the supervisor died")
 
 
-def test_term_while_a_job_runs_completes_it_and_exits_0(supervise: Any, client: Client, conn: Connection) -> None:
+def test_term_while_a_job_runs_completes_it_and_exits_0(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
     sup = supervise(workers=1)
     sup.wait_ready(1)
     job_id = client.enqueue("work", {"sleep_on": [1], "seconds": 1.5}).id
@@ -121,7 +123,7 @@ def interruptions(conn: Connection, job_id: int) -> list[str]:
 @pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGINT"], ["SIGQUIT"], ["SIGINT", "SIGINT"]])
 @pytest.mark.parametrize("deaf", [True, False], ids=["ignores-stop", "honours-stop"])
 def test_a_stop_interrupting_a_job_spends_no_attempt(
-    supervise: Any, client: Client, conn: Connection, signals: list[str], deaf: bool
+    supervise: StartSupervisor, client: Client, conn: Connection, signals: list[str], deaf: bool
 ) -> None:
     sup = supervise("--shutdown-timeout", "0.5", workers=1)
     sup.wait_ready(1)
@@ -139,7 +141,7 @@ def test_a_stop_interrupting_a_job_spends_no_attempt(
 
 
 def test_hup_interrupting_a_job_spends_no_attempt_and_the_new_generation_runs_it(
-    supervise: Any, client: Client, conn: Connection
+    supervise: StartSupervisor, client: Client, conn: Connection
 ) -> None:
     sup = supervise("--shutdown-timeout", "0.5", workers=1)
     sup.wait_ready(1)
@@ -154,7 +156,7 @@ def test_hup_interrupting_a_job_spends_no_attempt_and_the_new_generation_runs_it
 
 
 def test_a_crash_charges_only_the_running_job_not_the_prefetched_ones(
-    supervise: Any, client: Client, conn: Connection
+    supervise: StartSupervisor, client: Client, conn: Connection
 ) -> None:
     sup = supervise("--prefetch", "10", workers=1)
     sup.wait_ready(1)
@@ -170,7 +172,7 @@ def test_a_crash_charges_only_the_running_job_not_the_prefetched_ones(
     assert all(note.endswith("attempt not charged") for note in handed_back)
 
 
-def test_ttin_adds_and_ttou_removes_a_worker(supervise: Any) -> None:
+def test_ttin_adds_and_ttou_removes_a_worker(supervise: StartSupervisor) -> None:
     sup = supervise(workers=2)
     sup.wait_ready(2)
     sup.proc.send_signal(signal.SIGTTIN)
@@ -181,7 +183,7 @@ def test_ttin_adds_and_ttou_removes_a_worker(supervise: Any) -> None:
     assert not any("worker-3" in t for t in sup.titles().values())
 
 
-def test_hup_replaces_every_worker(supervise: Any) -> None:
+def test_hup_replaces_every_worker(supervise: StartSupervisor) -> None:
     sup = supervise(workers=2)
     sup.wait_ready(2)
     before = set(sup.workers())
@@ -191,7 +193,7 @@ def test_hup_replaces_every_worker(supervise: Any) -> None:
 
 @pytest.mark.parametrize(("task", "signame"), [("segfault", "SIGSEGV"), ("abort", "SIGABRT")])
 def test_a_crashing_handler_goes_dead_at_max_attempts_with_the_signal_named(
-    supervise: Any, client: Client, conn: Connection, task: str, signame: str
+    supervise: StartSupervisor, client: Client, conn: Connection, task: str, signame: str
 ) -> None:
     sup = supervise(workers=1)
     sup.wait_ready(1)
@@ -204,7 +206,9 @@ def test_a_crashing_handler_goes_dead_at_max_attempts_with_the_signal_named(
     wait_until(lambda: row(conn, ok)["state"] == "completed", what="supervisor still healthy")
 
 
-def test_a_worker_over_the_memory_limit_is_recycled(supervise: Any, client: Client, conn: Connection) -> None:
+def test_a_worker_over_the_memory_limit_is_recycled(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
     sup = supervise("--max-memory-per-child", "150", workers=1)
     sup.wait_ready(1)
     first = sup.workers()[0]
@@ -214,7 +218,7 @@ def test_a_worker_over_the_memory_limit_is_recycled(supervise: Any, client: Clie
     assert "over --max-memory-per-child 150 MB" in sup.output()
 
 
-def test_max_jobs_per_child_recycles_the_worker(supervise: Any, client: Client, conn: Connection) -> None:
+def test_max_jobs_per_child_recycles_the_worker(supervise: StartSupervisor, client: Client, conn: Connection) -> None:
     sup = supervise("--max-jobs-per-child", "2", workers=1)
     sup.wait_ready(1)
     ids = [client.enqueue("work").id for _ in range(6)]
@@ -225,7 +229,7 @@ def test_max_jobs_per_child_recycles_the_worker(supervise: Any, client: Client, 
 
 
 def test_a_handler_past_its_hard_timeout_is_killed_and_charged(
-    supervise: Any, client: Client, conn: Connection
+    supervise: StartSupervisor, client: Client, conn: Connection
 ) -> None:
     sup = supervise(workers=1)
     sup.wait_ready(1)
@@ -235,7 +239,7 @@ def test_a_handler_past_its_hard_timeout_is_killed_and_charged(
     assert error.startswith(f"worker process killed: job {job_id} (stuck) exceeded its 0.5s timeout")
 
 
-def test_a_bad_app_exits_non_zero_with_the_import_error(supervise: Any) -> None:
+def test_a_bad_app_exits_non_zero_with_the_import_error(supervise: StartSupervisor) -> None:
     sup = supervise(app="tests.apps.broken:app", workers=2)
     assert sup.proc.wait(30) == 3
     assert "this app is broken on purpose" in sup.output()
@@ -243,13 +247,15 @@ def test_a_bad_app_exits_non_zero_with_the_import_error(supervise: Any) -> None:
     assert "failed to boot 3 times in a row" in sup.output()
 
 
-def test_a_missing_module_exits_non_zero_with_preload(supervise: Any) -> None:
+def test_a_missing_module_exits_non_zero_with_preload(supervise: StartSupervisor) -> None:
     sup = supervise("--preload", app="tests.apps.nope:app", workers=1)
     assert sup.proc.wait(30) == 1
     assert "cannot import module 'tests.apps.nope'" in sup.output()
 
 
-def test_two_supervisors_share_the_work_without_duplicates(supervise: Any, client: Client, conn: Connection) -> None:
+def test_two_supervisors_share_the_work_without_duplicates(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
     first, second = supervise(workers=1), supervise(workers=1)
     first.wait_ready(1)
     second.wait_ready(1)

@@ -51,12 +51,14 @@ def abort(job: Job) -> None:
     os.abort()
 
 
+#: What the hog task keeps alive in its worker process, so that its resident set grows.
+HOARD: list[bytearray] = []
+
+
 @app.task("hog", max_attempts=3)
 def hog(job: Job) -> None:
     record(job)
-    hoard = getattr(app, "_hoard", [])
-    hoard.append(bytearray(job.payload.get("mb", 64) * 1024 * 1024))
-    app._hoard = hoard  # type: ignore[attr-defined]
+    HOARD.append(bytearray(job.payload.get("mb", 64) * 1024 * 1024))
 
 
 @app.task("stuck", max_attempts=2, timeout=0.5)
