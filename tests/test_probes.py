@@ -97,7 +97,8 @@ class SlowClient:
 
 @pytest.fixture
 def supervised(dsn: str, tmp_path: Path, repo_root: Path, conn: Connection) -> Iterator[tuple[Supervised, int]]:
-    conn.execute("CREATE TABLE IF NOT EXISTS executions (job_id BIGINT, attempt INT, pid INT)")
+    conn.execute("DROP TABLE IF EXISTS executions")  # another test's may lack the pid column the app writes
+    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
     conn.execute("TRUNCATE miniqueue_processes")
     port = free_port()
     sup = Supervised(dsn, ["--app", APP, "--workers", "2", "--metrics-port", str(port), "--metrics-interval", "0.2",

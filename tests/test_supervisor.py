@@ -24,8 +24,10 @@ APP = "tests.apps.supervised:app"
 
 @pytest.fixture
 def executions(conn: Connection) -> Connection:
-    conn.execute("CREATE TABLE IF NOT EXISTS executions (job_id BIGINT, attempt INT, pid INT)")
-    conn.execute("TRUNCATE executions")
+    # Made afresh: another test in this process's database may have left a table of that name
+    # without the pid column that tests.apps.supervised writes.
+    conn.execute("DROP TABLE IF EXISTS executions")
+    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
     return conn
 
 
