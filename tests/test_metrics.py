@@ -168,7 +168,12 @@ def test_queue_gauges_for_waiting_and_expired_jobs(
         )
 
     # The gauges are the reaper's latest reading (every 0.2 s here), not a query at scrape time.
-    samples = scrape_until(port, lambda s: value(s, "miniqueue_expired_leases", queue="idle") == 1, "a new reading")
+    samples = scrape_until(
+        port,
+        lambda s: value(s, "miniqueue_jobs", queue="idle", state="running") == 2
+        and value(s, "miniqueue_jobs", queue="idle", state="available") == 3,
+        "a reading taken after the last change",
+    )
     assert value(samples, "miniqueue_jobs", queue="idle", state="available") == 3
     assert value(samples, "miniqueue_jobs", queue="idle", state="running") == 2
     assert value(samples, "miniqueue_expired_leases", queue="idle") == 1
