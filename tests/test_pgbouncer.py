@@ -52,8 +52,10 @@ def pooled(dsn: str, bouncer: PgBouncer, monkeypatch: pytest.MonkeyPatch) -> str
 @pytest.fixture
 def executions(conn: Connection) -> None:
     """An empty table for handlers' transactional writes."""
-    conn.execute("CREATE TABLE IF NOT EXISTS executions (job_id BIGINT, attempt INT, PRIMARY KEY (job_id, attempt))")
-    conn.execute("TRUNCATE executions")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS pooled_executions (job_id BIGINT, attempt INT, PRIMARY KEY (job_id, attempt))"
+    )
+    conn.execute("TRUNCATE pooled_executions")
 
 
 class Running:
@@ -180,7 +182,7 @@ def test_transactional_completion_through_the_pooler(
     # 4 handler threads each with a job.transaction() connection, plus claims and heartbeats.
     start(workers, app, pooled, concurrency=4, poll_only=True)
     wait_until(lambda: count(conn, "state = 'completed'") == 60, timeout=30, what="60 jobs completed")
-    rows = conn.execute("SELECT job_id, attempt FROM executions ORDER BY job_id").fetchall()
+    rows = conn.execute("SELECT job_id, attempt FROM pooled_executions ORDER BY job_id").fetchall()
     assert rows == [(i, 1) for i in sorted(ids)]
 
 
@@ -295,7 +297,7 @@ def test_supervised_drain_through_the_pooler(
         assert listening_backends(conn) == (2 if listen == "--listen-url" else 0)
     finally:
         supervisor.stop()
-    rows = conn.execute("SELECT job_id, attempt FROM executions ORDER BY job_id").fetchall()
+    rows = conn.execute("SELECT job_id, attempt FROM pooled_executions ORDER BY job_id").fetchall()
     assert rows == [(i, 1) for i in sorted(ids)]
     # Each worker's claim and heartbeat connections, the supervisor's and the reaper's: more
     # clients than the 3 server connections they shared.
