@@ -26,7 +26,7 @@ import click
 from . import embedded
 from .app import load_app
 from .client import Client
-from .db import check_dsn, mask_dsn
+from .db import check_dsn, check_schema, mask_dsn
 from .errors import InvalidInput, MiniqueueError
 from .health import probe_database, probe_url
 from .job import JobRecord, QueueStats, State
@@ -40,11 +40,49 @@ from .worker import WorkerConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-database_option = click.option(
+_database_url_option = click.option(
     "--database-url",
     envvar="DATABASE_URL",
     help="PostgreSQL URL (default: $DATABASE_URL, else an embedded server in ./.miniqueue).",
 )
+
+_SCHEMA = "miniqueue.schema"
+
+
+def _remember_schema(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        ctx.meta[_SCHEMA] = check_schema(value)
+    except MiniqueueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+_schema_option = click.option(
+    "--schema",
+    envvar="MINIQUEUE_SCHEMA",
+    default="public",
+    show_default=True,
+    expose_value=False,
+    callback=_remember_schema,
+    help="The PostgreSQL schema of miniqueue's tables (every process of a deployment uses one).",
+)
+
+
+def database_option(command: F) -> F:
+    """``--database-url`` and ``--schema``: where the queue lives."""
+    return _database_url_option(_schema_option(command))
+
+
+def current_schema() -> str:
+    """The ``--schema`` of the command being run."""
+    schema: str = click.get_current_context().meta.get(_SCHEMA, "public")
+    return schema
+
+
+def open_client(database_url: str | None) -> Client:
+    """A Client on the command's database and schema."""
+    return Client(resolve_database(database_url), schema=current_schema())
+
 
 
 def resolve_database(url: str | None, announce: Callable[[str], None] | None = None) -> str:
@@ -54,7 +92,7 @@ def resolve_database(url: str | None, announce: Callable[[str], None] | None = N
         check_dsn(url)
         return url
     uri = embedded.start()
-    run_migrations(uri)
+    run_migrations(uri, current_schema())
     message = f"using the embedded PostgreSQL in {embedded.data_dir()} (connect: psql '{uri}')"
     (announce or functools.partial(click.echo, err=True))(message)
     return uri
@@ -136,7 +174,7 @@ def main() -> None:
 def migrate(database_url: str | None) -> None:
     """Create or upgrade the queue's tables (safe to run concurrently)."""
     dsn = resolve_database(database_url)
-    applied = run_migrations(dsn)
+    applied = run_migrations(dsn, current_schema())
     names = ", ".join(f"{m.version:03d}_{m.name}" for m in applied)
     click.echo(f"applied {len(applied)} migration(s){': ' + names if names else ''} to {mask_dsn(dsn)}")
 
@@ -170,7 +208,7 @@ def enqueue(
     database_url: str | None,
 ) -> None:
     """Enqueue one job of TASK."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         result = client.enqueue(
             task,
             payload,
@@ -199,7 +237,7 @@ def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
     """Per queue: jobs by state, the oldest waiting job's age, running and expired leases.
 
     Finished jobs are counted as they finish, so this costs the same at any table size."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         if recount:
             client.recount()
         queues = client.queue_stats()
@@ -242,7 +280,7 @@ def jobs() -> None:
 def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int, before_id: int | None,
               as_json: bool, database_url: str | None) -> None:  # fmt: skip
     """Jobs matching the filters, newest first."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         found = client.list_jobs(state=State(state) if state else None, queue=queue, task=task,
                                  before_id=before_id, limit=limit)  # fmt: skip
     if as_json:
@@ -263,7 +301,7 @@ def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int
 @friendly_errors
 def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
     """Every field of one job, with its error history."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         job = client.get(job_id)
     fields = _job_dict(job)
     if as_json:
@@ -302,7 +340,7 @@ def requeue(
     """Make dead, failed or cancelled jobs available again (ids, or an explicit --state filter)."""
     if bool(job_ids) == bool(states) or (job_ids and (queue or task)):
         raise click.UsageError("give job ids, or --state (with optional --queue/--task), but not both")
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         if job_ids:
             click.echo(f"requeued {len(client.requeue(list(job_ids)))} job(s)")
         else:
@@ -316,7 +354,7 @@ def requeue(
 @friendly_errors
 def cancel(job_ids: tuple[int, ...], database_url: str | None) -> None:
     """Cancel available or running jobs (a running handler is told at its next heartbeat)."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         cancelled = client.cancel(list(job_ids))
     click.echo(f"cancelled {len(cancelled)} job(s)")
 
@@ -347,7 +385,7 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
 def prune(older_than: float, states: tuple[str, ...], database_url: str | None) -> None:
     """Delete finished jobs older than --older-than (an explicit age is required)."""
     chosen = [State(s) for s in states] or [State.COMPLETED, State.CANCELLED]
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         deleted = client.prune(chosen, older_than)
     click.echo(f"deleted {deleted} job(s) ({', '.join(s.value for s in chosen)}) finished over {older_than:g}s ago")
 
@@ -364,7 +402,7 @@ def periodic() -> None:
 def list_periodic(app_ref: str, database_url: str | None) -> None:
     """Each schedule of the app: cron, task, enabled, last and next slot."""
     app = load_app(app_ref)
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         state = client.periodic_state()
         now = client.now()
     for name, schedule in sorted(app.schedules.items()):
@@ -388,7 +426,7 @@ schedule_app_option = click.option(
 def enable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
     """Enable schedule NAME (a schedule a scheduler has run, or one of --app's)."""
     app = load_app(app_ref) if app_ref else None
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         client.enable_schedule(name, app=app)
     click.echo(f"schedule {name} enabled")
 
@@ -401,7 +439,7 @@ def enable_periodic(name: str, app_ref: str | None, database_url: str | None) ->
 def disable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
     """Disable schedule NAME (its slots are skipped until enabled again)."""
     app = load_app(app_ref) if app_ref else None
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         client.disable_schedule(name, app=app)
     click.echo(f"schedule {name} disabled")
 
@@ -423,7 +461,7 @@ create_option = click.option(
 @friendly_errors
 def pause_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
     """Stop every worker, on every host, from claiming jobs of these queues (all or none)."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         paused = client.pause_queues(names, create=create)
     click.echo(f"paused {', '.join(paused)}")
 
@@ -435,7 +473,7 @@ def pause_queues(names: tuple[str, ...], create: bool, database_url: str | None)
 @friendly_errors
 def resume_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
     """Let workers claim jobs of these queues again (all or none)."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         resumed = client.resume_queues(names, create=create)
     click.echo(f"resumed {', '.join(resumed)}")
 
@@ -446,7 +484,7 @@ def resume_queues(names: tuple[str, ...], create: bool, database_url: str | None
 @friendly_errors
 def list_queues(as_json: bool, database_url: str | None) -> None:
     """Every queue that has jobs or is paused, and whether it is paused."""
-    with Client(resolve_database(database_url)) as client:
+    with open_client(database_url) as client:
         found = client.list_queues()
     if as_json:
         click.echo(to_json([{"queue": name, "paused": paused} for name, paused in found.items()]))
@@ -466,7 +504,7 @@ def healthcheck(url: str | None, timeout: float, database_url: str | None) -> No
     if url:
         healthy, detail = probe_url(url, timeout)
     else:
-        healthy, detail = probe_database(resolve_database(database_url), timeout)
+        healthy, detail = probe_database(resolve_database(database_url), timeout, current_schema())
     click.echo(f"{'healthy' if healthy else 'unhealthy'}: {detail}")
     sys.exit(0 if healthy else 1)
 
@@ -481,7 +519,7 @@ def demo(database_url: str | None) -> None:
     from .demo import app as demo_app
 
     dsn = resolve_database(database_url)
-    with Client(dsn) as client:
+    with Client(dsn, schema=current_schema()) as client:
         ids = []
         for name, _priority in DEMO_JOBS:
             ids.append(demo_app.enqueue(client, name).id)
@@ -492,6 +530,8 @@ def demo(database_url: str | None) -> None:
                 "-m",
                 "miniqueue.cli",
                 "supervise",
+                "--schema",
+                current_schema(),
                 "--app",
                 "miniqueue.demo:app",
                 "--workers",
@@ -561,6 +601,7 @@ def web(
         raise click.exceptions.Exit(2) from None
     serve(
         resolve_database(database_url),
+        schema=current_schema(),
         host=host,
         port=port,
         read_only=read_only,
@@ -670,6 +711,7 @@ def supervise(
     )
     config = SupervisorConfig(
         dsn="",
+        schema=current_schema(),
         app_ref=app_ref,
         workers=workers,
         worker=worker,

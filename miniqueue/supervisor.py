@@ -32,7 +32,7 @@ from . import reports
 from .app import App, load_app
 from .child import ChildSpec, run_child
 from .children import Child
-from .db import behind_pooler, connect, mask_dsn
+from .db import behind_pooler, check_schema, connect, mask_dsn
 from .errors import ConfigError
 from .inflight import InflightBoard
 from .migrate import check_schema_version
@@ -59,6 +59,8 @@ class SupervisorConfig:
 
     dsn: str
     app_ref: str
+    #: The one schema of the deployment: the workers' and the reaper's configs are set to it.
+    schema: str = "public"
     workers: int = os.cpu_count() or 1
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
@@ -85,9 +87,15 @@ class SupervisorConfig:
             raise ConfigError(f"--metrics-interval {self.metrics_interval} is invalid: use a positive number of s")
         if self.liveness_timeout <= 2 * self.report_interval:
             raise ConfigError("the liveness timeout must exceed two report intervals")
+        check_schema(self.schema)
         self.worker.validated()
         self.reaper.validated()
         return self
+
+    def __post_init__(self) -> None:
+        # One schema for every process: the children's configs take the supervisor's.
+        object.__setattr__(self, "worker", dataclasses.replace(self.worker, schema=self.schema))
+        object.__setattr__(self, "reaper", dataclasses.replace(self.reaper, schema=self.schema))
 
 
 class Supervisor:
@@ -95,7 +103,7 @@ class Supervisor:
 
     def __init__(self, config: SupervisorConfig) -> None:
         self.config = config.validated()
-        self.store = Store(config.worker.schema)
+        self.store = Store(config.schema)
         self.app: App | None = None
         self.children: dict[int, Child] = {}
         self.slots: dict[str, Child | None] = {}

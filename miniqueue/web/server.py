@@ -149,6 +149,7 @@ def serve(
     log_level: str = "info",
     allowed_hosts: Iterable[str] = (),
     insecure_bind_public: bool = False,
+    schema: str = "public",
 ) -> None:
     """Serve the dashboard with uvicorn until interrupted (localhost by default).
 
@@ -165,7 +166,7 @@ def serve(
         configure_logging(log_level)
     app = load_app(app_ref) if app_ref else None
     hosts = served_hosts(host, allowed_hosts)
-    asgi = create_app(dsn, read_only=read_only, app=app, allowed_hosts=hosts)
+    asgi = create_app(Client(dsn, schema=schema), read_only=read_only, app=app, allowed_hosts=hosts)
     if not is_loopback(host) and auth_from_env() is None:
         log.warning("the dashboard listens on %s without authentication (--insecure-bind-public): anyone who "
                     "can reach it can read and change the queue", host)  # fmt: skip
