@@ -30,13 +30,8 @@ from .db import check_dsn, check_schema, mask_dsn
 from .errors import InvalidInput, MiniqueueError
 from .health import probe_database, probe_url
 from .job import JobRecord, QueueStats, State
-from .logs import configure_logging
 from .migrate import run_migrations
-from .prefetch import parse_prefetch
-from .reaper import ReaperConfig
-from .supervisor import Supervisor, SupervisorConfig
 from .validation import JOB_ID_RANGE, parse_json
-from .worker import WorkerConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -696,6 +691,13 @@ def supervise(
     Signals: TERM/INT drain and exit; a second INT or QUIT exits fast; HUP replaces the workers;
     TTIN/TTOU add or remove one worker.
     """
+    # Imported here: the inspection commands run without the supervisor's modules (a quick CLI).
+    from .logs import configure_logging
+    from .prefetch import parse_prefetch
+    from .reaper import ReaperConfig
+    from .supervisor import Supervisor, SupervisorConfig
+    from .worker import WorkerConfig
+
     configure_logging(log_level, log_format)
     worker = WorkerConfig(
         queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
