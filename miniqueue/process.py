@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
+import socket
 import sys
 
 import setproctitle
+
+from .errors import ConfigError
 
 #: Exit code of a child that could not boot (bad app, bad config): do not respawn blindly.
 EXIT_BOOT_ERROR = 3
@@ -16,6 +20,20 @@ EXIT_BOOT_ERROR = 3
 _PR_SET_PDEATHSIG = 1
 
 _label = "supervisor"
+
+
+#: Overrides the host name in worker ids and the process registry (two containers sharing a
+#: host name, or tests that play several hosts on one machine).
+HOST_ENV = "MINIQUEUE_HOST"
+_HOST_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def host_name() -> str:
+    """This host's name in worker ids (``host:pid:suffix``) and in the process registry."""
+    name = os.environ.get(HOST_ENV) or socket.gethostname()
+    if not _HOST_RE.fullmatch(name):
+        raise ConfigError(f"host name {name!r} (${HOST_ENV}) is invalid: use 1-100 characters of A-Z a-z 0-9 . _ -")
+    return name
 
 
 def set_title(text: str) -> None:

@@ -21,7 +21,6 @@ import os
 import secrets
 import select
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from .errors import ConfigError
 from .inflight import InflightBoard
 from .migrate import check_schema_version
 from .probes import Probes
-from .process import EXIT_BOOT_ERROR, describe_exit, set_title, signal_name
+from .process import EXIT_BOOT_ERROR, describe_exit, host_name, set_title, signal_name
 from .reaper import ReaperConfig
 from .recovery import release_leases
 from .registry import ProcessRegistry
@@ -117,7 +116,7 @@ class Supervisor:
         self.signals = SignalQueue()
         self.announced_ready = False
         self.probes: Probes | None = None
-        host = socket.gethostname()
+        host = host_name()
         self.registry = ProcessRegistry(config.dsn, self.store, host, f"{host}:{os.getpid()}:{secrets.token_hex(3)}")
         self.notifier = Notifier()
 

@@ -15,7 +15,6 @@ import inspect
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 import traceback
@@ -34,6 +33,7 @@ from .heartbeat import Heartbeat
 from .job import Lease, State
 from .notify import Listener, listener_for
 from .prefetch import Prefetch, PrefetchPolicy, parse_prefetch
+from .process import host_name
 from .retry import default_backoff
 from .store import Failure, Release, Store
 from .validation import check_queue_name
@@ -51,7 +51,7 @@ def new_worker_id(pid: int | None = None, suffix: str | None = None) -> str:
     """A worker id unique per process incarnation: host, pid and a random suffix, so a restarted
     process (or a recycled pid) never inherits a dead one's leases. The supervisor passes the
     child's pid and the suffix it chose before fork, so both sides compute the same id."""
-    return f"{socket.gethostname()}:{pid or os.getpid()}:{suffix or secrets.token_hex(3)}"
+    return f"{host_name()}:{pid or os.getpid()}:{suffix or secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)
