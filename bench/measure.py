@@ -43,6 +43,9 @@ class Sample:
     worker_cores: float | None = None
     # The fairness row: when the first long job completed, in ms from the commit.
     long_first_ms: float | None = None
+    # The scale-reads row: a /metrics scrape and a dashboard overview, in ms (medians of 5).
+    scrape_ms: float | None = None
+    overview_ms: float | None = None
 
     @property
     def jobs_per_s(self) -> float:

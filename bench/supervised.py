@@ -47,6 +47,8 @@ class SuperviseOptions:
     prefetch: int | str | None = None
     poll_only: bool = False
     poll_interval: float | None = None
+    #: Any other flags, as given.
+    extra: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         flags = ["--app", self.app, "--workers", str(self.workers)]
@@ -54,7 +56,7 @@ class SuperviseOptions:
                             ("--poll-interval", self.poll_interval)):  # fmt: skip
             if value is not None:
                 flags += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-        return [*flags, "--poll-only"] if self.poll_only else flags
+        return [*flags, *(["--poll-only"] if self.poll_only else []), *self.extra]
 
 
 class Supervisor(SupervisorProcess):

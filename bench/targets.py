@@ -59,6 +59,19 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
         if last is not None and first_long is not None:
             verdicts.append(_at_least("fairness: first long job's completion / last short job's",
                                       first_long / (last * 1000), 1.0, lambda v: f"{v:.2f}x", "fairness"))  # fmt: skip
+    if (reads := by_name.get("scale-reads")) is not None:
+        for label, field, limit in (("miniqueue stats, end to end", "p50_ms", 300.0),
+                                    ("a /metrics scrape", "scrape_ms", 50.0),
+                                    ("the dashboard overview", "overview_ms", 300.0)):  # fmt: skip
+            value = reads.median_of(field)
+            if value is not None:
+                verdicts.append(_at_most(f"{label} at 10M finished rows", value, limit, _ms, "scale-reads"))
+    base = by_name.get("drain-2-default")
+    for name, share in (("drain-backlog-2", 0.9), ("drain-pruning-2", 0.8)):
+        row = by_name.get(name)
+        if row and base and base.jobs_per_s:
+            verdicts.append(_at_least(f"{name} / drain-2-default (same run)", row.jobs_per_s / base.jobs_per_s, share,
+                                      lambda v: f"{v:.2f}x", f"{name} / drain-2-default"))  # fmt: skip
     if many := best("enqueue-many-"):
         verdicts.append(_at_least("enqueue_many", many.jobs_per_s, 60_000, _rate, many.benchmark.name))
     one, floor = by_name.get("enqueue"), by_name.get("floor-enqueue")
