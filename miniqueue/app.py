@@ -65,10 +65,10 @@ class App:
 
         def register(handler: Handler) -> Handler:
             task_name = check_task_name(name or handler.__name__)
-            if _is_async(handler):
+            if _is_async_generator(handler):
                 raise ConfigError(
-                    f"task {task_name!r}: the handler is an async function, and async handlers are not "
-                    "supported: define it with 'def' (a coroutine that nobody awaits never runs)"
+                    f"task {task_name!r}: the handler is an async generator function (it yields): define "
+                    "it with 'async def' and no 'yield', or with 'def'"
                 )
             if cron is not None and task_name not in self.schedules:
                 Periodic(task_name, cron, task_name)  # validate before registering anything
@@ -153,13 +153,20 @@ class App:
         )
 
 
-def _is_async(handler: Handler) -> bool:
-    """True for a handler whose call returns a coroutine or an async generator (also a callable
-    object with an ``async def __call__``)."""
-    for candidate in (handler, getattr(handler, "__call__", None)):  # noqa: B004 (the method itself)
-        if inspect.iscoroutinefunction(candidate) or inspect.isasyncgenfunction(candidate):
-            return True
-    return False
+def is_async_handler(handler: Handler) -> bool:
+    """True for a handler the worker awaits on its event loop: an ``async def`` function, a
+    ``functools.partial`` of one, or a callable object with an ``async def __call__``."""
+    return any(inspect.iscoroutinefunction(candidate) for candidate in _callables(handler))
+
+
+def _is_async_generator(handler: Handler) -> bool:
+    """True for an ``async def`` handler that yields: calling it returns no awaitable."""
+    return any(inspect.isasyncgenfunction(candidate) for candidate in _callables(handler))
+
+
+def _callables(handler: Handler) -> tuple[object, ...]:
+    """The handler and its ``__call__`` method (an object's ``async def __call__``)."""
+    return (handler, getattr(handler, "__call__", None))  # noqa: B004 (the method itself)
 
 
 def _user_traceback(exc: BaseException) -> str:

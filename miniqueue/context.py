@@ -6,8 +6,10 @@ import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
+
+from psycopg import AsyncConnection
 
 from .db import Connection
 from .job import Lease
@@ -38,6 +40,8 @@ _EVENT_LOCK = threading.Lock()
 
 #: Opens the transaction in which a job completes (see :meth:`Job.transaction`).
 TransactionFactory = Callable[["Job"], contextlib.AbstractContextManager[Connection]]
+#: The same for an async handler (see :meth:`Job.atransaction`).
+AsyncTransactionFactory = Callable[["Job"], contextlib.AbstractAsyncContextManager[AsyncConnection[Any]]]
 
 
 class Job:
@@ -46,11 +50,19 @@ class Job:
     Carries the job's fields and a way to learn that the handler should stop early:
     :meth:`should_stop` turns true when the lease is lost (the job was recovered, cancelled
     or claimed elsewhere), when the worker shuts down past its drain timeout, or when the
-    task's ``timeout`` passes. Stopping is cooperative: a handler that ignores it keeps
-    running, but its outcome is discarded once the lease is lost.
+    task's ``timeout`` passes. Stopping is cooperative for a ``def`` handler: one that ignores
+    it keeps running, but its outcome is discarded once the lease is lost. An ``async def``
+    handler is also cancelled (``asyncio.CancelledError`` at its next ``await``).
     """
 
-    def __init__(self, lease: Lease, *, worker_id: str, transaction: TransactionFactory | None = None) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        worker_id: str,
+        transaction: TransactionFactory | None = None,
+        atransaction: AsyncTransactionFactory | None = None,
+    ) -> None:
         self.id: int = lease.id
         self.queue: str = lease.queue
         self.task: str = lease.task
@@ -67,7 +79,9 @@ class Job:
         # per job was a measurable share of a no-op job's cost.
         self._stop: threading.Event | None = None
         self._stop_reason: str | None = None
+        self._on_stop: Callable[[str], None] | None = None
         self._transaction = transaction
+        self._atransaction = atransaction
         self.completed_in_transaction = False
 
     def __repr__(self) -> str:
@@ -83,7 +97,11 @@ class Job:
         return self._stop_reason
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, waking early if the job should stop; return :meth:`should_stop`."""
+        """Sleep up to ``seconds``, waking early if the job should stop; return :meth:`should_stop`.
+
+        For ``def`` handlers: in an ``async def`` one it would block the event loop (and every
+        coroutine on it); ``await asyncio.sleep(seconds)`` there, which is cancelled on a stop.
+        """
         with _EVENT_LOCK:
             if self._stop is None:
                 self._stop = threading.Event()
@@ -94,10 +112,27 @@ class Job:
     def request_stop(self, reason: str) -> None:
         """Tell the handler to stop (called by the worker; the first reason given wins)."""
         with _EVENT_LOCK:
-            if self._stop_reason is None:
-                self._stop_reason = reason
-                if self._stop is not None:
-                    self._stop.set()
+            if self._stop_reason is not None:
+                return
+            self._stop_reason = reason
+            if self._stop is not None:
+                self._stop.set()
+            on_stop = self._on_stop
+        if on_stop is not None:  # outside the lock: it may take a lock of its own
+            on_stop(reason)
+
+    def on_stop(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` once, when a stop is requested, or at once if it already was.
+
+        The worker cancels an async handler's task this way. One callback per job: a second
+        replaces the first.
+        """
+        with _EVENT_LOCK:
+            reason = self._stop_reason
+            if reason is None:
+                self._on_stop = callback
+        if reason is not None:
+            callback(reason)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
@@ -110,7 +145,29 @@ class Job:
         rolls back. Use it once per job, as the handler's last database step.
         """
         if self._transaction is None:
-            raise RuntimeError("job.transaction() is only available to jobs run by a miniqueue Worker")
+            raise RuntimeError(
+                "job.transaction() is only available to 'def' handlers run by a miniqueue Worker "
+                "(an async handler uses 'async with job.atransaction()')"
+            )
         with self._transaction(self) as conn:
+            yield conn
+        self.completed_in_transaction = True
+
+    @contextlib.asynccontextmanager
+    async def atransaction(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """:meth:`transaction` for an ``async def`` handler: ``async with job.atransaction() as conn``.
+
+        The yielded ``psycopg.AsyncConnection`` comes from a small pool of the worker's event
+        loop; the same contract holds: the handler's writes and the job's fenced completion
+        commit together, or :class:`~miniqueue.errors.LeaseLost` is raised and nothing does.
+        If the job's coroutine is cancelled inside the block (its lease was lost, it timed
+        out), the transaction rolls back.
+        """
+        if self._atransaction is None:
+            raise RuntimeError(
+                "job.atransaction() is only available to async handlers run by a miniqueue Worker "
+                "(a 'def' handler uses job.transaction())"
+            )
+        async with self._atransaction(self) as conn:
             yield conn
         self.completed_in_transaction = True

@@ -1,13 +1,17 @@
-"""The worker: claims jobs, runs their handlers on threads, reports outcomes, shuts down gracefully.
+"""The worker: claims jobs, runs their handlers, reports outcomes, shuts down gracefully.
 
 One worker uses three connections of its own: the claim loop's (claims and batched
 completions), the heartbeat's, and the listener's (unless ``poll_only``); plus, lazily, a
-small pool for :meth:`Job.transaction`. The claim loop runs on the thread that calls
-:meth:`Worker.run`; handlers run on up to ``concurrency`` threads.
+small pool for :meth:`Job.transaction` (and one for :meth:`Job.atransaction`). The claim loop
+runs on the thread that calls :meth:`Worker.run`; ``def`` handlers run on up to
+``concurrency`` threads, ``async def`` handlers as up to ``concurrency`` coroutines on one
+event loop (see :mod:`miniqueue.aio`). Both kinds share everything else: the lease slots, the
+heartbeat, the outcome queue the claim loop records from, and the hooks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -25,7 +29,8 @@ from typing import Literal
 
 from psycopg_pool import ConnectionPool
 
-from .app import App
+from .aio import POOL_MAX_SIZE, AsyncTransactions, EventLoop
+from .app import App, is_async_handler
 from .context import Job, PermanentError, Snooze
 from .db import Connection, check_dsn, connect, create_pool
 from .errors import ConfigError, DatabaseUnavailable, LeaseLost
@@ -67,6 +72,8 @@ class WorkerConfig:
     :mod:`miniqueue.prefetch`); a number holds that many; 0 claims one job per free thread.
     ``poll_only`` skips LISTEN/NOTIFY; ``listen_url`` runs LISTEN on a connection of its own
     to that URL (a direct one, when the worker's DSN goes through PgBouncer in transaction mode).
+    ``concurrency`` is how many ``def`` handlers run at once (threads) and, separately, how many
+    ``async def`` handlers (coroutines on the worker's event loop; hundreds are fine).
     """
 
     queues: Sequence[str] | None = None
@@ -101,7 +108,10 @@ class WorkerConfig:
                 f"({self.lease_seconds:g}s), or leases expire between renewals"
             )
         if self.concurrency < 1:
-            raise ConfigError(f"concurrency {self.concurrency!r} is invalid: use 1 or more handler threads")
+            raise ConfigError(
+                f"concurrency {self.concurrency!r} is invalid: use 1 or more (handler threads, and coroutines "
+                "for async tasks)"
+            )
         if self.max_jobs is not None and self.max_jobs < 1:
             raise ConfigError(f"max_jobs {self.max_jobs} is invalid: use 1 or more")
         parse_prefetch(self.prefetch)
@@ -129,8 +139,8 @@ class Outcome:
 class WorkerHooks:
     """Callbacks the supervisor uses to follow a worker. ``on_job_start`` may run on a handler
     thread; ``on_job_end`` runs on the claim loop once the outcome is recorded.
-    ``on_handler_start`` and ``on_handler_end`` run on the handler thread right before and
-    right after the handler itself."""
+    ``on_handler_start`` and ``on_handler_end`` run on the handler thread (the event loop's
+    thread for an async handler) right before and right after the handler itself."""
 
     on_job_start: Callable[[Job], None] = lambda job: None
     on_job_end: Callable[[Job, Outcome], None] = lambda job, outcome: None
@@ -141,13 +151,16 @@ class WorkerHooks:
 @dataclass
 class _Slots:
     """Every job this worker holds a lease on, in one of three places: ``ready`` (claimed, not
-    started), ``running`` (a handler thread has it) and ``finishing`` (its outcome waits to be
-    recorded). The heartbeat renews all three; the lock makes each move atomic."""
+    started), ``running`` (a handler has it) and ``finishing`` (its outcome waits to be
+    recorded). The heartbeat renews all three; the lock makes each move atomic. Jobs of
+    ``async_tasks`` run as coroutines, the others on threads, each kind within a limit of its own."""
 
+    async_tasks: frozenset[str] = frozenset()
     ready: collections.deque[Lease] = field(default_factory=collections.deque)
     running: dict[int, Job] = field(default_factory=dict)
     finishing: dict[int, Job] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    running_async: int = 0
 
     def held(self) -> int:
         with self.lock:
@@ -158,14 +171,29 @@ class _Slots:
             jobs = [*self.running.values(), *self.finishing.values()]
             return [(lease.id, lease.attempt) for lease in self.ready] + [(job.id, job.attempt) for job in jobs]
 
-    def start_next(self, make_job: Callable[[Lease], Job], limit: int) -> Job | None:
-        """Move the next ready lease to running, if fewer than ``limit`` jobs run."""
+    def start_next(self, make_job: Callable[[Lease], Job], limit: int, run_async: bool = False) -> Job | None:
+        """Move the next ready lease of the kind (async or not) to running, if fewer than
+        ``limit`` jobs of that kind run."""
         with self.lock:
-            if not self.ready or len(self.running) >= limit:
+            if not self.ready:
                 return None
-            job = make_job(self.ready.popleft())
+            running = self.running_async if run_async else len(self.running) - self.running_async
+            if running >= limit or (lease := self._take(run_async)) is None:
+                return None
+            job = make_job(lease)
             self.running[job.id] = job
+            self.running_async += run_async
             return job
+
+    def _take(self, run_async: bool) -> Lease | None:
+        """The first ready lease of the kind, in claim order (the only kind, in most apps)."""
+        if (self.ready[0].task in self.async_tasks) == run_async:
+            return self.ready.popleft()
+        for index, lease in enumerate(self.ready):
+            if (lease.task in self.async_tasks) == run_async:
+                del self.ready[index]
+                return lease
+        return None
 
     def add_ready(self, leases: list[Lease]) -> None:
         with self.lock:
@@ -173,7 +201,8 @@ class _Slots:
 
     def finish(self, job: Job) -> None:
         with self.lock:
-            self.running.pop(job.id, None)
+            if self.running.pop(job.id, None) is not None and job.task in self.async_tasks:
+                self.running_async -= 1
             self.finishing[job.id] = job
 
     def forget(self, job: Job) -> None:
@@ -228,8 +257,14 @@ class Worker:
     ) -> None:
         self.app = app
         self.config = (config or WorkerConfig()).validated()
+        self._async_tasks = frozenset(name for name, task in app.tasks.items() if is_async_handler(task.handler))
+        # Jobs of unknown tasks fail on a thread, so threads are always a kind; an app with both
+        # kinds of handlers runs up to `concurrency` of each.
+        self._kinds = (False, True) if self._async_tasks else (False,)
+        mixed = bool(self._async_tasks) and len(self._async_tasks) < len(app.tasks)
+        self._handler_slots = self.config.concurrency * (2 if mixed else 1)
         self._prefetch = PrefetchPolicy(
-            parse_prefetch(self.config.prefetch), concurrency=self.config.concurrency,
+            parse_prefetch(self.config.prefetch), concurrency=self._handler_slots,
             budget=self.config.prefetch_budget,
         )  # fmt: skip
         # The smallest claim worth a statement of its own: half the jobs held at most (running
@@ -249,7 +284,11 @@ class Worker:
             self.dsn = info() if callable(info) else info
             self._tx_pool, self._owns_tx_pool = dsn_or_pool, False
         self.jobs_done = 0
-        self._slots = _Slots()
+        self._slots = _Slots(self._async_tasks)
+        self._aio: EventLoop | None = None
+        self._async_transactions = AsyncTransactions(
+            self.dsn, self.store, self.worker_id, max_size=min(self.config.concurrency, POOL_MAX_SIZE)
+        )
         self._outcomes: collections.deque[tuple[Job, Outcome]] = collections.deque()
         self._wake = threading.Event()
         self._nudged = True  # poll once at start
@@ -302,14 +341,18 @@ class Worker:
             leases=self._slots.leases, on_lost=self._on_lost, on_tick=self._check_timeouts,
         )  # fmt: skip
         executor = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="miniqueue-handler")
+        self._aio = EventLoop() if self._async_tasks else None
         log.info("worker %s started on queues %s", self.worker_id, ",".join(self.queues))
-        for thread in (listener, heartbeat):
+        for thread in (listener, heartbeat, self._aio):
             if thread:
                 thread.start()
         try:
             self._loop(executor)
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
+            if self._aio is not None:
+                # After a drain nothing runs; after abandoning, the coroutines were cancelled.
+                self._aio.stop(ASYNC_UNWIND_SECONDS, before_stop=self._async_transactions.close)
             heartbeat.stop()
             if listener:
                 listener.stop()
@@ -398,7 +441,7 @@ class Worker:
         if not self._prefetch.adaptive or not self._slots.has_ready():
             return float("inf")
         running_for = self._running_for()
-        if len(running_for) < self.config.concurrency:
+        if len(running_for) < self._handler_slots:
             return float("inf")
         return max(0.0, self.config.prefetch_budget - min(running_for)) + 0.001
 
@@ -431,34 +474,59 @@ class Worker:
     # -- claiming and dispatching --------------------------------------------------------------
 
     def _dispatch(self, executor: ThreadPoolExecutor) -> None:
-        """Hand ready jobs to idle handler threads (none once stopping: they go back unstarted)."""
-        while not self._stop_requested and (job := self._slots.start_next(self._make_job, self.config.concurrency)):
-            self.hooks.on_job_start(job)
-            executor.submit(self._work, job)
+        """Hand ready jobs to idle handler threads and, for async tasks, to the event loop (none
+        once stopping: they go back unstarted)."""
+        for run_async in self._kinds:
+            while not self._stop_requested and (
+                job := self._slots.start_next(self._make_job, self.config.concurrency, run_async)
+            ):
+                self.hooks.on_job_start(job)
+                if self._aio is not None and run_async:
+                    self._aio.spawn_threadsafe(self._work_async, job)
+                else:
+                    executor.submit(self._work, job)
 
     def _make_job(self, lease: Lease) -> Job:
+        if lease.task in self._async_tasks:
+            return Job(lease, worker_id=self.worker_id, atransaction=self._async_transactions.transaction)
         return Job(lease, worker_id=self.worker_id, transaction=self._job_transaction)
 
     def _work(self, job: Job | None) -> None:
         """A handler thread's loop: run a job, queue its outcome, and take the next ready job
         straight away, so handlers never wait for the claim loop's round trips."""
         while job is not None:
-            outcome = self._execute(job)
-            self._slots.finish(job)
-            self._outcomes.append((job, outcome))
-            if self._stop_requested:
-                self._wake.set()
-                return
-            job = self._slots.start_next(self._make_job, self.config.concurrency)
-            # Wake the claim loop when a claim is due or this thread has nothing left to run;
-            # not for every job (the loop records lone outcomes within OUTCOME_DELAY anyway).
-            if job is None or len(self._outcomes) >= self._claim_batch:
-                self._wake.set()
-            if job is not None:
-                self.hooks.on_job_start(job)
+            job = self._finish(job, self._execute(job))
+
+    async def _work_async(self, job: Job) -> None:
+        """One async job, as a task on the event loop; the next ready async job gets a task of
+        its own, so a stop request cancels exactly the job it is for."""
+        assert self._aio is not None
+        aio, task = self._aio, asyncio.current_task()
+        assert task is not None
+        job.on_stop(lambda reason: aio.cancel_threadsafe(task, f"the job should stop: {reason}"))
+        next_job = self._finish(job, await self._execute_async(job), run_async=True)
+        if next_job is not None:
+            aio.spawn(self._work_async(next_job))
+
+    def _finish(self, job: Job, outcome: Outcome, run_async: bool = False) -> Job | None:
+        """Queue a finished handler's outcome for the claim loop; return the next ready job of
+        the same kind, now started (None when there is none, or when stopping)."""
+        self._slots.finish(job)
+        self._outcomes.append((job, outcome))
+        if self._stop_requested:
+            self._wake.set()
+            return None
+        next_job = self._slots.start_next(self._make_job, self.config.concurrency, run_async)
+        # Wake the claim loop when a claim is due or this handler has nothing left to run;
+        # not for every job (the loop records lone outcomes within OUTCOME_DELAY anyway).
+        if next_job is None or len(self._outcomes) >= self._claim_batch:
+            self._wake.set()
+        if next_job is not None:
+            self.hooks.on_job_start(next_job)
+        return next_job
 
     def _execute(self, job: Job) -> Outcome:
-        """Run one handler and classify what it did."""
+        """Run one ``def`` handler and classify what it did."""
         task = self.app.tasks.get(job.task)
         if task is None:
             return Outcome("error", self._unknown_task(job.task))
@@ -470,11 +538,23 @@ class Worker:
                 self.hooks.on_handler_end(job)
             if inspect.isawaitable(returned):
                 raise TypeError(_not_awaited(returned, job.task))
-            outcome = Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
         except BaseException as exc:  # whatever the handler raises is its outcome
-            outcome = _outcome_of(job, exc)
-        outcome.duration = time.monotonic() - job.started_at
-        return outcome
+            return _finished(job, exc)
+        return _finished(job)
+
+    async def _execute_async(self, job: Job) -> Outcome:
+        """Await one ``async def`` handler and classify what it did; cancelled (a stop request),
+        it raises CancelledError, which is its outcome like any other exception."""
+        handler = self.app.tasks[job.task].handler
+        try:
+            self.hooks.on_handler_start(job)
+            try:
+                await handler(job)
+            finally:
+                self.hooks.on_handler_end(job)
+        except BaseException as exc:  # whatever the handler raises is its outcome
+            return _finished(job, exc)
+        return _finished(job)
 
     def _unknown_task(self, task: str) -> str:
         """The error of a job whose task this worker's app does not know; logged once per task."""
@@ -609,6 +689,9 @@ class Worker:
             self.store.complete(conn, job.id, self.worker_id, job.attempt)
 
 
+#: Seconds the event loop's tasks get to unwind from their cancellation when the worker stops.
+ASYNC_UNWIND_SECONDS = 1.0
+
 #: Outcomes that leave a log line: every failed attempt, and every discarded outcome.
 _LOGGED_OUTCOMES = frozenset({"retried", "dead", "failed", "lease_lost"})
 
@@ -634,11 +717,23 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
 
 
 def _not_awaited(returned: object, task: str) -> str:
-    """The error of a handler that returned an awaitable: it never ran, so it did not complete."""
+    """The error of a ``def`` handler that returned an awaitable: it never ran, so it did not
+    complete (a bug in the app: the worker awaits only handlers defined with ``async def``)."""
     if inspect.iscoroutine(returned):
         returned.close()  # never awaited on purpose: close it so Python does not warn about it
     return (f"the handler of task {task!r} returned {type(returned).__name__} instead of running: "
-            "async handlers are not supported; define the handler with 'def'")  # fmt: skip
+            "the worker awaits only handlers defined with 'async def'")  # fmt: skip
+
+
+def _finished(job: Job, exc: BaseException | None = None) -> Outcome:
+    """The outcome of a handler, ``def`` or ``async def``, that returned (``exc`` None) or
+    raised ``exc``, with how long it ran."""
+    if exc is None:
+        outcome = Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
+    else:
+        outcome = _outcome_of(job, exc)
+    outcome.duration = time.monotonic() - job.started_at
+    return outcome
 
 
 def _outcome_of(job: Job, exc: BaseException) -> Outcome:
