@@ -1,0 +1,88 @@
+"""Databases for tests: a server, a database of the test session's own, migrated once, and an
+empty queue for every test.
+
+The same steps miniqueue's own suite takes, for yours: the server is ``TEST_DATABASE_URL`` when
+it is set, otherwise a private embedded PostgreSQL (the ``embedded`` extra); each test session
+creates a database of its own on it (so parallel sessions, pytest-xdist's processes among
+them, never share one), migrates it once, and drops it at the end; each test starts from an
+empty queue, which a ``TRUNCATE`` of the queue's tables gives in milliseconds (creating a
+database per test costs a checkpoint each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ..db import connect
+from ..migrate import run_migrations
+
+#: The server tests use when set (any database on it: each session creates its own).
+TEST_DATABASE_ENV = "TEST_DATABASE_URL"
+
+#: Every table whose rows are queue data (jobs, schedules, paused queues, processes, counts);
+#: ``miniqueue_migrations`` stays, so the schema stays migrated.
+QUEUE_TABLES = ("miniqueue_jobs", "miniqueue_periodic", "miniqueue_queues", "miniqueue_processes", "miniqueue_counts")
+
+_CREATE_DATABASE = "CREATE DATABASE {name}"
+_DROP_DATABASE = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+_TRUNCATE = "TRUNCATE {tables} RESTART IDENTITY"
+# A test that left a transaction open on a queue table (a handler thread still running, say)
+# makes TRUNCATE wait: fail the next test with a lock timeout rather than hang the suite.
+_LOCK_TIMEOUT = "SET lock_timeout = '10s'"
+
+
+def server_dsn(data_dir: Path) -> str:
+    """A DSN for the server tests use: ``$TEST_DATABASE_URL``, else an embedded PostgreSQL whose
+    data lives in ``data_dir`` (started, or reused if it runs; stopped when this process exits)."""
+    if os.environ.get(TEST_DATABASE_ENV):
+        return os.environ[TEST_DATABASE_ENV]
+    from .. import embedded
+
+    return embedded.start(data_dir)
+
+
+def create_database(
+    server: str, *, prefix: str = "miniqueue_test", migrate: bool = True, schema: str = "public"
+) -> str:
+    """Create a database with a unique name on ``server`` and return its DSN, migrated unless
+    ``migrate`` is false."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with connect(server, purpose="testing") as admin:
+        admin.execute(sql.SQL(_CREATE_DATABASE).format(name=sql.Identifier(name)))
+    dsn = make_conninfo(server, dbname=name)
+    if migrate:
+        run_migrations(dsn, schema)
+    return dsn
+
+
+def drop_database(server: str, dsn: str) -> None:
+    """Drop the database ``dsn`` names (on ``server``), disconnecting whoever is still on it."""
+    name = conninfo_to_dict(dsn)["dbname"]
+    with connect(server, purpose="testing") as admin:
+        admin.execute(sql.SQL(_DROP_DATABASE).format(name=sql.Identifier(str(name))))
+
+
+@contextlib.contextmanager
+def temporary_database(server: str, *, prefix: str = "miniqueue_test", schema: str = "public") -> Iterator[str]:
+    """``with temporary_database(server) as dsn``: a migrated :func:`create_database`, dropped at the end."""
+    dsn = create_database(server, prefix=prefix, schema=schema)
+    try:
+        yield dsn
+    finally:
+        drop_database(server, dsn)
+
+
+def clean_database(dsn: str, *, schema: str = "public") -> None:
+    """Empty the queue: delete every job, schedule, queue setting, process and count, and
+    restart job ids at 1. The schema and its migrations stay."""
+    tables = sql.SQL(", ").join(sql.Identifier(schema, table) for table in QUEUE_TABLES)
+    with connect(dsn, purpose="testing", schema=schema) as conn:
+        conn.execute(_LOCK_TIMEOUT)
+        conn.execute(sql.SQL(_TRUNCATE).format(tables=tables))

@@ -1,0 +1,255 @@
+"""``run_jobs``: run the queued jobs in-process, through the real worker, and say what happened.
+
+A real :class:`miniqueue.Worker` runs on a thread of this process against the real store: jobs
+are claimed, leased, run by their handlers and recorded by the same fenced statements as in
+production (completion, retry, dead, failed, snooze, :meth:`Job.transaction`). Only the
+timing is a test's: the worker polls every 20 ms, prefetches nothing (so one handler thread
+runs jobs one at a time, in claim order), and retries follow ``retries=`` below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from psycopg.conninfo import make_conninfo
+
+from ..app import App
+from ..client import Client
+from ..context import Job
+from ..errors import ConfigError
+from ..job import JobRecord, State
+from ..retry import Backoff
+from ..worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerHooks
+
+#: How a failed attempt is retried during a run: ``"immediate"`` runs it again at once (its
+#: backoff is 0), until it completes, fails or is dead; ``"later"`` leaves it scheduled.
+Retries = Literal["immediate", "later"]
+
+#: How often the run looks whether anything is left to do (and the worker polls for jobs).
+_POLL_SECONDS = 0.02
+#: How long the worker may take to drain and stop once the run is over.
+_STOP_SECONDS = 10.0
+
+
+class RunTimeout(AssertionError):
+    """``run_jobs`` passed its ``timeout`` with jobs still due or running; ``result`` holds what
+    ran until then. (An AssertionError: in a test it is a failure, not an error.)"""
+
+    def __init__(self, message: str, result: RunResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One handler run during :func:`run_jobs`, as the worker recorded it.
+
+    ``outcome`` is ``completed`` (or ``completed_in_transaction``), ``retried``, ``dead``,
+    ``failed``, ``snoozed`` or ``lease_lost``; ``error`` is the traceback of a failed attempt;
+    ``delay`` the seconds until a retry or snoozed job is due again.
+    """
+
+    job_id: int
+    task: str
+    queue: str
+    attempt: int
+    outcome: OutcomeKind
+    error: str | None
+    delay: float
+    duration: float
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What :func:`run_jobs` did: every handler run in order (``runs``), the final row of every
+    job that ran (``jobs``, in order of first run), and why the run ended (``stopped_by``:
+    ``"idle"``, nothing left due in its queues, or ``"max_jobs"``)."""
+
+    runs: tuple[JobRun, ...]
+    jobs: tuple[JobRecord, ...]
+    stopped_by: Literal["idle", "max_jobs", "timeout"]
+
+    def in_state(self, state: State | str) -> list[JobRecord]:
+        """The jobs that ran and are now in ``state``."""
+        return [job for job in self.jobs if job.state == State(state)]
+
+    @property
+    def completed(self) -> list[JobRecord]:
+        return self.in_state(State.COMPLETED)
+
+    @property
+    def failed(self) -> list[JobRecord]:
+        """Jobs failed for good by a PermanentError."""
+        return self.in_state(State.FAILED)
+
+    @property
+    def dead(self) -> list[JobRecord]:
+        """Jobs whose attempts ran out."""
+        return self.in_state(State.DEAD)
+
+    @property
+    def pending(self) -> list[JobRecord]:
+        """Jobs that ran and will run again: retries left for later, snoozed jobs (available),
+        or jobs still running when the run stopped."""
+        return [job for job in self.jobs if job.state in (State.AVAILABLE, State.RUNNING)]
+
+    def job(self, job_id: int) -> JobRecord:
+        """The final row of job ``job_id``; KeyError if it did not run."""
+        for job in self.jobs:
+            if job.id == job_id:
+                return job
+        raise KeyError(f"job {job_id} did not run (ran: {[job.id for job in self.jobs]})")
+
+    def errors(self, job_id: int) -> list[str]:
+        """Job ``job_id``'s error history (every failed attempt's traceback, oldest first)."""
+        return [entry.error for entry in self.job(job_id).errors]
+
+    def summary(self) -> str:
+        """One line per run: job, task, attempt and outcome, with a failed attempt's last line."""
+        lines = [f"{len(self.runs)} run(s) of {len(self.jobs)} job(s), stopped by {self.stopped_by}:"]
+        for run in self.runs:
+            last = (run.error or "").strip().rsplit("\n", 1)[-1]
+            line = f"  job {run.job_id} {run.task} attempt {run.attempt}: {run.outcome}"
+            lines.append(f"{line}: {last}" if last else line)
+        return "\n".join(lines)
+
+    __str__ = summary
+
+
+def run_jobs(
+    app: App,
+    target: str | Client,
+    *,
+    queues: Sequence[str] | None = None,
+    max_jobs: int | None = None,
+    timeout: float = 10.0,
+    retries: Retries = "immediate",
+    concurrency: int = 1,
+) -> RunResult:
+    """Run ``app``'s queued jobs in this process until none is due, and return what happened.
+
+    ``target`` is a DSN or a :class:`Client` (its schema is used). A real :class:`Worker` runs
+    on a thread until no job in its queues (``queues``, default the app's) is available and
+    due now or running, or until it ran ``max_jobs`` jobs. Jobs scheduled for later (``delay``,
+    ``run_at``, a snooze) are not waited for, and paused queues are not counted.
+
+    ``retries="immediate"`` (the default) gives every task a backoff of 0, so a failing job
+    runs again at once until it completes, fails or goes dead: its whole story in one call.
+    ``retries="later"`` keeps each task's own backoff but never less than ``timeout`` seconds,
+    so this run never picks a retry up again: the job is left ``available`` and scheduled, and
+    the result lists it in ``pending``.
+
+    Raises :class:`RunTimeout` (an AssertionError carrying the result) if jobs are still due or
+    running after ``timeout`` seconds; an error that stops the worker itself (a database that
+    is not migrated, say) is raised here.
+    """
+    if retries not in ("immediate", "later"):
+        raise ConfigError(f"retries {retries!r} is invalid: use 'immediate' or 'later'")
+    client = target if isinstance(target, Client) else Client(target)
+    try:
+        return _Run(app, client, queues, max_jobs, timeout, retries, concurrency).run()
+    finally:
+        if client is not target:
+            client.close()
+
+
+class _Run:
+    """One call of :func:`run_jobs`: the worker's thread, and the watch for an idle queue."""
+
+    def __init__(
+        self, app: App, client: Client, queues: Sequence[str] | None, max_jobs: int | None,
+        timeout: float, retries: Retries, concurrency: int,
+    ) -> None:  # fmt: skip
+        self.client, self.timeout = client, timeout
+        self.runs: list[JobRun] = []
+        self.failure: BaseException | None = None
+        config = WorkerConfig(
+            queues=queues, concurrency=concurrency, max_jobs=max_jobs, prefetch=0, poll_only=True,
+            poll_interval=_POLL_SECONDS, shutdown_timeout=_STOP_SECONDS / 2, schema=client.store.schema,
+            worker_id=f"miniqueue-testing:{secrets.token_hex(4)}",
+        )  # fmt: skip
+        hooks = WorkerHooks(on_job_end=self._record)
+        self.worker = Worker(_app_for_run(app, retries, timeout), _dsn_of(client), config, hooks=hooks)
+        paused = {name for name, is_paused in client.list_queues().items() if is_paused}
+        self.queues = set(self.worker.queues) - paused
+
+    def run(self) -> RunResult:
+        thread = threading.Thread(target=self._work, name="miniqueue-run-jobs", daemon=True)
+        deadline = time.monotonic() + self.timeout
+        thread.start()
+        stopped_by: Literal["idle", "max_jobs", "timeout"] = "timeout"
+        try:
+            while time.monotonic() < deadline:
+                if not thread.is_alive():
+                    stopped_by = "max_jobs"
+                    break
+                if self._idle():
+                    stopped_by = "idle"
+                    break
+                # Returns as soon as the worker stops (max_jobs): no fixed sleep.
+                thread.join(_POLL_SECONDS)
+        finally:
+            self.worker.stop()
+            thread.join(_STOP_SECONDS)
+        if self.failure is not None:
+            raise self.failure
+        result = self._result(stopped_by)
+        if stopped_by == "timeout":
+            raise RunTimeout(f"run_jobs: jobs still due or running after {self.timeout:g}s\n{result}", result)
+        return result
+
+    def _work(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as exc:  # raised in the caller's thread by run()
+            self.failure = exc
+
+    def _record(self, job: Job, outcome: Outcome) -> None:
+        """The worker's hook, called once an outcome is recorded in the database."""
+        self.runs.append(JobRun(job.id, job.task, job.queue, job.attempt, outcome.kind, outcome.error,
+                                outcome.delay, outcome.duration))  # fmt: skip
+
+    def _idle(self) -> bool:
+        """No job in the run's queues is due now or running. (A job's state leaves ``running``
+        only when its outcome is recorded, so idle means every outcome is in the database.)"""
+        for stats in self.client.queue_stats():
+            if stats.queue in self.queues:
+                due = stats.counts[State.AVAILABLE] - stats.scheduled
+                if due > 0 or stats.counts[State.RUNNING] > 0:
+                    return False
+        return True
+
+    def _result(self, stopped_by: Literal["idle", "max_jobs", "timeout"]) -> RunResult:
+        ids = list(dict.fromkeys(run.job_id for run in self.runs))
+        return RunResult(tuple(self.runs), tuple(self.client.get(job_id) for job_id in ids), stopped_by)
+
+
+def _app_for_run(app: App, retries: Retries, timeout: float) -> App:
+    """``app`` with each task's backoff as ``retries`` wants it (the handlers are the same)."""
+    run_app = App()
+    run_app.schedules = app.schedules
+    for name, task in app.tasks.items():
+        backoff: Backoff = _no_backoff if retries == "immediate" else _at_least(task.backoff, timeout)
+        run_app.tasks[name] = dataclasses.replace(task, backoff=backoff)
+    return run_app
+
+
+def _no_backoff(attempt: int) -> float:
+    return 0.0
+
+
+def _at_least(backoff: Backoff, floor: float) -> Backoff:
+    return lambda attempt: max(backoff(attempt), floor)
+
+
+def _dsn_of(client: Client) -> str:
+    """The DSN the client's connections use (libpq never reports the password: it is added)."""
+    with client.connection() as conn:
+        info = conn.info
+        return make_conninfo(info.dsn, password=info.password) if info.password else info.dsn
