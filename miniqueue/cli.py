@@ -88,7 +88,8 @@ def resolve_database(url: str | None, announce: Callable[[str], None] | None = N
         return url
     uri = embedded.start()
     run_migrations(uri, current_schema())
-    message = f"using the embedded PostgreSQL in {embedded.data_dir()} (connect: psql '{uri}')"
+    message = (f"using the embedded PostgreSQL in {embedded.data_dir()}; it runs while this command does and "
+               f"keeps its data for the next one (to look inside meanwhile: psql '{uri}')")  # fmt: skip
     (announce or functools.partial(click.echo, err=True))(message)
     return uri
 
@@ -578,7 +579,7 @@ def web(
     app_ref: str | None,
     database_url: str | None,
 ) -> None:
-    """Serve the dashboard (needs the `web` extra: pip install 'miniqueue[web]')."""
+    """Serve the dashboard (needs the `web` extra: pip install '.[web]' from a checkout)."""
     from .errors import ConfigError
     from .process import set_label, set_title
 
@@ -588,7 +589,8 @@ def web(
     try:
         from .web.server import check_bind, serve
     except ImportError as exc:
-        raise click.ClickException(f"the dashboard needs the web extra: pip install 'miniqueue[web]' ({exc})") from None
+        needs = "the dashboard needs the web extra: pip install '.[web]' from a checkout"
+        raise click.ClickException(f"{needs} ({exc})") from None
     try:
         check_bind(host, insecure_bind_public=insecure_bind_public)
     except ConfigError as exc:  # the command line asked for something unsafe: exit 2, as for a bad option

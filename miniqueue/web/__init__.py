@@ -1,6 +1,6 @@
 """The miniqueue dashboard: an ASGI app to mount in your own app, or to run with ``miniqueue web``.
 
-Needs the ``web`` extra (``pip install 'miniqueue[web]'``).
+Needs the ``web`` extra (``pip install '.[web]'`` from a checkout).
 """
 
 from .redaction import redact_keys
