@@ -29,12 +29,12 @@ import psutil
 
 from . import reports
 from .app import App, load_app
+from .capacity import check_database
 from .child import ChildSpec, run_child
 from .children import Child
-from .db import behind_pooler, check_schema, connect, mask_dsn
+from .db import check_schema, mask_dsn
 from .errors import ConfigError
 from .inflight import InflightBoard
-from .migrate import check_schema_version
 from .probes import Probes
 from .process import EXIT_BOOT_ERROR, describe_exit, host_name, set_title, signal_name
 from .reaper import ReaperConfig
@@ -126,7 +126,7 @@ class Supervisor:
         """Supervise until stopped; return the exit code (0 after a graceful stop)."""
         set_title("supervisor")
         self.signals.install()  # first: a TERM during start-up must stop us cleanly, not kill us
-        self.check_database()
+        check_database(self.config, self.store)
         if self.config.preload:
             self.app = load_app(self.config.app_ref)
         self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
@@ -167,32 +167,6 @@ class Supervisor:
         if self.probes:
             self.probes.publish(self.problems(), self.process_counts())
         self.sleep()
-
-    def check_database(self) -> None:
-        """Fail fast, before forking, if the schema is old or the connections cannot fit."""
-        worker = self.config.worker
-        # The claim loop's, the heartbeat's and (unless poll-only) the listener's, plus the pool
-        # that job.transaction() opens on demand, up to one per handler thread.
-        own = 2 if worker.poll_only else 3
-        per_worker = own + worker.concurrency
-        # The reaper's (and, with --metrics-port, its gauge reader's) and the supervisor's own.
-        needed = self.config.workers * per_worker + (3 if self.config.metrics_port is not None else 2)
-        with connect(self.config.dsn, purpose="supervisor", schema=self.store.schema) as conn:
-            check_schema_version(conn, self.store.schema)
-            limit, reserved, in_use = self.store.connection_capacity(conn)
-        if behind_pooler():
-            # Our clients are PgBouncer's (its max_client_conn), not the server's: nothing to count here.
-            return
-        available = limit - reserved - in_use + 1  # +1: this check's own connection is closed now
-        if needed > available:
-            fit = max(0, (available - 2) // per_worker)
-            raise ConfigError(
-                f"--workers {self.config.workers} --concurrency {worker.concurrency} needs {needed} connections "
-                f"({per_worker} per worker: {own} of its own and up to {worker.concurrency} for job.transaction(); "
-                f"plus the reaper and the supervisor) but the server has {available} free "
-                f"(max_connections {limit}, {reserved} reserved, {in_use} in use): run at most {fit} worker(s) "
-                "at this concurrency, lower --concurrency, or raise max_connections"
-            )
 
     def problems(self) -> list[str]:
         """Why /readyz would say not ready: draining, the database did not answer the last

@@ -1,0 +1,43 @@
+"""Before the supervisor forks: is the schema current, and do its connections fit the server?
+
+Failing here, with a message that says how to fit, beats a fleet of workers that each find
+"remaining connection slots are reserved" one by one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .db import behind_pooler, connect
+from .errors import ConfigError
+from .migrate import check_schema_version
+from .store import Store
+
+if TYPE_CHECKING:
+    from .supervisor import SupervisorConfig
+
+
+def check_database(config: SupervisorConfig, store: Store) -> None:
+    """Raise SchemaOutOfDate if the schema is old, ConfigError if the connections cannot fit."""
+    worker = config.worker
+    # The claim loop's, the heartbeat's and (unless poll-only) the listener's, plus the pool
+    # that job.transaction() opens on demand, up to one per handler thread.
+    own = 2 if worker.poll_only else 3
+    per_worker = own + worker.concurrency
+    # The reaper's (and, with --metrics-port, its gauge reader's) and the supervisor's own.
+    needed = config.workers * per_worker + (3 if config.metrics_port is not None else 2)
+    with connect(config.dsn, purpose="supervisor", schema=store.schema) as conn:
+        check_schema_version(conn, store.schema)
+        limit, reserved, in_use = store.connection_capacity(conn)
+    if behind_pooler():
+        return  # our clients are PgBouncer's (its max_client_conn), not the server's: nothing to count
+    available = limit - reserved - in_use + 1  # +1: this check's own connection is closed now
+    if needed > available:
+        fit = max(0, (available - 2) // per_worker)
+        raise ConfigError(
+            f"--workers {config.workers} --concurrency {worker.concurrency} needs {needed} connections "
+            f"({per_worker} per worker: {own} of its own and up to {worker.concurrency} for job.transaction(); "
+            f"plus the reaper and the supervisor) but the server has {available} free "
+            f"(max_connections {limit}, {reserved} reserved, {in_use} in use): run at most {fit} worker(s) "
+            "at this concurrency, lower --concurrency, or raise max_connections"
+        )
