@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from .app import App
@@ -19,6 +20,9 @@ from .errors import ConfigError, DatabaseUnavailable
 from .job import State
 from .periodic import schedule_due
 from .store import Store
+
+#: The longest a pass spends pruning before it goes back to recovering leases (seconds).
+PRUNE_SLICE = 1.0
 
 log = logging.getLogger("miniqueue.reaper")
 
@@ -62,6 +66,8 @@ class ReaperResult:
     dead: int = 0
     pruned: int = 0
     scheduled: int = 0
+    #: Pruning stopped at its time slice with more to delete: the next pass should come at once.
+    more_to_prune: bool = False
 
 
 class Reaper:
@@ -101,11 +107,16 @@ class Reaper:
             if len(states) < self.config.batch_size:
                 break
         if self.config.prune:
-            result.pruned = self._prune(self._conn)
+            result.pruned, result.more_to_prune = self._prune(self._conn)
         result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))
         return result
 
-    def _prune(self, conn: Connection) -> int:
+    def _prune(self, conn: Connection) -> tuple[int, bool]:
+        """Delete finished jobs past retention, in batches, for at most PRUNE_SLICE seconds: a
+        backlog of millions (retention just lowered, pruning just turned on) must not hold up
+        lease recovery and periodic scheduling, which come first in every pass. Returns how many
+        were deleted and whether more are due."""
+        deadline = time.monotonic() + PRUNE_SLICE
         rules = [
             ((State.COMPLETED, State.CANCELLED), self.config.completed_retention),
             ((State.DEAD, State.FAILED), self.config.failed_retention),
@@ -119,7 +130,9 @@ class Reaper:
                 pruned += deleted
                 if deleted < self.config.batch_size:
                     break
-        return pruned
+                if time.monotonic() >= deadline:
+                    return pruned, True
+        return pruned, False
 
     def run(self) -> None:
         """Run a pass every ``interval`` seconds until :meth:`stop`; database errors are retried."""
@@ -133,12 +146,13 @@ class Reaper:
         log.info("reaper started: every %gs; retention %s; %d periodic schedule(s)",
                  self.config.interval, retention, len(self.schedules))  # fmt: skip
         while not self._stopping.is_set():
+            more = False
             try:
-                self.run_once()
+                more = self.run_once().more_to_prune
             except DatabaseUnavailable as exc:
                 log.warning("reaper: %s; retrying", exc)
                 self.close()
-            self._stopping.wait(self.config.interval)
+            self._stopping.wait(0.0 if more else self.config.interval)
         self.close()
 
     def close(self) -> None:

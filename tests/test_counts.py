@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniqueue import Client, JobSpec, State
+import pytest
+
+from miniqueue import Client, JobSpec, Reaper, ReaperConfig, State
+from miniqueue import reaper as reaper_module
 from miniqueue.db import Connection
 from miniqueue.store import Failure, Store
 
@@ -86,3 +89,19 @@ def test_stats_read_no_finished_row(client: Client, store: Store, conn: Connecti
     indexes = {n["Index Name"] for n in nodes if "Index Name" in n}
     assert indexes and indexes <= {"idx_miniqueue_jobs_claim", "idx_miniqueue_jobs_expired_leases",
                                    "miniqueue_counts_pkey"}, indexes  # fmt: skip
+
+
+def test_pruning_a_backlog_comes_in_slices_and_keeps_the_counts(
+    client: Client, store: Store, conn: Connection, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.enqueue_many([JobSpec("t", queue="a") for _ in range(2500)])
+    conn.execute("UPDATE miniqueue_jobs SET state = 'completed', finished_at = now() - interval '2 days'")
+    store.recount(conn)
+    monkeypatch.setattr(reaper_module, "PRUNE_SLICE", 0.0)  # one batch per pass
+    reaper = Reaper(dsn, ReaperConfig(batch_size=1000))
+    try:
+        passes = [reaper.run_once() for _ in range(3)]
+    finally:
+        reaper.close()
+    assert [(p.pruned, p.more_to_prune) for p in passes] == [(1000, True), (1000, True), (500, False)]
+    assert by_count(conn) == by_stats(store, conn) == {}
