@@ -33,7 +33,10 @@ Retries = Literal["immediate", "later"]
 
 #: How often the run looks whether anything is left to do (and the worker polls for jobs).
 _POLL_SECONDS = 0.02
-#: How long the worker may take to drain and stop once the run is over.
+#: How long a handler still running when the run times out may take to finish; then it is
+#: abandoned (told to stop), its job left leased as a stopped worker's would be.
+_SHUTDOWN_SECONDS = 1.0
+#: How long the worker's thread may take to end once asked to stop.
 _STOP_SECONDS = 10.0
 
 
@@ -171,7 +174,7 @@ class _Run:
         self.failure: BaseException | None = None
         config = WorkerConfig(
             queues=queues, concurrency=concurrency, max_jobs=max_jobs, prefetch=0, poll_only=True,
-            poll_interval=_POLL_SECONDS, shutdown_timeout=_STOP_SECONDS / 2, schema=client.store.schema,
+            poll_interval=_POLL_SECONDS, shutdown_timeout=_SHUTDOWN_SECONDS, schema=client.store.schema,
             worker_id=f"miniqueue-testing:{secrets.token_hex(4)}",
         )  # fmt: skip
         hooks = WorkerHooks(on_job_end=self._record)
