@@ -153,8 +153,7 @@ class Job:
             yield conn
         self.completed_in_transaction = True
 
-    @contextlib.asynccontextmanager
-    async def atransaction(self) -> AsyncIterator[AsyncConnection[Any]]:
+    def atransaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection[Any]]:
         """:meth:`transaction` for an ``async def`` handler: ``async with job.atransaction() as conn``.
 
         The yielded ``psycopg.AsyncConnection`` comes from a small pool of the worker's event
@@ -163,11 +162,15 @@ class Job:
         If the job's coroutine is cancelled inside the block (its lease was lost, it timed
         out), the transaction rolls back.
         """
-        if self._atransaction is None:
+        if self._atransaction is None:  # raised here, not at `async with`, so a misuse is loud at once
             raise RuntimeError(
                 "job.atransaction() is only available to async handlers run by a miniqueue Worker "
                 "(a 'def' handler uses job.transaction())"
             )
-        async with self._atransaction(self) as conn:
+        return self._completing(self._atransaction)
+
+    @contextlib.asynccontextmanager
+    async def _completing(self, factory: AsyncTransactionFactory) -> AsyncIterator[AsyncConnection[Any]]:
+        async with factory(self) as conn:
             yield conn
         self.completed_in_transaction = True
