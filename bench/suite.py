@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from . import claim, cpu, drain, enqueue, fairness, latency, scale
+from . import claim, cpu, drain, enqueue, fairness, iobound, latency, scale
 from .database import scratch_database
 from .measure import Sample, load_average
 from .registry import Benchmark, Context
@@ -20,6 +20,7 @@ BENCHMARKS: list[Benchmark] = [
     *fairness.BENCHMARKS,
     *latency.BENCHMARKS,
     *cpu.BENCHMARKS,
+    *iobound.BENCHMARKS,
     *scale.BENCHMARKS,
 ]
 
