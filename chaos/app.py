@@ -1,15 +1,20 @@
-"""The app the chaos supervisor runs (``chaos.app:app``): one task that leaves evidence.
+"""The apps the chaos supervisor runs: one task that leaves evidence, as ``def`` (``chaos.app:app``)
+or as ``async def`` (``chaos.app:async_app``, with ``--async``).
 
 Every execution commits a row to ``chaos_executions`` before the handler returns, on a
 connection of the worker's own (one per handler thread, opened lazily, so after fork). A
 share of the jobs also write a ``chaos_effects`` row through ``job.transaction()``: the
 effect and the job's completion commit together or not at all, so a second effect row for a
 job would be a double completion. The handler ignores ``should_stop()`` on purpose: a late
-outcome must be rejected by fencing, not by the handler's good manners.
+outcome must be rejected by fencing, not by the handler's good manners. The async handler does
+the same on an ``AsyncConnection`` of its worker's event loop and ``job.atransaction()``; it
+cannot ignore a stop (its coroutine is cancelled), so it also shows that a cancellation at any
+await leaves no half-done effect.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -30,6 +35,7 @@ APP_NAME = "chaos:app"
 RECORD_RETRY_SECONDS = 20.0
 
 app = App()
+async_app = App()
 _local = threading.local()
 
 _RECORD = """
@@ -95,3 +101,45 @@ def chaos(job: Job) -> None:
             # completion through, which is exactly a duplicated effect.
             _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
             conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
+
+
+# One per worker process: every coroutine of a worker runs on its one event loop.
+_async_conn: psycopg.AsyncConnection[Any] | None = None
+
+
+async def _execute_async(query: str, params: tuple[object, ...]) -> None:
+    """:func:`_execute` on the event loop. Any failure, a cancellation included (the
+    connection may be mid-statement), drops the connection: the next statement opens another."""
+    global _async_conn
+    deadline = time.monotonic() + RECORD_RETRY_SECONDS
+    delay = 0.05
+    while True:
+        try:
+            if _async_conn is None or _async_conn.closed:
+                _async_conn = await psycopg.AsyncConnection.connect(
+                    os.environ["DATABASE_URL"], autocommit=True, application_name=APP_NAME
+                )
+            await _async_conn.execute(query, params)
+            return
+        except BaseException as exc:
+            conn, _async_conn = _async_conn, None
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+            if not isinstance(exc, psycopg.OperationalError) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+@async_app.task(TASK, queue=QUEUE, max_attempts=25)
+async def chaos_async(job: Job) -> None:
+    """:func:`chaos` as a coroutine: record, wait, then (for effect jobs) complete transactionally."""
+    await _execute_async(_RECORD, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
+    await asyncio.sleep(float(job.payload.get("ms", 0)) / 1000)
+    if not job.payload.get("effect"):
+        return
+    async with job.atransaction() as conn:
+        if (await conn.execute(_EFFECT, (job.id, job.attempt, os.getpid()))).rowcount == 0:
+            await _execute_async(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
+            await conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))

@@ -20,7 +20,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--jobs", type=int, default=300, help="jobs to enqueue")
     p.add_argument("--workers", type=int, default=4, help="worker processes per supervisor")
-    p.add_argument("--concurrency", type=int, default=1, help="handler threads per worker")
+    p.add_argument("--concurrency", type=int, default=1, help="handler threads (coroutines with --async) per worker")
+    p.add_argument(
+        "--async", dest="async_handlers", action="store_true", help="run the chaos task as an async def handler"
+    )
     p.add_argument("--duration", type=float, default=30.0, help="seconds of chaos")
     p.add_argument(
         "--kill-interval",
@@ -64,6 +67,7 @@ def options_from(argv: list[str] | None) -> Options:
         jobs=args.jobs,
         workers=args.workers,
         concurrency=args.concurrency,
+        async_handlers=args.async_handlers,
         duration=args.duration,
         kill_interval=(args.kill_interval[0], args.kill_interval[1]),
         seed=seed,

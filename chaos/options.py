@@ -42,6 +42,8 @@ class Options:
     jobs: int = 300
     workers: int = 4
     concurrency: int = 1
+    #: Run the chaos app's ``async def`` handler (``chaos.app:async_app``) instead of its ``def`` one.
+    async_handlers: bool = False
     duration: float = 30.0
     kill_interval: tuple[float, float] = (0.5, 1.5)
     seed: int = 0
@@ -66,6 +68,11 @@ class Options:
     #: The supervisor kills a child silent for this long (miniqueue's default); a stopped
     #: worker must be resumed well before it, or the kill would hide the late completion.
     liveness_timeout: float = 30.0
+
+    @property
+    def app(self) -> str:
+        """The app reference the supervisors run."""
+        return "chaos.app:async_app" if self.async_handlers else "chaos.app:app"
 
     @property
     def heartbeat(self) -> float:

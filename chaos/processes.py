@@ -74,7 +74,7 @@ class Supervisor(SupervisorProcess):
         self.number = number
         argv = [
             "--app",
-            "chaos.app:app",
+            options.app,
             "--workers",
             str(options.workers),
             "--concurrency",

@@ -172,7 +172,8 @@ def _judge(
 
 def _title(options: Options, server: Server) -> list[str]:
     return [
-        f"miniqueue chaos: {options.jobs} jobs, {options.workers} workers x {options.concurrency} thread(s), "
+        f"miniqueue chaos: {options.jobs} jobs, {options.workers} workers x {options.concurrency} "
+        f"{'async coroutine' if options.async_handlers else 'thread'}(s), "
         f"{options.duration:g}s of chaos, a fault every {options.kill_interval[0]:g}-{options.kill_interval[1]:g}s, "
         f"seed {options.seed}",
         f"server: {server.describe()}; lease {options.lease:g}s, heartbeat {options.heartbeat:g}s, reaper "
