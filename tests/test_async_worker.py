@@ -349,7 +349,8 @@ def test_atransaction_commits_writes_with_the_completion(
     wait_until(lambda: count(conn, "state = 'completed'") == 20, what="jobs completed")
     assert sorted(i for (i,) in conn.execute("SELECT job_id FROM effects").fetchall()) == ids
     pool_connections = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:handler'"
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:handler' "
+        "AND datname = current_database()"
     ).fetchone()
     assert pool_connections is not None and 1 <= pool_connections[0] <= 10
 
@@ -411,7 +412,7 @@ def test_atransaction_rolls_back_when_the_coroutine_is_cancelled_inside_it(
 def _in_transaction(conn: Connection) -> int:
     found = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:handler' "
-        "AND state LIKE 'idle in transaction%%'"
+        "AND datname = current_database() AND state LIKE 'idle in transaction%%'"
     ).fetchone()
     return int(found[0]) if found else 0
 
