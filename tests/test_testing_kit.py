@@ -230,8 +230,11 @@ def test_each_test_starts_from_an_empty_queue(miniqueue_dsn: str) -> None:
 def test_the_plugin_in_a_users_suite(tmp_path: Path, server_dsn: str, repo_root: Path) -> None:
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
     env = {**os.environ, "TEST_DATABASE_URL": server_dsn, "PYTHONPATH": str(repo_root)}
+    # A --basetemp of its own: pytest prunes old numbered temporary folders, the outer session's
+    # (where its embedded server's data lives) among them.
+    args = ["-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "--basetemp", str(tmp_path / "tmp")]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "test_user.py"],
+        [sys.executable, "-m", "pytest", *args, "test_user.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

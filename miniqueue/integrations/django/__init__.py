@@ -1,0 +1,163 @@
+"""Django: enqueue on Django's own database connection, inside ``transaction.atomic()``.
+
+Add ``"miniqueue.integrations.django"`` to ``INSTALLED_APPS`` (for ``manage.py miniqueue``)
+and, optionally, a ``MINIQUEUE`` setting::
+
+    MINIQUEUE = {
+        "APP": "myproject.tasks:app",   # what `manage.py miniqueue supervise` runs
+        "DATABASE": "default",          # the alias whose connection enqueues, and whose DSN workers use
+        "SCHEMA": "public",             # where miniqueue's tables are
+        "DATABASE_URL": None,           # a DSN for workers instead of the alias's (e.g. around PgBouncer)
+    }
+
+Then, in a view::
+
+    with transaction.atomic():
+        order = Order.objects.create(...)
+        enqueue("send_receipt", {"order": order.pk})   # exists only if the block commits
+
+Outside an atomic block Django's connection is in autocommit mode, and the job is stored at
+once. It needs Django 4.2+ on psycopg 3 (``django.db.backends.postgresql`` with ``psycopg``
+installed): the job's ``INSERT`` runs on the psycopg connection under Django's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from django.conf import settings
+from django.db import connections
+from psycopg.conninfo import make_conninfo
+
+from ...client import Client
+from ...db import Connection, check_schema, create_pool
+from ...errors import ConfigError
+from ...job import EnqueueResult, JobSpec
+
+__all__ = [
+    "MiniqueueSettings",
+    "database_url",
+    "enqueue",
+    "enqueue_many",
+    "get_client",
+    "get_settings",
+    "psycopg_connection",
+]
+
+T = TypeVar("T")
+
+_KEYS = frozenset({"APP", "DATABASE", "SCHEMA", "DATABASE_URL"})
+# Django's own OPTIONS for its PostgreSQL backend, which are not libpq parameters.
+_DJANGO_OPTIONS = frozenset(
+    {"isolation_level", "server_side_binding", "assume_role", "pool", "cursor_factory", "context"}
+)
+
+
+@dataclass(frozen=True)
+class MiniqueueSettings:
+    """The ``MINIQUEUE`` setting, checked, with its defaults."""
+
+    app: str | None = None
+    database: str = "default"
+    schema: str = "public"
+    database_url: str | None = None
+
+
+def get_settings() -> MiniqueueSettings:
+    """Read and check ``settings.MINIQUEUE``; ConfigError names an unknown key or a bad value."""
+    given: dict[str, Any] = dict(getattr(settings, "MINIQUEUE", None) or {})
+    unknown = sorted(set(given) - _KEYS)
+    if unknown:
+        raise ConfigError(f"MINIQUEUE setting has unknown keys {unknown}: use {', '.join(sorted(_KEYS))}")
+    chosen = MiniqueueSettings(
+        app=given.get("APP"), database=given.get("DATABASE", "default"),
+        schema=check_schema(given.get("SCHEMA", "public")), database_url=given.get("DATABASE_URL"),
+    )  # fmt: skip
+    if chosen.database not in settings.DATABASES:
+        raise ConfigError(
+            f"MINIQUEUE['DATABASE'] {chosen.database!r} is not in DATABASES ({', '.join(settings.DATABASES)})"
+        )
+    return chosen
+
+
+def database_url(using: str | None = None) -> str:
+    """The DSN workers use: ``MINIQUEUE['DATABASE_URL']``, else the one Django's connection
+    ``using`` (default ``MINIQUEUE['DATABASE']``) connects with (under the test runner, the
+    test database)."""
+    chosen = get_settings()
+    if chosen.database_url and using is None:
+        return chosen.database_url
+    connection = connections[using or chosen.database]
+    if connection.vendor != "postgresql":
+        raise ConfigError(f"database {connection.alias!r} is {connection.vendor}: miniqueue needs PostgreSQL")
+    params = connection.settings_dict
+    options = {key: value for key, value in (params.get("OPTIONS") or {}).items() if key not in _DJANGO_OPTIONS}
+    parts = {"dbname": params.get("NAME"), "user": params.get("USER"), "password": params.get("PASSWORD"),
+             "host": params.get("HOST"), "port": params.get("PORT"), **options}  # fmt: skip
+    return make_conninfo("", **{key: str(value) for key, value in parts.items() if value not in (None, "")})
+
+
+def psycopg_connection(using: str | None = None) -> Connection:
+    """The psycopg connection under Django's connection ``using`` (default
+    ``MINIQUEUE['DATABASE']``), connected if it was not: inside ``transaction.atomic()`` a
+    statement on it is part of the block's transaction."""
+    connection = connections[using or get_settings().database]
+    connection.ensure_connection()
+    raw = connection.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise ConfigError(
+            f"Django's database {connection.alias!r} connects with {type(raw).__module__}, and miniqueue enqueues "
+            "on psycopg 3 connections only: install psycopg (Django 4.2+ then uses it in place of psycopg2)"
+        )
+    return raw
+
+
+_clients: dict[tuple[int, str, str], Client] = {}
+_clients_lock = threading.Lock()
+
+
+def get_client() -> Client:
+    """This process's :class:`Client` for Django's database (made on first use).
+
+    Its pool opens no connection until a method runs without ``conn=`` (``get``,
+    ``list_jobs``...): enqueues through this module run on Django's connection. Made per
+    process, since no connection may cross a fork (gunicorn's, say).
+    """
+    chosen = get_settings()
+    key = (os.getpid(), database_url(), chosen.schema)
+    with _clients_lock:
+        if key not in _clients:
+            pool = create_pool(key[1], purpose="django", schema=chosen.schema, min_size=0, max_size=2)
+            _clients[key] = Client(pool, schema=chosen.schema)
+        return _clients[key]
+
+
+def enqueue(task: str, payload: Any = None, *, using: str | None = None, **options: Any) -> EnqueueResult:
+    """:meth:`Client.enqueue` on Django's connection ``using``: inside ``transaction.atomic()``
+    the job exists only if the block commits (workers are notified at that commit).
+    ``options`` are Client.enqueue's (queue, priority, run_at, delay, max_attempts, idempotency_key)."""
+    return _on_django_connection(using, lambda conn: get_client().enqueue(task, payload, conn=conn, **options))
+
+
+def enqueue_many(jobs: Iterable[JobSpec], *, using: str | None = None) -> list[EnqueueResult]:
+    """:meth:`Client.enqueue_many` on Django's connection ``using`` (see :func:`enqueue`)."""
+    return _on_django_connection(using, lambda conn: get_client().enqueue_many(jobs, conn=conn))
+
+
+def _on_django_connection(using: str | None, write: Callable[[Connection], T]) -> T:
+    """Run ``write(conn)`` on Django's psycopg connection. A statement that fails leaves the
+    transaction aborted: mark the atomic block for rollback, as Django does when one of its
+    own queries fails, so a caller that catches the error cannot commit the rest."""
+    connection = connections[using or get_settings().database]
+    raw = psycopg_connection(connection.alias)
+    try:
+        return write(raw)
+    except Exception:
+        if connection.in_atomic_block and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            connection.set_rollback(True)
+        raise

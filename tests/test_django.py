@@ -1,0 +1,175 @@
+"""miniqueue.integrations.django with a real Django project (tests/django_project) on the test
+database: jobs enqueued on Django's own connection commit and roll back with its transaction,
+and ``manage.py miniqueue`` runs miniqueue's commands, the supervisor among them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import django
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test.utils import override_settings
+from psycopg.conninfo import conninfo_to_dict
+
+import miniqueue
+from miniqueue import Client
+from miniqueue.db import Connection
+from miniqueue.integrations.django import database_url, enqueue, enqueue_many, get_client, psycopg_connection
+from miniqueue.testing import assert_enqueued, enqueued_jobs, run_jobs
+from tests.helpers import count, wait_until
+
+SETTINGS = "tests.django_project.settings"
+
+
+@pytest.fixture(scope="session")
+def django_project(database_dsn: str) -> str:
+    """Django set up on the test session's database, with the project's tables created."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_TEST_DSN", database_dsn)
+        patch.setenv("DJANGO_SETTINGS_MODULE", SETTINGS)
+        django.setup()
+    from tests.django_project.shop.models import Order, Receipt
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Order)
+        editor.create_model(Receipt)
+    return database_dsn
+
+
+@pytest.fixture
+def shop(django_project: str, dsn: str) -> Iterator[Any]:
+    """The shop's models, with no order or receipt left by an earlier test."""
+    from tests.django_project.shop import models
+
+    models.Order.objects.all().delete()
+    models.Receipt.objects.all().delete()
+    yield models
+
+
+def test_the_job_commits_with_the_atomic_block(shop: Any, client: Client, conn: Connection) -> None:
+    from tests.django_project.shop.views import place_order
+
+    job_id = place_order(1)
+    [job] = assert_enqueued(client, task="send_receipt", payload={"order": 1}, queue="mail")
+    assert job.id == job_id
+    assert shop.Order.objects.filter(number=1).exists()
+
+
+def test_a_job_is_invisible_until_the_block_commits(shop: Any, conn: Connection) -> None:
+    with transaction.atomic():
+        shop.Order.objects.create(number=2)
+        enqueue("send_receipt", {"order": 2})
+        assert count(conn) == 0  # another connection sees nothing yet
+    assert count(conn) == 1
+
+
+def test_a_rolled_back_block_leaves_no_job(shop: Any, client: Client) -> None:
+    from tests.django_project.shop.views import place_order
+
+    with pytest.raises(RuntimeError, match="payment declined"):
+        place_order(3, fail=True)
+    with transaction.atomic():
+        enqueue("kept")
+        try:
+            with transaction.atomic():  # a savepoint
+                enqueue("dropped")
+                raise ValueError
+        except ValueError:
+            pass
+        enqueue_many([miniqueue.JobSpec("batch", {"n": i}) for i in range(600)])  # by COPY
+    assert [job.task for job in enqueued_jobs(client)][:2] == ["kept", "batch"]
+    assert len(enqueued_jobs(client, task="batch")) == 600
+    assert enqueued_jobs(client, task="dropped") == []
+    assert not shop.Order.objects.filter(number=3).exists()
+
+
+def test_outside_a_block_the_job_is_stored_at_once(shop: Any, conn: Connection) -> None:
+    assert connection.get_autocommit()
+    enqueue("now", delay=60)
+    assert count(conn, "task = 'now' AND scheduled_at > now()") == 1
+
+
+def test_a_failed_enqueue_marks_the_block_for_rollback(shop: Any, client: Client, dsn: str) -> None:
+    with psycopg.connect(dsn) as other:  # holds an uncommitted job with the same idempotency key
+        client.enqueue("charge", idempotency_key="order-8", conn=other)
+        with transaction.atomic():
+            shop.Order.objects.create(number=8)
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '100ms'")
+            with pytest.raises(miniqueue.DatabaseUnavailable, match="lock timeout"):
+                enqueue("charge", idempotency_key="order-8")
+            # The transaction is aborted: Django must not try to commit the order.
+            assert connection.needs_rollback
+        other.rollback()
+    assert not shop.Order.objects.filter(number=8).exists()
+    assert enqueued_jobs(client) == []
+
+
+def test_the_dsn_comes_from_django(shop: Any, dsn: str) -> None:
+    ours, theirs = conninfo_to_dict(database_url()), conninfo_to_dict(dsn)
+    assert {k: ours.get(k) for k in ("dbname", "host", "port", "user")} == {
+        k: theirs.get(k) for k in ("dbname", "host", "port", "user")
+    }
+    assert psycopg_connection() is connection.connection
+    with override_settings(MINIQUEUE={"DATABASE_URL": dsn, "SCHEMA": "public"}):
+        assert database_url() == dsn
+    with override_settings(MINIQUEUE={"QUEUE": "x"}), pytest.raises(miniqueue.ConfigError, match="unknown keys"):
+        database_url()
+    with override_settings(MINIQUEUE={"DATABASE": "other"}), pytest.raises(miniqueue.ConfigError, match="'other'"):
+        get_client()
+    assert get_client() is get_client()
+
+
+def test_run_jobs_with_orm_handlers(shop: Any) -> None:
+    from tests.django_project.shop.tasks import app
+    from tests.django_project.shop.views import place_order
+
+    job_id = place_order(5)
+    result = run_jobs(app, get_client())
+    assert [job.id for job in result.completed] == [job_id]
+    assert shop.Receipt.objects.get(order=5).job_id == job_id
+
+
+def test_manage_py_miniqueue_runs_the_cli(shop: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    enqueue("send_receipt", {"order": 6}, queue="mail")
+    call_command("miniqueue", "migrate")
+    call_command("miniqueue", "stats", "--json")
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert any(row["queue"] == "mail" and row["available"] == 1 for row in stats), stats
+    with pytest.raises(django.core.management.CommandError, match="exited with status 2"):
+        call_command("miniqueue", "no-such-command")
+
+
+def test_manage_py_miniqueue_supervise(shop: Any, dsn: str, repo_root: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS, "DJANGO_TEST_DSN": dsn, "PYTHONPATH": str(repo_root)}
+    log = tmp_path / "supervise.log"
+    manage = repo_root / "tests" / "django_project" / "manage.py"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(manage), "miniqueue", "supervise", "--workers", "1", "--poll-interval", "0.1"],
+            env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+    try:
+        from tests.django_project.shop.views import place_order
+
+        job_id = place_order(7)
+        wait_until(lambda: shop.Receipt.objects.filter(order=7).exists(), timeout=30, what="the receipt")
+        assert shop.Receipt.objects.get(order=7).job_id == job_id
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 0, log.read_text()
