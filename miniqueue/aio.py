@@ -33,9 +33,10 @@ log = logging.getLogger("miniqueue.worker")
 
 T = TypeVar("T")
 
-#: The most connections ``job.atransaction()`` holds per worker. A transaction is the handler's
-#: last, short step, so a few connections serve hundreds of coroutines; one per coroutine would
-#: exhaust ``max_connections`` with a handful of workers at ``--concurrency 200``.
+#: The most connections ``job.transaction()`` and ``job.atransaction()`` each hold per worker. A
+#: transaction is the handler's last, short step, so a few connections serve hundreds of
+#: handlers; one per handler would exhaust ``max_connections`` with a handful of workers at
+#: ``--concurrency 200`` (a handler past the tenth waits for a connection to come back).
 POOL_MAX_SIZE = 10
 
 

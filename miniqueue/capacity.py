@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .aio import POOL_MAX_SIZE
 from .db import behind_pooler, connect
 from .errors import ConfigError
 from .migrate import check_schema_version
@@ -20,10 +21,12 @@ if TYPE_CHECKING:
 def check_database(config: SupervisorConfig, store: Store) -> None:
     """Raise SchemaOutOfDate if the schema is old, ConfigError if the connections cannot fit."""
     worker = config.worker
-    # The claim loop's, the heartbeat's and (unless poll-only) the listener's, plus the pool
-    # that job.transaction() opens on demand, up to one per handler thread.
+    # The claim loop's, the heartbeat's and (unless poll-only) the listener's, plus the pools
+    # that job.transaction() and job.atransaction() open on demand (the app is not imported
+    # here, so both count).
     own = 2 if worker.poll_only else 3
-    per_worker = own + worker.concurrency
+    pools = 2 * min(worker.concurrency, POOL_MAX_SIZE)
+    per_worker = own + pools
     # The reaper's (and, with --metrics-port, its gauge reader's) and the supervisor's own.
     needed = config.workers * per_worker + (3 if config.metrics_port is not None else 2)
     with connect(config.dsn, purpose="supervisor", schema=store.schema) as conn:
@@ -36,7 +39,8 @@ def check_database(config: SupervisorConfig, store: Store) -> None:
         fit = max(0, (available - 2) // per_worker)
         raise ConfigError(
             f"--workers {config.workers} --concurrency {worker.concurrency} needs {needed} connections "
-            f"({per_worker} per worker: {own} of its own and up to {worker.concurrency} for job.transaction(); "
+            f"({per_worker} per worker: {own} of its own and up to {pools} for job.transaction() and "
+            "job.atransaction(); "
             f"plus the reaper and the supervisor) but the server has {available} free "
             f"(max_connections {limit}, {reserved} reserved, {in_use} in use): run at most {fit} worker(s) "
             "at this concurrency, lower --concurrency, or raise max_connections"

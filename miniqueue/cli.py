@@ -616,7 +616,10 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option("--app", "app_ref", required=True, help="The app to run, as module:attribute.")
 @click.option("--workers", type=int, default=os.cpu_count() or 1, show_default=True, help="Worker processes.")
 @click.option("--queues", help="Comma-separated queues to claim from (default: every queue of the app's tasks).")
-@click.option("--concurrency", type=int, default=1, show_default=True, help="Handler threads per worker.")
+@click.option(
+    "--concurrency", type=int, default=1, show_default=True,
+    help="Per worker: handler threads for def tasks, and coroutines for async def tasks (each up to this).",
+)  # fmt: skip
 @click.option(
     "--prefetch",
     default="auto",

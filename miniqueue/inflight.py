@@ -5,11 +5,11 @@ running (one of them is the likely cause), never to jobs the worker merely held:
 ones waiting for a thread, or finished ones whose outcome was not yet recorded. Report lines
 to the supervisor are batched every 0.1 s, so they cannot say which handler was running at
 the instant of a crash. This board can: a page of memory shared between the supervisor and
-one worker (an anonymous ``MAP_SHARED`` mapping made before ``fork()``), with one slot per
-handler thread. A thread writes its job into its slot before calling the handler and clears
-it after, with plain memory stores (no system call, no lock: each thread owns its slot). The
-supervisor reads the board only after ``waitpid`` has reaped the worker, so it never sees a
-half-written slot.
+one worker (an anonymous ``MAP_SHARED`` mapping made before ``fork()``), with a slot per
+running handler, thread or coroutine alike. A handler takes a free slot and writes its job
+there before it runs and clears it after, with plain memory stores (no system call; a lock
+only around the free list). The supervisor reads the board only after ``waitpid`` has reaped
+the worker, so it never sees a half-written slot.
 
 The header also records that the worker was asked to stop (TERM, INT, QUIT, or its own
 ``max_jobs``), so a death during a requested stop is not charged as a crash.
@@ -17,7 +17,6 @@ The header also records that the worker was asked to stop (TERM, INT, QUIT, or i
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import struct
 import threading
@@ -35,37 +34,34 @@ class InflightBoard:
     def __init__(self, slots: int) -> None:
         self.slots = slots
         self._map = mmap.mmap(-1, _HEADER.size + slots * _SLOT.size)
-        self._local = threading.local()
-        self._next_slot = itertools.count()
+        self._free = list(range(slots - 1, -1, -1))
+        self._taken: dict[int, int] = {}  # job id -> slot
         self._lock = threading.Lock()
 
     # -- the worker's side -------------------------------------------------------------------
 
     def handler_started(self, job: Job) -> None:
-        """Record that this thread now runs ``job``'s handler."""
-        slot = self._slot()
-        if slot is not None:
-            _SLOT.pack_into(self._map, _HEADER.size + slot * _SLOT.size, job.id, job.attempt, job.started_at)
+        """Record that ``job``'s handler now runs."""
+        with self._lock:
+            # More running handlers than slots cannot happen (the supervisor sizes the board for
+            # both kinds at full concurrency); if it did, that job would count as not running.
+            if not self._free:
+                return
+            slot = self._taken[job.id] = self._free.pop()
+        _SLOT.pack_into(self._map, _HEADER.size + slot * _SLOT.size, job.id, job.attempt, job.started_at)
 
     def handler_finished(self, job: Job) -> None:
-        """Record that this thread's handler returned (or raised)."""
-        slot = self._slot()
-        if slot is not None:
+        """Record that ``job``'s handler returned (or raised)."""
+        with self._lock:
+            slot = self._taken.pop(job.id, None)
+            if slot is None:
+                return
             _SLOT.pack_into(self._map, _HEADER.size + slot * _SLOT.size, 0, 0, 0.0)
+            self._free.append(slot)
 
     def stop_requested(self) -> None:
         """Record that the worker was asked to stop: what it leaves behind is not a crash."""
         _HEADER.pack_into(self._map, 0, 1)
-
-    def _slot(self) -> int | None:
-        slot: int | None = getattr(self._local, "slot", -1)
-        if slot == -1:
-            with self._lock:
-                slot = next(self._next_slot)
-            # More handler threads than slots cannot happen (a worker runs at most
-            # `concurrency` of them); if it did, that thread's jobs would count as not running.
-            slot = self._local.slot = slot if slot < self.slots else None
-        return slot
 
     # -- the supervisor's side (after waitpid) ------------------------------------------------
 

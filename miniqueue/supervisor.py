@@ -323,7 +323,8 @@ class Supervisor:
             worker_suffix=suffix,
             worker=self.config.worker,
             max_jobs=self.config.max_jobs_per_child,
-            board=InflightBoard(self.config.worker.concurrency),
+            # Threads for def handlers and coroutines for async ones, each up to --concurrency.
+            board=InflightBoard(2 * self.config.worker.concurrency),
         )
 
     def take_reports(self, child: Child) -> None:

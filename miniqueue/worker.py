@@ -682,7 +682,7 @@ class Worker:
             # otherwise fail the next handler's transaction and cost its job an attempt.
             self._tx_pool = create_pool(
                 self.dsn, purpose="handler", schema=self.config.schema, min_size=0,
-                max_size=self.config.concurrency, check=ConnectionPool.check_connection,
+                max_size=min(self.config.concurrency, POOL_MAX_SIZE), check=ConnectionPool.check_connection,
             )  # fmt: skip
         with self._tx_pool.connection() as conn, conn.transaction():
             yield conn

@@ -494,11 +494,6 @@ def test_supervised_async_app_drains_survives_a_kill_and_stops_gracefully(
     assert row(conn, last)["state"] == "completed" and row(conn, last)["attempt"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="InflightBoard gives each handler *thread* one slot; every coroutine shares the loop thread's, "
-    "so a crash charges at most the last coroutine started (miniqueue/inflight.py needs a slot per job)",
-)
 def test_a_crash_charges_every_coroutine_that_was_running(
     supervise: StartSupervisor, client: Client, conn: Connection
 ) -> None:

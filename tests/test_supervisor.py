@@ -275,8 +275,8 @@ def test_two_supervisors_share_the_work_without_duplicates(
     [
         (["--workers", "0"], "--workers 0 is invalid"),
         (["--lease-duration", "3", "--heartbeat-interval", "3"], "must be below the lease"),
-        (["--workers", "500"], "needs 2002 connections"),
-        (["--workers", "4", "--concurrency", "400"], "run at most"),
+        (["--workers", "500"], "needs 2502 connections"),
+        (["--workers", "6", "--concurrency", "400"], "run at most"),
     ],
 )
 def test_bad_options_get_one_clear_line(dsn: str, repo_root: Path, args: list[str], message: str) -> None:

@@ -15,7 +15,6 @@ from miniqueue import Client, LeaseLost, State
 from miniqueue.app import App
 from miniqueue.context import Job, PermanentError, Snooze
 from miniqueue.db import Connection
-from miniqueue.errors import ConfigError
 from miniqueue.reaper import Reaper
 from miniqueue.store import Store
 from miniqueue.worker import Worker, WorkerConfig
@@ -414,20 +413,6 @@ def test_every_failed_attempt_leaves_a_log_line(
     assert "miniqueue.PermanentError: card declined" in failed.message  # named as users import it
     assert dead.job == {"job_id": flaky_id, "task": "flaky", "queue": "default", "attempt": 2,
                         "max_attempts": 2, "outcome": "dead", "error": row(conn, flaky_id)["last_error"]}  # fmt: skip
-
-
-def test_an_async_handler_is_refused_at_registration() -> None:
-    app = App()
-
-    async def fetch(job: Job) -> None: ...
-
-    class Callback:
-        async def __call__(self, job: Job) -> None: ...
-
-    for handler in (fetch, Callback()):
-        with pytest.raises(ConfigError, match="async handlers are not supported"):
-            app.task("fetch")(handler)
-    assert app.tasks == {}
 
 
 def test_a_handler_returning_an_awaitable_fails_its_attempt(
