@@ -1,69 +1,49 @@
 """Fixtures: a real PostgreSQL for every test, never a mock.
 
 The server is ``TEST_DATABASE_URL`` when set, otherwise an embedded PostgreSQL started once per
-test session in pytest's temporary folder. Either way the session creates a database of its
-own, migrates it once, and every test starts from an empty queue.
+test process in pytest's temporary folder. Either way the process creates a database of its
+own, migrates it once, and every test starts from an empty queue: the steps of
+:mod:`miniqueue.testing.database`, which users' suites take too.
 """
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
-from miniqueue import Client, run_migrations
+from miniqueue import Client
 from miniqueue.db import Connection, connect
 from miniqueue.store import Store
+from miniqueue.testing import database as testing_db
 
 
 @pytest.fixture(scope="session")
 def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A DSN for the server the tests use (any database on it)."""
-    if os.environ.get("TEST_DATABASE_URL"):
-        return os.environ["TEST_DATABASE_URL"]
-    from miniqueue import embedded
-
-    return embedded.start(tmp_path_factory.mktemp("embedded") / "pgdata")
+    return testing_db.server_dsn(tmp_path_factory.mktemp("embedded") / "pgdata")
 
 
 @pytest.fixture(scope="session")
 def database_dsn(server_dsn: str) -> Iterator[str]:
     """A database created for this test session and migrated once; dropped at the end."""
-    name = f"miniqueue_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = make_conninfo(server_dsn, dbname=name)
-    run_migrations(dsn)
-    yield dsn
-    with psycopg.connect(server_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with testing_db.temporary_database(server_dsn) as dsn:
+        yield dsn
 
 
 @pytest.fixture
 def fresh_database(server_dsn: str) -> Iterator[str]:
     """An empty, unmigrated database of the test's own (for migration tests)."""
-    name = f"miniqueue_fresh_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield make_conninfo(server_dsn, dbname=name)
-    with psycopg.connect(server_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    dsn = testing_db.create_database(server_dsn, prefix="miniqueue_fresh", migrate=False)
+    yield dsn
+    testing_db.drop_database(server_dsn, dsn)
 
 
 @pytest.fixture
 def dsn(database_dsn: str) -> str:
     """The test database, with an empty queue."""
-    with psycopg.connect(database_dsn, autocommit=True) as conn:
-        conn.execute("SET lock_timeout = '10s'")
-        conn.execute(
-            "TRUNCATE miniqueue_jobs, miniqueue_periodic, miniqueue_queues, miniqueue_processes, miniqueue_counts"
-            " RESTART IDENTITY"
-        )
+    testing_db.clean_database(database_dsn)
     return database_dsn
 
 
