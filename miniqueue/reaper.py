@@ -114,8 +114,8 @@ class Reaper:
     def _prune(self, conn: Connection) -> tuple[int, bool]:
         """Delete finished jobs past retention, in batches, for at most PRUNE_SLICE seconds: a
         backlog of millions (retention just lowered, pruning just turned on) must not hold up
-        lease recovery and periodic scheduling, which come first in every pass. Returns how many
-        were deleted and whether more are due."""
+        lease recovery and periodic scheduling, which come first in every pass; :meth:`run` then
+        rests as long before the next pass. Returns how many were deleted and whether more are due."""
         deadline = time.monotonic() + PRUNE_SLICE
         rules = [
             ((State.COMPLETED, State.CANCELLED), self.config.completed_retention),
@@ -147,12 +147,15 @@ class Reaper:
                  self.config.interval, retention, len(self.schedules))  # fmt: skip
         while not self._stopping.is_set():
             more = False
+            started = time.monotonic()
             try:
                 more = self.run_once().more_to_prune
             except DatabaseUnavailable as exc:
                 log.warning("reaper: %s; retrying", exc)
                 self.close()
-            self._stopping.wait(0.0 if more else self.config.interval)
+            # With more to prune, rest as long as the pass took before the next: pruning is
+            # maintenance, and on a small host it must leave the database's time to the jobs.
+            self._stopping.wait(min(time.monotonic() - started, self.config.interval) if more else self.config.interval)
         self.close()
 
     def close(self) -> None:
