@@ -56,5 +56,9 @@ def test_a_host_lost_whole_mid_run_loses_nothing(
     assert recovered, "the kill found host-a holding jobs"
     rerun = {row[0] for row in conn.execute("SELECT job_id FROM executions GROUP BY 1 HAVING count(*) > 1")}
     assert rerun <= recovered, "a job ran again only because its host was lost"
-    history = conn.execute("SELECT DISTINCT e->>'worker' FROM miniqueue_jobs, jsonb_array_elements(errors) e")
-    assert {row[0].split(":")[0] for row in history} == {"host-a"}, "only the lost host's leases were lost"
+    # (host-b's history may hold prefetched jobs it handed back unstarted: that is not a loss.)
+    losers = conn.execute(
+        "SELECT DISTINCT e->>'worker' FROM miniqueue_jobs, jsonb_array_elements(errors) e"
+        " WHERE e->>'error' LIKE 'worker lost%%'"
+    )
+    assert {row[0].split(":")[0] for row in losers} == {"host-a"}, "only the lost host's leases were lost"
