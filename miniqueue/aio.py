@@ -25,7 +25,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .context import Job
-from .db import _session_kwargs, conninfo, translate_errors
+from .db import conninfo, session_kwargs, translate_errors
 from .errors import LeaseLost
 from .store import Store
 
@@ -130,7 +130,7 @@ class AsyncTransactions:
         # restart) would otherwise fail the next handler's transaction and cost an attempt.
         pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
             conninfo(self.dsn, purpose="handler", schema=self.store.schema), min_size=0, max_size=self.max_size,
-            kwargs={"autocommit": True, **_session_kwargs()}, open=False, name="miniqueue-handler-async",
+            kwargs={"autocommit": True, **session_kwargs()}, open=False, name="miniqueue-handler-async",
             check=AsyncConnectionPool.check_connection,
         )  # fmt: skip
         await pool.open()
@@ -148,7 +148,7 @@ async def complete_in(conn: AsyncConnection[Any], store: Store, job_id: int, wor
     """:meth:`Store.complete` on an async connection, inside the caller's transaction: the
     store's own rendered statement, so the fence and the finished-job counts are the same."""
     with translate_errors():
-        cur = await conn.execute(store._complete, {"ids": [job_id], "attempts": [attempt], "worker": worker_id})
+        cur = await conn.execute(*store.completion(worker_id, [(job_id, attempt)]))
         completed = await cur.fetchall()
     if not completed:
         raise LeaseLost(job_id, worker_id, attempt)

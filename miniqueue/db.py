@@ -235,12 +235,12 @@ def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool 
     adds libpq parameters such as ``connect_timeout``."""
     info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
     with translate_errors(dsn):
-        conn = psycopg.connect(info, autocommit=autocommit, **_session_kwargs())
+        conn = psycopg.connect(info, autocommit=autocommit, **session_kwargs())
     _configure(conn)
     return conn
 
 
-def _session_kwargs() -> dict[str, Any]:
+def session_kwargs() -> dict[str, Any]:
     """psycopg.connect's arguments for where the connection goes: none for a direct one (psycopg's
     defaults, prepared statements included), no server-side prepares behind a pooler."""
     return _POOLER_KWARGS if behind_pooler() else {}
@@ -264,7 +264,7 @@ def create_pool(
         info,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True, **_session_kwargs()},
+        kwargs={"autocommit": True, **session_kwargs()},
         connection_class=PooledConnection,
         configure=_configure,
         timeout=timeout,

@@ -785,11 +785,17 @@ class Store:
 
         An id missing from the result lost its lease: its completion did not happen.
         """
-        ids, attempts = _columns(leases)
-        if not ids:
+        query, params = self.completion(worker_id, leases)
+        if not params["ids"]:
             return set()
-        rows = self._rows(conn, self._complete, {"ids": ids, "attempts": attempts, "worker": worker_id})
-        return {row[0] for row in rows}
+        return {row[0] for row in self._rows(conn, query, params)}
+
+    def completion(self, worker_id: str, leases: Iterable[tuple[int, int]]) -> tuple[str, dict[str, Any]]:
+        """The fenced completion of ``leases`` as (statement, parameters), for a caller that runs
+        it on a connection of another kind (``job.atransaction()``'s async one); it returns the
+        ids completed."""
+        ids, attempts = _columns(leases)
+        return self._complete, {"ids": ids, "attempts": attempts, "worker": worker_id}
 
     def complete(self, conn: Connection, job_id: int, worker_id: str, attempt: int) -> None:
         """Complete one job; raise LeaseLost if ``worker_id`` no longer holds that attempt."""

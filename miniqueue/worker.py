@@ -418,7 +418,8 @@ class Worker:
         prefetch, wait until half the buffer is free (or it ran dry) so that claims come in
         batches rather than one statement per finished job.
         """
-        capacity = self.config.concurrency + self._prefetch.size(stuck=self._prefetch.stuck(self._running_for()))
+        stuck = self._prefetch.adaptive and self._prefetch.stuck(self._running_for())
+        capacity = self._handler_slots + self._prefetch.size(stuck=stuck)
         self._claim_batch = max(1, capacity // 2)
         free = capacity - self._slots.held() + len(self._outcomes)
         if self.config.max_jobs is not None:  # never claim a job this worker will not run
@@ -448,7 +449,7 @@ class Worker:
     def _hand_back_if_stuck(self) -> None:
         """Work-conserving prefetch: jobs waiting behind handlers that all outlived the budget
         go back unstarted, so that an idle worker takes them instead of them waiting here."""
-        if self._slots.has_ready() and self._prefetch.stuck(self._running_for()):
+        if self._prefetch.adaptive and self._slots.has_ready() and self._prefetch.stuck(self._running_for()):
             self._release_ready("handed back unstarted: every handler thread of its worker was busy past the "
                                 f"{self.config.prefetch_budget:g}s prefetch budget; attempt not charged")  # fmt: skip
 
