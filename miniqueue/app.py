@@ -16,11 +16,14 @@ from .context import Job
 from .db import Connection
 from .errors import AppLoadError, ConfigError
 from .job import EnqueueResult, JobSpec
+from .limits import job_scopes
 from .periodic import CatchUp, Periodic
 from .retry import Backoff, default_backoff
 from .validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
 
 Handler = Callable[[Job], Any]
+#: A limit key, or how to compute it from a job's payload (None: the job is not limited).
+KeyOf = str | Callable[[Any], str | None] | None
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class Task:
 
     ``timeout`` (seconds) is when :meth:`Job.should_stop` turns true; under the supervisor the
     worker process is killed (and the attempt charged) once it is exceeded by a grace period.
+    ``concurrency_key``, ``max_concurrent``, ``rate_limit`` and ``rate_limit_key`` are the
+    limits its jobs are enqueued with (see the README's "Limits").
     """
 
     name: str
@@ -38,6 +43,22 @@ class Task:
     priority: int = 0
     timeout: float | None = None
     backoff: Backoff = default_backoff
+    concurrency_key: KeyOf = None
+    max_concurrent: int | None = None
+    rate_limit: str | None = None
+    rate_limit_key: KeyOf = None
+
+    def spec(self, payload: Any = None) -> JobSpec:
+        """A JobSpec of this task for ``payload``, its keys computed from the payload."""
+        return JobSpec(
+            self.name, payload, queue=self.queue, priority=self.priority, max_attempts=self.max_attempts,
+            concurrency_key=_key_of(self.concurrency_key, payload), max_concurrent=self.max_concurrent,
+            rate_limit=self.rate_limit, rate_limit_key=_key_of(self.rate_limit_key, payload),
+        )  # fmt: skip
+
+
+def _key_of(key: KeyOf, payload: Any) -> str | None:
+    return key(payload) if callable(key) else key
 
 
 class App:
@@ -57,10 +78,18 @@ class App:
         timeout: float | None = None,
         backoff: Backoff | None = None,
         cron: str | None = None,
+        concurrency_key: KeyOf = None,
+        max_concurrent: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyOf = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of task ``name`` (default: its name).
 
-        ``cron`` also schedules the task periodically (see :meth:`periodic`).
+        ``cron`` also schedules the task periodically (see :meth:`periodic`). Limits, enforced
+        across every worker on every host: with a ``concurrency_key`` (a string, or a function
+        of the payload returning one or None), at most ``max_concurrent`` (default 1) jobs of
+        this task with the same key run at once; with a ``rate_limit`` (``"100/s"``, ``"30/min"``,
+        ``"1000/h"``), at most that many start, per task or per ``rate_limit_key``.
         """
 
         def register(handler: Handler) -> Handler:
@@ -74,6 +103,10 @@ class App:
                 Periodic(task_name, cron, task_name)  # validate before registering anything
             if task_name in self.tasks:
                 raise ConfigError(f"task {task_name!r} is registered twice")
+            if callable(concurrency_key) or callable(rate_limit_key):
+                job_scopes(task_name, "key", max_concurrent, rate_limit, None if rate_limit_key is None else "key")
+            else:
+                job_scopes(task_name, concurrency_key, max_concurrent, rate_limit, rate_limit_key)
             if timeout is not None and not timeout > 0:
                 raise ConfigError(
                     f"task {task_name!r}: timeout {timeout!r} is invalid: use a positive number of seconds"
@@ -86,6 +119,10 @@ class App:
                 priority=check_int_range("priority", priority, PRIORITY_RANGE),
                 timeout=timeout,
                 backoff=backoff or default_backoff,
+                concurrency_key=concurrency_key,
+                max_concurrent=max_concurrent,
+                rate_limit=rate_limit,
+                rate_limit_key=rate_limit_key,
             )
             if cron is not None:
                 self.periodic(cron, task=task_name)
@@ -116,12 +153,11 @@ class App:
         self.schedules[schedule.name] = schedule
         return schedule
 
-    def task_spec(self, task: str) -> JobSpec:
-        """A JobSpec carrying ``task``'s queue, priority and max_attempts."""
+    def task_spec(self, task: str, payload: Any = None) -> JobSpec:
+        """A JobSpec of ``task`` for ``payload``: the task's queue, priority, max_attempts and limits."""
         if task not in self.tasks:
             raise ConfigError(f"task {task!r} is not registered in this app (known: {', '.join(sorted(self.tasks))})")
-        t = self.tasks[task]
-        return JobSpec(task, queue=t.queue, priority=t.priority, max_attempts=t.max_attempts)
+        return self.tasks[task].spec(payload)
 
     @property
     def queues(self) -> list[str]:
@@ -140,17 +176,21 @@ class App:
         conn: Connection | None = None,
         **overrides: Any,
     ) -> EnqueueResult:
-        """Enqueue a job of a registered task with the task's queue, priority and max_attempts
-        (each overridable by keyword)."""
-        spec = self.task_spec(task)
-        options: dict[str, Any] = {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts}
-        unknown = set(overrides) - set(options)
+        """Enqueue a job of a registered task with the task's queue, priority, max_attempts and
+        limits (each overridable by keyword: queue, priority, max_attempts, concurrency_key,
+        max_concurrent, rate_limit, rate_limit_key)."""
+        spec = self.task_spec(task, payload)
+        unknown = set(overrides) - _OVERRIDABLE
         if unknown:
-            raise ConfigError(f"unknown enqueue options {sorted(unknown)}: use queue, priority or max_attempts")
-        options.update(overrides)
-        return client.enqueue(
-            task, payload, run_at=run_at, delay=delay, idempotency_key=idempotency_key, conn=conn, **options
-        )
+            raise ConfigError(f"unknown enqueue options {sorted(unknown)}: use {', '.join(sorted(_OVERRIDABLE))}")
+        spec = spec._replace(run_at=run_at, delay=delay, idempotency_key=idempotency_key, **overrides)
+        return client.enqueue(conn=conn, **spec._asdict())
+
+
+#: The task defaults :meth:`App.enqueue` lets a caller override.
+_OVERRIDABLE = frozenset(
+    {"queue", "priority", "max_attempts", "concurrency_key", "max_concurrent", "rate_limit", "rate_limit_key"}
+)
 
 
 def is_async_handler(handler: Handler) -> bool:

@@ -91,6 +91,10 @@ class Client:
         delay: float | dt.timedelta | None = None,
         max_attempts: int = 5,
         idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        max_concurrent: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: str | None = None,
         conn: Connection | None = None,
     ) -> EnqueueResult:
         """Enqueue one job and return its id.
@@ -99,9 +103,13 @@ class Client:
         ``max_payload_bytes`` encoded). ``run_at`` (timezone-aware) or ``delay`` (seconds on the
         database clock) schedules it for later. With an ``idempotency_key`` already used by a
         stored job, nothing is inserted and the result carries that job's id with
-        ``duplicate=True``. Invalid input raises InvalidInput and stores nothing.
+        ``duplicate=True``. Limits (see the README's "Limits"): with a ``concurrency_key``, at most
+        ``max_concurrent`` (default 1) jobs of this task with that key run at once; with a
+        ``rate_limit`` (``"100/s"``), at most that many jobs of the task (per ``rate_limit_key``
+        if given) start. Invalid input raises InvalidInput and stores nothing.
         """
-        spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, idempotency_key)
+        spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, idempotency_key,
+                       concurrency_key, max_concurrent, rate_limit, rate_limit_key)  # fmt: skip
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
         with self.connection(conn) as c:
             return self.store.enqueue(c, job, notify=self.notify)
@@ -115,7 +123,7 @@ class Client:
         specs = list(jobs)
         checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
         with self.connection(conn) as c:
-            if len(specs) >= self.store.copy_threshold and all(s.idempotency_key is None for s in specs):
+            if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
                 # Each job is checked as the COPY streams it, so the checks overlap the server's
                 # inserts; an invalid one aborts the COPY, and nothing is stored.
                 scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
@@ -312,3 +320,8 @@ class _Borrowed:
         if self._pooled is not None:
             self._pool.putconn(self._pooled)
             self._pooled = None
+
+
+def _plain(spec: JobSpec) -> bool:
+    """Whether a job can go by COPY: no idempotency key, no limits."""
+    return spec.idempotency_key is None and spec.concurrency_key is None and spec.rate_limit is None

@@ -44,6 +44,14 @@ class JobSpec(NamedTuple):
     delay: float | dt.timedelta | None = None
     max_attempts: int = 5
     idempotency_key: str | None = None
+    #: Limits (see the README's "Limits"): at most ``max_concurrent`` (default 1) jobs of this
+    #: task with this key run at once, across every worker.
+    concurrency_key: str | None = None
+    max_concurrent: int | None = None
+    #: At most this many jobs of the task start (``"100/s"``, ``"30/min"``, ``"1000/h"``), per
+    #: task or, with a ``rate_limit_key``, per key.
+    rate_limit: str | None = None
+    rate_limit_key: str | None = None
 
 
 class EnqueueResult(NamedTuple):
@@ -78,6 +86,8 @@ class Lease(NamedTuple):
     scheduled_at: dt.datetime
     created_at: dt.datetime
     lease_expires_at: dt.datetime
+    #: The limits the job is subject to (its scope names), or None.
+    limits: list[str] | None = None
 
 
 @dataclass(frozen=True)

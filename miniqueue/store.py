@@ -34,7 +34,11 @@ from .job import (
     QueueStats,
     State,
 )
+from .limits import Scope
 from .validation import NewJob, check_queue_name, check_seconds
+
+#: The most groups of limited jobs (jobs naming the same limits) one claim looks at per queue.
+MAX_GROUPS_PER_CLAIM = 1000
 
 # --- SQL --------------------------------------------------------------------------------------
 # Each statement is a template composed by psycopg's sql.SQL.format, and only so: {jobs} and the
@@ -65,11 +69,14 @@ _FENCE = "state = 'running' AND leased_by = %(worker)s"
 
 # Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
+# A job with limits also creates (or updates) the rows of its scopes, in the same statement, so
+# that the claim finds them: {scoped} is then _SCOPED, and empty for a job without limits.
 _ENQUEUE = """
-WITH ins AS (
-    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
+WITH {scoped}ins AS (
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
+                        limits)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s)
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(limits)s::text[])
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -81,22 +88,37 @@ SELECT id, true, NULL FROM {jobs}
  WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
+# The scope rows of the limits jobs name: a new rate scope starts with one token, so that its
+# first job starts at once; a changed limit is updated (the latest enqueue's
+# limit is the one in force).
+_SCOPED = """scoped AS (
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+),
+"""
+
 # Look up the job holding an idempotency key (when a concurrent insert won the race).
 _BY_IDEMPOTENCY_KEY = "SELECT id FROM {jobs} WHERE idempotency_key = %(key)s"
 
 # Insert many jobs in one statement. Ids are drawn up front so each input row can be matched
 # to its outcome (inserted, duplicate of an existing job, or duplicate within the batch).
+# A job's limits travel as one text, its scope names joined by U+001F (which no scope name holds).
 _ENQUEUE_MANY = """
-WITH src AS MATERIALIZED (
+WITH {scoped}src AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
-                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[])
-           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, ord)
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
+                  %(limits)b::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
 ), ins AS (
     INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key)
+                        idempotency_key, limits)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31))
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -125,34 +147,153 @@ SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id
 _COPY_JOBS = "COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget{scheduled}) FROM STDIN"
 _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
 
-_CLAIM_SET = """
+# Claim up to %(limit)s jobs, best first. Jobs without limits come through {pick}, an ordered
+# scan of the claim index (their part of it: `limits IS NULL`). Jobs with limits, and every job
+# of a queue with a cap on running jobs, go through admission, in the same statement (see
+# migration 012 for the tables):
+#   groups    step through the limited jobs' index one group of scopes at a time (one probe per
+#             group, from the worker's cursor on), so a group held back never costs its backlog;
+#   limited   the best few jobs of each group (and of each capped queue), locked;
+#   scopes    the scope rows those need, locked in scope order (claimers never deadlock), as of
+#             their latest version;
+#   holding   the latest version of each slot holder's job row. A row another transaction has
+#             locked is skipped and its slot counted as held: only a claim or a delete locks a
+#             job row, and either way erring toward "held" can only under-admit for a moment;
+#   room      free slots (max_running minus holders still running at their attempt) or whole
+#             tokens (the bucket refilled up to now);
+#   chosen    the best of the unlimited candidates and those admitted in every scope they need;
+#   taken     the chosen jobs' slots and tokens, recorded with the lease they belong to.
+# A job held back stays available and spends no attempt.
+_CLAIMING = """
+fast AS MATERIALIZED ({pick}),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running FROM {claim_queues} AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, limits, depth) AS (
+    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(groups)s
+),
+limited AS MATERIALIZED (
+    SELECT j.*, q.max_running IS NOT NULL AS capped
+      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running,
+                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM {limits} l
+                       WHERE l.scope = ANY(g.limits)))
+           FOR UPDATE SKIP LOCKED) j
+    UNION ALL
+    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+     WHERE q.max_running IS NOT NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{{}}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{{}}' END) AS s(scope)
+),
+scopes AS MATERIALIZED (
+    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM {limits}
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
+     ORDER BY scope FOR UPDATE
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM {jobs}
+     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT s.scope, h.id, h.attempt
+      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
+      LEFT JOIN holding j ON j.id = h.id
+     WHERE (j.state = 'running' AND j.attempt = h.attempt)
+        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM {jobs} x WHERE x.id = h.id))
+),
+room AS MATERIALIZED (
+    SELECT s.scope, b.tokens,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
+                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
+      FROM scopes s CROSS JOIN LATERAL (
+        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (
+        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+                         FROM need n) r
+          LEFT JOIN room m ON m.scope = r.scope
+         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used,
+                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.id ORDER BY c.id) AS ids,
+                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      JOIN room m ON m.scope = t.scope
+     WHERE l.scope = t.scope
+),
+claimed AS (
 UPDATE {jobs}
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY({pick}))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+)"""
+
+_CLAIM = """
+WITH RECURSIVE {claiming}
+SELECT * FROM claimed
 """
 
-# Claim from one queue: `queue = $1` keeps the ordered scan of the claim index.
+# Claim from one queue: `queue = $1` keeps the ordered scan of the claim index. A paused queue
+# gives nothing; a capped one gives its jobs to admission instead.
 _PICK_ONE_QUEUE = """
-    SELECT id FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
-       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND paused)
+    SELECT id, priority, scheduled_at, attempt FROM {jobs}
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
+_ONE_QUEUE = "(VALUES (%(queue)s::text))"
 
 # Claim from several queues: an ordered index scan per queue, merged. (`queue = ANY(...)`
 # would scan and sort every available row of every queue on each claim.)
 _PICK_MANY_QUEUES = """
-    SELECT c.id FROM unnest(%(queues)b::text[]) AS q(name)
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
+        SELECT id, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND p.paused)
+     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
      ORDER BY c.priority DESC, c.scheduled_at, c.id
      LIMIT %(limit)s"""
+_MANY_QUEUES = "unnest(%(queues)b::text[])"
 
 # Complete a batch of leases; returns the ids that were still held. Each row looks up its own
 # attempt by position instead of joining to unnest(), which planned as a nested loop comparing
@@ -175,7 +316,7 @@ SELECT id FROM completed
 # available). A LEFT JOIN keeps the completed ids even when nothing is claimed; they ride on
 # the first row only (repeating the array on every claimed row cost more than the claim).
 _COMPLETE_AND_CLAIM = """
-WITH completed AS ({completed}), counted AS ({count}), claimed AS ({claim})
+WITH RECURSIVE completed AS ({completed}), counted AS ({count}), {claiming}
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
 """
@@ -556,6 +697,7 @@ class Store:
             "queues": sql.Identifier(schema, "miniqueue_queues"),
             "processes": sql.Identifier(schema, "miniqueue_processes"),
             "counts": sql.Identifier(schema, "miniqueue_counts"),
+            "limits": sql.Identifier(schema, "miniqueue_limits"),
         }
 
         def compose(text: str, parts: dict[str, str]) -> sql.Composed:
@@ -570,17 +712,21 @@ class Store:
             delta = "-count(*)" if removed else "count(*)"
             return render(text, count=_COUNT_FINISHED, rows=rows, delta=delta, **parts)
 
-        self._enqueue = render(_ENQUEUE)
+        self._enqueue, self._enqueue_limited = (render(_ENQUEUE, scoped=part) for part in ("", _SCOPED))
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
-        self._enqueue_many = render(_ENQUEUE_MANY)
+        self._enqueue_many, self._enqueue_many_limited = (render(_ENQUEUE_MANY, scoped=p) for p in ("", _SCOPED))
         self._draw_ids = render(_DRAW_IDS)
         self._copy_due, self._copy_scheduled = (render(_COPY_JOBS, scheduled=c) for c in ("", ", scheduled_at"))
         self._notify_queues = render(_NOTIFY_QUEUES)
-        self._claim_one, self._claim_many = (render(_CLAIM_SET, pick=p) for p in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES))
-        self._complete_and_claim_one, self._complete_and_claim_many = (
-            counting(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claim=_CLAIM_SET, pick=pick)
-            for pick in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES)
+        picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
+        self._claim_one, self._claim_many = (
+            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues) for pick, queues in picks
         )
+        self._complete_and_claim_one, self._complete_and_claim_many = (
+            counting(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
+                     claim_queues=queues)
+            for pick, queues in picks
+        )  # fmt: skip
         self._complete = counting(_COMPLETE, "completed", completed=_COMPLETED)
         self._renew = render(_RENEW)
         self._record_failures = counting(_RECORD_FAILURES, "failed", append=_APPEND_ERROR, table="j.", error="f.error")
@@ -653,8 +799,10 @@ class Store:
             "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
             "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
             "key": job.idempotency_key, "notify": notify, "channel": self.channel,
+            "limits": [scope.name for scope in job.scopes] or None,
         }  # fmt: skip
-        rows = self._rows(conn, self._enqueue, params)
+        rows = self._rows(conn, self._enqueue_limited if job.scopes else self._enqueue,
+                          {**params, **_scope_columns(job.scopes)} if job.scopes else params)  # fmt: skip
         if rows:
             return EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
         # Another transaction inserted the same key while we waited on it; our statement's
@@ -671,6 +819,7 @@ class Store:
         if not jobs:
             return []
         keys = [j.idempotency_key for j in jobs]
+        limited = any(j.scopes for j in jobs)
         run_ats = [j.run_at for j in jobs]
         delays = [j.delay_seconds for j in jobs]
         params = {
@@ -682,9 +831,13 @@ class Store:
             # pads with NULLs: most batches schedule nothing and carry no keys.
             "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
             "keys": keys if any(keys) else [],
+            "limits": ["\x1f".join(scope.name for scope in j.scopes) or None for j in jobs] if limited else [],
             "notify": notify, "channel": self.channel,
         }  # fmt: skip
-        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, self._enqueue_many, params)]
+        if limited:
+            params.update(_scope_columns({scope.name: scope for j in jobs for scope in j.scopes}.values()))
+        query = self._enqueue_many_limited if limited else self._enqueue_many
+        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, query, params)]
         for i, result in enumerate(results):
             if result.id is None:  # the holder of the key committed while we waited on it
                 key = jobs[i].idempotency_key
@@ -709,8 +862,9 @@ class Store:
             due: set[str] = set()
             with conn.cursor() as cur, cur.copy(self._copy_scheduled if scheduled else self._copy_due) as copy:
                 for job_id, job in zip(ids, jobs, strict=True):
-                    if job.idempotency_key is not None:
-                        raise ValueError("copy_many() takes jobs without idempotency keys: use enqueue_many()")
+                    if job.idempotency_key is not None or job.scopes:
+                        raise ValueError("copy_many() takes jobs without idempotency keys or limits: "
+                                         "use enqueue_many()")
                     row = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts,
                            job.max_attempts)  # fmt: skip
                     if scheduled:
@@ -735,17 +889,30 @@ class Store:
     # -- worker side ----------------------------------------------------------------------------
 
     def claim(
-        self, conn: Connection, queues: Sequence[str], worker_id: str, lease_seconds: float, limit: int
+        self,
+        conn: Connection,
+        queues: Sequence[str],
+        worker_id: str,
+        lease_seconds: float,
+        limit: int,
+        *,
+        after: Sequence[str] = (),
     ) -> list[Lease]:
         """Lease up to ``limit`` available jobs from ``queues``, best first.
 
         Order: priority (higher first), then scheduled time, then id. Jobs scheduled in the
         future are invisible. Each claimed job is ``running``, leased to ``worker_id`` until
         ``now() + lease_seconds``, its ``attempt`` one higher.
+
+        Jobs with limits are claimed only where every limit they name has room, and a queue
+        with a cap gives no more jobs than its free slots. Limited jobs are taken group by
+        group (jobs naming the same limits form a group), priority first within a group; a
+        claim looks at the groups after ``after`` (the limits of the last limited job the
+        caller claimed, so that successive claims go round every group).
         """
         if not queues or limit < 1:
             return []
-        query, params = self._claim_query(queues, worker_id, lease_seconds, limit, combined=False)
+        query, params = self._claim_query(queues, worker_id, lease_seconds, limit, combined=False, after=after)
         return _in_claim_order(Lease(*row) for row in self._rows(conn, query, params))
 
     def complete_and_claim(
@@ -756,24 +923,40 @@ class Store:
         queues: Sequence[str],
         lease_seconds: float,
         limit: int,
+        *,
+        after: Sequence[str] = (),
     ) -> tuple[set[int], list[Lease]]:
         """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit).
 
         Returns the ids completed (those whose lease was still held) and the new leases.
         """
         ids, attempts = _columns(completions)
-        query, params = self._claim_query(queues, worker_id, lease_seconds, max(limit, 0), combined=True)
+        query, params = self._claim_query(
+            queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after
+        )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts})
         completed = set(rows[0][0] or ()) if rows else set()
         return completed, _in_claim_order(Lease(*row[1:]) for row in rows if row[1] is not None)
 
     def _claim_query(
-        self, queues: Sequence[str], worker_id: str, lease_seconds: float, limit: int, *, combined: bool
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        lease_seconds: float,
+        limit: int,
+        *,
+        combined: bool,
+        after: Sequence[str],
     ) -> tuple[str, dict[str, Any]]:
         queues = list(dict.fromkeys(queues))  # a queue named twice would claim its rows twice over
         if not queues:
             raise InvalidInput("claim needs at least one queue")
-        params: dict[str, Any] = {"worker": worker_id, "lease": float(lease_seconds), "limit": limit}
+        params: dict[str, Any] = {
+            "worker": worker_id, "lease": float(lease_seconds), "limit": limit, "after": list(after),
+            # Groups looked at per queue: enough to fill the claim with one job per group, and
+            # a few more for groups that are full.
+            "groups": min(limit, MAX_GROUPS_PER_CLAIM) + 16,
+        }  # fmt: skip
         if len(queues) == 1:
             params["queue"] = queues[0]
             return (self._complete_and_claim_one if combined else self._claim_one), params
@@ -1128,6 +1311,13 @@ def _record(row: dict[str, Any]) -> JobRecord:
 def _in_claim_order(leases: Iterable[Lease]) -> list[Lease]:
     """Best first, as the claim picked them: priority, then scheduled time, then id."""
     return sorted(leases, key=lambda lease: (-lease.priority, lease.scheduled_at, lease.id))
+
+
+def _scope_columns(scopes: Iterable[Scope]) -> dict[str, list[Any]]:
+    """The parameters of _SCOPED: one array per column of the scope rows."""
+    rows = list(scopes)
+    return {"scopes": [s.name for s in rows], "maxes": [s.max_running for s in rows],
+            "rates": [s.rate for s in rows], "bursts": [s.burst for s in rows]}  # fmt: skip
 
 
 def _columns(leases: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:

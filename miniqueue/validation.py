@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from .errors import InvalidInput
 from .job import JobSpec
+from .limits import Scope, job_scopes
 
 QUEUE_NAME_RE = re.compile(r"[a-z0-9_-]{1,64}")
 QUEUE_NAME_RULE = "use 1-64 characters of a-z, 0-9, '_' or '-'"
@@ -65,6 +66,8 @@ class NewJob(NamedTuple):
     run_at: dt.datetime | None
     delay_seconds: float
     idempotency_key: str | None
+    #: The limits the job is subject to, in scope-name order (() for none).
+    scopes: tuple[Scope, ...] = ()
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -214,6 +217,7 @@ def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
         run_at=run_at,
         delay_seconds=delay_seconds,
         idempotency_key=check_idempotency_key(spec.idempotency_key),
+        scopes=job_scopes(spec.task, spec.concurrency_key, spec.max_concurrent, spec.rate_limit, spec.rate_limit_key),
     )
 
 

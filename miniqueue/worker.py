@@ -45,6 +45,11 @@ from .validation import check_queue_name
 
 log = logging.getLogger("miniqueue.worker")
 
+#: While limited jobs flow (one was claimed within the window, in seconds), poll at least this
+#: often: a slot freed by another worker or a refilled rate bucket sends no notification.
+LIMITED_POLL_INTERVAL = 0.1
+LIMITED_POLL_WINDOW = 5.0
+
 #: What became of a handler run. A handler's exception is an ``error`` (recorded as ``retried``
 #: or ``dead``); a PermanentError is ``permanent`` (recorded as ``failed``).
 OutcomeKind = Literal[
@@ -293,6 +298,11 @@ class Worker:
         self._wake = threading.Event()
         self._nudged = True  # poll once at start
         self._backlog = False  # the last claim came back full: there is probably more
+        # Limited jobs: where the next claim starts looking (after the last group claimed), and
+        # when one was last claimed (while they flow, a slot freed elsewhere or a refilled
+        # bucket sends no notification, so the worker polls sooner).
+        self._limits_cursor: list[str] = []
+        self._limited_at = float("-inf")
         self._stop_requested = False
         self._conn: Connection | None = None
         self._listener: Listener | None = None
@@ -381,7 +391,7 @@ class Worker:
                     self._flush_outcomes(claim)
                     if claim:
                         self._nudged = False
-                        next_poll = time.monotonic() + self.config.poll_interval
+                        next_poll = time.monotonic() + self._poll_interval()
                 self._dispatch(executor)
                 delay = 0.1
             except DatabaseUnavailable as exc:
@@ -430,6 +440,20 @@ class Worker:
         with self._slots.lock:
             ran_dry = not self._slots.ready
         return free if ran_dry or free >= self._claim_batch else 0
+
+    def _note_limited(self, leases: list[Lease]) -> None:
+        """Move the limited-jobs cursor past the groups just claimed (back to the start once a
+        claim finds none after it)."""
+        groups = [lease.limits for lease in leases if lease.limits]
+        self._limits_cursor = max(groups) if groups else []
+        if groups:
+            self._limited_at = time.monotonic()
+
+    def _poll_interval(self) -> float:
+        """Seconds until the next poll: shorter while limited jobs are flowing."""
+        if time.monotonic() - self._limited_at < LIMITED_POLL_WINDOW:
+            return min(self.config.poll_interval, LIMITED_POLL_INTERVAL)
+        return self.config.poll_interval
 
     def _running_for(self) -> list[float]:
         """How long each running handler has run, in seconds."""
@@ -583,8 +607,10 @@ class Worker:
         try:
             if claim:
                 completed, leases = self.store.complete_and_claim(
-                    conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim
-                )
+                    conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
+                    after=self._limits_cursor,
+                )  # fmt: skip
+                self._note_limited(leases)
                 self._slots.add_ready(leases)
                 self._backlog = len(leases) == claim
             else:

@@ -32,6 +32,7 @@ def recorded(conn: Connection, schema: str = "public") -> list[tuple[int, str]]:
 QUEUE_TABLES = [
     "miniqueue_counts",
     "miniqueue_jobs",
+    "miniqueue_limits",
     "miniqueue_migrations",
     "miniqueue_periodic",
     "miniqueue_processes",

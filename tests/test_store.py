@@ -751,7 +751,7 @@ def test_get_returns_the_full_record(store: Store, conn: Connection) -> None:
 # The shape of the store's single-queue pick query (store._PICK_ONE_QUEUE).
 _PICK = """
 SELECT id FROM miniqueue_jobs
- WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
+ WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
  ORDER BY priority DESC, scheduled_at, id
  LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 """

@@ -1,8 +1,33 @@
 -- _enqueue
 WITH ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
+                        limits)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s)
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(limits)s::text[])
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM "public"."miniqueue_jobs"
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- _enqueue_limited
+WITH scoped AS (
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+),
+ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
+                        limits)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(limits)s::text[])
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -20,13 +45,50 @@ SELECT id FROM "public"."miniqueue_jobs" WHERE idempotency_key = %(key)s;
 WITH src AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
-                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[])
-           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, ord)
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
+                  %(limits)b::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
 ), ins AS (
     INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key)
+                        idempotency_key, limits)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31))
+      FROM src ORDER BY ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at, idempotency_key
+), notified AS (
+    SELECT pg_notify(%(channel)s, queue)
+      FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
+     WHERE %(notify)s
+)
+SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+  FROM src s
+  LEFT JOIN ins i ON i.id = s.id
+  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
+  LEFT JOIN "public"."miniqueue_jobs" e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+ WHERE (SELECT count(*) FROM notified) >= 0
+ ORDER BY s.ord;
+
+-- _enqueue_many_limited
+WITH scoped AS (
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+),
+src AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+      FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
+                  %(limits)b::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits)
+    SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31))
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -57,35 +119,229 @@ COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts
 SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
 
 -- _claim_one
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, limits, depth) AS (
+    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(groups)s
+),
+limited AS MATERIALIZED (
+    SELECT j.*, q.max_running IS NOT NULL AS capped
+      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running,
+                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
+                       WHERE l.scope = ANY(g.limits)))
+           FOR UPDATE SKIP LOCKED) j
+    UNION ALL
+    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+     WHERE q.max_running IS NOT NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+),
+scopes AS MATERIALIZED (
+    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
+     ORDER BY scope FOR UPDATE
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
+     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT s.scope, h.id, h.attempt
+      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
+      LEFT JOIN holding j ON j.id = h.id
+     WHERE (j.state = 'running' AND j.attempt = h.attempt)
+        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+),
+room AS MATERIALIZED (
+    SELECT s.scope, b.tokens,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
+                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
+      FROM scopes s CROSS JOIN LATERAL (
+        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (
+        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+                         FROM need n) r
+          LEFT JOIN room m ON m.scope = r.scope
+         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used,
+                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.id ORDER BY c.id) AS ids,
+                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      JOIN room m ON m.scope = t.scope
+     WHERE l.scope = t.scope
+),
+claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(
-    SELECT id FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
-       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND paused)
-     ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at;
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+)
+SELECT * FROM claimed;
 
 -- _claim_many
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, limits, depth) AS (
+    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(groups)s
+),
+limited AS MATERIALIZED (
+    SELECT j.*, q.max_running IS NOT NULL AS capped
+      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running,
+                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
+                       WHERE l.scope = ANY(g.limits)))
+           FOR UPDATE SKIP LOCKED) j
+    UNION ALL
+    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+     WHERE q.max_running IS NOT NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+),
+scopes AS MATERIALIZED (
+    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
+     ORDER BY scope FOR UPDATE
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
+     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT s.scope, h.id, h.attempt
+      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
+      LEFT JOIN holding j ON j.id = h.id
+     WHERE (j.state = 'running' AND j.attempt = h.attempt)
+        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+),
+room AS MATERIALIZED (
+    SELECT s.scope, b.tokens,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
+                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
+      FROM scopes s CROSS JOIN LATERAL (
+        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (
+        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+                         FROM need n) r
+          LEFT JOIN room m ON m.scope = r.scope
+         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used,
+                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.id ORDER BY c.id) AS ids,
+                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      JOIN room m ON m.scope = t.scope
+     WHERE l.scope = t.scope
+),
+claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(
-    SELECT c.id FROM unnest(%(queues)b::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND p.paused)
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at;
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+)
+SELECT * FROM claimed;
 
 -- _complete_and_claim_one
-WITH completed AS (
+WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(%(ids)b::bigint[])
@@ -97,23 +353,117 @@ INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), claimed AS (
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, limits, depth) AS (
+    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(groups)s
+),
+limited AS MATERIALIZED (
+    SELECT j.*, q.max_running IS NOT NULL AS capped
+      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running,
+                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
+                       WHERE l.scope = ANY(g.limits)))
+           FOR UPDATE SKIP LOCKED) j
+    UNION ALL
+    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+     WHERE q.max_running IS NOT NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+),
+scopes AS MATERIALIZED (
+    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
+     ORDER BY scope FOR UPDATE
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
+     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT s.scope, h.id, h.attempt
+      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
+      LEFT JOIN holding j ON j.id = h.id
+     WHERE (j.state = 'running' AND j.attempt = h.attempt)
+        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+),
+room AS MATERIALIZED (
+    SELECT s.scope, b.tokens,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
+                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
+      FROM scopes s CROSS JOIN LATERAL (
+        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (
+        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+                         FROM need n) r
+          LEFT JOIN room m ON m.scope = r.scope
+         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used,
+                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.id ORDER BY c.id) AS ids,
+                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      JOIN room m ON m.scope = t.scope
+     WHERE l.scope = t.scope
+),
+claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(
-    SELECT id FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
-       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND paused)
-     ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
 
 -- _complete_and_claim_many
-WITH completed AS (
+WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(%(ids)b::bigint[])
@@ -125,21 +475,115 @@ INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), claimed AS (
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, limits, depth) AS (
+    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(groups)s
+),
+limited AS MATERIALIZED (
+    SELECT j.*, q.max_running IS NOT NULL AS capped
+      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running,
+                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
+                       WHERE l.scope = ANY(g.limits)))
+           FOR UPDATE SKIP LOCKED) j
+    UNION ALL
+    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+     WHERE q.max_running IS NOT NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+),
+scopes AS MATERIALIZED (
+    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
+     ORDER BY scope FOR UPDATE
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
+     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT s.scope, h.id, h.attempt
+      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
+      LEFT JOIN holding j ON j.id = h.id
+     WHERE (j.state = 'running' AND j.attempt = h.attempt)
+        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+),
+room AS MATERIALIZED (
+    SELECT s.scope, b.tokens,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
+                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
+      FROM scopes s CROSS JOIN LATERAL (
+        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (
+        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+                         FROM need n) r
+          LEFT JOIN room m ON m.scope = r.scope
+         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used,
+                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.id ORDER BY c.id) AS ids,
+                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
+                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      JOIN room m ON m.scope = t.scope
+     WHERE l.scope = t.scope
+),
+claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(
-    SELECT c.id FROM unnest(%(queues)b::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND p.paused)
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
