@@ -127,6 +127,10 @@ def _run_reaper(spec: ChildSpec) -> int:
     return 0
 
 
+#: The most limits /metrics reports jobs waiting on (those with the most waiting).
+LIMIT_GAUGES = 100
+
+
 def _read_gauges(spec: ChildSpec, schema: str) -> None:
     """The reaper's second thread: every ``gauge_interval`` seconds, read the queue gauges on a
     connection of its own and send them to the supervisor, which serves them on /metrics. A
@@ -139,7 +143,8 @@ def _read_gauges(spec: ChildSpec, schema: str) -> None:
             if conn is None:
                 conn = connect(spec.dsn, purpose="gauges", schema=schema, connect_timeout=5)
             stats = store.queue_stats(conn)
-            reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), reports.GaugesSent(True)])
+            waits = [reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES)]
+            reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), *waits, reports.GaugesSent(True)])
         except MiniqueueError as exc:
             log.warning("cannot read the queue gauges: %s", exc)
             reports.write(spec.report_fd, [reports.GaugesSent(False)])

@@ -442,7 +442,7 @@ def disable_periodic(name: str, app_ref: str | None, database_url: str | None) -
 
 @main.group()
 def queues() -> None:
-    """Pause and resume queues."""
+    """Pause, resume and cap queues."""
 
 
 create_option = click.option(
@@ -474,19 +474,70 @@ def resume_queues(names: tuple[str, ...], create: bool, database_url: str | None
     click.echo(f"resumed {', '.join(resumed)}")
 
 
+@queues.command("limit")
+@click.argument("name")
+@click.argument("max_running", type=click.IntRange(1, 1_000_000), required=False)
+@click.option("--remove", is_flag=True, help="Lift the queue's cap.")
+@create_option
+@database_option
+@friendly_errors
+def limit_queue(name: str, max_running: int | None, remove: bool, create: bool, database_url: str | None) -> None:
+    """Cap the running jobs of queue NAME at MAX_RUNNING across every worker on every host
+    (or lift the cap with --remove)."""
+    if (max_running is None) == (not remove):
+        raise click.UsageError("give either MAX_RUNNING or --remove")
+    with open_client(database_url) as client:
+        client.limit_queue(name, max_running, create=create)
+    click.echo(f"queue {name}: at most {max_running} running" if max_running else f"queue {name}: no cap")
+
+
 @queues.command("list")
-@click.option("--json", "as_json", is_flag=True, help='Print the queues as a JSON array of {"queue", "paused"}.')
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print the queues as a JSON array of {"queue", "paused", "max_running"}.'
+)
 @database_option
 @friendly_errors
 def list_queues(as_json: bool, database_url: str | None) -> None:
-    """Every queue that has jobs or is paused, and whether it is paused."""
+    """Every queue that has jobs, is paused or capped: whether it is paused, and its cap."""
     with open_client(database_url) as client:
         found = client.list_queues()
+        caps = client.queue_limits()
+    names = sorted(set(found) | set(caps))
     if as_json:
-        click.echo(to_json([{"queue": name, "paused": paused} for name, paused in found.items()]))
+        rows = [{"queue": n, "paused": found.get(n, False), "max_running": caps.get(n)} for n in names]
+        click.echo(to_json(rows))
         return
-    for name, paused in found.items():
-        click.echo(f"{name:<32} {'paused' if paused else 'active'}")
+    for name in names:
+        cap = f"at most {caps[name]} running" if name in caps else "no cap"
+        click.echo(f"{name:<32} {'paused' if found.get(name) else 'active':<8} {cap}")
+
+
+@main.command("limits")
+@click.option("--json", "as_json", is_flag=True, help="Print the limits as a JSON array.")
+@click.option("--limit", "count", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="Show at most this many limits (those with the most jobs waiting).")  # fmt: skip
+@database_option
+@friendly_errors
+def limits(as_json: bool, count: int, database_url: str | None) -> None:
+    """The limits jobs wait on: for each, the due jobs that name it, and its slots held or
+    tokens left (see the README's "Limits")."""
+    with open_client(database_url) as client:
+        waits = client.limit_waits(count)
+    if as_json:
+        click.echo(to_json([w._asdict() for w in waits]))
+        return
+    if not waits:
+        click.echo("no job is waiting on a limit")
+        return
+    click.echo(f"{'LIMIT':<48} {'WAITING':>8}  STATE")
+    for w in waits:
+        if w.max_running is not None:
+            state = f"{w.held or 0}/{w.max_running} slots held"
+        elif w.rate is not None:
+            state = f"{w.rate:g}/s, {w.tokens or 0:.1f} tokens left"
+        else:
+            state = "no limit row (enqueue again to create it)"
+        click.echo(f"{w.scope:<48} {w.waiting:>8}  {state}")
 
 
 @main.command()

@@ -11,7 +11,8 @@ from psycopg_pool import ConnectionPool
 from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
-from .store import Store
+from .limits import check_limit
+from .store import LimitWait, Store
 from .validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     JOB_ID_RANGE,
@@ -217,6 +218,28 @@ class Client:
             paused = set(self.store.paused_queues(c))
             names = {q.queue for q in self.store.queue_stats(c)} | paused
         return {name: name in paused for name in sorted(names)}
+
+    def limit_queue(self, name: str, max_running: int | None, *, create: bool = False) -> None:
+        """Cap the running jobs of queue ``name`` across every worker on every host at
+        ``max_running``; None lifts the cap. Unknown names: as :meth:`pause_queues`."""
+        queue = check_queue_name(name)
+        if max_running is not None:
+            check_limit("max_running", max_running)
+        with self.connection() as c, c.transaction():
+            if not create:
+                self._check_known_queues(c, [queue])
+            self.store.set_queue_limit(c, queue, max_running)
+
+    def queue_limits(self) -> dict[str, int]:
+        """The queues with a cap on running jobs, and their caps."""
+        with self.connection() as c:
+            return self.store.queue_limits(c)
+
+    def limit_waits(self, limit: int = 100) -> list[LimitWait]:
+        """The limits jobs are waiting on, most waiting first: for each, how many due jobs name it
+        (for a queue's cap, every due job of the queue) and its slots held or tokens left."""
+        with self.connection() as c:
+            return self.store.limit_waits(c, limit)
 
     def enable_schedule(self, name: str, *, app: App | None = None) -> None:
         """Enable periodic schedule ``name`` (see :meth:`disable_schedule` for which names are known)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -21,8 +22,14 @@ from prometheus_client.registry import Collector
 from .job import QueueStats
 from .reports import DURATION_BUCKETS, Tally
 
-#: The queue gauges as last read, and whether the database answered that reading.
-Gauges = tuple[list[QueueStats], bool]
+
+class Gauges(NamedTuple):
+    """The queue gauges as last read, whether the database answered that reading, and the jobs
+    waiting on each limit (by scope name)."""
+
+    stats: list[QueueStats]
+    database_up: bool
+    limits: dict[str, int]
 
 
 def _bound(seconds: float) -> str:
@@ -70,7 +77,7 @@ class _QueueCollector(Collector):
         alive = GaugeMetricFamily("miniqueue_processes", "Child processes alive, by kind", labels=["kind"])
         for kind, count in self.processes().items():
             alive.add_metric([kind], count)
-        stats, database_up = self.gauges()
+        stats, database_up, limits = self.gauges()
         up = GaugeMetricFamily("miniqueue_database_up", "1 if the reaper's last reading of the gauges worked")
         up.add_metric([], 1 if database_up else 0)
         depth = GaugeMetricFamily("miniqueue_jobs", "Jobs in the table, by queue and state", labels=["queue", "state"])
@@ -83,7 +90,12 @@ class _QueueCollector(Collector):
                 depth.add_metric([queue.queue, state.value], count)
             oldest.add_metric([queue.queue], queue.oldest_available_seconds or 0.0)
             expired.add_metric([queue.queue], queue.expired_leases)
-        yield from (alive, up, depth, oldest, expired)
+        waiting = GaugeMetricFamily(
+            "miniqueue_limit_waiting_jobs", "Due jobs waiting on a limit (see the README's Limits)", labels=["limit"]
+        )
+        for scope, count in sorted(limits.items()):
+            waiting.add_metric([scope], count)
+        yield from (alive, up, depth, oldest, expired, waiting)
 
 
 class Metrics:

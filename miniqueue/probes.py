@@ -30,8 +30,9 @@ class Probes:
         self.last_tick = time.monotonic()
         self._ready: Answer = (503, "text/plain", b"starting\n")
         self._counts: dict[str, int] = {}
-        self._gauges: Gauges = ([], True)
+        self._gauges: Gauges = Gauges([], True, {})
         self._reading: list[QueueStats] = []
+        self._limits_reading: dict[str, int] = {}
         self.metrics = Metrics(lambda: self._counts, lambda: self._gauges)
         routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": lambda: self._ready}
         try:
@@ -64,8 +65,15 @@ class Probes:
     def gauges_sent(self, database_up: bool) -> None:
         """The reaper's reading is complete: serve it (or, if the database did not answer, keep
         the last one and say the database is down)."""
-        stats = self._reading if database_up else self._gauges[0]
-        self._gauges, self._reading = (stats, database_up), []
+        if database_up:
+            self._gauges = Gauges(self._reading, True, self._limits_reading)
+        else:
+            self._gauges = self._gauges._replace(database_up=False)
+        self._reading, self._limits_reading = [], {}
+
+    def limit_gauge(self, scope: str, waiting: int) -> None:
+        """One limit of the reaper's reading: the jobs waiting on it."""
+        self._limits_reading[scope] = waiting
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         self.metrics.jobs_finished(queue, task, outcome, tally)

@@ -12,7 +12,8 @@ Each report is one line of space-separated words, the kind first:
 - ``error <text>``: why the child is about to exit (a boot error, a traceback);
 - ``queue <name> <available> <running> <completed> <failed> <dead> <cancelled> <scheduled>
   <oldest|-> <expired>`` per queue, then ``gauges 1|0``: the reaper's periodic reading of the
-  queue gauges (``0``: the database did not answer), which ``/metrics`` serves.
+  queue gauges (``0``: the database did not answer), which ``/metrics`` serves; before ``gauges``,
+  ``limit <waiting> <scope>`` per limit that jobs wait on.
 
 Text is escaped (backslash and newline) so that a report never spans lines, and a line is at
 most :data:`LINE_LIMIT` bytes, so that a write of one arrives whole (below ``PIPE_BUF``) even
@@ -94,11 +95,18 @@ class QueueGauges(NamedTuple):
     stats: QueueStats
 
 
+class LimitGauge(NamedTuple):
+    """Jobs waiting on one limit (its scope name), as the reaper read them."""
+
+    scope: str
+    waiting: int
+
+
 class GaugesSent(NamedTuple):
     database_up: bool
 
 
-Report = Beat | Ready | Start | End | Done | Error | QueueGauges | GaugesSent
+Report = Beat | Ready | Start | End | Done | Error | QueueGauges | LimitGauge | GaugesSent
 _GAUGE_STATES = (State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)
 
 _LISTENING = {True: "1", False: "0", None: "-"}
@@ -135,6 +143,8 @@ def _words(report: Report) -> str:
         return f"queue {_escape(q.queue)} {counts} {q.scheduled} {oldest} {q.expired_leases}"
     if isinstance(report, GaugesSent):
         return f"gauges {int(report.database_up)}"
+    if isinstance(report, LimitGauge):
+        return f"limit {report.waiting} {_escape(report.scope)}"
     if isinstance(report, Done):
         tally = report.tally
         buckets = ",".join(map(str, tally.buckets))
@@ -171,6 +181,9 @@ def decode(line: bytes) -> Report:
         return QueueGauges(stats)
     if kind == "gauges":
         return GaugesSent(rest == "1")
+    if kind == "limit":
+        waiting, scope = rest.split(" ", 1)
+        return LimitGauge(_unescape(scope), int(waiting))
     raise ValueError(f"not a report: {line[:80]!r}")
 
 

@@ -15,7 +15,7 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -34,7 +34,7 @@ from .job import (
     QueueStats,
     State,
 )
-from .limits import Scope
+from .limits import Scope, queue_scope
 from .validation import NewJob, check_queue_name, check_seconds
 
 #: The most groups of limited jobs (jobs naming the same limits) one claim looks at per queue.
@@ -545,6 +545,44 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
 """
 _PAUSED = "SELECT name FROM {queues} WHERE paused ORDER BY name"
 
+# Cap a queue's running jobs (or lift the cap: NULL). Its slots are the scope 'queue <name>'; the
+# scope row keeps its holders when the cap is lifted, so a cap set again counts the jobs still
+# running under the old one.
+_SET_QUEUE_LIMIT = """
+WITH capped AS (
+    INSERT INTO {queues} (name, max_running) VALUES (%(name)s, %(max)s::int)
+    ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, updated_at = now()
+)
+INSERT INTO {limits} (scope, max_running) SELECT %(scope)s, %(max)s::int WHERE %(max)s::int IS NOT NULL
+ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running
+"""
+_QUEUE_LIMITS = "SELECT name, max_running FROM {queues} WHERE max_running IS NOT NULL ORDER BY name"
+
+# Each limit with jobs waiting on it: due, available jobs that name it (or, for a queue's cap,
+# every due job of the queue), its limit, and the slots held or tokens left. Read from the
+# limited jobs' index and the claim index of capped queues: its cost grows with the jobs
+# waiting on limits, never with finished rows.
+_LIMIT_WAITS = """
+WITH waiting AS (
+    SELECT s.scope, count(*) AS waiting
+      FROM {jobs} j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
+     WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.scheduled_at <= now()
+     GROUP BY s.scope
+    UNION ALL
+    SELECT 'queue ' || q.name, (SELECT count(*) FROM {jobs} j
+                                 WHERE j.state = 'available' AND j.queue = q.name AND j.scheduled_at <= now())
+      FROM {queues} q WHERE q.max_running IS NOT NULL
+)
+SELECT w.scope, w.waiting, l.max_running, l.rate,
+       (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+          JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt) AS held,
+       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens
+  FROM waiting w LEFT JOIN {limits} l USING (scope)
+ WHERE w.waiting > 0
+ ORDER BY w.waiting DESC, w.scope
+ LIMIT %(limit)s
+"""
+
 # Which of the given queue names are known: paused or resumed before, or holding a job that
 # is waiting or running. Each probe is an index lookup: the claim index for waiting jobs, the
 # expired-lease index (running jobs, one per busy handler thread) for running ones. Finished
@@ -663,6 +701,19 @@ class Failure:
     backoff_seconds: float
 
 
+class LimitWait(NamedTuple):
+    """Jobs waiting on one limit: its scope name, how many wait, and its state (a concurrency
+    limit's ``max_running`` and slots ``held``, or a rate limit's ``rate`` per second and
+    ``tokens`` left)."""
+
+    scope: str
+    waiting: int
+    max_running: int | None
+    rate: float | None
+    held: int | None
+    tokens: float | None
+
+
 @dataclass(frozen=True)
 class Release:
     """A lease to hand back without spending an attempt, and the history note saying why."""
@@ -750,6 +801,9 @@ class Store:
         self._set_periodic_enabled = render(_SET_PERIODIC_ENABLED)
         self._set_paused = render(_SET_PAUSED)
         self._paused = render(_PAUSED)
+        self._set_queue_limit = render(_SET_QUEUE_LIMIT)
+        self._queue_limits = render(_QUEUE_LIMITS)
+        self._limit_waits = render(_LIMIT_WAITS)
         self._known_queues = render(_KNOWN_QUEUES)
         self._known_queue_names = render(_KNOWN_QUEUE_NAMES)
         self._throughput = render(_THROUGHPUT)
@@ -1199,6 +1253,22 @@ class Store:
     def paused_queues(self, conn: Connection) -> list[str]:
         """The queues currently paused."""
         return [row[0] for row in self._rows(conn, self._paused, {})]
+
+    def set_queue_limit(self, conn: Connection, queue: str, max_running: int | None) -> None:
+        """Cap the running jobs of ``queue`` across every worker (None lifts the cap)."""
+        name = check_queue_name(queue)
+        self._rowcount(conn, self._set_queue_limit, {"name": name, "max": max_running, "scope": queue_scope(name)})
+
+    def queue_limits(self, conn: Connection) -> dict[str, int]:
+        """The queues with a cap on running jobs, and their caps."""
+        return {row[0]: row[1] for row in self._rows(conn, self._queue_limits, {})}
+
+    def limit_waits(self, conn: Connection, limit: int = 100) -> list[LimitWait]:
+        """The limits that jobs wait on, most waiting first (at most ``limit``)."""
+        with translate_errors(), conn.transaction():
+            conn.execute(_MONITORING_TIMEOUT)
+            rows = self._rows(conn, self._limit_waits, {"limit": limit})
+        return [LimitWait(*row) for row in rows]
 
     def known_queues(self, conn: Connection, names: Sequence[str]) -> set[str]:
         """Those of ``names`` that are known: paused or resumed before, or with a job waiting or running."""

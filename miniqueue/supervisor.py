@@ -337,6 +337,8 @@ class Supervisor:
                 self.probes.jobs_finished(report.queue, report.task, report.outcome, report.tally)
             elif self.probes and isinstance(report, reports.QueueGauges):
                 self.probes.queue_gauges(report.stats)
+            elif self.probes and isinstance(report, reports.LimitGauge):
+                self.probes.limit_gauge(report.scope, report.waiting)
             elif self.probes and isinstance(report, reports.GaugesSent):
                 self.probes.gauges_sent(report.database_up)
 

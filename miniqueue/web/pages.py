@@ -7,7 +7,7 @@ live render only their fragment when asked with ``?partial=1``.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,7 +17,7 @@ from ..db import Connection
 from ..errors import InvalidInput
 from ..job import REQUEUEABLE_STATES, JobRecord, ProcessInfo, QueueStats, State
 from ..periodic import Periodic
-from ..store import Store
+from ..store import LimitWait, Store
 from . import present
 from .dashboard import Dashboard
 from .filters import JobFilter, parse_id
@@ -56,6 +56,7 @@ class QueueRow:
     running: int
     scheduled: int  # of the available jobs, those not to run before a later time
     oldest: float | None
+    max_running: int | None = None  # the queue's cap on running jobs
 
 
 class Pages:
@@ -143,15 +144,20 @@ class Pages:
         return self.dash.render(request, "periodic.html", context)
 
     async def queues(self, request: Request) -> Response:
-        def load(_: Client, store: Store, conn: Connection) -> tuple[list[QueueStats], list[str]]:
-            return store.queue_stats(conn), store.paused_queues(conn)
+        def load(_: Client, store: Store, conn: Connection) -> QueuesData:
+            return store.queue_stats(conn), store.paused_queues(conn), store.queue_limits(conn), store.limit_waits(conn)
 
-        stats, paused = await self.dash.query(load)
+        stats, paused, caps, waits = await self.dash.query(load)
         by_name = {s.queue: s for s in stats}
-        names = sorted(set(by_name) | set(paused) | set(self.dash.app.queues if self.dash.app else []))
-        rows = [_queue_row(name, by_name.get(name), name in paused) for name in names]
-        context = {"rows": rows, "notice": notice(request)}
+        names = sorted(set(by_name) | set(paused) | set(caps) | set(self.dash.app.queues if self.dash.app else []))
+        rows = [replace(_queue_row(name, by_name.get(name), name in paused), max_running=caps.get(name))
+                for name in names]  # fmt: skip
+        context = {"rows": rows, "waits": waits, "notice": notice(request)}
         return self.dash.render(request, "queues.html", context, live="_queues.html")
+
+
+#: What the queues page reads: queue stats, paused queues, caps, and the limits jobs wait on.
+QueuesData = tuple[list[QueueStats], list[str], dict[str, int], list[LimitWait]]
 
 
 def _queue_row(name: str, stats: QueueStats | None, paused: bool) -> QueueRow:
