@@ -866,8 +866,9 @@ def test_known_queues_are_those_waiting_running_or_already_set(
     assert ok(cli("queues", "resume", "finished")) == "resumed finished\n"  # it has a row now
     assert paused_rows(conn) == {"waiting": True, "busy": True, "finished": False}
     assert json.loads(ok(cli("queues", "list", "--json"))) == [
-        {"queue": "busy", "paused": True}, {"queue": "finished", "paused": False},
-        {"queue": "waiting", "paused": True},
+        {"queue": "busy", "paused": True, "max_running": None},
+        {"queue": "finished", "paused": False, "max_running": None},
+        {"queue": "waiting", "paused": True, "max_running": None},
     ]  # fmt: skip
 
 
