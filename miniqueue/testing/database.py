@@ -26,9 +26,10 @@ from ..migrate import run_migrations
 #: The server tests use when set (any database on it: each session creates its own).
 TEST_DATABASE_ENV = "TEST_DATABASE_URL"
 
-#: Every table whose rows are queue data (jobs, schedules, paused queues, processes, counts);
-#: ``miniqueue_migrations`` stays, so the schema stays migrated.
-QUEUE_TABLES = ("miniqueue_jobs", "miniqueue_periodic", "miniqueue_queues", "miniqueue_processes", "miniqueue_counts")
+#: Every table whose rows are queue data (jobs, schedules, queue settings, processes, counts,
+#: limits); ``miniqueue_migrations`` stays, so the schema stays migrated.
+QUEUE_TABLES = ("miniqueue_jobs", "miniqueue_periodic", "miniqueue_queues", "miniqueue_processes", "miniqueue_counts",
+                "miniqueue_limits")  # fmt: skip
 
 _CREATE_DATABASE = "CREATE DATABASE {name}"
 _DROP_DATABASE = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
@@ -80,7 +81,7 @@ def temporary_database(server: str, *, prefix: str = "miniqueue_test", schema: s
 
 
 def clean_database(dsn: str, *, schema: str = "public") -> None:
-    """Empty the queue: delete every job, schedule, queue setting, process and count, and
+    """Empty the queue: delete every job, schedule, queue setting, process, count and limit, and
     restart job ids at 1. The schema and its migrations stay."""
     tables = sql.SQL(", ").join(sql.Identifier(schema, table) for table in QUEUE_TABLES)
     with connect(dsn, purpose="testing", schema=schema) as conn:
