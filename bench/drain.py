@@ -36,11 +36,15 @@ POLL_SECONDS = 0.01
 DRAIN_TIMEOUT_SECONDS = 900.0
 
 # True once no job is available or leased. Each lookup reads the first entry of a partial index
-# (the claim index, the reaper's lease index), so polling costs the server next to nothing.
+# (the claim index, the limited jobs' index, the reaper's lease index), so polling costs the
+# server next to nothing.
 _DRAINED = """
 SELECT (SELECT id FROM miniqueue_jobs
-         WHERE state = 'available' AND queue = %(queue)s
+         WHERE state = 'available' AND limits IS NULL AND queue = %(queue)s
          ORDER BY priority DESC, scheduled_at, id LIMIT 1) IS NULL
+   AND (SELECT id FROM miniqueue_jobs
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = %(queue)s
+         ORDER BY limits LIMIT 1) IS NULL
    AND (SELECT id FROM miniqueue_jobs
          WHERE state = 'running' AND lease_expires_at IS NOT NULL
          ORDER BY lease_expires_at LIMIT 1) IS NULL

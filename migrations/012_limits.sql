@@ -10,7 +10,7 @@
 --     holders when it next takes a slot of the scope.
 --   * a rate scope (rate set) is a token bucket: `tokens` as of `refilled_at`, refilled at
 --     `rate` per second up to `burst`.
--- The claim locks the scope rows it needs (in scope order, so claimers never deadlock), reads
+-- The claim locks the scope rows it needs (skipping those another claim holds), reads
 -- the holders' latest row versions, and takes slots and tokens in the same statement that
 -- leases the jobs.
 ALTER TABLE miniqueue_jobs ADD COLUMN limits TEXT[];
@@ -34,14 +34,15 @@ ALTER TABLE miniqueue_limits SET (autovacuum_vacuum_scale_factor = 0, autovacuum
 -- concurrency scope 'queue:<name>' above.
 ALTER TABLE miniqueue_queues ADD COLUMN max_running INT CHECK (max_running > 0);
 
--- The claim index separates unlimited jobs from limited ones, so that the ordinary claim never
--- walks past a backlog held back by a limit; the limited jobs are also indexed by their scopes,
--- so the limited claim can step from one group of scopes to the next (one probe per group)
--- instead of reading a held-back group's backlog.
+-- The claim index keeps only unlimited jobs, so that the ordinary claim never walks past a
+-- backlog held back by a limit. Limited jobs have an index of their own, by their scopes, so
+-- that the claim steps from one group of scopes to the next (one probe per group) instead of
+-- reading a held-back group's backlog. The two are disjoint: a query over every available job
+-- reads both (`limits IS NULL` and `limits IS NOT NULL`).
 DROP INDEX idx_miniqueue_jobs_claim;
 CREATE INDEX idx_miniqueue_jobs_claim
-    ON miniqueue_jobs (queue, (limits IS NULL), priority DESC, scheduled_at, id)
-    WHERE state = 'available';
+    ON miniqueue_jobs (queue, priority DESC, scheduled_at, id)
+    WHERE state = 'available' AND limits IS NULL;
 CREATE INDEX idx_miniqueue_jobs_limited
     ON miniqueue_jobs (queue, limits, priority DESC, scheduled_at, id)
     WHERE state = 'available' AND limits IS NOT NULL;

@@ -72,6 +72,8 @@ class Job:
         self.priority: int = lease.priority
         self.scheduled_at: dt.datetime = lease.scheduled_at
         self.created_at: dt.datetime = lease.created_at
+        #: The limits the job is subject to (see the README's "Limits"), or None.
+        self.limits: list[str] | None = lease.limits
         self.worker_id = worker_id
         #: When the handler was handed the job (``time.monotonic()``), for timeouts.
         self.started_at = time.monotonic()

@@ -153,9 +153,12 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 # migration 012 for the tables):
 #   groups    step through the limited jobs' index one group of scopes at a time (one probe per
 #             group, from the worker's cursor on), so a group held back never costs its backlog;
-#   limited   the best few jobs of each group (and of each capped queue), locked;
-#   scopes    the scope rows those need, locked in scope order (claimers never deadlock), as of
-#             their latest version;
+#   limited   the best jobs of each group (and of each capped queue), locked: as many as the
+#             group's limits seem to have room for, judged from this statement's snapshot (a
+#             full group costs one probe per slot holder, and locks nothing);
+#   scopes    the scope rows those need, locked, as of their latest version. A row another
+#             claim has locked is skipped, and its candidates wait for a later claim: two
+#             workers never queue on the same limit, nor deadlock;
 #   holding   the latest version of each slot holder's job row. A row another transaction has
 #             locked is skipped and its slot counted as held: only a claim or a delete locks a
 #             job row, and either way erring toward "held" can only under-admit for a moment;
@@ -167,7 +170,9 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 _CLAIMING = """
 fast AS MATERIALIZED ({pick}),
 open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running FROM {claim_queues} AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{{}}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM {claim_queues} AS q(name) LEFT JOIN {queues} p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 groups(queue, limits, depth) AS (
@@ -189,16 +194,16 @@ limited AS MATERIALIZED (
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running,
-                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM {limits} l
-                       WHERE l.scope = ANY(g.limits)))
+         LIMIT greatest(0, least(%(limit)s, (SELECT min({room_guess}) FROM {limits} l
+                                              WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
     UNION ALL
     SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+         LIMIT greatest(0, least(%(limit)s, (SELECT {room_guess} FROM {limits} l WHERE l.scope = q.scope[1])))
+           FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
 ),
 need AS (
@@ -208,35 +213,40 @@ need AS (
 ),
 scopes AS MATERIALIZED (
     SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM {limits}
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
-     ORDER BY scope FOR UPDATE
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
 ),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM {jobs}
-     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
+holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-      LEFT JOIN holding j ON j.id = h.id
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM {jobs} WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
+           array_agg(h.attempt ORDER BY h.id) AS attempts
+      FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE (j.state = 'running' AND j.attempt = h.attempt)
         OR (j.id IS NULL AND EXISTS (SELECT 1 FROM {jobs} x WHERE x.id = h.id))
+     GROUP BY h.scope
 ),
 room AS MATERIALIZED (
-    SELECT s.scope, b.tokens,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
-                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
-      FROM scopes s CROSS JOIN LATERAL (
+    SELECT s.scope, b.tokens, v.ids, v.attempts,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
+      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n) r
+      LEFT JOIN room m ON m.scope = r.scope
+     WHERE m.free IS NULL OR r.place > m.free
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
-     WHERE NOT EXISTS (
-        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-                         FROM need n) r
-          LEFT JOIN room m ON m.scope = r.scope
-         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
@@ -245,15 +255,13 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE {limits} l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{{}}') || t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                                  ELSE coalesce(m.attempts, '{{}}') || t.attempts END,
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used,
-                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.id ORDER BY c.id) AS ids,
-                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
       JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
@@ -265,6 +273,15 @@ UPDATE {jobs}
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
 )"""
+
+# A guess at the room a limit row `l` has, from this statement's snapshot: slots not held by a
+# job still running at the holder's attempt, or whole tokens. The admission below decides on the
+# rows' latest versions; the guess only spares locking candidates of a limit that is full.
+_ROOM_GUESS = """CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END"""
 
 _CLAIM = """
 WITH RECURSIVE {claiming}
@@ -461,7 +478,10 @@ WITH waiting AS (
     SELECT queue, count(*) AS available, count(*) FILTER (WHERE scheduled_at > now()) AS scheduled,
            extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE scheduled_at <= now()))
                AS oldest_available_seconds
-      FROM {jobs} WHERE state = 'available' GROUP BY queue
+      FROM (SELECT queue, scheduled_at FROM {jobs} WHERE state = 'available' AND limits IS NULL
+            UNION ALL
+            SELECT queue, scheduled_at FROM {jobs} WHERE state = 'available' AND limits IS NOT NULL) a
+     GROUP BY queue
 ), leased AS (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
       FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
@@ -569,8 +589,11 @@ WITH waiting AS (
      WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.scheduled_at <= now()
      GROUP BY s.scope
     UNION ALL
-    SELECT 'queue ' || q.name, (SELECT count(*) FROM {jobs} j
-                                 WHERE j.state = 'available' AND j.queue = q.name AND j.scheduled_at <= now())
+    SELECT 'queue ' || q.name,
+           (SELECT count(*) FROM {jobs} j
+             WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = q.name AND j.scheduled_at <= now())
+           + (SELECT count(*) FROM {jobs} j
+               WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = q.name AND j.scheduled_at <= now())
       FROM {queues} q WHERE q.max_running IS NOT NULL
 )
 SELECT w.scope, w.waiting, l.max_running, l.rate,
@@ -590,19 +613,29 @@ SELECT w.scope, w.waiting, l.max_running, l.rate,
 _KNOWN_QUEUES = """
 SELECT q.name FROM unnest(%(names)s::text[]) AS q(name)
  WHERE EXISTS (SELECT 1 FROM {queues} WHERE name = q.name)
-    OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = q.name)
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND limits IS NULL AND queue = q.name)
+    OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name)
     OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL AND queue = q.name)
 """
 # Every known queue name (as above), for an error naming the known ones. The waiting queues are
-# found by skipping through the claim index one queue at a time, never reading each job.
+# found by skipping through the claim index and the limited jobs' index one queue at a time,
+# never reading each job.
 _KNOWN_QUEUE_NAMES = """
 WITH RECURSIVE waiting(queue) AS (
-    (SELECT queue FROM {jobs} WHERE state = 'available' ORDER BY queue LIMIT 1)
+    (SELECT queue FROM {jobs} WHERE state = 'available' AND limits IS NULL ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {jobs} j WHERE j.state = 'available' AND j.queue > w.queue ORDER BY j.queue LIMIT 1)
+    SELECT (SELECT j.queue FROM {jobs} j WHERE j.state = 'available' AND j.limits IS NULL AND j.queue > w.queue
+             ORDER BY j.queue LIMIT 1)
       FROM waiting w WHERE w.queue IS NOT NULL
+), limited(queue) AS (
+    (SELECT queue FROM {jobs} WHERE state = 'available' AND limits IS NOT NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {jobs} j WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue > w.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM limited w WHERE w.queue IS NOT NULL
 )
 SELECT queue FROM waiting WHERE queue IS NOT NULL
+ UNION SELECT queue FROM limited WHERE queue IS NOT NULL
  UNION SELECT queue FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL
  UNION SELECT name FROM {queues}
  ORDER BY 1 LIMIT %(limit)s
@@ -771,11 +804,12 @@ class Store:
         self._notify_queues = render(_NOTIFY_QUEUES)
         picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
         self._claim_one, self._claim_many = (
-            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues) for pick, queues in picks
+            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS)
+            for pick, queues in picks
         )
         self._complete_and_claim_one, self._complete_and_claim_many = (
             counting(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
-                     claim_queues=queues)
+                     claim_queues=queues, room_guess=_ROOM_GUESS)
             for pick, queues in picks
         )  # fmt: skip
         self._complete = counting(_COMPLETE, "completed", completed=_COMPLETED)

@@ -390,7 +390,6 @@ class Worker:
                     claim = self._claim_size(time.monotonic() >= next_poll)
                     self._flush_outcomes(claim)
                     if claim:
-                        self._nudged = False
                         next_poll = time.monotonic() + self._poll_interval()
                 self._dispatch(executor)
                 delay = 0.1
@@ -606,6 +605,7 @@ class Worker:
         completions = [(job.id, job.attempt) for job, outcome in pending if outcome.kind == "completed"]
         try:
             if claim:
+                self._nudged = False
                 completed, leases = self.store.complete_and_claim(
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
                     after=self._limits_cursor,
@@ -613,6 +613,10 @@ class Worker:
                 self._note_limited(leases)
                 self._slots.add_ready(leases)
                 self._backlog = len(leases) == claim
+                if not self._backlog and any(job.limits for job, outcome in pending if outcome.kind == "completed"):
+                    # The claim ran in the statement that freed these jobs' slots, so it could not
+                    # see them free: claim again at once rather than at the next poll.
+                    self._nudged = True
             else:
                 completed = self.store.complete_many(conn, self.worker_id, completions)
         except DatabaseUnavailable:

@@ -127,7 +127,9 @@ fast AS MATERIALIZED (
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
 open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 groups(queue, limits, depth) AS (
@@ -149,16 +151,24 @@ limited AS MATERIALIZED (
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running,
-                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
-                       WHERE l.scope = ANY(g.limits)))
+         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END) FROM "public"."miniqueue_limits" l
+                                              WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
     UNION ALL
     SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
+           FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
 ),
 need AS (
@@ -168,35 +178,40 @@ need AS (
 ),
 scopes AS MATERIALIZED (
     SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
-     ORDER BY scope FOR UPDATE
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
 ),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
-     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
+holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-      LEFT JOIN holding j ON j.id = h.id
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
+           array_agg(h.attempt ORDER BY h.id) AS attempts
+      FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE (j.state = 'running' AND j.attempt = h.attempt)
         OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     GROUP BY h.scope
 ),
 room AS MATERIALIZED (
-    SELECT s.scope, b.tokens,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
-                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
-      FROM scopes s CROSS JOIN LATERAL (
+    SELECT s.scope, b.tokens, v.ids, v.attempts,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
+      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n) r
+      LEFT JOIN room m ON m.scope = r.scope
+     WHERE m.free IS NULL OR r.place > m.free
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
-     WHERE NOT EXISTS (
-        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-                         FROM need n) r
-          LEFT JOIN room m ON m.scope = r.scope
-         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
@@ -205,15 +220,13 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used,
-                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.id ORDER BY c.id) AS ids,
-                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
       JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
@@ -240,7 +253,9 @@ fast AS MATERIALIZED (
      ORDER BY c.priority DESC, c.scheduled_at, c.id
      LIMIT %(limit)s),
 open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 groups(queue, limits, depth) AS (
@@ -262,16 +277,24 @@ limited AS MATERIALIZED (
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running,
-                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
-                       WHERE l.scope = ANY(g.limits)))
+         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END) FROM "public"."miniqueue_limits" l
+                                              WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
     UNION ALL
     SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
+           FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
 ),
 need AS (
@@ -281,35 +304,40 @@ need AS (
 ),
 scopes AS MATERIALIZED (
     SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
-     ORDER BY scope FOR UPDATE
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
 ),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
-     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
+holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-      LEFT JOIN holding j ON j.id = h.id
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
+           array_agg(h.attempt ORDER BY h.id) AS attempts
+      FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE (j.state = 'running' AND j.attempt = h.attempt)
         OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     GROUP BY h.scope
 ),
 room AS MATERIALIZED (
-    SELECT s.scope, b.tokens,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
-                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
-      FROM scopes s CROSS JOIN LATERAL (
+    SELECT s.scope, b.tokens, v.ids, v.attempts,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
+      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n) r
+      LEFT JOIN room m ON m.scope = r.scope
+     WHERE m.free IS NULL OR r.place > m.free
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
-     WHERE NOT EXISTS (
-        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-                         FROM need n) r
-          LEFT JOIN room m ON m.scope = r.scope
-         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
@@ -318,15 +346,13 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used,
-                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.id ORDER BY c.id) AS ids,
-                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
       JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
@@ -361,7 +387,9 @@ fast AS MATERIALIZED (
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
 open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 groups(queue, limits, depth) AS (
@@ -383,16 +411,24 @@ limited AS MATERIALIZED (
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running,
-                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
-                       WHERE l.scope = ANY(g.limits)))
+         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END) FROM "public"."miniqueue_limits" l
+                                              WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
     UNION ALL
     SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
+           FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
 ),
 need AS (
@@ -402,35 +438,40 @@ need AS (
 ),
 scopes AS MATERIALIZED (
     SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
-     ORDER BY scope FOR UPDATE
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
 ),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
-     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
+holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-      LEFT JOIN holding j ON j.id = h.id
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
+           array_agg(h.attempt ORDER BY h.id) AS attempts
+      FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE (j.state = 'running' AND j.attempt = h.attempt)
         OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     GROUP BY h.scope
 ),
 room AS MATERIALIZED (
-    SELECT s.scope, b.tokens,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
-                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
-      FROM scopes s CROSS JOIN LATERAL (
+    SELECT s.scope, b.tokens, v.ids, v.attempts,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
+      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n) r
+      LEFT JOIN room m ON m.scope = r.scope
+     WHERE m.free IS NULL OR r.place > m.free
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
-     WHERE NOT EXISTS (
-        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-                         FROM need n) r
-          LEFT JOIN room m ON m.scope = r.scope
-         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
@@ -439,15 +480,13 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used,
-                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.id ORDER BY c.id) AS ids,
-                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
       JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
@@ -487,7 +526,9 @@ fast AS MATERIALIZED (
      ORDER BY c.priority DESC, c.scheduled_at, c.id
      LIMIT %(limit)s),
 open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 groups(queue, limits, depth) AS (
@@ -509,16 +550,24 @@ limited AS MATERIALIZED (
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running,
-                     (SELECT min(coalesce(l.max_running, ceil(l.burst)::int)) FROM "public"."miniqueue_limits" l
-                       WHERE l.scope = ANY(g.limits)))
+         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END) FROM "public"."miniqueue_limits" l
+                                              WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
     UNION ALL
     SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, q.max_running) FOR UPDATE SKIP LOCKED) j
+         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
+     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
+           FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
 ),
 need AS (
@@ -528,35 +577,40 @@ need AS (
 ),
 scopes AS MATERIALIZED (
     SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need))
-     ORDER BY scope FOR UPDATE
+     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
 ),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs"
-     WHERE id = ANY(ARRAY(SELECT unnest(holder_ids) FROM scopes)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
+holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-      LEFT JOIN holding j ON j.id = h.id
+),
+holding AS MATERIALIZED (
+    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
+),
+live AS MATERIALIZED (
+    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
+           array_agg(h.attempt ORDER BY h.id) AS attempts
+      FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE (j.state = 'running' AND j.attempt = h.attempt)
         OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     GROUP BY h.scope
 ),
 room AS MATERIALIZED (
-    SELECT s.scope, b.tokens,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens)
-                ELSE s.max_running - (SELECT count(*) FROM live l WHERE l.scope = s.scope) END AS free
-      FROM scopes s CROSS JOIN LATERAL (
+    SELECT s.scope, b.tokens, v.ids, v.attempts,
+           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
+      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n) r
+      LEFT JOIN room m ON m.scope = r.scope
+     WHERE m.free IS NULL OR r.place > m.free
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
-     WHERE NOT EXISTS (
-        SELECT 1 FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                  ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-                         FROM need n) r
-          LEFT JOIN room m ON m.scope = r.scope
-         WHERE r.id = c.id AND (m.free IS NULL OR r.place > m.free))
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
@@ -565,15 +619,13 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts ELSE t.attempts END,
+       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
+           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used,
-                   ARRAY(SELECT v.id FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.id ORDER BY c.id) AS ids,
-                   ARRAY(SELECT v.attempt FROM live v WHERE v.scope = n.scope ORDER BY v.id)
-                       || array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
       JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
@@ -771,7 +823,10 @@ WITH waiting AS (
     SELECT queue, count(*) AS available, count(*) FILTER (WHERE scheduled_at > now()) AS scheduled,
            extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE scheduled_at <= now()))
                AS oldest_available_seconds
-      FROM "public"."miniqueue_jobs" WHERE state = 'available' GROUP BY queue
+      FROM (SELECT queue, scheduled_at FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NULL
+            UNION ALL
+            SELECT queue, scheduled_at FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL) a
+     GROUP BY queue
 ), leased AS (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
       FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
@@ -825,20 +880,63 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
 -- _paused
 SELECT name FROM "public"."miniqueue_queues" WHERE paused ORDER BY name;
 
+-- _set_queue_limit
+WITH capped AS (
+    INSERT INTO "public"."miniqueue_queues" (name, max_running) VALUES (%(name)s, %(max)s::int)
+    ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, updated_at = now()
+)
+INSERT INTO "public"."miniqueue_limits" (scope, max_running) SELECT %(scope)s, %(max)s::int WHERE %(max)s::int IS NOT NULL
+ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running;
+
+-- _queue_limits
+SELECT name, max_running FROM "public"."miniqueue_queues" WHERE max_running IS NOT NULL ORDER BY name;
+
+-- _limit_waits
+WITH waiting AS (
+    SELECT s.scope, count(*) AS waiting
+      FROM "public"."miniqueue_jobs" j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
+     WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.scheduled_at <= now()
+     GROUP BY s.scope
+    UNION ALL
+    SELECT 'queue ' || q.name,
+           (SELECT count(*) FROM "public"."miniqueue_jobs" j
+             WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = q.name AND j.scheduled_at <= now())
+           + (SELECT count(*) FROM "public"."miniqueue_jobs" j
+               WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = q.name AND j.scheduled_at <= now())
+      FROM "public"."miniqueue_queues" q WHERE q.max_running IS NOT NULL
+)
+SELECT w.scope, w.waiting, l.max_running, l.rate,
+       (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+          JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt) AS held,
+       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens
+  FROM waiting w LEFT JOIN "public"."miniqueue_limits" l USING (scope)
+ WHERE w.waiting > 0
+ ORDER BY w.waiting DESC, w.scope
+ LIMIT %(limit)s;
+
 -- _known_queues
 SELECT q.name FROM unnest(%(names)s::text[]) AS q(name)
  WHERE EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = q.name)
-    OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND queue = q.name)
+    OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NULL AND queue = q.name)
+    OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name)
     OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL AND queue = q.name);
 
 -- _known_queue_names
 WITH RECURSIVE waiting(queue) AS (
-    (SELECT queue FROM "public"."miniqueue_jobs" WHERE state = 'available' ORDER BY queue LIMIT 1)
+    (SELECT queue FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NULL ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM "public"."miniqueue_jobs" j WHERE j.state = 'available' AND j.queue > w.queue ORDER BY j.queue LIMIT 1)
+    SELECT (SELECT j.queue FROM "public"."miniqueue_jobs" j WHERE j.state = 'available' AND j.limits IS NULL AND j.queue > w.queue
+             ORDER BY j.queue LIMIT 1)
       FROM waiting w WHERE w.queue IS NOT NULL
+), limited(queue) AS (
+    (SELECT queue FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM "public"."miniqueue_jobs" j WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue > w.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM limited w WHERE w.queue IS NOT NULL
 )
 SELECT queue FROM waiting WHERE queue IS NOT NULL
+ UNION SELECT queue FROM limited WHERE queue IS NOT NULL
  UNION SELECT queue FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL
  UNION SELECT name FROM "public"."miniqueue_queues"
  ORDER BY 1 LIMIT %(limit)s;
