@@ -148,8 +148,14 @@ class Client:
                 check_depends_on(spec.depends_on)
             except InvalidInput as exc:
                 raise InvalidInput(f"job {index}: {exc}") from exc
+        results = []
         with self.connection(conn) as c, c.transaction():
-            return [self._enqueue_one(spec, c) for spec in specs]
+            for index, spec in enumerate(specs):
+                try:
+                    results.append(self._enqueue_one(spec, c))
+                except InvalidInput as exc:  # a parent that does not exist, or ended
+                    raise InvalidInput(f"job {index}: {exc}") from exc
+        return results
 
     def chain(self, steps: Sequence[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another: each step depends on the one before it

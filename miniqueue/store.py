@@ -59,14 +59,17 @@ INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, {delta} FROM {rows}
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count"""
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1"""
 
 # Settle what the jobs a statement finished mean for others (see miniqueue_settle in migration
 # 013): wake whoever waits for them, release the dependents of completed ones, cancel those of
 # failed, dead, cancelled or deleted ones. {settling} names the CTE of the finished jobs, with
 # columns (id, state, dependents, awaited), state being the one each job ended in. The function
 # is called only when one of them has a dependent or a waiter, so a drain of independent jobs
-# pays for one scan of its own RETURNING rows. Each list is ordered by (parent, dependent) so
+# pays for one scan of its own RETURNING rows. The statement's own count of finished jobs runs
+# first (the function counts the dependents it cancels, maybe in the same row of the counts,
+# and a row a statement changes after a function it called did is an error). Each list is ordered by (parent, dependent) so
 # the three arrays of cancellations line up.
 _SETTLE = """
 SELECT {settle_function}(
@@ -76,7 +79,8 @@ SELECT {settle_function}(
     ARRAY(SELECT id FROM {settling}, unnest(dependents) AS d WHERE state IN ({unsuccessful}) ORDER BY id, d),
     ARRAY(SELECT state FROM {settling}, unnest(dependents) AS d WHERE state IN ({unsuccessful}) ORDER BY id, d),
     {finished_channel}, {queue_channel})
- WHERE EXISTS (SELECT 1 FROM {settling} WHERE (dependents IS NOT NULL OR awaited) AND state IN ({ended}))"""
+ WHERE EXISTS (SELECT 1 FROM {settling} WHERE (dependents IS NOT NULL OR awaited) AND state IN ({ended}))
+   AND (SELECT count(*) FROM counted) >= 0"""
 # How a job can end: 'deleted' stands for a job deleted before it finished.
 _ENDED = "'completed', {unsuccessful}"
 _UNSUCCESSFUL = "'failed', 'dead', 'cancelled', 'deleted'"
