@@ -69,8 +69,8 @@ RETURNING 1"""
 # is called only when one of them has a dependent or a waiter, so a drain of independent jobs
 # pays for one scan of its own RETURNING rows. The statement's own count of finished jobs runs
 # first (the function counts the dependents it cancels, maybe in the same row of the counts,
-# and a row a statement changes after a function it called did is an error). Each list is ordered by (parent, dependent) so
-# the three arrays of cancellations line up.
+# and a row a statement changes after a function it called did is an error). Each list is
+# ordered by (parent, dependent) so the three arrays of cancellations line up.
 _SETTLE = """
 SELECT {settle_function}(
     ARRAY(SELECT id FROM {settling} WHERE awaited AND state IN ({ended})),
@@ -176,7 +176,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY({pick}))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          parents, {parent_results}
+          parents, {parent_results} AS parent_results
 """
 
 # A claimed job's parents' results, as [[id, result], ...] in the order of its parents (a parent

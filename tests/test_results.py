@@ -71,8 +71,7 @@ def test_results_round_trip_awkward_json(client: Client, conn: Connection, start
     ids = [client.enqueue("echo", {"big": len(v)} if v is NEAR_LIMIT else {"value": v}).id for v in AWKWARD]
     silent = client.enqueue("silent").id
     start_worker(app)
-    for job_id in [*ids, silent]:
-        wait_until(lambda: row(conn, job_id)["state"] == "completed", what=f"job {job_id} completed")
+    wait_until(lambda: all(row(conn, j)["state"] == "completed" for j in [*ids, silent]), what="every job completed")
     for job_id, value in zip(ids, AWKWARD, strict=True):
         result = client.result(job_id)
         assert result == value and type(result) is type(value)
@@ -130,7 +129,7 @@ def test_result_says_why_there_is_none(client: Client, conn: Connection, start_w
         client.result(cancelled)
     start_worker(app)
     wait_until(lambda: row(conn, waiting)["state"] == "failed", what="job failed")
-    with pytest.raises(JobFailed, match="ended failed.*no thanks") as failed:
+    with pytest.raises(JobFailed, match=r"ended failed.*no thanks") as failed:
         client.result(waiting)
     assert failed.value.state == "failed" and "PermanentError" in (failed.value.error or "")
     with pytest.raises(InvalidInput):
@@ -177,7 +176,8 @@ def test_wait_times_out_cleanly(client: Client, conn: Connection) -> None:
     stored = row(conn, job_id)
     assert stored["state"] == "available" and stored["attempt"] == 0
     # The wait's own connection is closed.
-    gone = "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'miniqueue:wait' AND datname = current_database()"
+    gone = ("SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'miniqueue:wait' "
+            "AND datname = current_database()")
     wait_until(lambda: conn.execute(gone).fetchone() == (True,), what="the wait's connection closed")
     with pytest.raises(WaitTimeout):
         client.wait(job_id, timeout=0)
@@ -193,8 +193,7 @@ def test_only_awaited_jobs_notify_when_they_finish(
         awaited = client.enqueue("echo", {"value": 2}).id
         store.await_job(conn, awaited)
         start_worker(echo_app())
-        for job_id in (plain, awaited):
-            wait_until(lambda: row(conn, job_id)["state"] == "completed", what="completed")
+        wait_until(lambda: all(row(conn, j)["state"] == "completed" for j in (plain, awaited)), what="completed")
         received = [n.payload for n in listener.notifies(timeout=0.5)]
     assert received == [str(awaited)]
 

@@ -93,7 +93,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END;
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results;
 
 -- _claim_many
 UPDATE "public"."miniqueue_jobs"
@@ -112,7 +112,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END;
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results;
 
 -- _complete_and_claim_one
 WITH completed AS (
@@ -152,7 +152,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -200,7 +200,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
