@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -13,9 +14,12 @@ from miniqueue.app import App
 from miniqueue.context import Job
 from miniqueue.db import Connection, connect
 from miniqueue.store import Store
+from miniqueue.web import create_app
 
 from .helpers import count, expire_lease, row, wait_until
 from .running import StartWorker, worker_starter
+from .test_cli import run
+from .test_web import on_localhost
 
 
 @pytest.fixture
@@ -269,3 +273,29 @@ def test_waiting_jobs_show_in_stats_and_lists(client: Client, conn: Connection) 
     listed = client.list_jobs(state="waiting")
     assert sorted(j.id for j in listed) == children and all(j.parents == (parent,) for j in listed)
     assert client.get(parent).dependents == tuple(children)
+
+
+def test_cli_and_dashboard_show_parents_dependents_and_results(client: Client, conn: Connection, dsn: str) -> None:
+    parent = client.enqueue("node").id
+    child = client.enqueue("node", depends_on=[parent]).id
+    store = Store()
+    [lease] = store.claim(conn, ["default"], "w:1:a", 30, 1)
+    store.complete(conn, parent, "w:1:a", lease.attempt, result='{"rows": 3, "name": "caf\\u00e9"}')
+    other = client.enqueue("node", queue="blocked", delay=3600).id
+    waiting = client.enqueue("node", queue="blocked", depends_on=[other]).id
+
+    listed = run(dsn, "jobs", "list", "--state", "waiting")
+    assert listed.exit_code == 0, listed.output
+    [line] = listed.stdout.strip().splitlines()
+    assert line.split()[:2] == [str(waiting), "waiting"] and f"waiting on 1 of 1 parents: {other}" in line
+    shown = run(dsn, "jobs", "show", str(parent)).stdout
+    assert 'result: {"name": "caf\\u00e9", "rows": 3}' in shown and f"dependents: [{child}]" in shown
+    as_json = json.loads(run(dsn, "jobs", "show", str(child), "--json").stdout)
+    assert as_json["parents"] == [parent] and as_json["state"] == "available" and as_json["result"] is None
+
+    with on_localhost(create_app(client)) as web:
+        page = web.get(f"/jobs/{parent}").text
+        assert "Result" in page and "&#34;rows&#34;: 3" in page and f'href="/jobs/{child}"' in page
+        page = web.get(f"/jobs/{waiting}").text
+        assert f'href="/jobs/{other}"' in page and "(1 not completed yet)" in page
+        assert "Result</h2>" not in page
