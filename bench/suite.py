@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from . import claim, cpu, drain, enqueue, fairness, iobound, latency, scale
+from . import claim, cpu, drain, enqueue, fairness, iobound, latency, scale, workflow
 from .database import scratch_database
 from .measure import Sample, load_average
 from .registry import Benchmark, Context
@@ -22,6 +22,7 @@ BENCHMARKS: list[Benchmark] = [
     *cpu.BENCHMARKS,
     *iobound.BENCHMARKS,
     *scale.BENCHMARKS,
+    *workflow.BENCHMARKS,
 ]
 
 Progress = Callable[[int, Benchmark, Sample], None]
