@@ -322,7 +322,7 @@ def test_sigkill_mid_workflow_still_runs_each_dependent_exactly_once(
         chain = client.chain([JobSpec("step", {"value": 1}), JobSpec("step", {"value": 10, "sleep_on": [1]}),
                               JobSpec("step", {"value": 100})])  # fmt: skip
         for slow in (group.members[-1].id, chain[1].id):
-            pid = wait_until(lambda s=slow: handler_started(conn, s) and held_by(conn, s), what="slow job running")
+            pid = wait_until(lambda: handler_started(conn, slow) and held_by(conn, slow), what="slow job running")  # noqa: B023
             os.kill(pid, signal.SIGKILL)
         assert client.wait(group.then.id, timeout=60) == 106
         assert client.wait(chain[-1].id, timeout=60) == 111
