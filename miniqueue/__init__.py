@@ -17,12 +17,16 @@ from .errors import (
     DatabaseUnavailable,
     InvalidInput,
     InvalidTransition,
+    JobFailed,
+    JobNotFinished,
     JobNotFound,
     LeaseLost,
     MiniqueueError,
+    ResultUnavailable,
     SchemaOutOfDate,
+    WaitTimeout,
 )
-from .job import AttemptError, EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from .job import AttemptError, EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .migrate import run_migrations
 from .reaper import Reaper, ReaperConfig
 from .retry import Backoff, default_backoff, exponential_backoff
@@ -39,9 +43,12 @@ __all__ = [
     "ConfigError",
     "DatabaseUnavailable",
     "EnqueueResult",
+    "GroupResult",
     "InvalidInput",
     "InvalidTransition",
     "Job",
+    "JobFailed",
+    "JobNotFinished",
     "JobNotFound",
     "JobRecord",
     "JobSpec",
@@ -52,9 +59,11 @@ __all__ = [
     "QueueStats",
     "Reaper",
     "ReaperConfig",
+    "ResultUnavailable",
     "SchemaOutOfDate",
     "Snooze",
     "State",
+    "WaitTimeout",
     "Worker",
     "WorkerConfig",
     "__version__",

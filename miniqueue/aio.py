@@ -117,7 +117,7 @@ class AsyncTransactions:
         pool = await self._pool()
         async with pool.connection() as conn, conn.transaction():
             yield conn
-            await complete_in(conn, self.store, job.id, self.worker_id, job.attempt)
+            await complete_in(conn, self.store, job.id, self.worker_id, job.attempt, job.result_json)
 
     async def _pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         if self._opening is None:
@@ -144,11 +144,15 @@ class AsyncTransactions:
             self._opening = None
 
 
-async def complete_in(conn: AsyncConnection[Any], store: Store, job_id: int, worker_id: str, attempt: int) -> None:
+async def complete_in(
+    conn: AsyncConnection[Any], store: Store, job_id: int, worker_id: str, attempt: int, result: str | None = None
+) -> None:
     """:meth:`Store.complete` on an async connection, inside the caller's transaction: the
-    store's own rendered statement, so the fence and the finished-job counts are the same."""
+    store's own rendered statement, so the fence, the result, the finished-job counts and the
+    release of dependents are the same."""
+    results = None if result is None else {job_id: result}
     with translate_errors():
-        cur = await conn.execute(*store.completion(worker_id, [(job_id, attempt)]))
+        cur = await conn.execute(*store.completion(worker_id, [(job_id, attempt)], results=results))
         completed = await cur.fetchall()
     if not completed:
         raise LeaseLost(job_id, worker_id, attempt)

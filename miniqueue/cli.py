@@ -275,7 +275,7 @@ def jobs() -> None:
 @friendly_errors
 def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int, before_id: int | None,
               as_json: bool, database_url: str | None) -> None:  # fmt: skip
-    """Jobs matching the filters, newest first."""
+    """Jobs matching the filters, newest first (a waiting job: the parents it waits for)."""
     with open_client(database_url) as client:
         found = client.list_jobs(state=State(state) if state else None, queue=queue, task=task,
                                  before_id=before_id, limit=limit)  # fmt: skip
@@ -283,11 +283,19 @@ def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int
         click.echo(to_json([_job_dict(job) for job in found]))
         return
     for job in found:
-        error = (job.last_error or "").strip().splitlines()[-1:] or [""]
+        note = (job.last_error or "").strip().splitlines()[-1:] or [""]
+        if job.state is State.WAITING:
+            note = [f"waiting on {job.pending_parents} of {len(job.parents)} parents: {_ids(job.parents)}"]
         click.echo(
             f"{job.id:>10}  {job.state.value:<9}  {job.queue:<16} {job.task:<24} "
-            f"attempt {job.attempt}/{job.max_attempts}  {job.created_at:%Y-%m-%d %H:%M:%S}  {error[0][:60]}"
+            f"attempt {job.attempt}/{job.max_attempts}  {job.created_at:%Y-%m-%d %H:%M:%S}  {note[0][:80]}"
         )
+
+
+def _ids(ids: tuple[int, ...], shown: int = 10) -> str:
+    """Job ids for one line: the first ``shown``, then how many more."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(map(str, ids[:shown])) + more
 
 
 @jobs.command("show")
@@ -296,7 +304,7 @@ def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int
 @database_option
 @friendly_errors
 def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
-    """Every field of one job, with its error history."""
+    """Every field of one job (its result, parents and dependents too), with its error history."""
     with open_client(database_url) as client:
         job = client.get(job_id)
     fields = _job_dict(job)
@@ -305,7 +313,8 @@ def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
         return
     history = fields.pop("errors")
     for key, value in fields.items():
-        click.echo(f"{key:>16}: {to_json(value) if key == 'payload' else value}")
+        shown = to_json(value) if key in ("payload", "result", "parents", "dependents") else value
+        click.echo(f"{key:>16}: {shown}")
     for entry in history:
         click.echo(f"--- attempt {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
 

@@ -10,16 +10,19 @@ from psycopg_pool import ConnectionPool
 
 from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
-from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from .job import EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .limits import check_limit
+from .results import result_of, wait_for
 from .store import LimitWait, Store
 from .validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     JOB_ID_RANGE,
+    check_depends_on,
     check_int_range,
     check_job_ids,
     check_queue_name,
     check_schedule_name,
+    check_seconds,
     check_task_name,
     check_text,
     validate,
@@ -96,6 +99,7 @@ class Client:
         max_concurrent: int | None = None,
         rate_limit: str | None = None,
         rate_limit_key: str | None = None,
+        depends_on: Sequence[int] | None = None,
         conn: Connection | None = None,
     ) -> EnqueueResult:
         """Enqueue one job and return its id.
@@ -104,16 +108,32 @@ class Client:
         ``max_payload_bytes`` encoded). ``run_at`` (timezone-aware) or ``delay`` (seconds on the
         database clock) schedules it for later. With an ``idempotency_key`` already used by a
         stored job, nothing is inserted and the result carries that job's id with
-        ``duplicate=True``. Limits (see the README's "Limits"): with a ``concurrency_key``, at most
-        ``max_concurrent`` (default 1) jobs of this task with that key run at once; with a
-        ``rate_limit`` (``"100/s"``), at most that many jobs of the task (per ``rate_limit_key``
-        if given) start. Invalid input raises InvalidInput and stores nothing.
+        ``duplicate=True``. Invalid input raises InvalidInput and stores nothing.
+
+        Limits (see the README's "Limits"): with a ``concurrency_key``, at most ``max_concurrent``
+        (default 1) jobs of this task with that key run at once; with a ``rate_limit``
+        (``"100/s"``), at most that many jobs of the task (per ``rate_limit_key`` if given) start.
+
+        ``depends_on`` names jobs that must complete first: the job is ``waiting`` until the
+        last of them completes (released in that completion's transaction), and is cancelled,
+        with an error naming the parent, if one of them ends failed, dead or cancelled. Its
+        handler reads their results as ``job.parent_results``. Every id must name a job that
+        exists and has not ended without completing, else InvalidInput (nothing stored).
         """
-        spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, idempotency_key,
-                       concurrency_key, max_concurrent, rate_limit, rate_limit_key)  # fmt: skip
+        spec = JobSpec(
+            task, payload, queue=queue, priority=priority, run_at=run_at, delay=delay, max_attempts=max_attempts,
+            idempotency_key=idempotency_key, concurrency_key=concurrency_key, max_concurrent=max_concurrent,
+            rate_limit=rate_limit, rate_limit_key=rate_limit_key, depends_on=depends_on,
+        )  # fmt: skip
+        return self._enqueue_one(spec, conn)
+
+    def _enqueue_one(self, spec: JobSpec, conn: Connection | None) -> EnqueueResult:
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
+        parents = check_depends_on(spec.depends_on)
         with self.connection(conn) as c:
-            return self.store.enqueue(c, job, notify=self.notify)
+            if parents is None:
+                return self.store.enqueue(c, job, notify=self.notify)
+            return self.store.enqueue_waiting(c, job, parents, notify=self.notify)
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction; results are in input order.
@@ -122,6 +142,8 @@ class Client:
         keys are honoured against stored jobs and within the batch (the first occurrence wins).
         """
         specs = list(jobs)
+        if any(s.depends_on is not None for s in specs):
+            return self._enqueue_each(specs, conn)
         checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
         with self.connection(conn) as c:
             if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
@@ -130,6 +152,87 @@ class Client:
                 scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
                 return self.store.copy_many(c, len(specs), checked, scheduled=scheduled, notify=self.notify)
             return self.store.enqueue_many(c, list(checked), notify=self.notify)
+
+    def _enqueue_each(self, specs: Sequence[JobSpec], conn: Connection | None) -> list[EnqueueResult]:
+        """A batch with dependencies: each job by the one-by-one path, in one transaction."""
+        for index, spec in enumerate(specs):  # check everything before storing anything
+            try:
+                validate(spec, max_payload_bytes=self.max_payload_bytes)
+                check_depends_on(spec.depends_on)
+            except InvalidInput as exc:
+                raise InvalidInput(f"job {index}: {exc}") from exc
+        results = []
+        with self.connection(conn) as c, c.transaction():
+            for index, spec in enumerate(specs):
+                try:
+                    results.append(self._enqueue_one(spec, c))
+                except InvalidInput as exc:  # a parent that does not exist, or ended
+                    raise InvalidInput(f"job {index}: {exc}") from exc
+        return results
+
+    def chain(self, steps: Sequence[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
+        """Enqueue jobs that run one after another: each step depends on the one before it
+        (and on whatever its own ``depends_on`` names), and reads that step's result as
+        ``job.parent_result``. One transaction: all the steps are stored, or none.
+
+        A step that ends failed, dead or cancelled cancels the steps after it.
+        """
+        if not steps:
+            raise InvalidInput("a chain needs at least one step")
+        results: list[EnqueueResult] = []
+        with self.connection(conn) as c, c.transaction():
+            for step in steps:
+                before = [results[-1].id] if results else []
+                parents = [*before, *(step.depends_on or ())]
+                results.append(self._enqueue_one(step._replace(depends_on=parents or None), c))
+        return results
+
+    def group(self, members: Sequence[JobSpec], *, then: JobSpec, conn: Connection | None = None) -> GroupResult:
+        """Enqueue ``members`` to run in parallel, and ``then`` to run once after every member
+        completed; its handler reads the members' results as ``job.parent_results`` (by
+        member id, in the order given). One transaction: all are stored, or none.
+
+        ``then`` is a job whose parents are the members, released by the completion of the
+        last one in that completion's transaction: it becomes runnable exactly once, however
+        the members' workers die. If a member ends failed, dead or cancelled, ``then`` is
+        cancelled with an error naming it.
+        """
+        if not members:
+            raise InvalidInput("a group needs at least one member")
+        with self.connection(conn) as c, c.transaction():
+            enqueued = self.enqueue_many(members, conn=c)
+            parents = [*dict.fromkeys(r.id for r in enqueued), *(then.depends_on or ())]
+            callback = self._enqueue_one(then._replace(depends_on=parents), c)
+        return GroupResult(members=enqueued, then=callback)
+
+    def result(self, job_id: int) -> Any:
+        """The result job ``job_id``'s handler returned (None if it returned nothing).
+
+        Raises JobNotFound for an unknown id, JobNotFinished while it waits, is available or
+        runs, and JobFailed (carrying the job's last error) when it ended failed, dead or
+        cancelled.
+        """
+        job_id = check_int_range("job id", job_id, JOB_ID_RANGE)
+        with self.connection() as c:
+            return result_of(self.store, c, job_id)
+
+    def wait(self, job_id: int, *, timeout: float = 60.0) -> Any:
+        """Wait for job ``job_id`` to finish and return its result, as :meth:`result` does.
+
+        Woken by a notification the statement that finishes the job sends (no polling); a
+        connection of its own is held for the wait. Raises WaitTimeout (a TimeoutError) if
+        the job has not finished within ``timeout`` seconds.
+        """
+        job_id = check_int_range("job id", job_id, JOB_ID_RANGE)
+        timeout = check_seconds("wait timeout", timeout)
+        return wait_for(self.store, self._session_dsn(), job_id, timeout)
+
+    def _session_dsn(self) -> str:
+        """A DSN for a connection of our own (a LISTEN needs a session)."""
+        if self._dsn is not None:
+            return self._dsn
+        info = self._pool.conninfo
+        return info() if callable(info) else info
 
     def get(self, job_id: int) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""

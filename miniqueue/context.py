@@ -13,6 +13,7 @@ from psycopg import AsyncConnection
 
 from .db import Connection
 from .job import Lease
+from .validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result
 
 
 class PermanentError(Exception):
@@ -62,6 +63,7 @@ class Job:
         worker_id: str,
         transaction: TransactionFactory | None = None,
         atransaction: AsyncTransactionFactory | None = None,
+        max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.id: int = lease.id
         self.queue: str = lease.queue
@@ -85,9 +87,45 @@ class Job:
         self._transaction = transaction
         self._atransaction = atransaction
         self.completed_in_transaction = False
+        #: The jobs this one waited for (empty for a job enqueued without ``depends_on``).
+        self.parents: tuple[int, ...] = tuple(lease.parents) if lease.parents else ()
+        self._parent_results = lease.parent_results
+        self._max_result_bytes = max_result_bytes
+        #: The result set by :meth:`set_result`, as JSON text (None: none set).
+        self.result_json: str | None = None
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.task} attempt {self.attempt}/{self.max_attempts}>"
+
+    @property
+    def parent_results(self) -> dict[int, Any]:
+        """Each parent's result by parent id, in the order the parents were given (a parent
+        that returned nothing maps to None; one pruned since is missing)."""
+        return {int(pair[0]): pair[1] for pair in self._parent_results or ()}
+
+    @property
+    def parent_result(self) -> Any:
+        """The result of this job's only parent (a step of a chain reads its predecessor's).
+
+        Raises LookupError for a job that has no parent or several (use :attr:`parent_results`),
+        or whose parent was pruned before this job ran.
+        """
+        if len(self.parents) != 1:
+            raise LookupError(f"job {self.id} has {len(self.parents)} parents, not one: read job.parent_results")
+        results = self.parent_results
+        if self.parents[0] not in results:
+            raise LookupError(f"job {self.id}'s parent {self.parents[0]} no longer exists (pruned?)")
+        return results[self.parents[0]]
+
+    def set_result(self, value: Any) -> None:
+        """Set this job's result (JSON, by the payload's rules and size limit): what it stores
+        when it completes, unless the handler returns something else than None.
+
+        A handler that completes in :meth:`transaction` must use it, inside the block: the job
+        completes when the block ends, before the handler returns. A value that breaks the
+        rules raises InvalidInput here, which fails the attempt like any exception.
+        """
+        self.result_json = encode_result(value, max_bytes=self._max_result_bytes)
 
     def should_stop(self) -> bool:
         """True once the handler should wrap up (see :attr:`stop_reason`)."""

@@ -58,3 +58,38 @@ class LeaseLost(MiniqueueError):
 
 class AppLoadError(MiniqueueError):
     """A ``module:attribute`` app reference could not be loaded."""
+
+
+class ResultUnavailable(MiniqueueError):
+    """A job has no result to give: see the subclasses for why."""
+
+    def __init__(self, message: str, job_id: int, state: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+
+
+class JobNotFinished(ResultUnavailable):
+    """The job has not finished yet (it is waiting, available or running)."""
+
+    def __init__(self, job_id: int, state: str) -> None:
+        super().__init__(f"job {job_id} has not finished: it is {state}", job_id, state)
+
+
+class JobFailed(ResultUnavailable):
+    """The job ended without completing (failed, dead or cancelled); ``error`` says why."""
+
+    def __init__(self, job_id: int, state: str, error: str | None) -> None:
+        last = (error or "no error recorded").strip().rsplit("\n", 1)[-1]
+        super().__init__(f"job {job_id} ended {state}, so it has no result: {last}", job_id, state)
+        self.error = error
+
+
+class WaitTimeout(MiniqueueError, TimeoutError):
+    """:meth:`~miniqueue.Client.wait` gave up: the job had not finished within the timeout."""
+
+    def __init__(self, job_id: int, timeout: float, state: str) -> None:
+        super().__init__(f"job {job_id} did not finish within {timeout:g}s: it is still {state}")
+        self.job_id = job_id
+        self.timeout = timeout
+        self.state = state

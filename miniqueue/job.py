@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -12,8 +13,10 @@ class State(str, enum.Enum):
     """Where a job is in its life.
 
     ``available → running → completed | available (retry) | dead (attempts exhausted) |
-    failed (permanent)``; ``available | running → cancelled`` by an operator; and
-    ``dead | failed | cancelled → available`` by requeue.
+    failed (permanent)``; ``available | running | waiting → cancelled`` by an operator; and
+    ``dead | failed | cancelled → available`` by requeue. A job enqueued with parents starts
+    ``waiting`` and becomes ``available`` when its last parent completes, or ``cancelled``
+    when one of them ends failed, dead or cancelled.
     """
 
     AVAILABLE = "available"
@@ -22,10 +25,12 @@ class State(str, enum.Enum):
     FAILED = "failed"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    WAITING = "waiting"
 
 
 TERMINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED})
 REQUEUEABLE_STATES = frozenset({State.FAILED, State.DEAD, State.CANCELLED})
+CANCELLABLE_STATES = frozenset({State.AVAILABLE, State.RUNNING, State.WAITING})
 
 
 class JobSpec(NamedTuple):
@@ -52,6 +57,8 @@ class JobSpec(NamedTuple):
     #: task or, with a ``rate_limit_key``, per key.
     rate_limit: str | None = None
     rate_limit_key: str | None = None
+    #: Ids of jobs that must complete before this one runs (see :meth:`miniqueue.Client.enqueue`).
+    depends_on: Sequence[int] | None = None
 
 
 class EnqueueResult(NamedTuple):
@@ -60,6 +67,13 @@ class EnqueueResult(NamedTuple):
 
     id: int
     duplicate: bool = False
+
+
+class GroupResult(NamedTuple):
+    """What :meth:`miniqueue.Client.group` enqueued: the members, and the job that runs after them."""
+
+    members: list[EnqueueResult]
+    then: EnqueueResult
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,9 @@ class Lease(NamedTuple):
     lease_expires_at: dt.datetime
     #: The limits the job is subject to (its scope names), or None.
     limits: list[str] | None = None
+    #: The job's parents, and their results as ``[[id, result], ...]`` (None without parents).
+    parents: list[int] | None = None
+    parent_results: list[list[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,13 @@ class JobRecord:
     completed_at: dt.datetime | None
     finished_at: dt.datetime | None
     errors: tuple[AttemptError, ...] = field(default_factory=tuple)
+    #: What the handler returned (None if nothing, or not completed).
+    result: Any = None
+    #: The jobs this one waits for, and those waiting for it (empty when none).
+    parents: tuple[int, ...] = ()
+    dependents: tuple[int, ...] = ()
+    #: How many of its parents have not completed yet (while ``waiting``).
+    pending_parents: int = 0
 
 
 @dataclass(frozen=True)

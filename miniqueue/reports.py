@@ -107,7 +107,9 @@ class GaugesSent(NamedTuple):
 
 
 Report = Beat | Ready | Start | End | Done | Error | QueueGauges | LimitGauge | GaugesSent
-_GAUGE_STATES = (State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)
+_GAUGE_STATES = (
+    State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED, State.WAITING
+)  # fmt: skip
 
 _LISTENING = {True: "1", False: "0", None: "-"}
 

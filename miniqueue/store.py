@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from .db import Connection, check_schema, cursor_for, translate_errors
 from .errors import InvalidInput, InvalidTransition, JobNotFound, LeaseLost
 from .job import (
+    CANCELLABLE_STATES,
     REQUEUEABLE_STATES,
     TERMINAL_STATES,
     AttemptError,
@@ -62,7 +63,35 @@ INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, {delta} FROM {rows}
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count"""
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1"""
+
+# Settle what the jobs a statement finished mean for others (see miniqueue_settle in migration
+# 013): wake whoever waits for them, release the dependents of completed ones, cancel those of
+# failed, dead, cancelled or deleted ones. {settling} names the CTE of the finished jobs, with
+# columns (id, state, dependents, awaited), state being the one each job ended in. The function
+# is called only when one of them has a dependent or a waiter, so a drain of independent jobs
+# pays for one scan of its own RETURNING rows. The statement's own count of finished jobs runs
+# first (the function counts the dependents it cancels, maybe in the same row of the counts,
+# and a row a statement changes after a function it called did is an error). Each list is
+# ordered by (parent, dependent) so the three arrays of cancellations line up.
+_SETTLE = """
+SELECT {settle_function}(
+    ARRAY(SELECT id FROM {settling} WHERE awaited AND state IN ({ended})),
+    ARRAY(SELECT d FROM {settling}, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM {settling}, unnest(dependents) AS d WHERE state IN ({unsuccessful}) ORDER BY id, d),
+    ARRAY(SELECT id FROM {settling}, unnest(dependents) AS d WHERE state IN ({unsuccessful}) ORDER BY id, d),
+    ARRAY(SELECT state FROM {settling}, unnest(dependents) AS d WHERE state IN ({unsuccessful}) ORDER BY id, d),
+    {finished_channel}, {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM {settling} WHERE (dependents IS NOT NULL OR awaited) AND state IN ({ended}))
+   AND (SELECT count(*) FROM counted) >= 0"""
+# How a job can end: 'deleted' stands for a job deleted before it finished.
+_ENDED = "'completed', {unsuccessful}"
+_UNSUCCESSFUL = "'failed', 'dead', 'cancelled', 'deleted'"
+
+# A statement's CTE `settled` runs only if the statement reads it: this condition does, and is
+# always true.
+_SETTLED = "(SELECT count(*) FROM settled) >= 0"
 
 # The fence every worker-side transition matches.
 _FENCE = "state = 'running' AND leased_by = %(worker)s"
@@ -73,10 +102,11 @@ _FENCE = "state = 'running' AND leased_by = %(worker)s"
 # that the claim finds them: {scoped} is then _SCOPED, and empty for a job without limits.
 _ENQUEUE = """
 WITH {scoped}ins AS (
-    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
-                        limits)
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits{waiting})
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(limits)s::text[])
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[]{waiting_values})
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -99,6 +129,21 @@ _SCOPED = """scoped AS (
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ),
+"""
+
+# The columns a job with parents is inserted with: waiting for those not completed yet.
+_WAITING_COLUMNS = ", state, parents, pending_parents"
+_WAITING_VALUES = """,
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s"""
+
+# Lock a new job's parents (in id order, so concurrent enqueues never deadlock) and read their
+# states. A completion of one of them that is under way finishes first; one that starts later
+# waits for our commit and then reads the parent's dependents as we left them.
+_LOCK_PARENTS = "SELECT id, state FROM {jobs} WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE"
+
+# Record a new job on its parents' rows (which the parents' completions read).
+_LINK_DEPENDENT = """
+UPDATE {jobs} SET dependents = array_append(dependents, %(child)s::bigint) WHERE id = ANY(%(parents)s::bigint[])
 """
 
 # Look up the job holding an idempotency key (when a concurrent insert won the race).
@@ -271,7 +316,8 @@ UPDATE {jobs}
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, {parent_results} AS parent_results
 )"""
 
 # A guess at the room a limit row `l` has, from this statement's snapshot: slots not held by a
@@ -282,6 +328,12 @@ _ROOM_GUESS = """CASE WHEN l.max_running IS NULL
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
      END"""
+
+# A claimed job's parents' results, as [[id, result], ...] in the order of its parents (a parent
+# pruned since is left out). Only jobs with parents run the subquery.
+_PARENT_RESULTS = """CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN {jobs} p ON p.id = u.id) END"""
 
 _CLAIM = """
 WITH RECURSIVE {claiming}
@@ -312,20 +364,23 @@ _PICK_MANY_QUEUES = """
      LIMIT %(limit)s"""
 _MANY_QUEUES = "unnest(%(queues)b::text[])"
 
-# Complete a batch of leases; returns the ids that were still held. Each row looks up its own
-# attempt by position instead of joining to unnest(), which planned as a nested loop comparing
-# every pair (quadratic in the batch size).
+# Complete a batch of leases, storing each job's result; returns the ids that were still held.
+# Each row looks up its own attempt (and result) by position instead of joining to unnest(),
+# which planned as a nested loop comparing every pair (quadratic in the batch size). `results`
+# is JSON text aligned with `ids`, or empty when no job of the batch returned anything.
 _COMPLETED = """
 UPDATE {jobs}
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[array_position(%(ids)b::bigint[], id)])::jsonb END
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND {fence}
-RETURNING id, queue, state
+RETURNING id, queue, state, dependents, awaited
 """
 _COMPLETE = """
-WITH completed AS ({completed}), counted AS ({count})
-SELECT id FROM completed
+WITH completed AS ({completed}), counted AS ({count}), settled AS ({settle})
+SELECT id FROM completed WHERE {settled}
 """
 
 # Complete a batch and claim the next one in one statement: one round trip and one commit
@@ -333,9 +388,10 @@ SELECT id FROM completed
 # available). A LEFT JOIN keeps the completed ids even when nothing is claimed; they ride on
 # the first row only (repeating the array on every claimed row cost more than the claim).
 _COMPLETE_AND_CLAIM = """
-WITH RECURSIVE completed AS ({completed}), counted AS ({count}), {claiming}
+WITH RECURSIVE completed AS ({completed}), counted AS ({count}), settled AS ({settle}), {claiming}
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE {settled}
 """
 
 # Extend a batch of leases by `lease` seconds from now; returns the ids still held.
@@ -360,9 +416,9 @@ UPDATE {jobs} j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND {fence}
-RETURNING j.id, j.queue, j.state
-), counted AS ({count})
-SELECT id, state FROM failed
+RETURNING j.id, j.queue, j.state, j.dependents, j.awaited
+), counted AS ({count}), settled AS ({settle})
+SELECT id, state FROM failed WHERE {settled}
 """
 
 # Fail a job permanently: the handler said never retry.
@@ -372,9 +428,9 @@ UPDATE {jobs}
    SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = {append},
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND {fence}
-RETURNING id, queue, state
-), counted AS ({count})
-SELECT id FROM failed
+RETURNING id, queue, state, dependents, awaited
+), counted AS ({count}), settled AS ({settle})
+SELECT id FROM failed WHERE {settled}
 """
 
 # Put a job back to sleep without spending an attempt (the attempt number still moves on when
@@ -418,9 +474,9 @@ UPDATE {jobs}
          ORDER BY lease_expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state = 'running' AND lease_expires_at < now()
-RETURNING id, queue, state
-), counted AS ({count})
-SELECT id, state FROM recovered
+RETURNING id, queue, state, dependents, awaited
+), counted AS ({count}), settled AS ({settle})
+SELECT id, state FROM recovered WHERE {settled}
 """
 
 # The leases a worker holds (used by the supervisor after reaping a dead worker). The
@@ -450,15 +506,16 @@ WITH picked AS (
 SELECT id FROM requeued
 """
 
-# Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat.
+# Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat;
+# a waiting job's dependents are cancelled with it.
 _CANCEL = """
 WITH cancelled AS (
 UPDATE {jobs}
-   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL
- WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running')
-RETURNING id, queue, state
-), counted AS ({count})
-SELECT id FROM cancelled
+   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0
+ WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
+RETURNING id, queue, state, dependents, awaited
+), counted AS ({count}), settled AS ({settle})
+SELECT id FROM cancelled WHERE {settled}
 """
 
 # The state of each given job (to explain why a transition did not apply).
@@ -466,7 +523,17 @@ _STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[
 
 # One job, every column.
 _JOB_COLUMNS = """id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
-       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors"""
+       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
+       dependents, pending_parents"""
+
+# What a job's result is, or why there is none.
+_RESULT = "SELECT state, result, last_error FROM {jobs} WHERE id = %(id)s"
+
+# Ask for a notification when a job finishes (see Store.await_job): set only while it has not.
+_AWAIT = """
+UPDATE {jobs} SET awaited = true
+ WHERE id = %(id)s AND NOT awaited AND state IN ('available', 'running', 'waiting')
+"""
 _GET = "SELECT {columns} FROM {jobs} WHERE id = %(id)s"
 
 # Per queue: counts by state, jobs scheduled for later, the age of the oldest job waiting to
@@ -474,7 +541,7 @@ _GET = "SELECT {columns} FROM {jobs} WHERE id = %(id)s"
 # grow with finished rows: available and running jobs are read from their partial indexes (the
 # claim index, the reaper's lease index), finished ones from the counters.
 _QUEUE_STATS = """
-WITH waiting AS (
+WITH ready AS (
     SELECT queue, count(*) AS available, count(*) FILTER (WHERE scheduled_at > now()) AS scheduled,
            extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE scheduled_at <= now()))
                AS oldest_available_seconds
@@ -482,6 +549,8 @@ WITH waiting AS (
             UNION ALL
             SELECT queue, scheduled_at FROM {jobs} WHERE state = 'available' AND limits IS NOT NULL) a
      GROUP BY queue
+), blocked AS (
+    SELECT queue, count(*) AS waiting FROM {jobs} WHERE state = 'waiting' GROUP BY queue
 ), leased AS (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
       FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
@@ -495,11 +564,11 @@ WITH waiting AS (
 )
 SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
        coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
-       coalesce(cancelled, 0) AS cancelled, coalesce(scheduled, 0) AS scheduled, oldest_available_seconds,
-       coalesce(expired_leases, 0) AS expired_leases
-  FROM waiting FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
+       coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(scheduled, 0) AS scheduled,
+       oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
+  FROM ready FULL JOIN blocked USING (queue) FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
  WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
-       + coalesce(dead, 0) + coalesce(cancelled, 0) > 0
+       + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) > 0
  ORDER BY queue
 """
 
@@ -649,12 +718,16 @@ SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
  GROUP BY 1, 2 ORDER BY 1, 2
 """
 
-# Delete jobs that are not running (an operator's explicit action).
+# Delete jobs that are not running (an operator's explicit action). The dependents of a job
+# deleted before it finished are cancelled: it will never complete.
 _DELETE = """
 WITH deleted AS (
-    DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id, queue, state
-), counted AS ({count})
-SELECT id FROM deleted
+    DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
+    RETURNING id, queue, state, dependents, awaited
+), counted AS ({count}), unfinished AS (
+    SELECT id, 'deleted' AS state, dependents, awaited FROM deleted WHERE state IN ('available', 'waiting')
+), settled AS ({settle})
+SELECT id FROM deleted WHERE {settled}
 """
 
 # Refresh one supervisor's rows of the process registry, and drop its children that are gone.
@@ -771,6 +844,8 @@ class Store:
     def __init__(self, schema: str = "public") -> None:
         self.schema = check_schema(schema)
         self.channel = f"miniqueue_{schema}"
+        #: Where the statements that finish a job someone waits for notify (payload: the job id).
+        self.finished_channel = f"miniqueue_{schema}_finished"
         jobs = sql.Identifier(schema, "miniqueue_jobs")
         self.table_name = jobs.as_string()
         names: dict[str, sql.Composable] = {
@@ -782,6 +857,9 @@ class Store:
             "processes": sql.Identifier(schema, "miniqueue_processes"),
             "counts": sql.Identifier(schema, "miniqueue_counts"),
             "limits": sql.Identifier(schema, "miniqueue_limits"),
+            "settle_function": sql.Identifier(schema, "miniqueue_settle"),
+            "finished_channel": sql.Literal(self.finished_channel),
+            "queue_channel": sql.Literal(self.channel),
         }
 
         def compose(text: str, parts: dict[str, str]) -> sql.Composed:
@@ -789,14 +867,29 @@ class Store:
             return sql.SQL(text).format(**names, **nested)
 
         def render(text: str, **parts: str) -> str:
-            return compose(text, {"columns": _JOB_COLUMNS, "fence": _FENCE, **parts}).as_string()
+            common = {"columns": _JOB_COLUMNS, "fence": _FENCE, "parent_results": _PARENT_RESULTS}
+            return compose(text, {**common, **parts}).as_string()
 
         def counting(text: str, rows: str, *, removed: bool = False, **parts: str) -> str:
             """``text`` with its {count} CTE counting the finished jobs in CTE ``rows``."""
             delta = "-count(*)" if removed else "count(*)"
             return render(text, count=_COUNT_FINISHED, rows=rows, delta=delta, **parts)
 
-        self._enqueue, self._enqueue_limited = (render(_ENQUEUE, scoped=part) for part in ("", _SCOPED))
+        def settling(text: str, rows: str, *, removed: bool = False, settled: str | None = None, **parts: str) -> str:
+            """:func:`counting`, and the {settle} CTE settling the finished jobs of CTE
+            ``settled`` (``rows`` unless given)."""
+            return counting(text, rows, removed=removed, settle=_SETTLE, settling=settled or rows, settled=_SETTLED,
+                            ended=_ENDED, unsuccessful=_UNSUCCESSFUL, **parts)  # fmt: skip
+
+        self._enqueue, self._enqueue_limited = (
+            render(_ENQUEUE, scoped=part, waiting="", waiting_values="") for part in ("", _SCOPED)
+        )
+        self._enqueue_waiting, self._enqueue_waiting_limited = (
+            render(_ENQUEUE, scoped=part, waiting=_WAITING_COLUMNS, waiting_values=_WAITING_VALUES)
+            for part in ("", _SCOPED)
+        )
+        self._lock_parents = render(_LOCK_PARENTS)
+        self._link_dependent = render(_LINK_DEPENDENT)
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
         self._enqueue_many, self._enqueue_many_limited = (render(_ENQUEUE_MANY, scoped=p) for p in ("", _SCOPED))
         self._draw_ids = render(_DRAW_IDS)
@@ -808,23 +901,25 @@ class Store:
             for pick, queues in picks
         )
         self._complete_and_claim_one, self._complete_and_claim_many = (
-            counting(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
+            settling(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
                      claim_queues=queues, room_guess=_ROOM_GUESS)
             for pick, queues in picks
         )  # fmt: skip
-        self._complete = counting(_COMPLETE, "completed", completed=_COMPLETED)
+        self._complete = settling(_COMPLETE, "completed", completed=_COMPLETED)
         self._renew = render(_RENEW)
-        self._record_failures = counting(_RECORD_FAILURES, "failed", append=_APPEND_ERROR, table="j.", error="f.error")
-        self._fail = counting(_FAIL, "failed", append=_APPEND_ERROR, table="", error="%(error)s::text")
+        self._record_failures = settling(_RECORD_FAILURES, "failed", append=_APPEND_ERROR, table="j.", error="f.error")
+        self._fail = settling(_FAIL, "failed", append=_APPEND_ERROR, table="", error="%(error)s::text")
         self._snooze = render(_SNOOZE)
         self._release = render(_RELEASE, append=_APPEND_ERROR, table="j.", error="r.note")
-        self._recover = counting(_RECOVER_EXPIRED, "recovered", append=_APPEND_ERROR, table="",
+        self._recover = settling(_RECOVER_EXPIRED, "recovered", append=_APPEND_ERROR, table="",
                                error="'worker lost: lease expired without renewal'")  # fmt: skip
         self._leases_of = render(_LEASES_OF)
         self._requeue = counting(_REQUEUE, "requeued", removed=True)
-        self._cancel = counting(_CANCEL, "cancelled")
+        self._cancel = settling(_CANCEL, "cancelled")
         self._states = render(_STATES)
         self._get = render(_GET)
+        self._result = render(_RESULT)
+        self._await = render(_AWAIT)
         self._list = render(_LIST, filter=_JOB_FILTER)
         self._count_matching = render(_COUNT_MATCHING, filter=_JOB_FILTER)
         self._ids_matching = render(_IDS_MATCHING, filter=_JOB_FILTER)
@@ -841,7 +936,7 @@ class Store:
         self._known_queues = render(_KNOWN_QUEUES)
         self._known_queue_names = render(_KNOWN_QUEUE_NAMES)
         self._throughput = render(_THROUGHPUT)
-        self._delete = counting(_DELETE, "deleted", removed=True)
+        self._delete = settling(_DELETE, "deleted", removed=True, settled="unfinished")
         self._upsert_processes = render(_UPSERT_PROCESSES)
         self._delete_processes = render(_DELETE_PROCESSES)
         self._processes = render(_PROCESSES)
@@ -883,20 +978,51 @@ class Store:
 
     def enqueue(self, conn: Connection, job: NewJob, *, notify: bool = True) -> EnqueueResult:
         """Insert one validated job; a repeated idempotency key returns the first job's id."""
-        params = {
-            "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
-            "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
-            "key": job.idempotency_key, "notify": notify, "channel": self.channel,
-            "limits": [scope.name for scope in job.scopes] or None,
-        }  # fmt: skip
-        rows = self._rows(conn, self._enqueue_limited if job.scopes else self._enqueue,
-                          {**params, **_scope_columns(job.scopes)} if job.scopes else params)  # fmt: skip
+        rows = self._rows(conn, self._enqueue_limited if job.scopes else self._enqueue, self._job_params(job, notify))
         if rows:
             return EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
         # Another transaction inserted the same key while we waited on it; our statement's
         # snapshot could not see that row, a new statement can.
         rows = self._rows(conn, self._by_key, {"key": job.idempotency_key})
         return EnqueueResult(id=rows[0][0], duplicate=True)
+
+    def _job_params(self, job: NewJob, notify: bool) -> dict[str, Any]:
+        """The parameters of _ENQUEUE for one job (with _SCOPED's when it has limits)."""
+        params = {
+            "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
+            "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
+            "key": job.idempotency_key, "notify": notify, "channel": self.channel,
+            "limits": [scope.name for scope in job.scopes] or None,
+        }  # fmt: skip
+        return {**params, **_scope_columns(job.scopes)} if job.scopes else params
+
+    def enqueue_waiting(
+        self, conn: Connection, job: NewJob, parents: Sequence[int], *, notify: bool = True
+    ) -> EnqueueResult:
+        """Insert one validated job that runs only once every job of ``parents`` completed.
+
+        In one transaction (a savepoint inside the caller's): the parents are locked and read;
+        an id that does not exist, or names a job that already ended failed, dead or cancelled,
+        raises InvalidInput and nothing is stored. The job is ``waiting`` on the parents not
+        completed yet (``available`` at once if all are), and each parent's row lists it as a
+        dependent. Parents must exist before the job that names them, so every dependency
+        points to an older job and no cycle can form. A repeated idempotency key returns the
+        first job's id and links nothing (the first job keeps its own parents).
+        """
+        ids = list(dict.fromkeys(parents))
+        with translate_errors(), conn.transaction():
+            states = {row[0]: State(row[1]) for row in self._rows(conn, self._lock_parents, {"ids": ids})}
+            _check_parents(ids, states)
+            pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED)
+            params = {**self._job_params(job, notify and not pending), "parents": ids, "pending": pending}
+            rows = self._rows(conn, self._enqueue_waiting_limited if job.scopes else self._enqueue_waiting, params)
+            if not rows:
+                key = {"key": job.idempotency_key}  # its holder committed while we waited on it
+                return EnqueueResult(id=self._rows(conn, self._by_key, key)[0][0], duplicate=True)
+            result = EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
+            if not result.duplicate:
+                self._rowcount(conn, self._link_dependent, {"child": result.id, "parents": ids})
+        return result
 
     def enqueue_many(self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True) -> list[EnqueueResult]:
         """Insert many validated jobs in one statement; results are in input order.
@@ -974,6 +1100,28 @@ class Store:
         with translate_errors():
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
+    def listen_finished(self, conn: Connection) -> None:
+        """Subscribe ``conn`` to the notifications of awaited jobs that finish (payload: the id)."""
+        with translate_errors():
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.finished_channel)))
+
+    def await_job(self, conn: Connection, job_id: int) -> None:
+        """Ask that the statement finishing ``job_id`` notify :attr:`finished_channel`.
+
+        Listen first, then call this, then read the job's state: a completion either saw the
+        flag (it read the row after this committed, or waited on the row lock this took and
+        then read its newest version) and notifies, or committed before, and the read that
+        follows sees the job finished. Jobs nobody awaits send nothing.
+        """
+        self._rowcount(conn, self._await, {"id": job_id})
+
+    def result(self, conn: Connection, job_id: int) -> tuple[State, Any, str | None]:
+        """A job's state, result (None unless completed with one) and last error; raise JobNotFound."""
+        rows = self._rows(conn, self._result, {"id": job_id})
+        if not rows:
+            raise JobNotFound(job_id)
+        return State(rows[0][0]), rows[0][1], rows[0][2]
+
     # -- worker side ----------------------------------------------------------------------------
 
     def claim(
@@ -1013,6 +1161,7 @@ class Store:
         limit: int,
         *,
         after: Sequence[str] = (),
+        results: Mapping[int, str] | None = None,
     ) -> tuple[set[int], list[Lease]]:
         """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit).
 
@@ -1022,7 +1171,7 @@ class Store:
         query, params = self._claim_query(
             queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after
         )
-        rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts})
+        rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": _aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
         return completed, _in_claim_order(Lease(*row[1:]) for row in rows if row[1] is not None)
 
@@ -1051,26 +1200,43 @@ class Store:
         params["queues"] = queues
         return (self._complete_and_claim_many if combined else self._claim_many), params
 
-    def complete_many(self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]]) -> set[int]:
+    def complete_many(
+        self,
+        conn: Connection,
+        worker_id: str,
+        leases: Iterable[tuple[int, int]],
+        *,
+        results: Mapping[int, str] | None = None,
+    ) -> set[int]:
         """Complete every ``(job id, attempt)`` still leased to ``worker_id``; return those ids.
 
-        An id missing from the result lost its lease: its completion did not happen.
+        ``results`` maps a job id to its result as JSON text (validated: see
+        :func:`~miniqueue.validation.encode_result`); a job it leaves out has none. Dependents
+        whose last parent this completes become available in the same statement. An id missing
+        from the result lost its lease: its completion (and its result) did not happen.
         """
-        query, params = self.completion(worker_id, leases)
+        query, params = self.completion(worker_id, leases, results=results)
         if not params["ids"]:
             return set()
         return {row[0] for row in self._rows(conn, query, params)}
 
-    def completion(self, worker_id: str, leases: Iterable[tuple[int, int]]) -> tuple[str, dict[str, Any]]:
+    def completion(
+        self, worker_id: str, leases: Iterable[tuple[int, int]], *, results: Mapping[int, str] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """The fenced completion of ``leases`` as (statement, parameters), for a caller that runs
         it on a connection of another kind (``job.atransaction()``'s async one); it returns the
         ids completed."""
         ids, attempts = _columns(leases)
-        return self._complete, {"ids": ids, "attempts": attempts, "worker": worker_id}
+        return self._complete, {"ids": ids, "attempts": attempts, "worker": worker_id,
+                                "results": _aligned(ids, results)}  # fmt: skip
 
-    def complete(self, conn: Connection, job_id: int, worker_id: str, attempt: int) -> None:
-        """Complete one job; raise LeaseLost if ``worker_id`` no longer holds that attempt."""
-        if not self.complete_many(conn, worker_id, [(job_id, attempt)]):
+    def complete(
+        self, conn: Connection, job_id: int, worker_id: str, attempt: int, *, result: str | None = None
+    ) -> None:
+        """Complete one job (with ``result``, JSON text); raise LeaseLost if ``worker_id`` no
+        longer holds that attempt."""
+        results = None if result is None else {job_id: result}
+        if not self.complete_many(conn, worker_id, [(job_id, attempt)], results=results):
             raise LeaseLost(job_id, worker_id, attempt)
 
     def renew_leases(
@@ -1188,16 +1354,18 @@ class Store:
         return len(self._rows(conn, self._requeue, params))
 
     def cancel(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
-        """Cancel the given ``available`` or ``running`` jobs.
+        """Cancel the given ``available``, ``running`` or ``waiting`` jobs.
 
         A running job's lease ends at once: its worker's next heartbeat or completion finds the
-        lease gone and tells the handler to stop; its outcome is discarded. Raises JobNotFound or
-        InvalidTransition if any id cannot be cancelled; then nothing is cancelled.
+        lease gone and tells the handler to stop; its outcome is discarded. Jobs waiting for a
+        cancelled job are cancelled too (and theirs), each with an error naming its parent.
+        Raises JobNotFound or InvalidTransition if any id cannot be cancelled; then nothing is
+        cancelled.
         """
         ids = list(dict.fromkeys(job_ids))
         with conn.transaction():
             done = {r[0] for r in self._rows(conn, self._cancel, {"ids": ids})}
-            self._check_all_applied(conn, ids, done, "cancel", frozenset({State.AVAILABLE, State.RUNNING}))
+            self._check_all_applied(conn, ids, done, "cancel", CANCELLABLE_STATES)
         return ids
 
     def _check_all_applied(
@@ -1401,7 +1569,33 @@ def job_filter(
             "after": created_after, "until": created_before}  # fmt: skip
 
 
-_STATE_ORDER = (State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED)
+_STATE_ORDER = (
+    State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED, State.WAITING
+)  # fmt: skip
+
+
+def _check_parents(ids: list[int], states: dict[int, State]) -> None:
+    """Reject parents that do not exist, or that ended without completing (a dependent of
+    theirs could never run)."""
+    if not ids:
+        raise InvalidInput("depends_on is empty: name at least one job, or leave it out")
+    missing = [job_id for job_id in ids if job_id not in states]
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise InvalidInput(f"depends_on names job(s) that do not exist: {shown}; a job can only depend on "
+                           "jobs enqueued before it")  # fmt: skip
+    ended = [(job_id, states[job_id]) for job_id in ids if states[job_id] in REQUEUEABLE_STATES]
+    if ended:
+        job_id, state = ended[0]
+        raise InvalidInput(f"depends_on names job {job_id}, which ended {state.value}: a job waiting for it would "
+                           "never run (requeue it first)")  # fmt: skip
+
+
+def _aligned(ids: list[int], results: Mapping[int, str] | None) -> list[str | None]:
+    """``results`` as a list aligned with ``ids``; empty when no job has one (the common case)."""
+    if not results:
+        return []
+    return [results.get(job_id) for job_id in ids]
 
 
 def _record(row: dict[str, Any]) -> JobRecord:
@@ -1409,7 +1603,8 @@ def _record(row: dict[str, Any]) -> JobRecord:
     history = tuple(
         AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row["errors"]
     )
-    return JobRecord(**{**row, "state": State(row["state"]), "errors": history})
+    links = {"parents": tuple(row["parents"] or ()), "dependents": tuple(row["dependents"] or ())}
+    return JobRecord(**{**row, "state": State(row["state"]), "errors": history, **links})
 
 
 def _in_claim_order(leases: Iterable[Lease]) -> list[Lease]:

@@ -142,20 +142,30 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
     ``None`` becomes ``{}``. NaN and Infinity are rejected (they are not JSON), as is U+0000
     (PostgreSQL's jsonb cannot hold it), as is anything larger than ``max_bytes`` encoded.
     """
-    if payload is None:
-        return "{}"
+    return "{}" if payload is None else _encode_value("payload", payload, max_bytes)
+
+
+def encode_result(value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str | None:
+    """Encode a handler's return value as JSON text by the payload's rules (and size limit);
+    None (a handler that returns nothing) stays None: the job has no result. ``False``, ``0``,
+    ``""`` and ``[]`` are results like any other."""
+    return None if value is None else _encode_value("result", value, max_bytes)
+
+
+def _encode_value(what: str, value: Any, max_bytes: int) -> str:
+    """``value`` as compact JSON text, or InvalidInput saying which rule ``what`` breaks."""
     try:
-        text = _encode_json(payload)
+        text = _encode_json(value)
     except ValueError as exc:
         if "Out of range float" in str(exc):
-            raise InvalidInput("payload contains a float nan, inf or -inf, which JSON cannot represent") from None
-        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from exc
+            raise InvalidInput(f"{what} contains a float nan, inf or -inf, which JSON cannot represent") from None
+        raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from exc
     except TypeError as exc:
-        raise InvalidInput(f"payload is not JSON-serialisable: {exc}") from exc
+        raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from exc
     except RecursionError:
-        raise InvalidInput("payload is not JSON-serialisable: it is circular or nested too deeply") from None
+        raise InvalidInput(f"{what} is not JSON-serialisable: it is circular or nested too deeply") from None
     if "\\u0000" in text and _JSON_NUL_RE.search(text):
-        raise InvalidInput("payload contains the character U+0000, which PostgreSQL jsonb cannot store")
+        raise InvalidInput(f"{what} contains the character U+0000, which PostgreSQL jsonb cannot store")
     if text.isascii():  # the common case: one byte per character, and no surrogates
         size = len(text)
     else:
@@ -163,10 +173,29 @@ def encode_payload(payload: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) 
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError as exc:
             bad = exc.object[exc.start : exc.end]
-            raise InvalidInput(f"payload contains {bad!r}, a lone surrogate that is not valid Unicode text") from None
+            raise InvalidInput(f"{what} contains {bad!r}, a lone surrogate that is not valid Unicode text") from None
     if size > max_bytes:
-        raise InvalidInput(f"payload is {size} bytes encoded as JSON: the limit is {max_bytes} bytes")
+        raise InvalidInput(f"{what} is {size} bytes encoded as JSON: the limit is {max_bytes} bytes")
     return text
+
+
+#: The most parents one job may wait for (a group's callback waits for each of its members).
+MAX_PARENTS = 100_000
+
+
+def check_depends_on(depends_on: object) -> list[int] | None:
+    """Return ``depends_on`` as a list of distinct job ids (None when not given), else raise
+    InvalidInput. Whether the jobs exist is checked by the store, under lock."""
+    if depends_on is None:
+        return None
+    if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, Iterable):
+        raise InvalidInput(f"depends_on {_show(depends_on)} is invalid: give a list of job ids")
+    ids = list(dict.fromkeys(check_int_range("depends_on job id", i, JOB_ID_RANGE) for i in depends_on))
+    if not ids:
+        raise InvalidInput("depends_on is empty: name at least one job, or leave it out")
+    if len(ids) > MAX_PARENTS:
+        raise InvalidInput(f"depends_on names {len(ids)} jobs: the limit is {MAX_PARENTS}")
+    return ids
 
 
 def check_idempotency_key(key: object) -> str | None:

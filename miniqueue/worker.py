@@ -33,7 +33,7 @@ from .aio import POOL_MAX_SIZE, AsyncTransactions, EventLoop
 from .app import App, is_async_handler
 from .context import Job, PermanentError, Snooze
 from .db import Connection, check_dsn, connect, create_pool
-from .errors import ConfigError, DatabaseUnavailable, LeaseLost
+from .errors import ConfigError, DatabaseUnavailable, InvalidInput, LeaseLost
 from .heartbeat import Heartbeat
 from .job import Lease, State
 from .notify import Listener, listener_for
@@ -41,7 +41,7 @@ from .prefetch import Prefetch, PrefetchPolicy, parse_prefetch
 from .process import host_name
 from .retry import default_backoff
 from .store import Failure, Release, Store
-from .validation import check_queue_name
+from .validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name, encode_result
 
 log = logging.getLogger("miniqueue.worker")
 
@@ -95,6 +95,8 @@ class WorkerConfig:
     schema: str = "public"
     #: Stop (drain and return from run()) after this many jobs; the supervisor then recycles the process.
     max_jobs: int | None = None
+    #: The largest handler result stored, in bytes of JSON (a larger one fails the attempt).
+    max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     @property
     def heartbeat_interval(self) -> float:
@@ -138,6 +140,8 @@ class Outcome:
     delay: float = 0.0
     #: How long the handler ran, in seconds.
     duration: float = 0.0
+    #: A completed handler's result as JSON text (None: it returned nothing).
+    result: str | None = None
 
 
 @dataclass
@@ -511,9 +515,11 @@ class Worker:
                     executor.submit(self._work, job)
 
     def _make_job(self, lease: Lease) -> Job:
+        limit = self.config.max_result_bytes
         if lease.task in self._async_tasks:
-            return Job(lease, worker_id=self.worker_id, atransaction=self._async_transactions.transaction)
-        return Job(lease, worker_id=self.worker_id, transaction=self._job_transaction)
+            return Job(lease, worker_id=self.worker_id, atransaction=self._async_transactions.transaction,
+                       max_result_bytes=limit)  # fmt: skip
+        return Job(lease, worker_id=self.worker_id, transaction=self._job_transaction, max_result_bytes=limit)
 
     def _work(self, job: Job | None) -> None:
         """A handler thread's loop: run a job, queue its outcome, and take the next ready job
@@ -564,7 +570,7 @@ class Worker:
                 raise TypeError(_not_awaited(returned, job.task))
         except BaseException as exc:  # whatever the handler raises is its outcome
             return _finished(job, exc)
-        return _finished(job)
+        return _finished(job, returned=returned, max_result_bytes=self.config.max_result_bytes)
 
     async def _execute_async(self, job: Job) -> Outcome:
         """Await one ``async def`` handler and classify what it did; cancelled (a stop request),
@@ -573,12 +579,12 @@ class Worker:
         try:
             self.hooks.on_handler_start(job)
             try:
-                await handler(job)
+                returned = await handler(job)
             finally:
                 self.hooks.on_handler_end(job)
         except BaseException as exc:  # whatever the handler raises is its outcome
             return _finished(job, exc)
-        return _finished(job)
+        return _finished(job, returned=returned, max_result_bytes=self.config.max_result_bytes)
 
     def _unknown_task(self, task: str) -> str:
         """The error of a job whose task this worker's app does not know; logged once per task."""
@@ -603,12 +609,14 @@ class Worker:
             return
         conn = self._connection()
         completions = [(job.id, job.attempt) for job, outcome in pending if outcome.kind == "completed"]
+        results = {job.id: outcome.result for job, outcome in pending
+                   if outcome.kind == "completed" and outcome.result is not None}  # fmt: skip
         try:
             if claim:
                 self._nudged = False
                 completed, leases = self.store.complete_and_claim(
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
-                    after=self._limits_cursor,
+                    after=self._limits_cursor, results=results,
                 )  # fmt: skip
                 self._note_limited(leases)
                 self._slots.add_ready(leases)
@@ -618,7 +626,7 @@ class Worker:
                     # see them free: claim again at once rather than at the next poll.
                     self._nudged = True
             else:
-                completed = self.store.complete_many(conn, self.worker_id, completions)
+                completed = self.store.complete_many(conn, self.worker_id, completions, results=results)
         except DatabaseUnavailable:
             self._completions_in_doubt = bool(completions)  # the commit may have landed before the drop
             raise
@@ -717,7 +725,7 @@ class Worker:
             )  # fmt: skip
         with self._tx_pool.connection() as conn, conn.transaction():
             yield conn
-            self.store.complete(conn, job.id, self.worker_id, job.attempt)
+            self.store.complete(conn, job.id, self.worker_id, job.attempt, result=job.result_json)
 
 
 #: Seconds the event loop's tasks get to unwind from their cancellation when the worker stops.
@@ -756,15 +764,34 @@ def _not_awaited(returned: object, task: str) -> str:
             "the worker awaits only handlers defined with 'async def'")  # fmt: skip
 
 
-def _finished(job: Job, exc: BaseException | None = None) -> Outcome:
-    """The outcome of a handler, ``def`` or ``async def``, that returned (``exc`` None) or
-    raised ``exc``, with how long it ran."""
-    if exc is None:
-        outcome = Outcome("completed_in_transaction" if job.completed_in_transaction else "completed")
-    else:
+def _finished(
+    job: Job, exc: BaseException | None = None, *, returned: object = None, max_result_bytes: int = 0
+) -> Outcome:
+    """The outcome of a handler, ``def`` or ``async def``, that returned ``returned`` (``exc``
+    None) or raised ``exc``, with how long it ran. A return value that breaks the result rules
+    (not JSON, too large) fails the attempt: completing without it would lose it silently."""
+    if exc is not None:
         outcome = _outcome_of(job, exc)
+    elif job.completed_in_transaction:
+        if returned is not None:
+            log.warning("job %d returned a value after job.transaction() completed it: not stored (call "
+                        "job.set_result() inside the block)", job.id)  # fmt: skip
+        outcome = Outcome("completed_in_transaction")
+    else:
+        outcome = _completed(job, returned, max_result_bytes)
     outcome.duration = time.monotonic() - job.started_at
     return outcome
+
+
+def _completed(job: Job, returned: object, max_result_bytes: int) -> Outcome:
+    """A handler returned: its result is what it returned, else what it set with set_result()."""
+    if returned is None:
+        return Outcome("completed", result=job.result_json)
+    try:
+        return Outcome("completed", result=encode_result(returned, max_bytes=max_result_bytes))
+    except InvalidInput as exc:
+        return Outcome("error", f"the handler of task {job.task!r} returned a value that cannot be stored as "
+                                f"its result: {exc}")  # fmt: skip
 
 
 def _outcome_of(job: Job, exc: BaseException) -> Outcome:

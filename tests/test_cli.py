@@ -243,12 +243,12 @@ def test_stats_counts_states_the_oldest_waiting_job_and_expired_leases(
     assert set(stats) == {"emails", "reports"}
     emails, reports = stats["emails"], stats["reports"]
     assert {s.value: emails[s.value] for s in State} == {
-        "available": 3, "running": 0, "completed": 0, "failed": 0, "dead": 0, "cancelled": 0
+        "available": 3, "running": 0, "completed": 0, "failed": 0, "dead": 0, "cancelled": 0, "waiting": 0
     }  # fmt: skip
     assert emails["scheduled"] == 1 and emails["expired_leases"] == 0
     assert 3600 <= emails["oldest_available_seconds"] < 3700
     assert {s.value: reports[s.value] for s in State} == {
-        "available": 0, "running": 2, "completed": 1, "failed": 0, "dead": 1, "cancelled": 0
+        "available": 0, "running": 2, "completed": 1, "failed": 0, "dead": 1, "cancelled": 0, "waiting": 0
     }  # fmt: skip
     assert reports["expired_leases"] == 1 and reports["oldest_available_seconds"] is None
 
@@ -937,7 +937,7 @@ def test_requeue_of_a_job_in_the_wrong_state_says_which_states_can_be_requeued(
         f"cannot requeue job {done}: it is completed; only cancelled, dead, failed jobs can be requeued"
     )
     line = error_line(cli("cancel", str(done)))
-    assert line.endswith("only available, running jobs can be cancelled")
+    assert line.endswith("only available, running, waiting jobs can be cancelled")
 
 
 def test_every_list_prints_one_json_array(cli: Invoke, client: Client) -> None:

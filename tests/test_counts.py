@@ -88,7 +88,8 @@ def test_stats_read_no_finished_row(client: Client, store: Store, conn: Connecti
     assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "miniqueue_jobs" for n in nodes)
     indexes = {n["Index Name"] for n in nodes if "Index Name" in n}
     assert indexes and indexes <= {"idx_miniqueue_jobs_claim", "idx_miniqueue_jobs_limited",
-                                   "idx_miniqueue_jobs_expired_leases", "miniqueue_counts_pkey"}, indexes  # fmt: skip
+                                   "idx_miniqueue_jobs_expired_leases", "idx_miniqueue_jobs_waiting",
+                                   "miniqueue_counts_pkey"}, indexes  # fmt: skip
 
 
 def test_pruning_a_backlog_comes_in_slices_and_keeps_the_counts(

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from miniqueue import Client
+from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
 
 from .helpers import count, row, wait_until
@@ -298,3 +298,38 @@ def test_demo_prints_jobs_in_priority_order(dsn: str, repo_root: Path) -> None:
     processed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("processed")]
     assert processed == ["process_payment", "generate_thumbnail", "sync_inventory", "send_welcome_email",
                          "send_notification"]  # fmt: skip
+
+
+@pytest.fixture
+def workflow_executions(conn: Connection) -> Connection:
+    conn.execute("DROP TABLE IF EXISTS executions")
+    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT, parents_done BOOLEAN)")
+    return conn
+
+
+def test_sigkill_mid_workflow_still_runs_each_dependent_exactly_once(
+    dsn: str, tmp_path: Path, repo_root: Path, workflow_executions: Connection, client: Client
+) -> None:
+    conn = workflow_executions
+    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.workflow:app")
+    try:
+        sup = fleet.start(workers=2)
+        sup.wait_ready(2)
+        # The last member to finish is the slow one: its worker is killed while it runs, so the
+        # member completes on its second attempt, and that completion releases the callback.
+        members = [JobSpec("step", {"value": 1}) for _ in range(5)] + [JobSpec("step", {"value": 1, "sleep_on": [1]})]
+        group = client.group(members, then=JobSpec("step", {"value": 100}))
+        chain = client.chain([JobSpec("step", {"value": 1}), JobSpec("step", {"value": 10, "sleep_on": [1]}),
+                              JobSpec("step", {"value": 100})])  # fmt: skip
+        for slow in (group.members[-1].id, chain[1].id):
+            pid = wait_until(lambda: handler_started(conn, slow) and held_by(conn, slow), what="slow job running")  # noqa: B023
+            os.kill(pid, signal.SIGKILL)
+        assert client.wait(group.then.id, timeout=60) == 106
+        assert client.wait(chain[-1].id, timeout=60) == 111
+    finally:
+        fleet.stop_all()
+    runs = conn.execute("SELECT job_id, count(*), bool_and(parents_done) FROM executions GROUP BY job_id").fetchall()
+    by_job = {job_id: (n, done) for job_id, n, done in runs}
+    assert by_job[group.then.id] == (1, True) and by_job[chain[-1].id] == (1, True) and by_job[chain[1].id][1]
+    assert by_job[group.members[-1].id][0] == 2 and by_job[chain[1].id][0] == 2  # re-run: explained by the kill
+    assert all(done for _, done in by_job.values())

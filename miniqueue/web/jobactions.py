@@ -16,7 +16,7 @@ from starlette.datastructures import ImmutableMultiDict
 
 from ..db import Connection
 from ..errors import InvalidInput, InvalidTransition, JobNotFound
-from ..job import REQUEUEABLE_STATES, State
+from ..job import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
 from ..store import Store
 from .filters import JobFilter, parse_id
 
@@ -39,8 +39,9 @@ class JobAction:
 ACTIONS = {
     "requeue": JobAction("requeue", "Requeue", REQUEUEABLE_STATES, Store.requeue,
                          "They become available at once, with a fresh attempt budget."),
-    "cancel": JobAction("cancel", "Cancel", frozenset({State.AVAILABLE, State.RUNNING}), Store.cancel,
-                        "A running handler is told to stop at its next heartbeat."),
+    "cancel": JobAction("cancel", "Cancel", CANCELLABLE_STATES, Store.cancel,
+                        "A running handler is told to stop at its next heartbeat; jobs waiting for them are "
+                        "cancelled too."),
     "delete": JobAction("delete", "Delete", frozenset(State) - {State.RUNNING}, Store.delete,
                         "Deleted jobs and their error history are gone for good."),
 }  # fmt: skip

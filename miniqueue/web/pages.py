@@ -15,7 +15,7 @@ from starlette.responses import Response
 from ..client import Client
 from ..db import Connection
 from ..errors import InvalidInput
-from ..job import REQUEUEABLE_STATES, JobRecord, ProcessInfo, QueueStats, State
+from ..job import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobRecord, ProcessInfo, QueueStats, State
 from ..periodic import Periodic
 from ..store import LimitWait, Store
 from . import present
@@ -23,7 +23,6 @@ from .dashboard import Dashboard
 from .filters import JobFilter, parse_id
 
 PAGE_SIZE = 50
-CANCELLABLE_STATES = frozenset({State.AVAILABLE, State.RUNNING})
 NOTICES = {
     "requeue": "Requeued {n} job(s).", "cancel": "Cancelled {n} job(s).", "delete": "Deleted {n} job(s).",
     "pause": "Paused the queue: no worker claims from it until it is resumed.", "resume": "Resumed the queue.",
@@ -110,6 +109,7 @@ class Pages:
         context = {
             "job": job, "now": now, "notice": notice(request), "timeline": present.timeline(job),
             "payload": present.render_payload(job.payload, self.dash.redact),
+            "result": present.render_payload(job.result, self.dash.redact) if job.state is State.COMPLETED else None,
             "attempts": [(e, present.parse_worker_id(e.worker)) for e in reversed(job.errors)],
             "holder": present.parse_worker_id(job.leased_by),
             "can_requeue": job.state in REQUEUEABLE_STATES, "can_cancel": job.state in CANCELLABLE_STATES,

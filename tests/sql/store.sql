@@ -1,9 +1,10 @@
 -- _enqueue
 WITH ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
-                        limits)
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(limits)s::text[])
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[])
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -24,10 +25,11 @@ WITH scoped AS (
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ),
 ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
-                        limits)
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(limits)s::text[])
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[])
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -37,6 +39,56 @@ SELECT id, false,
 UNION ALL
 SELECT id, true, NULL FROM "public"."miniqueue_jobs"
  WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- _enqueue_waiting
+WITH ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, state, parents, pending_parents)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[],
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM "public"."miniqueue_jobs"
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- _enqueue_waiting_limited
+WITH scoped AS (
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+),
+ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, state, parents, pending_parents)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[],
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM "public"."miniqueue_jobs"
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- _lock_parents
+SELECT id, state FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE;
+
+-- _link_dependent
+UPDATE "public"."miniqueue_jobs" SET dependents = array_append(dependents, %(child)s::bigint) WHERE id = ANY(%(parents)s::bigint[]);
 
 -- _by_key
 SELECT id FROM "public"."miniqueue_jobs" WHERE idempotency_key = %(key)s;
@@ -236,7 +288,10 @@ UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
 )
 SELECT * FROM claimed;
 
@@ -362,24 +417,39 @@ UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
 )
 SELECT * FROM claimed;
 
 -- _complete_and_claim_one
 WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[array_position(%(ids)b::bigint[], id)])::jsonb END
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state
+RETURNING id, queue, state, dependents, awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), 
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
@@ -496,25 +566,41 @@ UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _complete_and_claim_many
 WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[array_position(%(ids)b::bigint[], id)])::jsonb END
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state
+RETURNING id, queue, state, dependents, awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count), 
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
@@ -635,26 +721,42 @@ UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at, limits
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _complete
 WITH completed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[array_position(%(ids)b::bigint[], id)])::jsonb END
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state
+RETURNING id, queue, state, dependents, awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
-SELECT id FROM completed;
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _renew
 UPDATE "public"."miniqueue_jobs"
@@ -676,14 +778,24 @@ UPDATE "public"."miniqueue_jobs" j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
-RETURNING j.id, j.queue, j.state
+RETURNING j.id, j.queue, j.state, j.dependents, j.awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
-SELECT id, state FROM failed;
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id, state FROM failed WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _fail
 WITH failed AS (
@@ -692,14 +804,24 @@ UPDATE "public"."miniqueue_jobs"
        'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state
+RETURNING id, queue, state, dependents, awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
-SELECT id FROM failed;
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM failed WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _snooze
 UPDATE "public"."miniqueue_jobs"
@@ -733,14 +855,24 @@ UPDATE "public"."miniqueue_jobs"
          ORDER BY lease_expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state = 'running' AND lease_expires_at < now()
-RETURNING id, queue, state
+RETURNING id, queue, state, dependents, awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
-SELECT id, state FROM recovered;
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _leases_of
 SELECT id, attempt FROM "public"."miniqueue_jobs"
@@ -765,33 +897,53 @@ INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM requeued
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
 SELECT id FROM requeued;
 
 -- _cancel
 WITH cancelled AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL
- WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running')
-RETURNING id, queue, state
+   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0
+ WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
+RETURNING id, queue, state, dependents, awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
-SELECT id FROM cancelled;
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _states
 SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]);
 
 -- _get
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
-       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
+       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
+       dependents, pending_parents FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
+
+-- _result
+SELECT state, result, last_error FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
+
+-- _await
+UPDATE "public"."miniqueue_jobs" SET awaited = true
+ WHERE id = %(id)s AND NOT awaited AND state IN ('available', 'running', 'waiting');
 
 -- _list
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
-       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors FROM "public"."miniqueue_jobs"
+       created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
+       dependents, pending_parents FROM "public"."miniqueue_jobs"
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
@@ -819,7 +971,7 @@ SELECT id FROM "public"."miniqueue_jobs" WHERE (%(state)s::text IS NULL OR state
    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) ORDER BY id LIMIT %(limit)s;
 
 -- _queue_stats
-WITH waiting AS (
+WITH ready AS (
     SELECT queue, count(*) AS available, count(*) FILTER (WHERE scheduled_at > now()) AS scheduled,
            extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE scheduled_at <= now()))
                AS oldest_available_seconds
@@ -827,6 +979,8 @@ WITH waiting AS (
             UNION ALL
             SELECT queue, scheduled_at FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL) a
      GROUP BY queue
+), blocked AS (
+    SELECT queue, count(*) AS waiting FROM "public"."miniqueue_jobs" WHERE state = 'waiting' GROUP BY queue
 ), leased AS (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
       FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
@@ -840,11 +994,11 @@ WITH waiting AS (
 )
 SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
        coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
-       coalesce(cancelled, 0) AS cancelled, coalesce(scheduled, 0) AS scheduled, oldest_available_seconds,
-       coalesce(expired_leases, 0) AS expired_leases
-  FROM waiting FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
+       coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(scheduled, 0) AS scheduled,
+       oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
+  FROM ready FULL JOIN blocked USING (queue) FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
  WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
-       + coalesce(dead, 0) + coalesce(cancelled, 0) > 0
+       + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) > 0
  ORDER BY queue;
 
 -- _recount[0]
@@ -949,14 +1103,27 @@ SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
 
 -- _delete
 WITH deleted AS (
-    DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running' RETURNING id, queue, state
+    DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
+    RETURNING id, queue, state, dependents, awaited
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
-SELECT id FROM deleted;
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), unfinished AS (
+    SELECT id, 'deleted' AS state, dependents, awaited FROM deleted WHERE state IN ('available', 'waiting')
+), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _upsert_processes
 WITH incoming AS (
@@ -998,7 +1165,8 @@ INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count)
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
 SELECT count(*) FROM pruned;
 
 -- _schema_version

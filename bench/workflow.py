@@ -1,0 +1,84 @@
+"""Workflows end to end through a real ``miniqueue-supervise``: a chain and a group of no-op jobs.
+
+``chain-N``: a chain of --jobs/10 no-op steps (1,000 by default), each released by the
+completion of the one before it. ``group-N``: --jobs no-op members (10,000 by default) and one
+callback released by the last member's completion. Both are enqueued in one transaction while
+the supervisor's workers wait idle; the clock runs from that commit (``clock_timestamp()``) to
+the last job's ``completed_at``, on the database clock. A run fails loudly unless every job
+completed exactly once, on its first attempt.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+
+from miniqueue import Client, JobSpec
+from miniqueue.db import Connection, connect
+
+from .database import QUEUE, TASK, payload, settle
+from .drain import CONCURRENCY, NOOP_APP, PREFETCH
+from .measure import Sample
+from .registry import Benchmark, Context
+from .supervised import SuperviseOptions, supervised
+
+#: A chain has this fraction of --jobs steps: one at a time, each a round trip of the queue.
+CHAIN_FRACTION = 10
+WAIT_SECONDS = 900.0
+
+#: Enqueues a workflow on the connection (inside its transaction); returns the id of its last job.
+_Enqueue = Callable[[Client, Connection], int]
+
+_OUTCOME = """
+SELECT count(*), count(*) FILTER (WHERE state = 'completed' AND attempt = 1),
+       extract(epoch FROM max(completed_at) - %(committed)s::timestamptz)::float8
+  FROM miniqueue_jobs
+"""
+
+
+def chain(ctx: Context) -> Sample:
+    """A chain of ``ctx.jobs / 10`` no-op steps, one after another."""
+    steps = [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(max(2, ctx.jobs // CHAIN_FRACTION))]
+    return _run(ctx, lambda client, conn: [r.id for r in client.chain(steps, conn=conn)][-1], len(steps))
+
+
+def group(ctx: Context) -> Sample:
+    """``ctx.jobs`` no-op members in parallel, then one callback."""
+    members = [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.jobs)]
+    then = JobSpec(TASK, payload(-1), queue=QUEUE)
+    return _run(ctx, lambda client, conn: client.group(members, then=then, conn=conn).then.id, len(members) + 1)
+
+
+def _run(ctx: Context, enqueue: _Enqueue, jobs: int) -> Sample:
+    settle(ctx.dsn)
+    options = SuperviseOptions(NOOP_APP, ctx.workers, concurrency=CONCURRENCY, prefetch=PREFETCH)
+    with supervised(ctx.dsn, options) as supervisor, Client(ctx.dsn) as client, \
+            connect(ctx.dsn, purpose="bench-workflow") as conn:  # fmt: skip
+        with conn.transaction():
+            last = enqueue(client, conn)
+        committed_at = _clock(conn)
+        client.wait(last, timeout=WAIT_SECONDS)
+        rss_mb = supervisor.worker_rss_mb()
+        seconds = _check(conn, committed_at, jobs)
+    return Sample(jobs=jobs, seconds=seconds, p50_ms=None, p99_ms=None, rss_mb=rss_mb)
+
+
+def _clock(conn: Connection) -> dt.datetime:
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    value: dt.datetime = row[0]
+    return value
+
+
+def _check(conn: Connection, committed_at: dt.datetime, jobs: int) -> float:
+    row = conn.execute(_OUTCOME, {"committed": committed_at}).fetchone()
+    assert row is not None
+    total, first_attempt, seconds = int(row[0]), int(row[1]), row[2]
+    if not total == first_attempt == jobs or seconds is None:
+        raise RuntimeError(f"{jobs} jobs enqueued, {total} stored, {first_attempt} completed on their first attempt")
+    return float(seconds)
+
+BENCHMARKS: list[Benchmark] = [
+    *(Benchmark(f"chain-{n}", "chain of --jobs/10 no-op steps, end to end", n, chain) for n in (1, 2)),
+    *(Benchmark(f"group-{n}", "group of --jobs no-op members + 1 callback, end to end", n, group) for n in (1, 2)),
+]

@@ -1,0 +1,37 @@
+"""Tasks for the workflow tests under a real supervisor: each records its execution (with the
+database clock), and whether every parent had completed when it started."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+
+from miniqueue import App
+from miniqueue.context import Job
+
+app = App()
+_conn: psycopg.Connection[Any] | None = None
+
+
+def record(job: Job) -> None:
+    """Commit a row per execution before the handler goes on (opened after fork, per process)."""
+    global _conn
+    if _conn is None:
+        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    _conn.execute(
+        "INSERT INTO executions (job_id, attempt, pid, parents_done) "
+        "SELECT %s, %s, %s, NOT EXISTS (SELECT 1 FROM miniqueue_jobs WHERE id = ANY(%s) AND state <> 'completed')",
+        [job.id, job.attempt, os.getpid(), list(job.parents)],
+    )
+
+
+@app.task("step", max_attempts=3)
+def step(job: Job) -> Any:
+    """Record; on the attempts in ``sleep_on``, wait ``seconds`` (a kill lands meanwhile); return
+    ``value`` plus the parents' results, when they are numbers."""
+    record(job)
+    if job.attempt in job.payload.get("sleep_on", []):
+        job.wait(job.payload.get("seconds", 30))
+    return job.payload.get("value", 0) + sum(r for r in job.parent_results.values() if isinstance(r, int))

@@ -1,0 +1,47 @@
+"""In-process workers on threads, for tests of what handlers see and return."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from miniqueue.app import App
+from miniqueue.worker import Worker, WorkerConfig
+
+#: Short leases and intervals so tests stay fast.
+FAST = WorkerConfig(lease_seconds=2.0, heartbeat_seconds=0.5, poll_interval=0.2, shutdown_timeout=5.0)
+
+
+class Running:
+    """A worker running on a thread, stopped and joined at the end of the test."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.worker.stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker did not stop"
+
+
+StartWorker = Callable[..., Running]
+
+
+def worker_starter(dsn: str) -> Iterator[StartWorker]:
+    """The body of a ``start_worker`` fixture: starts workers, stops them all at the end."""
+    started: list[Running] = []
+
+    def start(app: App, **config: Any) -> Running:
+        running = Running(Worker(app, dsn, dataclasses.replace(FAST, **config)))
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.worker.stop()
+    for running in started:
+        running.thread.join(10)
