@@ -271,8 +271,9 @@ live AS MATERIALIZED (
     SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE (j.state = 'running' AND j.attempt = h.attempt)
-        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM {jobs} x WHERE x.id = h.id))
+     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
+            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM {jobs} x WHERE x.id = h.id)))
+       AND NOT {freed}
      GROUP BY h.scope
 ),
 room AS MATERIALIZED (
@@ -326,8 +327,17 @@ RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_a
 _ROOM_GUESS = """CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT {freed})::int
      END"""
+
+# Leases whose slots the statement frees itself: none for a claim alone; for a claim that rides
+# with completions, the leases being completed (their slots are free whether the completion
+# lands or finds the lease lost, since either way the job is no longer running at that attempt).
+# Without this, a claim could not see the slots freed by the completions of its own statement.
+_FREED_NONE = "false"
+_FREED_COMPLETING = """EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)"""
 
 # A claimed job's parents' results, as [[id, result], ...] in the order of its parents (a parent
 # pruned since is left out). Only jobs with parents run the subquery.
@@ -897,12 +907,13 @@ class Store:
         self._notify_queues = render(_NOTIFY_QUEUES)
         picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
         self._claim_one, self._claim_many = (
-            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS)
+            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS,
+                   freed=_FREED_NONE)
             for pick, queues in picks
         )
         self._complete_and_claim_one, self._complete_and_claim_many = (
             settling(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
-                     claim_queues=queues, room_guess=_ROOM_GUESS)
+                     claim_queues=queues, room_guess=_ROOM_GUESS, freed=_FREED_COMPLETING)
             for pick, queues in picks
         )  # fmt: skip
         self._complete = settling(_COMPLETE, "completed", completed=_COMPLETED)

@@ -621,10 +621,6 @@ class Worker:
                 self._note_limited(leases)
                 self._slots.add_ready(leases)
                 self._backlog = len(leases) == claim
-                if not self._backlog and any(job.limits for job, outcome in pending if outcome.kind == "completed"):
-                    # The claim ran in the statement that freed these jobs' slots, so it could not
-                    # see them free: claim again at once rather than at the next poll.
-                    self._nudged = True
             else:
                 completed = self.store.complete_many(conn, self.worker_id, completions, results=results)
         except DatabaseUnavailable:

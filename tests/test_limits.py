@@ -58,6 +58,21 @@ def test_a_key_runs_at_most_its_limit_and_other_keys_are_not_held_back(
     assert ids(claim(store, conn)) == [a[1]], "the completed job's slot is free"
 
 
+def test_a_completion_frees_its_slot_for_the_claim_in_the_same_statement(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    first, second, third = (client.enqueue("t", {"i": i}, concurrency_key="A").id for i in range(3))
+    assert ids(claim(store, conn)) == [first]
+    completed, leases = store.complete_and_claim(conn, "w", [(first, 1)], ["default"], 30.0, 10)
+    assert (completed, ids(leases)) == ({first}, [second])
+    # A lease lost meanwhile frees its slot too (the job is no longer running at that attempt).
+    expire_lease(conn, second)
+    store.recover_expired_leases(conn)
+    completed, leases = store.complete_and_claim(conn, "w", [(second, 2)], ["default"], 30.0, 10)
+    assert (completed, ids(leases)) == (set(), [third]), "the recovered job is due from now: behind the third"
+    assert row(conn, second)["state"] == "available"
+
+
 def test_ten_thousand_jobs_of_one_key_do_not_hold_back_another(client: Client, store: Store, conn: Connection) -> None:
     client.enqueue_many([JobSpec("t", {"i": i}, concurrency_key="A", priority=5) for i in range(10_000)])
     b = client.enqueue("t", {}, concurrency_key="B").id

@@ -206,7 +206,8 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT false)::int
      END) FROM "public"."miniqueue_limits" l
                                               WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
@@ -218,7 +219,8 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT false)::int
      END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
            FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
@@ -243,8 +245,9 @@ live AS MATERIALIZED (
     SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE (j.state = 'running' AND j.attempt = h.attempt)
-        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
+            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+       AND NOT false
      GROUP BY h.scope
 ),
 room AS MATERIALIZED (
@@ -335,7 +338,8 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT false)::int
      END) FROM "public"."miniqueue_limits" l
                                               WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
@@ -347,7 +351,8 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT false)::int
      END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
            FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
@@ -372,8 +377,9 @@ live AS MATERIALIZED (
     SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE (j.state = 'running' AND j.attempt = h.attempt)
-        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
+            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+       AND NOT false
      GROUP BY h.scope
 ),
 room AS MATERIALIZED (
@@ -484,7 +490,9 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END) FROM "public"."miniqueue_limits" l
                                               WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
@@ -496,7 +504,9 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
            FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
@@ -521,8 +531,10 @@ live AS MATERIALIZED (
     SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE (j.state = 'running' AND j.attempt = h.attempt)
-        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
+            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+       AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)
      GROUP BY h.scope
 ),
 room AS MATERIALIZED (
@@ -639,7 +651,9 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END) FROM "public"."miniqueue_limits" l
                                               WHERE l.scope = ANY(g.limits || q.scope))))
            FOR UPDATE SKIP LOCKED) j
@@ -651,7 +665,9 @@ limited AS MATERIALIZED (
          LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt)::int
+                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
            FOR UPDATE SKIP LOCKED) j
      WHERE q.max_running IS NOT NULL
@@ -676,8 +692,10 @@ live AS MATERIALIZED (
     SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE (j.state = 'running' AND j.attempt = h.attempt)
-        OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id))
+     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
+            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+       AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)
      GROUP BY h.scope
 ),
 room AS MATERIALIZED (
