@@ -9,16 +9,19 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import Client
 from .context import Job
-from .db import Connection
+from .db import AsyncConnection, Connection
 from .errors import AppLoadError, ConfigError
 from .job import EnqueueResult, JobSpec
 from .periodic import CatchUp, Periodic
 from .retry import Backoff, default_backoff
 from .validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
+
+if TYPE_CHECKING:
+    from .asyncclient import AsyncClient
 
 Handler = Callable[[Job], Any]
 
@@ -142,15 +145,38 @@ class App:
     ) -> EnqueueResult:
         """Enqueue a job of a registered task with the task's queue, priority and max_attempts
         (each overridable by keyword)."""
+        options = self._enqueue_options(task, overrides)
+        return client.enqueue(
+            task, payload, run_at=run_at, delay=delay, idempotency_key=idempotency_key, conn=conn, **options
+        )
+
+    async def aenqueue(
+        self,
+        client: AsyncClient,
+        task: str,
+        payload: Any = None,
+        *,
+        run_at: dt.datetime | None = None,
+        delay: float | dt.timedelta | None = None,
+        idempotency_key: str | None = None,
+        conn: AsyncConnection | None = None,
+        **overrides: Any,
+    ) -> EnqueueResult:
+        """:meth:`enqueue` with an :class:`~miniqueue.AsyncClient` (``conn``: an ``AsyncConnection``)."""
+        options = self._enqueue_options(task, overrides)
+        return await client.enqueue(
+            task, payload, run_at=run_at, delay=delay, idempotency_key=idempotency_key, conn=conn, **options
+        )
+
+    def _enqueue_options(self, task: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        """``task``'s queue, priority and max_attempts, with ``overrides`` applied."""
         spec = self.task_spec(task)
         options: dict[str, Any] = {"queue": spec.queue, "priority": spec.priority, "max_attempts": spec.max_attempts}
         unknown = set(overrides) - set(options)
         if unknown:
             raise ConfigError(f"unknown enqueue options {sorted(unknown)}: use queue, priority or max_attempts")
         options.update(overrides)
-        return client.enqueue(
-            task, payload, run_at=run_at, delay=delay, idempotency_key=idempotency_key, conn=conn, **options
-        )
+        return options
 
 
 def is_async_handler(handler: Handler) -> bool:

@@ -1,16 +1,25 @@
-"""The producer API: enqueue jobs, and inspect or repair them."""
+"""The producer API: enqueue jobs, and inspect or repair them.
+
+:class:`Client` runs on psycopg's sync connections, :class:`~miniqueue.AsyncClient`
+(:mod:`miniqueue.asyncclient`) on its asyncio ones. Both are thin: what they do is defined
+once, in :class:`BaseClient`, as :mod:`steps <miniqueue.steps>` (validation first, then the
+store's statements, row mapping and the logic between them, with no I/O), and each client only
+borrows a connection and runs the steps on it (``run`` or ``await arun``). So both validate the
+same way, raise the same errors, and run the same SQL.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from .steps import Steps, atomic, run
 from .store import Store
 from .validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -28,11 +37,107 @@ from .validation import (
 if TYPE_CHECKING:
     from .app import App
 
+T = TypeVar("T")
+
 #: How many known names an "unknown queue" error lists.
 _KNOWN_SHOWN = 20
 
 
-class Client:
+class BaseClient:
+    """What :class:`Client` and :class:`~miniqueue.AsyncClient` share: the settings, and each
+    call as steps to run on a connection of either kind.
+
+    Each ``_x_steps`` method checks its input at once (bad input raises InvalidInput before a
+    connection is borrowed) and returns the steps, which a client runs with its executor.
+    """
+
+    def __init__(self, *, schema: str, max_payload_bytes: int, notify: bool) -> None:
+        self.store = Store(schema)
+        self.max_payload_bytes = max_payload_bytes
+        self.notify = notify
+
+    def _enqueue_steps(self, spec: JobSpec) -> Steps[EnqueueResult]:
+        job = validate(spec, max_payload_bytes=self.max_payload_bytes)
+        return self.store.enqueue_steps(job, notify=self.notify)
+
+    def _enqueue_many_steps(self, jobs: Iterable[JobSpec]) -> Steps[list[EnqueueResult]]:
+        specs = list(jobs)
+        checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
+        if len(specs) >= self.store.copy_threshold and all(s.idempotency_key is None for s in specs):
+            # Each job is checked as the COPY streams it, so the checks overlap the server's
+            # inserts; an invalid one aborts the COPY, and nothing is stored.
+            scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
+            return self.store.copy_many_steps(len(specs), checked, scheduled=scheduled, notify=self.notify)
+        return self.store.enqueue_many_steps(list(checked), notify=self.notify)
+
+    def _get_steps(self, job_id: int) -> Steps[JobRecord]:
+        return self.store.get_steps(check_int_range("job id", job_id, JOB_ID_RANGE))
+
+    def _list_jobs_steps(self, before_id: int | None, limit: int, filters: dict[str, Any]) -> Steps[list[JobRecord]]:
+        _check_filters(before_id=before_id, **filters)
+        return self.store.list_jobs_steps(before_id=before_id, limit=limit, **filters)
+
+    def _prune_steps(self, states: Iterable[State], older_than_seconds: float, batch_size: int) -> Steps[int]:
+        chosen = list(states)
+        deleted = 0
+        while True:
+            n = yield from self.store.prune_steps(chosen, older_than_seconds, batch_size)
+            deleted += n
+            if n < batch_size:
+                return deleted
+
+    def _requeue_matching_steps(self, states: Iterable[State], queue: str | None, task: str | None) -> Steps[int]:
+        _check_filters(queue=queue, task=task)
+        return self.store.requeue_matching_steps(states, queue=queue, task=task)
+
+    def _list_queues_steps(self) -> Steps[dict[str, bool]]:
+        paused = set((yield from self.store.paused_queues_steps()))
+        names = {q.queue for q in (yield from self.store.queue_stats_steps())} | paused
+        return {name: name in paused for name in sorted(names)}
+
+    def _set_paused_steps(self, names: Iterable[str], paused: bool, create: bool) -> Steps[list[str]]:
+        chosen = list(dict.fromkeys(check_queue_name(name) for name in names))
+        if not chosen:
+            raise InvalidInput("no queue name given: name at least one queue")
+        # One transaction: with one unknown name among several, none is paused.
+        return atomic(self._set_paused_in_one(chosen, paused, create))
+
+    def _set_paused_in_one(self, chosen: list[str], paused: bool, create: bool) -> Steps[list[str]]:
+        if not create:
+            yield from self._check_known_queues(chosen)
+        for name in chosen:
+            yield from self.store.set_queue_paused_steps(name, paused)
+        return chosen
+
+    def _check_known_queues(self, names: list[str]) -> Steps[None]:
+        known = yield from self.store.known_queues_steps(names)
+        unknown = [name for name in names if name not in known]
+        if not unknown:
+            return
+        listed = yield from self.store.known_queue_names_steps(limit=_KNOWN_SHOWN + 1)
+        shown = ", ".join(listed[:_KNOWN_SHOWN]) + (", ..." if len(listed) > _KNOWN_SHOWN else "")
+        which = f"queue {unknown[0]!r} is" if len(unknown) == 1 else f"queues {', '.join(map(repr, unknown))} are"
+        raise InvalidInput(
+            f"{which} unknown: no job waiting or running, never paused or resumed "
+            f"(known: {shown or 'none yet'}); to set a queue before its first job, pass create=True "
+            "(--create on the command line)"
+        )
+
+    def _switch_schedule_steps(self, name: str, enabled: bool, app: App | None) -> Steps[None]:
+        name = check_schedule_name(name)
+        defined = set(app.schedules) if app is not None else set()
+        return atomic(self._switch_schedule_in_one(name, enabled, defined, app is not None))
+
+    def _switch_schedule_in_one(self, name: str, enabled: bool, defined: set[str], has_app: bool) -> Steps[None]:
+        stored = yield from self.store.periodic_state_steps()
+        if name not in stored and name not in defined:
+            known = ", ".join(sorted({*stored, *defined})) or "none yet"
+            hint = "" if has_app else "; a schedule no scheduler has run yet needs the app that defines it"
+            raise InvalidInput(f"schedule {name!r} is unknown (known: {known}){hint}")
+        yield from self.store.set_periodic_enabled_steps(name, enabled)
+
+
+class Client(BaseClient):
     """Enqueue and manage jobs.
 
     ``Client(dsn)`` opens a small connection pool of its own (close it with :meth:`close` or a
@@ -52,9 +157,7 @@ class Client:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         notify: bool = True,
     ) -> None:
-        self.store = Store(schema)
-        self.max_payload_bytes = max_payload_bytes
-        self.notify = notify
+        super().__init__(schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
         self._dsn: str | None = None
         if isinstance(dsn_or_pool, str):
             # Fail fast, with libpq's own reason, rather than after the pool's retries time out.
@@ -80,6 +183,11 @@ class Client:
         connections, returned to the pool when the block ends."""
         return _Borrowed(self._pool, self._dsn, conn)
 
+    def _run(self, steps: Steps[T], conn: Connection | None = None) -> T:
+        """Run ``steps`` on ``conn``, or on one of the pool's connections."""
+        with self.connection(conn) as c:
+            return run(c, steps)
+
     def enqueue(
         self,
         task: str,
@@ -102,9 +210,7 @@ class Client:
         ``duplicate=True``. Invalid input raises InvalidInput and stores nothing.
         """
         spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, idempotency_key)
-        job = validate(spec, max_payload_bytes=self.max_payload_bytes)
-        with self.connection(conn) as c:
-            return self.store.enqueue(c, job, notify=self.notify)
+        return self._run(self._enqueue_steps(spec), conn)
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction; results are in input order.
@@ -112,81 +218,53 @@ class Client:
         One invalid job raises InvalidInput (naming its index) and none is stored. Idempotency
         keys are honoured against stored jobs and within the batch (the first occurrence wins).
         """
-        specs = list(jobs)
-        checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
-        with self.connection(conn) as c:
-            if len(specs) >= self.store.copy_threshold and all(s.idempotency_key is None for s in specs):
-                # Each job is checked as the COPY streams it, so the checks overlap the server's
-                # inserts; an invalid one aborts the COPY, and nothing is stored.
-                scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
-                return self.store.copy_many(c, len(specs), checked, scheduled=scheduled, notify=self.notify)
-            return self.store.enqueue_many(c, list(checked), notify=self.notify)
+        return self._run(self._enqueue_many_steps(jobs), conn)
 
     def get(self, job_id: int) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""
-        job_id = check_int_range("job id", job_id, JOB_ID_RANGE)
-        with self.connection() as c:
-            return self.store.get(c, job_id)
+        return self._run(self._get_steps(job_id))
 
     def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""
-        with self.connection() as c:
-            return self.store.counts(c)
+        return self._run(self.store.counts_steps())
 
     def queue_stats(self) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases."""
-        with self.connection() as c:
-            return self.store.queue_stats(c)
+        return self._run(self.store.queue_stats_steps())
 
     def recount(self) -> None:
         """Recount finished jobs from the jobs table, repairing counts that drifted (see the
         README's Operating section). It reads every finished row: a repair, not a routine."""
-        with self.connection() as c:
-            self.store.recount(c)
+        self._run(self.store.recount_steps())
 
     def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:
         """Jobs matching the filters (state, queue, task, search, created_after, created_before),
         newest first; page with ``before_id``. A filter that no job could match (a queue or task
         name that breaks the naming rules) raises InvalidInput."""
-        _check_filters(before_id=before_id, **filters)
-        with self.connection() as c:
-            return self.store.list_jobs(c, before_id=before_id, limit=limit, **filters)
+        return self._run(self._list_jobs_steps(before_id, limit, filters))
 
     def prune(self, states: Iterable[State], older_than_seconds: float, *, batch_size: int = 1000) -> int:
         """Delete every job in ``states`` (terminal states only) that finished more than
         ``older_than_seconds`` ago, in batches; return how many were deleted."""
-        chosen = list(states)
-        deleted = 0
-        with self.connection() as c:
-            while True:
-                n = self.store.prune(c, chosen, older_than_seconds, batch_size)
-                deleted += n
-                if n < batch_size:
-                    return deleted
+        return self._run(self._prune_steps(states, older_than_seconds, batch_size))
 
     def requeue(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
         """Make failed, dead or cancelled jobs available again, with a fresh attempt budget.
 
         All or nothing: raises JobNotFound or InvalidTransition if any id cannot be requeued.
         """
-        ids = check_job_ids(job_ids)
-        with self.connection(conn) as c:
-            return self.store.requeue(c, ids)
+        return self._run(self.store.requeue_steps(check_job_ids(job_ids)), conn)
 
     def requeue_matching(self, states: Iterable[State], *, queue: str | None = None, task: str | None = None) -> int:
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""
-        _check_filters(queue=queue, task=task)
-        with self.connection() as c:
-            return self.store.requeue_matching(c, states, queue=queue, task=task)
+        return self._run(self._requeue_matching_steps(states, queue, task))
 
     def cancel(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
         """Cancel available or running jobs (a running handler is told at its next heartbeat).
 
         All or nothing: raises JobNotFound or InvalidTransition if any id cannot be cancelled.
         """
-        ids = check_job_ids(job_ids)
-        with self.connection(conn) as c:
-            return self.store.cancel(c, ids)
+        return self._run(self.store.cancel_steps(check_job_ids(job_ids)), conn)
 
     # -- queues and schedules (operator calls) ---------------------------------------------------
 
@@ -197,22 +275,19 @@ class Client:
         raises InvalidInput naming it, and nothing is paused: a typo must not leave a paused
         queue that nothing uses. ``create=True`` pauses such a queue anyway (before its first job).
         """
-        return self._set_paused(names, True, create)
+        return self._run(self._set_paused_steps(names, True, create))
 
     def resume_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
         """Let workers claim jobs of these queues again; return them (unknown names: as :meth:`pause_queues`)."""
-        return self._set_paused(names, False, create)
+        return self._run(self._set_paused_steps(names, False, create))
 
     def list_queues(self) -> dict[str, bool]:
         """Every queue that has jobs or is paused, in name order, and whether it is paused."""
-        with self.connection() as c:
-            paused = set(self.store.paused_queues(c))
-            names = {q.queue for q in self.store.queue_stats(c)} | paused
-        return {name: name in paused for name in sorted(names)}
+        return self._run(self._list_queues_steps())
 
     def enable_schedule(self, name: str, *, app: App | None = None) -> None:
         """Enable periodic schedule ``name`` (see :meth:`disable_schedule` for which names are known)."""
-        self._switch_schedule(name, True, app)
+        self._run(self._switch_schedule_steps(name, True, app))
 
     def disable_schedule(self, name: str, *, app: App | None = None) -> None:
         """Disable periodic schedule ``name``: its slots are skipped until it is enabled again.
@@ -221,55 +296,16 @@ class Client:
         schedules (which may be switched before its first run). Otherwise InvalidInput names it
         and the known ones, and nothing is stored.
         """
-        self._switch_schedule(name, False, app)
+        self._run(self._switch_schedule_steps(name, False, app))
 
     def periodic_state(self) -> dict[str, tuple[dt.datetime, bool]]:
         """Each periodic schedule a scheduler has run or an operator switched: its last slot and
         whether it is enabled."""
-        with self.connection() as c:
-            return self.store.periodic_state(c)
+        return self._run(self.store.periodic_state_steps())
 
     def now(self) -> dt.datetime:
         """The database's clock (what schedules and delays are measured against)."""
-        with self.connection() as c:
-            return self.store.now(c)
-
-    def _set_paused(self, names: Iterable[str], paused: bool, create: bool) -> list[str]:
-        chosen = list(dict.fromkeys(check_queue_name(name) for name in names))
-        if not chosen:
-            raise InvalidInput("no queue name given: name at least one queue")
-        # One transaction: with one unknown name among several, none is paused.
-        with self.connection() as c, c.transaction():
-            if not create:
-                self._check_known_queues(c, chosen)
-            for name in chosen:
-                self.store.set_queue_paused(c, name, paused)
-        return chosen
-
-    def _check_known_queues(self, conn: Connection, names: list[str]) -> None:
-        known = self.store.known_queues(conn, names)
-        unknown = [name for name in names if name not in known]
-        if not unknown:
-            return
-        listed = self.store.known_queue_names(conn, limit=_KNOWN_SHOWN + 1)
-        shown = ", ".join(listed[:_KNOWN_SHOWN]) + (", ..." if len(listed) > _KNOWN_SHOWN else "")
-        which = f"queue {unknown[0]!r} is" if len(unknown) == 1 else f"queues {', '.join(map(repr, unknown))} are"
-        raise InvalidInput(
-            f"{which} unknown: no job waiting or running, never paused or resumed "
-            f"(known: {shown or 'none yet'}); to set a queue before its first job, pass create=True "
-            "(--create on the command line)"
-        )
-
-    def _switch_schedule(self, name: str, enabled: bool, app: App | None) -> None:
-        name = check_schedule_name(name)
-        defined = set(app.schedules) if app is not None else set()
-        with self.connection() as c, c.transaction():
-            stored = self.store.periodic_state(c)
-            if name not in stored and name not in defined:
-                known = ", ".join(sorted({*stored, *defined})) or "none yet"
-                hint = "" if app is not None else "; a schedule no scheduler has run yet needs the app that defines it"
-                raise InvalidInput(f"schedule {name!r} is unknown (known: {known}){hint}")
-            self.store.set_periodic_enabled(c, name, enabled)
+        return self._run(self.store.now_steps())
 
 
 def _check_filters(
