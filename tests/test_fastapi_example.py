@@ -59,3 +59,9 @@ def test_the_endpoint_enqueues_in_its_own_transaction(example: ModuleType, conn:
     for email in ("ada@example.com", "cy@example.com"):
         found = user(conn, email)
         assert found is not None and found[2] is not None, f"{email} was not welcomed"
+
+
+def test_the_readme_shows_the_example_as_it_is(repo_root: Path) -> None:
+    code = (repo_root / "examples" / "fastapi_app.py").read_text()
+    body = code[code.index("import os") :]  # after the docstring and the __future__ import
+    assert body in (repo_root / "README.md").read_text(), "README's Async section differs from examples/fastapi_app.py"
