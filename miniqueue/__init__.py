@@ -2,13 +2,14 @@
 
 What is exported here is the public API: tasks and their handlers (:class:`App`, :class:`Job`,
 :class:`PermanentError`, :class:`Snooze`), producing and inspecting (:class:`Client`,
-:class:`JobSpec` and the result types), running in-process (:class:`Worker`, :class:`Reaper`
-and their configs), migrations, backoff, and the errors. Everything else (the store, the
-supervisor and its children, the wire protocol between them) is internal and may change; run
-the supervisor with the ``miniqueue-supervise`` command.
+:class:`AsyncClient`, :class:`JobSpec` and the result types), running in-process
+(:class:`Worker`, :class:`Reaper` and their configs), migrations, backoff, and the errors.
+Everything else (the store, the supervisor and its children, the wire protocol between them)
+is internal and may change; run the supervisor with the ``miniqueue-supervise`` command.
 """
 
 from .app import App
+from .asyncclient import AsyncClient
 from .client import Client
 from .context import Job, PermanentError, Snooze
 from .errors import (
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "App",
     "AppLoadError",
+    "AsyncClient",
     "AttemptError",
     "Backoff",
     "Client",

@@ -8,7 +8,8 @@ loop to start jobs, the heartbeat to cancel one whose lease was lost or whose ti
 
 ``job.atransaction()`` draws from a small ``AsyncConnectionPool`` that belongs to the loop,
 opened on first use (a worker that never uses it opens no connection), and completes the
-job inside the handler's transaction with the store's own fenced statement.
+job inside the handler's transaction with the store's own fenced completion (its steps, run by
+:func:`miniqueue.steps.arun`: the statement, the fence and the counts are the sync worker's).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .context import Job
-from .db import conninfo, session_kwargs, translate_errors
-from .errors import LeaseLost
+from .db import create_async_pool
+from .steps import arun
 from .store import Store
 
 log = logging.getLogger("miniqueue.worker")
@@ -117,7 +118,7 @@ class AsyncTransactions:
         pool = await self._pool()
         async with pool.connection() as conn, conn.transaction():
             yield conn
-            await complete_in(conn, self.store, job.id, self.worker_id, job.attempt, job.result_json)
+            await arun(conn, self.store.complete_steps(job.id, self.worker_id, job.attempt, result=job.result_json))
 
     async def _pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         if self._opening is None:
@@ -128,10 +129,9 @@ class AsyncTransactions:
     async def _open(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         # Checked on checkout, like the sync pool: a connection that died while idle (a server
         # restart) would otherwise fail the next handler's transaction and cost an attempt.
-        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-            conninfo(self.dsn, purpose="handler", schema=self.store.schema), min_size=0, max_size=self.max_size,
-            kwargs={"autocommit": True, **session_kwargs()}, open=False, name="miniqueue-handler-async",
-            check=AsyncConnectionPool.check_connection,
+        pool = create_async_pool(
+            self.dsn, purpose="handler", schema=self.store.schema, min_size=0, max_size=self.max_size,
+            check=AsyncConnectionPool.check_connection, name="miniqueue-handler-async",
         )  # fmt: skip
         await pool.open()
         return pool
@@ -142,17 +142,3 @@ class AsyncTransactions:
                 pool = await self._opening
                 await pool.close()
             self._opening = None
-
-
-async def complete_in(
-    conn: AsyncConnection[Any], store: Store, job_id: int, worker_id: str, attempt: int, result: str | None = None
-) -> None:
-    """:meth:`Store.complete` on an async connection, inside the caller's transaction: the
-    store's own rendered statement, so the fence, the result, the finished-job counts and the
-    release of dependents are the same."""
-    results = None if result is None else {job_id: result}
-    with translate_errors():
-        cur = await conn.execute(*store.completion(worker_id, [(job_id, attempt)], results=results))
-        completed = await cur.fetchall()
-    if not completed:
-        raise LeaseLost(job_id, worker_id, attempt)

@@ -9,17 +9,20 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import Client
 from .context import Job
-from .db import Connection
+from .db import AsyncConnection, Connection
 from .errors import AppLoadError, ConfigError
 from .job import EnqueueResult, JobSpec
 from .limits import job_scopes
 from .periodic import CatchUp, Periodic
 from .retry import Backoff, default_backoff
 from .validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
+
+if TYPE_CHECKING:
+    from .asyncclient import AsyncClient
 
 Handler = Callable[[Job], Any]
 #: A limit key, or how to compute it from a job's payload (None: the job is not limited).
@@ -179,12 +182,41 @@ class App:
         """Enqueue a job of a registered task with the task's queue, priority, max_attempts and
         limits (each overridable by keyword: queue, priority, max_attempts, concurrency_key,
         max_concurrent, rate_limit, rate_limit_key)."""
-        spec = self.task_spec(task, payload)
+        return client.enqueue(conn=conn, **self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides))
+
+    async def aenqueue(
+        self,
+        client: AsyncClient,
+        task: str,
+        payload: Any = None,
+        *,
+        run_at: dt.datetime | None = None,
+        delay: float | dt.timedelta | None = None,
+        idempotency_key: str | None = None,
+        conn: AsyncConnection | None = None,
+        **overrides: Any,
+    ) -> EnqueueResult:
+        """:meth:`enqueue` with an :class:`~miniqueue.AsyncClient` (``conn``: an ``AsyncConnection``)."""
+        spec = self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides)
+        return await client.enqueue(conn=conn, **spec)
+
+    def _enqueue_spec(
+        self,
+        task: str,
+        payload: Any,
+        run_at: dt.datetime | None,
+        delay: float | dt.timedelta | None,
+        idempotency_key: str | None,
+        overrides: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The enqueue arguments of a job of ``task``: the task's defaults, with ``overrides``."""
         unknown = set(overrides) - _OVERRIDABLE
         if unknown:
             raise ConfigError(f"unknown enqueue options {sorted(unknown)}: use {', '.join(sorted(_OVERRIDABLE))}")
-        spec = spec._replace(run_at=run_at, delay=delay, idempotency_key=idempotency_key, **overrides)
-        return client.enqueue(conn=conn, **spec._asdict())
+        spec = self.task_spec(task, payload)._replace(
+            run_at=run_at, delay=delay, idempotency_key=idempotency_key, **overrides
+        )
+        return spec._asdict()
 
 
 #: The task defaults :meth:`App.enqueue` lets a caller override.

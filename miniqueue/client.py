@@ -1,10 +1,18 @@
-"""The producer API: enqueue jobs, and inspect or repair them."""
+"""The producer API: enqueue jobs, and inspect or repair them.
+
+:class:`Client` runs on psycopg's sync connections, :class:`~miniqueue.AsyncClient`
+(:mod:`miniqueue.asyncclient`) on its asyncio ones. Both are thin: what they do is defined
+once, in :class:`BaseClient`, as :mod:`steps <miniqueue.steps>` (validation first, then the
+store's statements, row mapping and the logic between them, with no I/O), and each client only
+borrows a connection and runs the steps on it (``run`` or ``await arun``). So both validate the
+same way, raise the same errors, and run the same SQL.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
@@ -12,7 +20,8 @@ from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
 from .job import EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from .limits import check_limit
-from .results import result_of, wait_for
+from .results import result_steps, wait_for
+from .steps import Steps, atomic, run
 from .store import LimitWait, Store
 from .validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -32,11 +41,169 @@ from .validation import (
 if TYPE_CHECKING:
     from .app import App
 
+T = TypeVar("T")
+
 #: How many known names an "unknown queue" error lists.
 _KNOWN_SHOWN = 20
 
 
-class Client:
+class BaseClient:
+    """What :class:`Client` and :class:`~miniqueue.AsyncClient` share: the settings, and each
+    call as steps to run on a connection of either kind.
+
+    Each ``_x_steps`` method checks its input at once (bad input raises InvalidInput before a
+    connection is borrowed) and returns the steps, which a client runs with its executor.
+    """
+
+    def __init__(self, *, schema: str, max_payload_bytes: int, notify: bool) -> None:
+        self.store = Store(schema)
+        self.max_payload_bytes = max_payload_bytes
+        self.notify = notify
+
+    def _enqueue_steps(self, spec: JobSpec) -> Steps[EnqueueResult]:
+        job = validate(spec, max_payload_bytes=self.max_payload_bytes)
+        parents = check_depends_on(spec.depends_on)
+        if parents is None:
+            return self.store.enqueue_steps(job, notify=self.notify)
+        return self.store.enqueue_waiting_steps(job, parents, notify=self.notify)
+
+    def _enqueue_many_steps(self, jobs: Iterable[JobSpec]) -> Steps[list[EnqueueResult]]:
+        specs = list(jobs)
+        if any(s.depends_on is not None for s in specs):
+            return self._enqueue_each_steps(specs)
+        checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
+        if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
+            # Each job is checked as the COPY streams it, so the checks overlap the server's
+            # inserts; an invalid one aborts the COPY, and nothing is stored.
+            scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
+            return self.store.copy_many_steps(len(specs), checked, scheduled=scheduled, notify=self.notify)
+        return self.store.enqueue_many_steps(list(checked), notify=self.notify)
+
+    def _enqueue_each_steps(self, specs: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
+        """A batch with dependencies: each job by the one-by-one path, in one transaction."""
+        steps = []
+        for index, spec in enumerate(specs):  # check everything before storing anything
+            try:
+                steps.append(self._enqueue_steps(spec))
+            except InvalidInput as exc:
+                raise InvalidInput(f"job {index}: {exc}") from exc
+        return atomic(_each_indexed(steps))
+
+    def _chain_steps(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
+        if not steps:
+            raise InvalidInput("a chain needs at least one step")
+        for index, step in enumerate(steps):  # check everything before storing anything
+            try:
+                validate(step, max_payload_bytes=self.max_payload_bytes)
+                check_depends_on(step.depends_on)
+            except InvalidInput as exc:
+                raise InvalidInput(f"step {index}: {exc}") from exc
+        return atomic(self._chain_in_one(steps))
+
+    def _chain_in_one(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
+        results: list[EnqueueResult] = []
+        for step in steps:
+            before = [results[-1].id] if results else []
+            parents = [*before, *(step.depends_on or ())]
+            results.append((yield from self._enqueue_steps(step._replace(depends_on=parents or None))))
+        return results
+
+    def _group_steps(self, members: Sequence[JobSpec], then: JobSpec) -> Steps[GroupResult]:
+        if not members:
+            raise InvalidInput("a group needs at least one member")
+        members_steps = self._enqueue_many_steps(members)
+        validate(then, max_payload_bytes=self.max_payload_bytes)
+        check_depends_on(then.depends_on)
+        return atomic(self._group_in_one(members_steps, then))
+
+    def _group_in_one(self, members_steps: Steps[list[EnqueueResult]], then: JobSpec) -> Steps[GroupResult]:
+        enqueued = yield from members_steps
+        parents = [*dict.fromkeys(r.id for r in enqueued), *(then.depends_on or ())]
+        callback = yield from self._enqueue_steps(then._replace(depends_on=parents))
+        return GroupResult(members=enqueued, then=callback)
+
+    def _result_steps(self, job_id: int) -> Steps[Any]:
+        return result_steps(self.store, check_int_range("job id", job_id, JOB_ID_RANGE))
+
+    def _limit_queue_steps(self, name: str, max_running: int | None, create: bool) -> Steps[None]:
+        queue = check_queue_name(name)
+        if max_running is not None:
+            check_limit("max_running", max_running)
+        return atomic(self._limit_queue_in_one(queue, max_running, create))
+
+    def _limit_queue_in_one(self, queue: str, max_running: int | None, create: bool) -> Steps[None]:
+        if not create:
+            yield from self._check_known_queues([queue])
+        yield from self.store.set_queue_limit_steps(queue, max_running)
+
+    def _get_steps(self, job_id: int) -> Steps[JobRecord]:
+        return self.store.get_steps(check_int_range("job id", job_id, JOB_ID_RANGE))
+
+    def _list_jobs_steps(self, before_id: int | None, limit: int, filters: dict[str, Any]) -> Steps[list[JobRecord]]:
+        _check_filters(before_id=before_id, **filters)
+        return self.store.list_jobs_steps(before_id=before_id, limit=limit, **filters)
+
+    def _prune_steps(self, states: Iterable[State], older_than_seconds: float, batch_size: int) -> Steps[int]:
+        chosen = list(states)
+        deleted = 0
+        while True:
+            n = yield from self.store.prune_steps(chosen, older_than_seconds, batch_size)
+            deleted += n
+            if n < batch_size:
+                return deleted
+
+    def _requeue_matching_steps(self, states: Iterable[State], queue: str | None, task: str | None) -> Steps[int]:
+        _check_filters(queue=queue, task=task)
+        return self.store.requeue_matching_steps(states, queue=queue, task=task)
+
+    def _list_queues_steps(self) -> Steps[dict[str, bool]]:
+        paused = set((yield from self.store.paused_queues_steps()))
+        names = {q.queue for q in (yield from self.store.queue_stats_steps())} | paused
+        return {name: name in paused for name in sorted(names)}
+
+    def _set_paused_steps(self, names: Iterable[str], paused: bool, create: bool) -> Steps[list[str]]:
+        chosen = list(dict.fromkeys(check_queue_name(name) for name in names))
+        if not chosen:
+            raise InvalidInput("no queue name given: name at least one queue")
+        # One transaction: with one unknown name among several, none is paused.
+        return atomic(self._set_paused_in_one(chosen, paused, create))
+
+    def _set_paused_in_one(self, chosen: list[str], paused: bool, create: bool) -> Steps[list[str]]:
+        if not create:
+            yield from self._check_known_queues(chosen)
+        for name in chosen:
+            yield from self.store.set_queue_paused_steps(name, paused)
+        return chosen
+
+    def _check_known_queues(self, names: list[str]) -> Steps[None]:
+        known = yield from self.store.known_queues_steps(names)
+        unknown = [name for name in names if name not in known]
+        if not unknown:
+            return
+        listed = yield from self.store.known_queue_names_steps(limit=_KNOWN_SHOWN + 1)
+        shown = ", ".join(listed[:_KNOWN_SHOWN]) + (", ..." if len(listed) > _KNOWN_SHOWN else "")
+        which = f"queue {unknown[0]!r} is" if len(unknown) == 1 else f"queues {', '.join(map(repr, unknown))} are"
+        raise InvalidInput(
+            f"{which} unknown: no job waiting or running, never paused or resumed "
+            f"(known: {shown or 'none yet'}); to set a queue before its first job, pass create=True "
+            "(--create on the command line)"
+        )
+
+    def _switch_schedule_steps(self, name: str, enabled: bool, app: App | None) -> Steps[None]:
+        name = check_schedule_name(name)
+        defined = set(app.schedules) if app is not None else set()
+        return atomic(self._switch_schedule_in_one(name, enabled, defined, app is not None))
+
+    def _switch_schedule_in_one(self, name: str, enabled: bool, defined: set[str], has_app: bool) -> Steps[None]:
+        stored = yield from self.store.periodic_state_steps()
+        if name not in stored and name not in defined:
+            known = ", ".join(sorted({*stored, *defined})) or "none yet"
+            hint = "" if has_app else "; a schedule no scheduler has run yet needs the app that defines it"
+            raise InvalidInput(f"schedule {name!r} is unknown (known: {known}){hint}")
+        yield from self.store.set_periodic_enabled_steps(name, enabled)
+
+
+class Client(BaseClient):
     """Enqueue and manage jobs.
 
     ``Client(dsn)`` opens a small connection pool of its own (close it with :meth:`close` or a
@@ -56,9 +223,7 @@ class Client:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         notify: bool = True,
     ) -> None:
-        self.store = Store(schema)
-        self.max_payload_bytes = max_payload_bytes
-        self.notify = notify
+        super().__init__(schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
         self._dsn: str | None = None
         if isinstance(dsn_or_pool, str):
             # Fail fast, with libpq's own reason, rather than after the pool's retries time out.
@@ -83,6 +248,11 @@ class Client:
         """``with client.connection(conn) as c``: ``conn`` if given, else one of the pool's
         connections, returned to the pool when the block ends."""
         return _Borrowed(self._pool, self._dsn, conn)
+
+    def _run(self, steps: Steps[T], conn: Connection | None = None) -> T:
+        """Run ``steps`` on ``conn``, or on one of the pool's connections."""
+        with self.connection(conn) as c:
+            return run(c, steps)
 
     def enqueue(
         self,
@@ -125,15 +295,7 @@ class Client:
             idempotency_key=idempotency_key, concurrency_key=concurrency_key, max_concurrent=max_concurrent,
             rate_limit=rate_limit, rate_limit_key=rate_limit_key, depends_on=depends_on,
         )  # fmt: skip
-        return self._enqueue_one(spec, conn)
-
-    def _enqueue_one(self, spec: JobSpec, conn: Connection | None) -> EnqueueResult:
-        job = validate(spec, max_payload_bytes=self.max_payload_bytes)
-        parents = check_depends_on(spec.depends_on)
-        with self.connection(conn) as c:
-            if parents is None:
-                return self.store.enqueue(c, job, notify=self.notify)
-            return self.store.enqueue_waiting(c, job, parents, notify=self.notify)
+        return self._run(self._enqueue_steps(spec), conn)
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction; results are in input order.
@@ -141,34 +303,7 @@ class Client:
         One invalid job raises InvalidInput (naming its index) and none is stored. Idempotency
         keys are honoured against stored jobs and within the batch (the first occurrence wins).
         """
-        specs = list(jobs)
-        if any(s.depends_on is not None for s in specs):
-            return self._enqueue_each(specs, conn)
-        checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
-        with self.connection(conn) as c:
-            if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
-                # Each job is checked as the COPY streams it, so the checks overlap the server's
-                # inserts; an invalid one aborts the COPY, and nothing is stored.
-                scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
-                return self.store.copy_many(c, len(specs), checked, scheduled=scheduled, notify=self.notify)
-            return self.store.enqueue_many(c, list(checked), notify=self.notify)
-
-    def _enqueue_each(self, specs: Sequence[JobSpec], conn: Connection | None) -> list[EnqueueResult]:
-        """A batch with dependencies: each job by the one-by-one path, in one transaction."""
-        for index, spec in enumerate(specs):  # check everything before storing anything
-            try:
-                validate(spec, max_payload_bytes=self.max_payload_bytes)
-                check_depends_on(spec.depends_on)
-            except InvalidInput as exc:
-                raise InvalidInput(f"job {index}: {exc}") from exc
-        results = []
-        with self.connection(conn) as c, c.transaction():
-            for index, spec in enumerate(specs):
-                try:
-                    results.append(self._enqueue_one(spec, c))
-                except InvalidInput as exc:  # a parent that does not exist, or ended
-                    raise InvalidInput(f"job {index}: {exc}") from exc
-        return results
+        return self._run(self._enqueue_many_steps(jobs), conn)
 
     def chain(self, steps: Sequence[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another: each step depends on the one before it
@@ -177,15 +312,7 @@ class Client:
 
         A step that ends failed, dead or cancelled cancels the steps after it.
         """
-        if not steps:
-            raise InvalidInput("a chain needs at least one step")
-        results: list[EnqueueResult] = []
-        with self.connection(conn) as c, c.transaction():
-            for step in steps:
-                before = [results[-1].id] if results else []
-                parents = [*before, *(step.depends_on or ())]
-                results.append(self._enqueue_one(step._replace(depends_on=parents or None), c))
-        return results
+        return self._run(self._chain_steps(steps), conn)
 
     def group(self, members: Sequence[JobSpec], *, then: JobSpec, conn: Connection | None = None) -> GroupResult:
         """Enqueue ``members`` to run in parallel, and ``then`` to run once after every member
@@ -197,13 +324,7 @@ class Client:
         the members' workers die. If a member ends failed, dead or cancelled, ``then`` is
         cancelled with an error naming it.
         """
-        if not members:
-            raise InvalidInput("a group needs at least one member")
-        with self.connection(conn) as c, c.transaction():
-            enqueued = self.enqueue_many(members, conn=c)
-            parents = [*dict.fromkeys(r.id for r in enqueued), *(then.depends_on or ())]
-            callback = self._enqueue_one(then._replace(depends_on=parents), c)
-        return GroupResult(members=enqueued, then=callback)
+        return self._run(self._group_steps(members, then), conn)
 
     def result(self, job_id: int) -> Any:
         """The result job ``job_id``'s handler returned (None if it returned nothing).
@@ -212,9 +333,7 @@ class Client:
         runs, and JobFailed (carrying the job's last error) when it ended failed, dead or
         cancelled.
         """
-        job_id = check_int_range("job id", job_id, JOB_ID_RANGE)
-        with self.connection() as c:
-            return result_of(self.store, c, job_id)
+        return self._run(self._result_steps(job_id))
 
     def wait(self, job_id: int, *, timeout: float = 60.0) -> Any:
         """Wait for job ``job_id`` to finish and return its result, as :meth:`result` does.
@@ -223,82 +342,54 @@ class Client:
         connection of its own is held for the wait. Raises WaitTimeout (a TimeoutError) if
         the job has not finished within ``timeout`` seconds.
         """
-        job_id = check_int_range("job id", job_id, JOB_ID_RANGE)
-        timeout = check_seconds("wait timeout", timeout)
-        return wait_for(self.store, self._session_dsn(), job_id, timeout)
-
-    def _session_dsn(self) -> str:
-        """A DSN for a connection of our own (a LISTEN needs a session)."""
-        if self._dsn is not None:
-            return self._dsn
-        info = self._pool.conninfo
-        return info() if callable(info) else info
+        job_id, timeout = _check_wait(job_id, timeout)
+        return wait_for(self.store, session_dsn(self._dsn, self._pool.conninfo), job_id, timeout)
 
     def get(self, job_id: int) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""
-        job_id = check_int_range("job id", job_id, JOB_ID_RANGE)
-        with self.connection() as c:
-            return self.store.get(c, job_id)
+        return self._run(self._get_steps(job_id))
 
     def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""
-        with self.connection() as c:
-            return self.store.counts(c)
+        return self._run(self.store.counts_steps())
 
     def queue_stats(self) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases."""
-        with self.connection() as c:
-            return self.store.queue_stats(c)
+        return self._run(self.store.queue_stats_steps())
 
     def recount(self) -> None:
         """Recount finished jobs from the jobs table, repairing counts that drifted (see the
         README's Operating section). It reads every finished row: a repair, not a routine."""
-        with self.connection() as c:
-            self.store.recount(c)
+        self._run(self.store.recount_steps())
 
     def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:
         """Jobs matching the filters (state, queue, task, search, created_after, created_before),
         newest first; page with ``before_id``. A filter that no job could match (a queue or task
         name that breaks the naming rules) raises InvalidInput."""
-        _check_filters(before_id=before_id, **filters)
-        with self.connection() as c:
-            return self.store.list_jobs(c, before_id=before_id, limit=limit, **filters)
+        return self._run(self._list_jobs_steps(before_id, limit, filters))
 
     def prune(self, states: Iterable[State], older_than_seconds: float, *, batch_size: int = 1000) -> int:
         """Delete every job in ``states`` (terminal states only) that finished more than
         ``older_than_seconds`` ago, in batches; return how many were deleted."""
-        chosen = list(states)
-        deleted = 0
-        with self.connection() as c:
-            while True:
-                n = self.store.prune(c, chosen, older_than_seconds, batch_size)
-                deleted += n
-                if n < batch_size:
-                    return deleted
+        return self._run(self._prune_steps(states, older_than_seconds, batch_size))
 
     def requeue(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
         """Make failed, dead or cancelled jobs available again, with a fresh attempt budget.
 
         All or nothing: raises JobNotFound or InvalidTransition if any id cannot be requeued.
         """
-        ids = check_job_ids(job_ids)
-        with self.connection(conn) as c:
-            return self.store.requeue(c, ids)
+        return self._run(self.store.requeue_steps(check_job_ids(job_ids)), conn)
 
     def requeue_matching(self, states: Iterable[State], *, queue: str | None = None, task: str | None = None) -> int:
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""
-        _check_filters(queue=queue, task=task)
-        with self.connection() as c:
-            return self.store.requeue_matching(c, states, queue=queue, task=task)
+        return self._run(self._requeue_matching_steps(states, queue, task))
 
     def cancel(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
         """Cancel available or running jobs (a running handler is told at its next heartbeat).
 
         All or nothing: raises JobNotFound or InvalidTransition if any id cannot be cancelled.
         """
-        ids = check_job_ids(job_ids)
-        with self.connection(conn) as c:
-            return self.store.cancel(c, ids)
+        return self._run(self.store.cancel_steps(check_job_ids(job_ids)), conn)
 
     # -- queues and schedules (operator calls) ---------------------------------------------------
 
@@ -309,44 +400,33 @@ class Client:
         raises InvalidInput naming it, and nothing is paused: a typo must not leave a paused
         queue that nothing uses. ``create=True`` pauses such a queue anyway (before its first job).
         """
-        return self._set_paused(names, True, create)
+        return self._run(self._set_paused_steps(names, True, create))
 
     def resume_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
         """Let workers claim jobs of these queues again; return them (unknown names: as :meth:`pause_queues`)."""
-        return self._set_paused(names, False, create)
+        return self._run(self._set_paused_steps(names, False, create))
 
     def list_queues(self) -> dict[str, bool]:
         """Every queue that has jobs or is paused, in name order, and whether it is paused."""
-        with self.connection() as c:
-            paused = set(self.store.paused_queues(c))
-            names = {q.queue for q in self.store.queue_stats(c)} | paused
-        return {name: name in paused for name in sorted(names)}
+        return self._run(self._list_queues_steps())
 
     def limit_queue(self, name: str, max_running: int | None, *, create: bool = False) -> None:
         """Cap the running jobs of queue ``name`` across every worker on every host at
         ``max_running``; None lifts the cap. Unknown names: as :meth:`pause_queues`."""
-        queue = check_queue_name(name)
-        if max_running is not None:
-            check_limit("max_running", max_running)
-        with self.connection() as c, c.transaction():
-            if not create:
-                self._check_known_queues(c, [queue])
-            self.store.set_queue_limit(c, queue, max_running)
+        self._run(self._limit_queue_steps(name, max_running, create))
 
     def queue_limits(self) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
-        with self.connection() as c:
-            return self.store.queue_limits(c)
+        return self._run(self.store.queue_limits_steps())
 
     def limit_waits(self, limit: int = 100) -> list[LimitWait]:
         """The limits jobs are waiting on, most waiting first: for each, how many due jobs name it
         (for a queue's cap, every due job of the queue) and its slots held or tokens left."""
-        with self.connection() as c:
-            return self.store.limit_waits(c, limit)
+        return self._run(self.store.limit_waits_steps(limit))
 
     def enable_schedule(self, name: str, *, app: App | None = None) -> None:
         """Enable periodic schedule ``name`` (see :meth:`disable_schedule` for which names are known)."""
-        self._switch_schedule(name, True, app)
+        self._run(self._switch_schedule_steps(name, True, app))
 
     def disable_schedule(self, name: str, *, app: App | None = None) -> None:
         """Disable periodic schedule ``name``: its slots are skipped until it is enabled again.
@@ -355,55 +435,40 @@ class Client:
         schedules (which may be switched before its first run). Otherwise InvalidInput names it
         and the known ones, and nothing is stored.
         """
-        self._switch_schedule(name, False, app)
+        self._run(self._switch_schedule_steps(name, False, app))
 
     def periodic_state(self) -> dict[str, tuple[dt.datetime, bool]]:
         """Each periodic schedule a scheduler has run or an operator switched: its last slot and
         whether it is enabled."""
-        with self.connection() as c:
-            return self.store.periodic_state(c)
+        return self._run(self.store.periodic_state_steps())
 
     def now(self) -> dt.datetime:
         """The database's clock (what schedules and delays are measured against)."""
-        with self.connection() as c:
-            return self.store.now(c)
+        return self._run(self.store.now_steps())
 
-    def _set_paused(self, names: Iterable[str], paused: bool, create: bool) -> list[str]:
-        chosen = list(dict.fromkeys(check_queue_name(name) for name in names))
-        if not chosen:
-            raise InvalidInput("no queue name given: name at least one queue")
-        # One transaction: with one unknown name among several, none is paused.
-        with self.connection() as c, c.transaction():
-            if not create:
-                self._check_known_queues(c, chosen)
-            for name in chosen:
-                self.store.set_queue_paused(c, name, paused)
-        return chosen
 
-    def _check_known_queues(self, conn: Connection, names: list[str]) -> None:
-        known = self.store.known_queues(conn, names)
-        unknown = [name for name in names if name not in known]
-        if not unknown:
-            return
-        listed = self.store.known_queue_names(conn, limit=_KNOWN_SHOWN + 1)
-        shown = ", ".join(listed[:_KNOWN_SHOWN]) + (", ..." if len(listed) > _KNOWN_SHOWN else "")
-        which = f"queue {unknown[0]!r} is" if len(unknown) == 1 else f"queues {', '.join(map(repr, unknown))} are"
-        raise InvalidInput(
-            f"{which} unknown: no job waiting or running, never paused or resumed "
-            f"(known: {shown or 'none yet'}); to set a queue before its first job, pass create=True "
-            "(--create on the command line)"
-        )
+def _each_indexed(steps: list[Steps[EnqueueResult]]) -> Steps[list[EnqueueResult]]:
+    """Run each job's steps in turn; an error names the job's index in the batch."""
+    results = []
+    for index, job_steps in enumerate(steps):
+        try:
+            results.append((yield from job_steps))
+        except InvalidInput as exc:  # a parent that does not exist, or ended
+            raise InvalidInput(f"job {index}: {exc}") from exc
+    return results
 
-    def _switch_schedule(self, name: str, enabled: bool, app: App | None) -> None:
-        name = check_schedule_name(name)
-        defined = set(app.schedules) if app is not None else set()
-        with self.connection() as c, c.transaction():
-            stored = self.store.periodic_state(c)
-            if name not in stored and name not in defined:
-                known = ", ".join(sorted({*stored, *defined})) or "none yet"
-                hint = "" if app is not None else "; a schedule no scheduler has run yet needs the app that defines it"
-                raise InvalidInput(f"schedule {name!r} is unknown (known: {known}){hint}")
-            self.store.set_periodic_enabled(c, name, enabled)
+
+def session_dsn(dsn: str | None, pool_conninfo: str | Callable[[], str]) -> str:
+    """A DSN for a connection of a client's own (a LISTEN needs a session): the one it was given,
+    else its pool's."""
+    if dsn is not None:
+        return dsn
+    return pool_conninfo() if callable(pool_conninfo) else pool_conninfo
+
+
+def _check_wait(job_id: int, timeout: float) -> tuple[int, float]:
+    """A wait's job id and timeout, checked."""
+    return check_int_range("job id", job_id, JOB_ID_RANGE), check_seconds("wait timeout", timeout)
 
 
 def _check_filters(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -21,7 +21,7 @@ import psycopg
 import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import set_json_loads
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import ConfigError, DatabaseUnavailable, InvalidInput, SchemaOutOfDate
 
@@ -51,6 +51,7 @@ _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"", "0", "fals
 _POOLER_KWARGS: dict[str, Any] = {"prepare_threshold": None}
 
 Connection = psycopg.Connection[Any]
+AsyncConnection = psycopg.AsyncConnection[Any]
 
 
 class PooledConnection(psycopg.Connection[Any]):
@@ -70,6 +71,18 @@ class PooledConnection(psycopg.Connection[Any]):
         return self._statement_cursor
 
 
+class AsyncPooledConnection(psycopg.AsyncConnection[Any]):
+    """:class:`PooledConnection` for an ``AsyncConnectionPool`` (an AsyncClient's own)."""
+
+    _statement_cursor: psycopg.AsyncCursor[Any] | None = None
+
+    def statement_cursor(self) -> psycopg.AsyncCursor[Any]:
+        """This connection's cursor for one statement at a time (opened on first use)."""
+        if self._statement_cursor is None or self._statement_cursor.closed:
+            self._statement_cursor = self.cursor()
+        return self._statement_cursor
+
+
 _decode_json = json.JSONDecoder().decode
 
 
@@ -79,14 +92,23 @@ def _load_json(data: str | bytes) -> Any:
     return _decode_json(data.decode() if isinstance(data, bytes) else data)
 
 
-def _configure(conn: Connection) -> None:
+def _configure(conn: Connection | AsyncConnection) -> None:
     """What every connection miniqueue opens needs before its first statement."""
     set_json_loads(_load_json, conn)
+
+
+async def _aconfigure(conn: AsyncConnection) -> None:
+    _configure(conn)
 
 
 def cursor_for(conn: Connection) -> psycopg.Cursor[Any]:
     """A cursor to run one statement on ``conn``: a pooled connection's own, else a new one."""
     return conn.statement_cursor() if isinstance(conn, PooledConnection) else conn.cursor()
+
+
+def acursor_for(conn: AsyncConnection) -> psycopg.AsyncCursor[Any]:
+    """:func:`cursor_for` on an async connection."""
+    return conn.statement_cursor() if isinstance(conn, AsyncPooledConnection) else conn.cursor()
 
 
 def mask_dsn(dsn: str) -> str:
@@ -240,6 +262,17 @@ def connect(dsn: str, *, purpose: str, schema: str = "public", autocommit: bool 
     return conn
 
 
+async def aconnect(
+    dsn: str, *, purpose: str, schema: str = "public", autocommit: bool = True, **extra: Any
+) -> AsyncConnection:
+    """:func:`connect`, for asyncio: an ``AsyncConnection``."""
+    info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
+    with translate_errors(dsn):
+        conn = await psycopg.AsyncConnection.connect(info, autocommit=autocommit, **session_kwargs())
+    _configure(conn)
+    return conn
+
+
 def session_kwargs() -> dict[str, Any]:
     """psycopg.connect's arguments for where the connection goes: none for a direct one (psycopg's
     defaults, prepared statements included), no server-side prepares behind a pooler."""
@@ -270,6 +303,35 @@ def create_pool(
         timeout=timeout,
         open=True,
         name=f"miniqueue-{purpose}",
+        check=check,
+    )
+    return pool
+
+
+def create_async_pool(
+    dsn: str,
+    *,
+    purpose: str,
+    schema: str = "public",
+    min_size: int = 1,
+    max_size: int = 4,
+    timeout: float = 30.0,
+    check: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+    name: str | None = None,
+) -> AsyncConnectionPool[AsyncConnection]:
+    """:func:`create_pool` for asyncio, not yet open: ``await pool.open()`` on the event loop
+    that uses it (an asyncio pool belongs to the loop it was opened on)."""
+    info = conninfo(dsn, purpose=purpose, schema=schema)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        info,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"autocommit": True, **session_kwargs()},
+        connection_class=AsyncPooledConnection,
+        configure=_aconfigure,
+        timeout=timeout,
+        open=False,
+        name=name or f"miniqueue-{purpose}",
         check=check,
     )
     return pool

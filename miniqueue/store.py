@@ -1,7 +1,14 @@
 """The store: every SQL statement miniqueue runs, one method per statement.
 
-Only this module executes SQL. Every value is bound as a parameter; the schema is the one
+Only this module writes SQL. Every value is bound as a parameter; the schema is the one
 identifier, quoted once at construction. All times come from the database clock (``now()``).
+
+What a client runs (enqueue, inspection, repair) and the fenced completion are written as
+*steps* (``x_steps``: the statements, their parameters, the row mapping and the logic between
+them, with no I/O; see :mod:`miniqueue.steps`), so that a sync and an async connection run the
+very same code; ``x(conn, ...)`` runs them on a sync connection. What only the worker, reaper
+and supervisor run (claims, heartbeats, failures, the registry, migrations) executes on a sync
+connection directly.
 
 Worker-side transitions are *fenced*: each is one conditional ``UPDATE`` matching
 ``id AND state = 'running' AND leased_by = <worker> AND attempt = <attempt claimed>``. A
@@ -13,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -36,6 +43,7 @@ from .job import (
     State,
 )
 from .limits import Scope, queue_scope
+from .steps import Atomic, CopyIn, Query, Steps, atomic, fetch, run
 from .validation import NewJob, check_queue_name, check_seconds
 
 #: The most groups of limited jobs (jobs naming the same limits) one claim looks at per queue.
@@ -961,14 +969,14 @@ class Store:
 
     # -- execution ------------------------------------------------------------------------------
 
+    # A method only sync callers need (the worker's, the reaper's, the supervisor's) runs its
+    # statement here, directly. A method an async caller needs too is written as steps
+    # (``x_steps``, see miniqueue.steps), and its sync form runs them: ``run(conn, x_steps())``.
+
     @staticmethod
     def _rows(conn: Connection, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with translate_errors():
-            cur = cursor_for(conn)
-            cur.execute(query, params)
-            # (rownumber is None when the statement returned no rows; description would build
-            # Column objects, which cost the one-by-one enqueue more than its validation.)
-            return cur.fetchall() if cur.rownumber is not None else []
+            return fetch(conn, query, params)
 
     @staticmethod
     def _named_rows(conn: Connection, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -989,12 +997,17 @@ class Store:
 
     def enqueue(self, conn: Connection, job: NewJob, *, notify: bool = True) -> EnqueueResult:
         """Insert one validated job; a repeated idempotency key returns the first job's id."""
-        rows = self._rows(conn, self._enqueue_limited if job.scopes else self._enqueue, self._job_params(job, notify))
+        return run(conn, self.enqueue_steps(job, notify=notify))
+
+    def enqueue_steps(self, job: NewJob, *, notify: bool = True) -> Steps[EnqueueResult]:
+        """:meth:`enqueue` as steps."""
+        query = self._enqueue_limited if job.scopes else self._enqueue
+        rows: list[tuple[Any, ...]] = yield Query(query, self._job_params(job, notify))
         if rows:
             return EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
         # Another transaction inserted the same key while we waited on it; our statement's
         # snapshot could not see that row, a new statement can.
-        rows = self._rows(conn, self._by_key, {"key": job.idempotency_key})
+        rows = yield Query(self._by_key, {"key": job.idempotency_key})
         return EnqueueResult(id=rows[0][0], duplicate=True)
 
     def _job_params(self, job: NewJob, notify: bool) -> dict[str, Any]:
@@ -1020,19 +1033,29 @@ class Store:
         points to an older job and no cycle can form. A repeated idempotency key returns the
         first job's id and links nothing (the first job keeps its own parents).
         """
-        ids = list(dict.fromkeys(parents))
-        with translate_errors(), conn.transaction():
-            states = {row[0]: State(row[1]) for row in self._rows(conn, self._lock_parents, {"ids": ids})}
-            _check_parents(ids, states)
-            pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED)
-            params = {**self._job_params(job, notify and not pending), "parents": ids, "pending": pending}
-            rows = self._rows(conn, self._enqueue_waiting_limited if job.scopes else self._enqueue_waiting, params)
-            if not rows:
-                key = {"key": job.idempotency_key}  # its holder committed while we waited on it
-                return EnqueueResult(id=self._rows(conn, self._by_key, key)[0][0], duplicate=True)
-            result = EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
-            if not result.duplicate:
-                self._rowcount(conn, self._link_dependent, {"child": result.id, "parents": ids})
+        return run(conn, self.enqueue_waiting_steps(job, parents, notify=notify))
+
+    def enqueue_waiting_steps(
+        self, job: NewJob, parents: Sequence[int], *, notify: bool = True
+    ) -> Steps[EnqueueResult]:
+        """:meth:`enqueue_waiting` as steps."""
+        return atomic(self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify))
+
+    def _enqueue_waiting_in_one(self, job: NewJob, ids: list[int], notify: bool) -> Steps[EnqueueResult]:
+        locked: list[tuple[Any, ...]] = yield Query(self._lock_parents, {"ids": ids})
+        states = {row[0]: State(row[1]) for row in locked}
+        _check_parents(ids, states)
+        pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED)
+        params = {**self._job_params(job, notify and not pending), "parents": ids, "pending": pending}
+        rows: list[tuple[Any, ...]] = yield Query(
+            self._enqueue_waiting_limited if job.scopes else self._enqueue_waiting, params
+        )
+        if not rows:  # the holder of its idempotency key committed while we waited on it
+            found: list[tuple[Any, ...]] = yield Query(self._by_key, {"key": job.idempotency_key})
+            return EnqueueResult(id=found[0][0], duplicate=True)
+        result = EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
+        if not result.duplicate:
+            yield Query(self._link_dependent, {"child": result.id, "parents": ids})
         return result
 
     def enqueue_many(self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True) -> list[EnqueueResult]:
@@ -1041,6 +1064,10 @@ class Store:
         Idempotency keys are honoured against stored jobs and within the batch (the first
         occurrence wins). A large batch without keys goes faster by :meth:`copy_many`.
         """
+        return run(conn, self.enqueue_many_steps(jobs, notify=notify))
+
+    def enqueue_many_steps(self, jobs: Sequence[NewJob], *, notify: bool = True) -> Steps[list[EnqueueResult]]:
+        """:meth:`enqueue_many` as steps."""
         if not jobs:
             return []
         keys = [j.idempotency_key for j in jobs]
@@ -1062,11 +1089,12 @@ class Store:
         if limited:
             params.update(_scope_columns({scope.name: scope for j in jobs for scope in j.scopes}.values()))
         query = self._enqueue_many_limited if limited else self._enqueue_many
-        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, query, params)]
+        rows: list[tuple[Any, ...]] = yield Query(query, params)
+        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in rows]
         for i, result in enumerate(results):
             if result.id is None:  # the holder of the key committed while we waited on it
-                key = jobs[i].idempotency_key
-                results[i] = EnqueueResult(id=self._rows(conn, self._by_key, {"key": key})[0][0], duplicate=True)
+                held: list[tuple[Any, ...]] = yield Query(self._by_key, {"key": jobs[i].idempotency_key})
+                results[i] = EnqueueResult(id=held[0][0], duplicate=True)
         return results
 
     def copy_many(
@@ -1081,29 +1109,24 @@ class Store:
         delay), scheduled_at is left to its default, now(): parsing 10,000 timestamps cost the
         server a tenth of the COPY.
         """
-        with translate_errors(), conn.transaction():
-            [(now, ids)] = self._rows(conn, self._draw_ids, {"table": self.table_name, "count": count})
-            ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
-            due: set[str] = set()
-            with conn.cursor() as cur, cur.copy(self._copy_scheduled if scheduled else self._copy_due) as copy:
-                for job_id, job in zip(ids, jobs, strict=True):
-                    if job.idempotency_key is not None or job.scopes:
-                        raise ValueError("copy_many() takes jobs without idempotency keys or limits: "
-                                         "use enqueue_many()")
-                    row = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts,
-                           job.max_attempts)  # fmt: skip
-                    if scheduled:
-                        at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
-                        copy.write_row((*row, at))
-                    elif job.run_at is None and not job.delay_seconds:
-                        at = now
-                        copy.write_row(row)
-                    else:
-                        raise ValueError("copy_many() was given a scheduled job without scheduled=True")
-                    if at <= now:
-                        due.add(job.queue)
-            if notify and due:
-                self._rows(conn, self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
+        return run(conn, self.copy_many_steps(count, jobs, scheduled=scheduled, notify=notify))
+
+    def copy_many_steps(
+        self, count: int, jobs: Iterable[NewJob], *, scheduled: bool, notify: bool = True
+    ) -> Steps[list[EnqueueResult]]:
+        """:meth:`copy_many` as steps."""
+        return atomic(self._copy_many(count, jobs, scheduled, notify))
+
+    def _copy_many(
+        self, count: int, jobs: Iterable[NewJob], scheduled: bool, notify: bool
+    ) -> Steps[list[EnqueueResult]]:
+        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
+        [(now, ids)] = drawn
+        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
+        due: set[str] = set()
+        yield CopyIn(self._copy_scheduled if scheduled else self._copy_due, _copy_rows(ids, jobs, now, scheduled, due))
+        if notify and due:
+            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
         return [EnqueueResult(id=job_id) for job_id in ids]
 
     def listen(self, conn: Connection) -> None:
@@ -1111,12 +1134,12 @@ class Store:
         with translate_errors():
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
-    def listen_finished(self, conn: Connection) -> None:
-        """Subscribe ``conn`` to the notifications of awaited jobs that finish (payload: the id)."""
-        with translate_errors():
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.finished_channel)))
+    def listen_finished_steps(self) -> Steps[None]:
+        """Subscribe the connection to the notifications of awaited jobs that finish (payload:
+        the id)."""
+        yield Query(sql.SQL("LISTEN {}").format(sql.Identifier(self.finished_channel)).as_string())
 
-    def await_job(self, conn: Connection, job_id: int) -> None:
+    def await_job_steps(self, job_id: int) -> Steps[None]:
         """Ask that the statement finishing ``job_id`` notify :attr:`finished_channel`.
 
         Listen first, then call this, then read the job's state: a completion either saw the
@@ -1124,11 +1147,15 @@ class Store:
         then read its newest version) and notifies, or committed before, and the read that
         follows sees the job finished. Jobs nobody awaits send nothing.
         """
-        self._rowcount(conn, self._await, {"id": job_id})
+        yield Query(self._await, {"id": job_id})
 
     def result(self, conn: Connection, job_id: int) -> tuple[State, Any, str | None]:
         """A job's state, result (None unless completed with one) and last error; raise JobNotFound."""
-        rows = self._rows(conn, self._result, {"id": job_id})
+        return run(conn, self.result_steps(job_id))
+
+    def result_steps(self, job_id: int) -> Steps[tuple[State, Any, str | None]]:
+        """:meth:`result` as steps."""
+        rows: list[tuple[Any, ...]] = yield Query(self._result, {"id": job_id})
         if not rows:
             raise JobNotFound(job_id)
         return State(rows[0][0]), rows[0][1], rows[0][2]
@@ -1226,28 +1253,30 @@ class Store:
         whose last parent this completes become available in the same statement. An id missing
         from the result lost its lease: its completion (and its result) did not happen.
         """
-        query, params = self.completion(worker_id, leases, results=results)
-        if not params["ids"]:
-            return set()
-        return {row[0] for row in self._rows(conn, query, params)}
+        return run(conn, self.complete_many_steps(worker_id, leases, results=results))
 
-    def completion(
+    def complete_many_steps(
         self, worker_id: str, leases: Iterable[tuple[int, int]], *, results: Mapping[int, str] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """The fenced completion of ``leases`` as (statement, parameters), for a caller that runs
-        it on a connection of another kind (``job.atransaction()``'s async one); it returns the
-        ids completed."""
+    ) -> Steps[set[int]]:
+        """:meth:`complete_many` as steps."""
         ids, attempts = _columns(leases)
-        return self._complete, {"ids": ids, "attempts": attempts, "worker": worker_id,
-                                "results": _aligned(ids, results)}  # fmt: skip
+        if not ids:
+            return set()
+        params = {"ids": ids, "attempts": attempts, "worker": worker_id, "results": _aligned(ids, results)}
+        rows: list[tuple[Any, ...]] = yield Query(self._complete, params)
+        return {row[0] for row in rows}
 
     def complete(
         self, conn: Connection, job_id: int, worker_id: str, attempt: int, *, result: str | None = None
     ) -> None:
         """Complete one job (with ``result``, JSON text); raise LeaseLost if ``worker_id`` no
         longer holds that attempt."""
+        run(conn, self.complete_steps(job_id, worker_id, attempt, result=result))
+
+    def complete_steps(self, job_id: int, worker_id: str, attempt: int, *, result: str | None = None) -> Steps[None]:
+        """:meth:`complete` as steps (``job.atransaction()`` runs them on its async connection)."""
         results = None if result is None else {job_id: result}
-        if not self.complete_many(conn, worker_id, [(job_id, attempt)], results=results):
+        if not (yield from self.complete_many_steps(worker_id, [(job_id, attempt)], results=results)):
             raise LeaseLost(job_id, worker_id, attempt)
 
     def renew_leases(
@@ -1330,12 +1359,17 @@ class Store:
     def prune(self, conn: Connection, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> int:
         """Delete up to ``limit`` jobs in ``states`` (terminal states only) that finished more than
         ``older_than_seconds`` ago; return how many were deleted."""
+        return run(conn, self.prune_steps(states, older_than_seconds, limit))
+
+    def prune_steps(self, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> Steps[int]:
+        """:meth:`prune` as steps."""
         chosen = sorted(State(s).value for s in states)
         if not chosen or any(State(s) not in TERMINAL_STATES for s in chosen):
             raise InvalidInput(f"prune states {chosen} are invalid: choose among completed, failed, dead, cancelled")
         older_than_seconds = check_seconds("prune age", older_than_seconds)
         params = {"states": chosen, "age": float(older_than_seconds), "limit": limit}
-        return int(self._rows(conn, self._prune, params)[0][0])
+        rows: list[tuple[Any, ...]] = yield Query(self._prune, params)
+        return int(rows[0][0])
 
     # -- operator side --------------------------------------------------------------------------
 
@@ -1347,22 +1381,30 @@ class Store:
         full budget again. Raises JobNotFound or InvalidTransition (naming the state) if any id
         cannot be requeued; then nothing is requeued.
         """
-        ids = list(dict.fromkeys(job_ids))
-        with conn.transaction():
-            done = self._rows(conn, self._requeue, {**_requeue_filter(REQUEUEABLE_STATES), "ids": ids})
-            self._check_all_applied(conn, ids, {r[0] for r in done}, "requeue", REQUEUEABLE_STATES)
-        return ids
+        return run(conn, self.requeue_steps(job_ids))
+
+    def requeue_steps(self, job_ids: Sequence[int]) -> Steps[list[int]]:
+        """:meth:`requeue` as steps."""
+        return atomic(self._apply_to_all(job_ids, self._requeue, _requeue_filter(REQUEUEABLE_STATES), "requeue",
+                                         REQUEUEABLE_STATES))  # fmt: skip
 
     def requeue_matching(
         self, conn: Connection, states: Iterable[State], *, queue: str | None = None, task: str | None = None
     ) -> int:
         """Requeue every job in ``states`` (failed/dead/cancelled), optionally of one queue or task."""
+        return run(conn, self.requeue_matching_steps(states, queue=queue, task=task))
+
+    def requeue_matching_steps(
+        self, states: Iterable[State], *, queue: str | None = None, task: str | None = None
+    ) -> Steps[int]:
+        """:meth:`requeue_matching` as steps."""
         chosen = {State(s) for s in states}
         if not chosen or not chosen <= REQUEUEABLE_STATES:
             raise InvalidInput(f"requeue states {sorted(s.value for s in chosen)} are invalid: choose among "
                                "failed, dead, cancelled")  # fmt: skip
         params = {**_requeue_filter(chosen), "ids": None, "queue": queue, "task": task}
-        return len(self._rows(conn, self._requeue, params))
+        rows: list[tuple[Any, ...]] = yield Query(self._requeue, params)
+        return len(rows)
 
     def cancel(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
         """Cancel the given ``available``, ``running`` or ``waiting`` jobs.
@@ -1373,19 +1415,24 @@ class Store:
         Raises JobNotFound or InvalidTransition if any id cannot be cancelled; then nothing is
         cancelled.
         """
-        ids = list(dict.fromkeys(job_ids))
-        with conn.transaction():
-            done = {r[0] for r in self._rows(conn, self._cancel, {"ids": ids})}
-            self._check_all_applied(conn, ids, done, "cancel", CANCELLABLE_STATES)
-        return ids
+        return run(conn, self.cancel_steps(job_ids))
 
-    def _check_all_applied(
-        self, conn: Connection, ids: list[int], done: set[int], verb: str, allowed: frozenset[State]
-    ) -> None:
+    def cancel_steps(self, job_ids: Sequence[int]) -> Steps[list[int]]:
+        """:meth:`cancel` as steps."""
+        return atomic(self._apply_to_all(job_ids, self._cancel, {}, "cancel", CANCELLABLE_STATES))
+
+    def _apply_to_all(
+        self, job_ids: Sequence[int], query: str, params: dict[str, Any], verb: str, allowed: frozenset[State]
+    ) -> Steps[list[int]]:
+        """Run ``query`` on every id (once each), and fail (rolling back) unless it applied to all."""
+        ids = list(dict.fromkeys(job_ids))
+        rows: list[tuple[Any, ...]] = yield Query(query, {**params, "ids": ids})
+        done = {row[0] for row in rows}
         missing = [i for i in ids if i not in done]
         if not missing:
-            return
-        states = {row[0]: row[1] for row in self._rows(conn, self._states, {"ids": missing})}
+            return ids
+        found: list[tuple[Any, ...]] = yield Query(self._states, {"ids": missing})
+        states = {row[0]: row[1] for row in found}
         for job_id in missing:
             if job_id not in states:
                 raise JobNotFound(job_id)
@@ -1404,7 +1451,11 @@ class Store:
 
     def get(self, conn: Connection, job_id: int) -> JobRecord:
         """Every column of one job, with its error history; raise JobNotFound if absent."""
-        rows = self._named_rows(conn, self._get, {"id": job_id})
+        return run(conn, self.get_steps(job_id))
+
+    def get_steps(self, job_id: int) -> Steps[JobRecord]:
+        """:meth:`get` as steps."""
+        rows: list[dict[str, Any]] = yield Query(self._get, {"id": job_id}, named=True)
         if not rows:
             raise JobNotFound(job_id)
         return _record(rows[0])
@@ -1414,8 +1465,15 @@ class Store:
     ) -> list[JobRecord]:
         """Jobs matching ``filters`` (see :func:`job_filter`), newest first; pass the last id seen
         as ``before_id`` for the next page (keyset pagination stays fast however deep)."""
+        return run(conn, self.list_jobs_steps(before_id=before_id, limit=limit, **filters))
+
+    def list_jobs_steps(
+        self, *, before_id: int | None = None, limit: int = 50, **filters: Any
+    ) -> Steps[list[JobRecord]]:
+        """:meth:`list_jobs` as steps."""
         params = {**job_filter(**filters), "before": before_id, "limit": limit}
-        return [_record(row) for row in self._named_rows(conn, self._list, params)]
+        rows: list[dict[str, Any]] = yield Query(self._list, params, named=True)
+        return [_record(row) for row in rows]
 
     def count_jobs(self, conn: Connection, **filters: Any) -> int:
         """How many jobs match ``filters`` (see :func:`job_filter`)."""
@@ -1427,10 +1485,12 @@ class Store:
 
     def queue_stats(self, conn: Connection) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, oldest waiting job's age, expired leases."""
+        return run(conn, self.queue_stats_steps())
+
+    def queue_stats_steps(self) -> Steps[list[QueueStats]]:
+        """:meth:`queue_stats` as steps."""
         stats = []
-        with translate_errors(), conn.transaction():
-            conn.execute(_MONITORING_TIMEOUT)
-            rows = self._named_rows(conn, self._queue_stats, {})
+        rows: list[dict[str, Any]] = yield Atomic(_monitoring(Query(self._queue_stats, {}, named=True)))
         for row in rows:
             oldest = row["oldest_available_seconds"]
             stats.append(QueueStats(
@@ -1442,12 +1502,22 @@ class Store:
 
     def now(self, conn: Connection) -> dt.datetime:
         """The database's clock."""
-        value: dt.datetime = self._rows(conn, _NOW, {})[0][0]
+        return run(conn, self.now_steps())
+
+    def now_steps(self) -> Steps[dt.datetime]:
+        """:meth:`now` as steps."""
+        rows: list[tuple[Any, ...]] = yield Query(_NOW, {})
+        value: dt.datetime = rows[0][0]
         return value
 
     def periodic_state(self, conn: Connection) -> dict[str, tuple[dt.datetime, bool]]:
         """Each periodic schedule's last enqueued slot and whether it is enabled."""
-        return {row[0]: (row[1], row[2]) for row in self._rows(conn, self._periodic_state, {})}
+        return run(conn, self.periodic_state_steps())
+
+    def periodic_state_steps(self) -> Steps[dict[str, tuple[dt.datetime, bool]]]:
+        """:meth:`periodic_state` as steps."""
+        rows: list[tuple[Any, ...]] = yield Query(self._periodic_state, {})
+        return {row[0]: (row[1], row[2]) for row in rows}
 
     def claim_periodic_slot(self, conn: Connection, name: str, slot: dt.datetime) -> bool:
         """Advance schedule ``name`` to ``slot``; True only for the one caller that did (and only
@@ -1457,39 +1527,66 @@ class Store:
     def set_periodic_enabled(self, conn: Connection, name: str, enabled: bool) -> bool:
         """Enable or disable periodic schedule ``name``. Returns True if no scheduler had run it
         yet (so callers can point out a possible typo); it then starts in that state."""
-        return bool(self._rows(conn, self._set_periodic_enabled, {"name": name, "enabled": enabled})[0][0])
+        return run(conn, self.set_periodic_enabled_steps(name, enabled))
+
+    def set_periodic_enabled_steps(self, name: str, enabled: bool) -> Steps[bool]:
+        """:meth:`set_periodic_enabled` as steps."""
+        rows: list[tuple[Any, ...]] = yield Query(self._set_periodic_enabled, {"name": name, "enabled": enabled})
+        return bool(rows[0][0])
 
     def set_queue_paused(self, conn: Connection, queue: str, paused: bool) -> None:
         """Pause (no worker anywhere claims from it) or resume a queue."""
-        self._rowcount(conn, self._set_paused, {"name": check_queue_name(queue), "paused": paused})
+        run(conn, self.set_queue_paused_steps(queue, paused))
+
+    def set_queue_paused_steps(self, queue: str, paused: bool) -> Steps[None]:
+        """:meth:`set_queue_paused` as steps."""
+        yield Query(self._set_paused, {"name": check_queue_name(queue), "paused": paused})
 
     def paused_queues(self, conn: Connection) -> list[str]:
         """The queues currently paused."""
-        return [row[0] for row in self._rows(conn, self._paused, {})]
+        return run(conn, self.paused_queues_steps())
 
     def set_queue_limit(self, conn: Connection, queue: str, max_running: int | None) -> None:
         """Cap the running jobs of ``queue`` across every worker (None lifts the cap)."""
+        run(conn, self.set_queue_limit_steps(queue, max_running))
+
+    def set_queue_limit_steps(self, queue: str, max_running: int | None) -> Steps[None]:
+        """:meth:`set_queue_limit` as steps."""
         name = check_queue_name(queue)
-        self._rowcount(conn, self._set_queue_limit, {"name": name, "max": max_running, "scope": queue_scope(name)})
+        yield Query(self._set_queue_limit, {"name": name, "max": max_running, "scope": queue_scope(name)})
 
     def queue_limits(self, conn: Connection) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
-        return {row[0]: row[1] for row in self._rows(conn, self._queue_limits, {})}
+        return run(conn, self.queue_limits_steps())
+
+    def queue_limits_steps(self) -> Steps[dict[str, int]]:
+        """:meth:`queue_limits` as steps."""
+        rows: list[tuple[Any, ...]] = yield Query(self._queue_limits, {})
+        return {row[0]: row[1] for row in rows}
 
     def limit_waits(self, conn: Connection, limit: int = 100) -> list[LimitWait]:
         """The limits that jobs wait on, most waiting first (at most ``limit``)."""
-        with translate_errors(), conn.transaction():
-            conn.execute(_MONITORING_TIMEOUT)
-            rows = self._rows(conn, self._limit_waits, {"limit": limit})
+        return run(conn, self.limit_waits_steps(limit))
+
+    def limit_waits_steps(self, limit: int = 100) -> Steps[list[LimitWait]]:
+        """:meth:`limit_waits` as steps."""
+        rows: list[tuple[Any, ...]] = yield from atomic(_monitoring(Query(self._limit_waits, {"limit": limit})))
         return [LimitWait(*row) for row in rows]
 
-    def known_queues(self, conn: Connection, names: Sequence[str]) -> set[str]:
-        """Those of ``names`` that are known: paused or resumed before, or with a job waiting or running."""
-        return {row[0] for row in self._rows(conn, self._known_queues, {"names": list(names)})}
+    def paused_queues_steps(self) -> Steps[list[str]]:
+        """:meth:`paused_queues` as steps."""
+        rows: list[tuple[Any, ...]] = yield Query(self._paused, {})
+        return [row[0] for row in rows]
 
-    def known_queue_names(self, conn: Connection, limit: int = 100) -> list[str]:
-        """Up to ``limit`` known queue names (see :meth:`known_queues`), in order."""
-        return [row[0] for row in self._rows(conn, self._known_queue_names, {"limit": limit})]
+    def known_queues_steps(self, names: Sequence[str]) -> Steps[set[str]]:
+        """Those of ``names`` that are known: paused or resumed before, or with a job waiting or running."""
+        rows: list[tuple[Any, ...]] = yield Query(self._known_queues, {"names": list(names)})
+        return {row[0] for row in rows}
+
+    def known_queue_names_steps(self, limit: int = 100) -> Steps[list[str]]:
+        """Up to ``limit`` known queue names (see :meth:`known_queues_steps`), in order."""
+        rows: list[tuple[Any, ...]] = yield Query(self._known_queue_names, {"limit": limit})
+        return [row[0] for row in rows]
 
     def throughput(self, conn: Connection) -> list[tuple[dt.datetime, State, int]]:
         """Jobs finished per minute over the last hour: ``(minute, state, count)``."""
@@ -1525,15 +1622,22 @@ class Store:
 
     def recount(self, conn: Connection) -> None:
         """Recount finished jobs from the jobs table (see ``_RECOUNT``): O(table), for repair only."""
-        with translate_errors(), conn.transaction():
-            for statement in self._recount:
-                conn.execute(statement)
+        run(conn, self.recount_steps())
+
+    def recount_steps(self) -> Steps[None]:
+        """:meth:`recount` as steps."""
+        yield Atomic(_each(self._recount))
 
     def counts(self, conn: Connection) -> list[QueueCount]:
         """How many jobs each queue holds in each state (states with no jobs are omitted)."""
+        return run(conn, self.counts_steps())
+
+    def counts_steps(self) -> Steps[list[QueueCount]]:
+        """:meth:`counts` as steps."""
+        stats = yield from self.queue_stats_steps()
         return [
             QueueCount(queue=q.queue, state=state, count=n)
-            for q in self.queue_stats(conn) for state, n in sorted(q.counts.items()) if n
+            for q in stats for state, n in sorted(q.counts.items()) if n
         ]  # fmt: skip
 
     # -- schema -----------------------------------------------------------------------------------
@@ -1607,6 +1711,40 @@ def _aligned(ids: list[int], results: Mapping[int, str] | None) -> list[str | No
     if not results:
         return []
     return [results.get(job_id) for job_id in ids]
+
+
+def _monitoring(query: Query) -> Steps[Any]:
+    """A monitoring query, which must answer quickly or not at all (run it atomically: the
+    timeout is the transaction's)."""
+    yield Query(_MONITORING_TIMEOUT)
+    result = yield query
+    return result
+
+
+def _each(statements: Iterable[str]) -> Steps[None]:
+    for statement in statements:
+        yield Query(statement)
+
+
+def _copy_rows(
+    ids: Sequence[int], jobs: Iterable[NewJob], now: dt.datetime, scheduled: bool, due: set[str]
+) -> Iterator[tuple[Any, ...]]:
+    """The COPY rows of :meth:`Store.copy_many`, made as they stream; adds to ``due`` each queue
+    given a job that is due at once."""
+    for job_id, job in zip(ids, jobs, strict=True):
+        if job.idempotency_key is not None or job.scopes:
+            raise ValueError("copy_many() takes jobs without idempotency keys or limits: use enqueue_many()")
+        row = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts, job.max_attempts)
+        if scheduled:
+            at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
+            yield (*row, at)
+        elif job.run_at is None and not job.delay_seconds:
+            at = now
+            yield row
+        else:
+            raise ValueError("copy_many() was given a scheduled job without scheduled=True")
+        if at <= now:
+            due.add(job.queue)
 
 
 def _record(row: dict[str, Any]) -> JobRecord:

@@ -5,8 +5,9 @@ completions), the heartbeat's, and the listener's (unless ``poll_only``); plus, 
 small pool for :meth:`Job.transaction` (and one for :meth:`Job.atransaction`). The claim loop
 runs on the thread that calls :meth:`Worker.run`; ``def`` handlers run on up to
 ``concurrency`` threads, ``async def`` handlers as up to ``concurrency`` coroutines on one
-event loop (see :mod:`miniqueue.aio`). Both kinds share everything else: the lease slots, the
-heartbeat, the outcome queue the claim loop records from, and the hooks.
+event loop (see :mod:`miniqueue.aio`). Both kinds share everything else: the lease slots
+(:mod:`miniqueue.slots`), the heartbeat, the outcome queue the claim loop records from, and
+the hooks.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import secrets
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from psycopg_pool import ConnectionPool
@@ -40,6 +41,7 @@ from .notify import Listener, listener_for
 from .prefetch import Prefetch, PrefetchPolicy, parse_prefetch
 from .process import host_name
 from .retry import default_backoff
+from .slots import Slots
 from .store import Failure, Release, Store
 from .validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name, encode_result
 
@@ -157,93 +159,6 @@ class WorkerHooks:
     on_handler_end: Callable[[Job], None] = lambda job: None
 
 
-@dataclass
-class _Slots:
-    """Every job this worker holds a lease on, in one of three places: ``ready`` (claimed, not
-    started), ``running`` (a handler has it) and ``finishing`` (its outcome waits to be
-    recorded). The heartbeat renews all three; the lock makes each move atomic. Jobs of
-    ``async_tasks`` run as coroutines, the others on threads, each kind within a limit of its own."""
-
-    async_tasks: frozenset[str] = frozenset()
-    ready: collections.deque[Lease] = field(default_factory=collections.deque)
-    running: dict[int, Job] = field(default_factory=dict)
-    finishing: dict[int, Job] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    running_async: int = 0
-
-    def held(self) -> int:
-        with self.lock:
-            return len(self.ready) + len(self.running) + len(self.finishing)
-
-    def leases(self) -> list[tuple[int, int]]:
-        with self.lock:
-            jobs = [*self.running.values(), *self.finishing.values()]
-            return [(lease.id, lease.attempt) for lease in self.ready] + [(job.id, job.attempt) for job in jobs]
-
-    def start_next(self, make_job: Callable[[Lease], Job], limit: int, run_async: bool = False) -> Job | None:
-        """Move the next ready lease of the kind (async or not) to running, if fewer than
-        ``limit`` jobs of that kind run."""
-        with self.lock:
-            if not self.ready:
-                return None
-            running = self.running_async if run_async else len(self.running) - self.running_async
-            if running >= limit or (lease := self._take(run_async)) is None:
-                return None
-            job = make_job(lease)
-            self.running[job.id] = job
-            self.running_async += run_async
-            return job
-
-    def _take(self, run_async: bool) -> Lease | None:
-        """The first ready lease of the kind, in claim order (the only kind, in most apps)."""
-        if (self.ready[0].task in self.async_tasks) == run_async:
-            return self.ready.popleft()
-        for index, lease in enumerate(self.ready):
-            if (lease.task in self.async_tasks) == run_async:
-                del self.ready[index]
-                return lease
-        return None
-
-    def add_ready(self, leases: list[Lease]) -> None:
-        with self.lock:
-            self.ready.extend(leases)
-
-    def finish(self, job: Job) -> None:
-        with self.lock:
-            if self.running.pop(job.id, None) is not None and job.task in self.async_tasks:
-                self.running_async -= 1
-            self.finishing[job.id] = job
-
-    def forget(self, job: Job) -> None:
-        with self.lock:
-            self.finishing.pop(job.id, None)
-
-    def has_ready(self) -> bool:
-        with self.lock:
-            return bool(self.ready)
-
-    def take_ready(self) -> list[Lease]:
-        """Take every unstarted lease out of the buffer (so no handler thread can start one)."""
-        with self.lock:
-            taken, self.ready = list(self.ready), collections.deque()
-            return taken
-
-    def put_back(self, leases: list[Lease]) -> None:
-        """Return leases taken by :meth:`take_ready` to the front of the buffer, in order."""
-        with self.lock:
-            self.ready.extendleft(reversed(leases))
-
-    def drop_lost(self, ids: Collection[int]) -> list[Job]:
-        """Forget unstarted leases in ``ids``; return the started jobs among them."""
-        with self.lock:
-            self.ready = collections.deque(lease for lease in self.ready if lease.id not in ids)
-            return [job for job in self.running.values() if job.id in ids]
-
-    def running_jobs(self) -> list[Job]:
-        with self.lock:
-            return list(self.running.values())
-
-
 class Worker:
     """Claims and runs the jobs of an app's tasks until stopped.
 
@@ -293,7 +208,7 @@ class Worker:
             self.dsn = info() if callable(info) else info
             self._tx_pool, self._owns_tx_pool = dsn_or_pool, False
         self.jobs_done = 0
-        self._slots = _Slots(self._async_tasks)
+        self._slots = Slots(self._async_tasks)
         self._aio: EventLoop | None = None
         self._async_transactions = AsyncTransactions(
             self.dsn, self.store, self.worker_id, max_size=min(self.config.concurrency, POOL_MAX_SIZE)

@@ -5,6 +5,11 @@ headline numbers from its JSON. The harness starts an embedded PostgreSQL of its
 test's temporary folder rather than using the session's ``server_dsn``: restarting PostgreSQL
 mid-run (fast, then immediate) is part of the short form, and the session's server is shared
 with other tests (or, under ``TEST_DATABASE_URL``, not ours to restart at all).
+
+It runs twice: with the chaos task as a ``def`` handler, and as an ``async def`` one (``--async``,
+4 coroutines per worker, so a kill lands on several at once). The async run is shorter (20 s of
+chaos): every scenario is still injected, each one once early on, and the suite stays near its
+minute and a half.
 """
 
 from __future__ import annotations
@@ -17,17 +22,23 @@ from pathlib import Path
 import pytest
 
 SHORT_FORM = ["--jobs", "300", "--workers", "4", "--duration", "30", "--kill-interval", "0.5", "1.5", "--seed", "1"]
+ASYNC_FORM = ["--jobs", "300", "--workers", "4", "--duration", "20", "--kill-interval", "0.5", "1.5", "--seed", "1",
+              "--async", "--concurrency", "4"]  # fmt: skip
 
 
 @pytest.mark.timeout(150)
-def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(tmp_path: Path, repo_root: Path) -> None:
+@pytest.mark.parametrize("form", [SHORT_FORM, ASYNC_FORM], ids=["def", "async-def"])
+def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
+    form: list[str], tmp_path: Path, repo_root: Path
+) -> None:
     result_file = tmp_path / "chaos.json"
     run = subprocess.run(
-        [sys.executable, "-m", "chaos", *SHORT_FORM, "--workdir", str(tmp_path / "run"), "--json", str(result_file)],
+        [sys.executable, "-m", "chaos", *form, "--workdir", str(tmp_path / "run"), "--json", str(result_file)],
         cwd=repo_root, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, f"chaos run failed:\n{run.stdout}\n--- stderr (tail)\n{run.stderr[-6000:]}"
     result = json.loads(result_file.read_text())
+    assert result["options"]["async_handlers"] is ("--async" in form)
     assert result["enqueued"] == 300
     assert result["completed"] == 300
     assert result["lost"] == []

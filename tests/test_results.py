@@ -20,6 +20,7 @@ from miniqueue import (
 from miniqueue.app import App
 from miniqueue.context import Job
 from miniqueue.db import Connection, connect
+from miniqueue.steps import run
 from miniqueue.store import Store
 from miniqueue.validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result
 
@@ -188,10 +189,10 @@ def test_only_awaited_jobs_notify_when_they_finish(
 ) -> None:
     store = Store()
     with connect(dsn, purpose="test") as listener:
-        store.listen_finished(listener)
+        run(listener, store.listen_finished_steps())
         plain = client.enqueue("echo", {"value": 1}).id
         awaited = client.enqueue("echo", {"value": 2}).id
-        store.await_job(conn, awaited)
+        run(conn, store.await_job_steps(awaited))
         start_worker(echo_app())
         wait_until(lambda: all(row(conn, j)["state"] == "completed" for j in (plain, awaited)), what="completed")
         received = [n.payload for n in listener.notifies(timeout=0.5)]
