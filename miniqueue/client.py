@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import ConnectionPool
 
+from . import tracing
 from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
 from .job import EnqueueResult, JobRecord, JobSpec, QueueCount, QueueStats, State
@@ -55,6 +56,8 @@ class Client:
         self.store = Store(schema)
         self.max_payload_bytes = max_payload_bytes
         self.notify = notify
+        # OpenTelemetry (miniqueue.tracing): None when off or not installed.
+        self._tracing = tracing.current()
         self._dsn: str | None = None
         if isinstance(dsn_or_pool, str):
             # Fail fast, with libpq's own reason, rather than after the pool's retries time out.
@@ -104,7 +107,10 @@ class Client:
         spec = JobSpec(task, payload, queue, priority, run_at, delay, max_attempts, idempotency_key)
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
         with self.connection(conn) as c:
-            return self.store.enqueue(c, job, notify=self.notify)
+            if self._tracing is None:
+                return self.store.enqueue(c, job, notify=self.notify)
+            with self._tracing.sending((spec,)) as send:  # a producer span: the job stores its context
+                return send.sent(self.store.enqueue(c, job, notify=self.notify, trace_context=send.context))
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction; results are in input order.
@@ -114,13 +120,15 @@ class Client:
         """
         specs = list(jobs)
         checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
-        with self.connection(conn) as c:
+        # One producer span for the batch, whose context every job stores (miniqueue.tracing).
+        with self.connection(conn) as c, tracing.sending(self._tracing, specs, batch=True) as send:
             if len(specs) >= self.store.copy_threshold and all(s.idempotency_key is None for s in specs):
                 # Each job is checked as the COPY streams it, so the checks overlap the server's
                 # inserts; an invalid one aborts the COPY, and nothing is stored.
                 scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
-                return self.store.copy_many(c, len(specs), checked, scheduled=scheduled, notify=self.notify)
-            return self.store.enqueue_many(c, list(checked), notify=self.notify)
+                return self.store.copy_many(c, len(specs), checked, scheduled=scheduled, notify=self.notify,
+                                            trace_context=send.context)  # fmt: skip
+            return self.store.enqueue_many(c, list(checked), notify=self.notify, trace_context=send.context)
 
     def get(self, job_id: int) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""

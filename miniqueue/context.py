@@ -72,6 +72,9 @@ class Job:
         self.priority: int = lease.priority
         self.scheduled_at: dt.datetime = lease.scheduled_at
         self.created_at: dt.datetime = lease.created_at
+        #: The trace context of the span that enqueued the job (``{"traceparent": ...}``), or None
+        #: when it was enqueued without tracing (see :mod:`miniqueue.tracing`).
+        self.trace_context: dict[str, str] | None = lease.trace_context
         self.worker_id = worker_id
         #: When the handler was handed the job (``time.monotonic()``), for timeouts.
         self.started_at = time.monotonic()
@@ -83,6 +86,8 @@ class Job:
         self._transaction = transaction
         self._atransaction = atransaction
         self.completed_in_transaction = False
+        #: This attempt's span while it runs (set by :mod:`miniqueue.tracing` when tracing is on).
+        self._trace: Any = None
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.task} attempt {self.attempt}/{self.max_attempts}>"

@@ -78,6 +78,8 @@ class Lease(NamedTuple):
     scheduled_at: dt.datetime
     created_at: dt.datetime
     lease_expires_at: dt.datetime
+    #: The enqueuing span's trace context (``{"traceparent": ...}``), None unless traced (miniqueue.tracing).
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -67,9 +67,10 @@ _FENCE = "state = 'running' AND leased_by = %(worker)s"
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
 _ENQUEUE = """
 WITH ins AS (
-    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
+                        trace_context)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s)
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(trace)s::jsonb)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -94,9 +95,9 @@ WITH src AS MATERIALIZED (
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, ord)
 ), ins AS (
     INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key)
+                        idempotency_key, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, %(trace)s::jsonb
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -117,12 +118,14 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
 # A large batch without idempotency keys goes by COPY: 25% faster than the statement above at
 # 10,000 jobs, though its four extra round trips make it slower below a few hundred. Its ids are
 # drawn first (to return them), with the transaction's now(): the database clock that every
-# job's scheduled_at counts from, exactly as the column default would.
+# job's scheduled_at counts from, exactly as the column default would. A traced batch (see
+# miniqueue.tracing) sends its one trace context with every row.
 _DRAW_IDS = """
 SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
                       FROM generate_series(1, %(count)s))
 """
-_COPY_JOBS = "COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget{scheduled}) FROM STDIN"
+_COPY_JOBS = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget{traced}{scheduled}) FROM STDIN"""
 _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
 
 _CLAIM_SET = """
@@ -130,7 +133,8 @@ UPDATE {jobs}
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY({pick}))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          trace_context
 """
 
 # Claim from one queue: `queue = $1` keeps the ordered scan of the claim index.
@@ -574,7 +578,9 @@ class Store:
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
         self._enqueue_many = render(_ENQUEUE_MANY)
         self._draw_ids = render(_DRAW_IDS)
-        self._copy_due, self._copy_scheduled = (render(_COPY_JOBS, scheduled=c) for c in ("", ", scheduled_at"))
+        self._copy_due, self._copy_scheduled, self._copy_due_traced, self._copy_scheduled_traced = (
+            render(_COPY_JOBS, traced=t, scheduled=c) for t in ("", ", trace_context") for c in ("", ", scheduled_at")
+        )
         self._notify_queues = render(_NOTIFY_QUEUES)
         self._claim_one, self._claim_many = (render(_CLAIM_SET, pick=p) for p in (_PICK_ONE_QUEUE, _PICK_MANY_QUEUES))
         self._complete_and_claim_one, self._complete_and_claim_many = (
@@ -647,12 +653,15 @@ class Store:
 
     # -- producing ------------------------------------------------------------------------------
 
-    def enqueue(self, conn: Connection, job: NewJob, *, notify: bool = True) -> EnqueueResult:
-        """Insert one validated job; a repeated idempotency key returns the first job's id."""
+    def enqueue(
+        self, conn: Connection, job: NewJob, *, notify: bool = True, trace_context: str | None = None
+    ) -> EnqueueResult:
+        """Insert one validated job; a repeated idempotency key returns the first job's id.
+        ``trace_context`` is the JSON text of the enqueuing span's context (miniqueue.tracing)."""
         params = {
             "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
             "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
-            "key": job.idempotency_key, "notify": notify, "channel": self.channel,
+            "key": job.idempotency_key, "notify": notify, "channel": self.channel, "trace": trace_context,
         }  # fmt: skip
         rows = self._rows(conn, self._enqueue, params)
         if rows:
@@ -662,8 +671,11 @@ class Store:
         rows = self._rows(conn, self._by_key, {"key": job.idempotency_key})
         return EnqueueResult(id=rows[0][0], duplicate=True)
 
-    def enqueue_many(self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True) -> list[EnqueueResult]:
-        """Insert many validated jobs in one statement; results are in input order.
+    def enqueue_many(
+        self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True, trace_context: str | None = None
+    ) -> list[EnqueueResult]:
+        """Insert many validated jobs in one statement; results are in input order. Every job
+        stores ``trace_context`` (see :meth:`enqueue`).
 
         Idempotency keys are honoured against stored jobs and within the batch (the first
         occurrence wins). A large batch without keys goes faster by :meth:`copy_many`.
@@ -682,7 +694,7 @@ class Store:
             # pads with NULLs: most batches schedule nothing and carry no keys.
             "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
             "keys": keys if any(keys) else [],
-            "notify": notify, "channel": self.channel,
+            "notify": notify, "channel": self.channel, "trace": trace_context,
         }  # fmt: skip
         results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in self._rows(conn, self._enqueue_many, params)]
         for i, result in enumerate(results):
@@ -692,7 +704,14 @@ class Store:
         return results
 
     def copy_many(
-        self, conn: Connection, count: int, jobs: Iterable[NewJob], *, scheduled: bool, notify: bool = True
+        self,
+        conn: Connection,
+        count: int,
+        jobs: Iterable[NewJob],
+        *,
+        scheduled: bool,
+        notify: bool = True,
+        trace_context: str | None = None,
     ) -> list[EnqueueResult]:
         """Insert ``count`` jobs without idempotency keys by COPY, in one transaction; results are
         in input order. Each queue given a job that is due at once is notified.
@@ -701,18 +720,24 @@ class Store:
         as it goes (its checks then overlap the server's inserts): an exception from it aborts
         the COPY and stores nothing. Unless ``scheduled`` (some job has a ``run_at`` or a
         delay), scheduled_at is left to its default, now(): parsing 10,000 timestamps cost the
-        server a tenth of the COPY.
+        server a tenth of the COPY. Every job stores ``trace_context`` (see :meth:`enqueue`).
         """
         with translate_errors(), conn.transaction():
             [(now, ids)] = self._rows(conn, self._draw_ids, {"table": self.table_name, "count": count})
             ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
             due: set[str] = set()
-            with conn.cursor() as cur, cur.copy(self._copy_scheduled if scheduled else self._copy_due) as copy:
+            if trace_context is None:
+                statement = self._copy_scheduled if scheduled else self._copy_due
+            else:
+                statement = self._copy_scheduled_traced if scheduled else self._copy_due_traced
+            with conn.cursor() as cur, cur.copy(statement) as copy:
                 for job_id, job in zip(ids, jobs, strict=True):
                     if job.idempotency_key is not None:
                         raise ValueError("copy_many() takes jobs without idempotency keys: use enqueue_many()")
-                    row = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts,
-                           job.max_attempts)  # fmt: skip
+                    row: tuple[Any, ...] = (job_id, job.queue, job.task, job.payload_json, job.priority,
+                                            job.max_attempts, job.max_attempts)  # fmt: skip
+                    if trace_context is not None:
+                        row = (*row, trace_context)
                     if scheduled:
                         at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
                         copy.write_row((*row, at))

@@ -43,8 +43,15 @@ def tables(conn: Connection, schema: str = "public") -> list[str]:
     return [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", [schema])]
 
 
+#: Numbers held for migrations of work in progress elsewhere (results and dependencies), which
+#: the numbering may skip until they land. Empty it once they have.
+RESERVED = {12, 13}
+
+
 def test_shipped_migrations_are_numbered_from_one_without_gaps() -> None:
-    assert [v for v, _ in SHIPPED] == list(range(1, len(SHIPPED) + 1))
+    versions = [v for v, _ in SHIPPED]
+    assert versions == sorted(set(versions)), "each number once, in order"
+    assert set(range(1, versions[-1] + 1)) - set(versions) <= RESERVED, "no gap but the reserved numbers"
     assert latest_version() == SHIPPED[-1][0]
 
 
@@ -111,7 +118,7 @@ def test_check_schema_version_on_a_partly_migrated_database(fresh_database: str)
         assert Store().apply_migrations(conn, migrations[:3]) == {1, 2, 3}
         with pytest.raises(SchemaOutOfDate, match="version 3"):
             check_schema_version(conn)
-        assert Store().apply_migrations(conn, migrations) == set(range(4, len(migrations) + 1))
+        assert Store().apply_migrations(conn, migrations) == {m[0] for m in migrations[3:]}
         check_schema_version(conn)
 
 

@@ -1,8 +1,9 @@
 -- _enqueue
 WITH ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key)
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, idempotency_key,
+                        trace_context)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s)
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s, %(trace)s::jsonb)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -24,9 +25,9 @@ WITH src AS MATERIALIZED (
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, ord)
 ), ins AS (
     INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key)
+                        idempotency_key, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, %(trace)s::jsonb
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -53,6 +54,12 @@ COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts
 -- _copy_scheduled
 COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN;
 
+-- _copy_due_traced
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN;
+
+-- _copy_scheduled_traced
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN;
+
 -- _notify_queues
 SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
 
@@ -66,7 +73,8 @@ UPDATE "public"."miniqueue_jobs"
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND paused)
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at;
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          trace_context;
 
 -- _claim_many
 UPDATE "public"."miniqueue_jobs"
@@ -82,7 +90,8 @@ UPDATE "public"."miniqueue_jobs"
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND p.paused)
      ORDER BY c.priority DESC, c.scheduled_at, c.id
      LIMIT %(limit)s))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at;
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          trace_context;
 
 -- _complete_and_claim_one
 WITH completed AS (
@@ -107,7 +116,8 @@ UPDATE "public"."miniqueue_jobs"
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND paused)
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
@@ -139,7 +149,8 @@ UPDATE "public"."miniqueue_jobs"
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND p.paused)
      ORDER BY c.priority DESC, c.scheduled_at, c.id
      LIMIT %(limit)s))
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true;
