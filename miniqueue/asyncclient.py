@@ -128,13 +128,20 @@ class AsyncClient(BaseClient):
             idempotency_key=idempotency_key, concurrency_key=concurrency_key, max_concurrent=max_concurrent,
             rate_limit=rate_limit, rate_limit_key=rate_limit_key, depends_on=depends_on,
         )  # fmt: skip
-        return await self._run(self._enqueue_steps(spec), conn)
+        if self._tracing is None:
+            return await self._run(self._enqueue_steps(spec), conn)
+        with self._tracing.sending((spec,)) as send:  # a producer span: the job stores its context
+            return send.sent(await self._run(self._enqueue_steps(spec, send.context), conn))
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec], *, conn: AsyncConnection | None = None
     ) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction (see :meth:`miniqueue.Client.enqueue_many`)."""
-        return await self._run(self._enqueue_many_steps(jobs), conn)
+        specs = list(jobs)
+        if self._tracing is None:
+            return await self._run(self._enqueue_many_steps(specs), conn)
+        with self._tracing.sending(specs, batch=True) as send:  # one producer span for the batch
+            return send.sent(await self._run(self._enqueue_many_steps(specs, send.context), conn))
 
     async def chain(self, steps: Sequence[JobSpec], *, conn: AsyncConnection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another (see :meth:`miniqueue.Client.chain`)."""

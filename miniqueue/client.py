@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
+from . import tracing
 from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
 from .job import EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
@@ -59,32 +60,40 @@ class BaseClient:
         self.store = Store(schema)
         self.max_payload_bytes = max_payload_bytes
         self.notify = notify
+        # OpenTelemetry (miniqueue.tracing): None when off or not installed.
+        self._tracing = tracing.current()
 
-    def _enqueue_steps(self, spec: JobSpec) -> Steps[EnqueueResult]:
+    def _enqueue_steps(self, spec: JobSpec, trace_context: str | None = None) -> Steps[EnqueueResult]:
+        """Enqueue one job; ``trace_context`` is its producer span's (see :mod:`miniqueue.tracing`)."""
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
         parents = check_depends_on(spec.depends_on)
         if parents is None:
-            return self.store.enqueue_steps(job, notify=self.notify)
-        return self.store.enqueue_waiting_steps(job, parents, notify=self.notify)
+            return self.store.enqueue_steps(job, notify=self.notify, trace_context=trace_context)
+        return self.store.enqueue_waiting_steps(job, parents, notify=self.notify, trace_context=trace_context)
 
-    def _enqueue_many_steps(self, jobs: Iterable[JobSpec]) -> Steps[list[EnqueueResult]]:
+    def _enqueue_many_steps(
+        self, jobs: Iterable[JobSpec], trace_context: str | None = None
+    ) -> Steps[list[EnqueueResult]]:
         specs = list(jobs)
         if any(s.depends_on is not None for s in specs):
-            return self._enqueue_each_steps(specs)
+            return self._enqueue_each_steps(specs, trace_context)
         checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
         if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
             # Each job is checked as the COPY streams it, so the checks overlap the server's
             # inserts; an invalid one aborts the COPY, and nothing is stored.
             scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
-            return self.store.copy_many_steps(len(specs), checked, scheduled=scheduled, notify=self.notify)
-        return self.store.enqueue_many_steps(list(checked), notify=self.notify)
+            return self.store.copy_many_steps(len(specs), checked, scheduled=scheduled, notify=self.notify,
+                                              trace_context=trace_context)  # fmt: skip
+        return self.store.enqueue_many_steps(list(checked), notify=self.notify, trace_context=trace_context)
 
-    def _enqueue_each_steps(self, specs: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
+    def _enqueue_each_steps(
+        self, specs: Sequence[JobSpec], trace_context: str | None
+    ) -> Steps[list[EnqueueResult]]:
         """A batch with dependencies: each job by the one-by-one path, in one transaction."""
         steps = []
         for index, spec in enumerate(specs):  # check everything before storing anything
             try:
-                steps.append(self._enqueue_steps(spec))
+                steps.append(self._enqueue_steps(spec, trace_context))
             except InvalidInput as exc:
                 raise InvalidInput(f"job {index}: {exc}") from exc
         return atomic(_each_indexed(steps))
@@ -295,7 +304,10 @@ class Client(BaseClient):
             idempotency_key=idempotency_key, concurrency_key=concurrency_key, max_concurrent=max_concurrent,
             rate_limit=rate_limit, rate_limit_key=rate_limit_key, depends_on=depends_on,
         )  # fmt: skip
-        return self._run(self._enqueue_steps(spec), conn)
+        if self._tracing is None:
+            return self._run(self._enqueue_steps(spec), conn)
+        with self._tracing.sending((spec,)) as send:  # a producer span: the job stores its context
+            return send.sent(self._run(self._enqueue_steps(spec, send.context), conn))
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction; results are in input order.
@@ -303,7 +315,12 @@ class Client(BaseClient):
         One invalid job raises InvalidInput (naming its index) and none is stored. Idempotency
         keys are honoured against stored jobs and within the batch (the first occurrence wins).
         """
-        return self._run(self._enqueue_many_steps(jobs), conn)
+        specs = list(jobs)
+        if self._tracing is None:
+            return self._run(self._enqueue_many_steps(specs), conn)
+        # One producer span for the batch, whose context every job stores (miniqueue.tracing).
+        with self._tracing.sending(specs, batch=True) as send:
+            return send.sent(self._run(self._enqueue_many_steps(specs, send.context), conn))
 
     def chain(self, steps: Sequence[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another: each step depends on the one before it

@@ -76,6 +76,9 @@ class Job:
         self.created_at: dt.datetime = lease.created_at
         #: The limits the job is subject to (see the README's "Limits"), or None.
         self.limits: list[str] | None = lease.limits
+        #: The trace context of the span that enqueued the job (``{"traceparent": ...}``), or None
+        #: when it was enqueued without tracing (see :mod:`miniqueue.tracing`).
+        self.trace_context: dict[str, str] | None = lease.trace_context
         self.worker_id = worker_id
         #: When the handler was handed the job (``time.monotonic()``), for timeouts.
         self.started_at = time.monotonic()
@@ -93,6 +96,8 @@ class Job:
         self._max_result_bytes = max_result_bytes
         #: The result set by :meth:`set_result`, as JSON text (None: none set).
         self.result_json: str | None = None
+        #: This attempt's span while it runs (set by :mod:`miniqueue.tracing` when tracing is on).
+        self._trace: Any = None
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.task} attempt {self.attempt}/{self.max_attempts}>"

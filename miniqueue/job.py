@@ -105,6 +105,8 @@ class Lease(NamedTuple):
     #: The job's parents, and their results as ``[[id, result], ...]`` (None without parents).
     parents: list[int] | None = None
     parent_results: list[list[Any]] | None = None
+    #: The enqueuing span's trace context (``{"traceparent": ...}``), None unless traced (miniqueue.tracing).
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -111,10 +111,10 @@ _FENCE = "state = 'running' AND leased_by = %(worker)s"
 _ENQUEUE = """
 WITH {scoped}ins AS (
     INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits{waiting})
+                        idempotency_key, limits, trace_context{waiting})
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[]{waiting_values})
+            %(limits)s::text[], %(trace)s::jsonb{waiting_values})
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -169,9 +169,10 @@ WITH {scoped}src AS MATERIALIZED (
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
 ), ins AS (
     INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits)
+                        idempotency_key, limits, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31))
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
+           %(trace)s::jsonb
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -192,12 +193,14 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
 # A large batch without idempotency keys goes by COPY: 25% faster than the statement above at
 # 10,000 jobs, though its four extra round trips make it slower below a few hundred. Its ids are
 # drawn first (to return them), with the transaction's now(): the database clock that every
-# job's scheduled_at counts from, exactly as the column default would.
+# job's scheduled_at counts from, exactly as the column default would. A traced batch (see
+# miniqueue.tracing) sends its one trace context with every row.
 _DRAW_IDS = """
 SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
                       FROM generate_series(1, %(count)s))
 """
-_COPY_JOBS = "COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget{scheduled}) FROM STDIN"
+_COPY_JOBS = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget{traced}{scheduled}) FROM STDIN"""
 _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
 
 # Claim up to %(limit)s jobs, best first. Jobs without limits come through {pick}, an ordered
@@ -326,7 +329,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, {parent_results} AS parent_results
+          limits, parents, {parent_results} AS parent_results, trace_context
 )"""
 
 # A guess at the room a limit row `l` has, from this statement's snapshot: slots not held by a
@@ -911,7 +914,9 @@ class Store:
         self._by_key = render(_BY_IDEMPOTENCY_KEY)
         self._enqueue_many, self._enqueue_many_limited = (render(_ENQUEUE_MANY, scoped=p) for p in ("", _SCOPED))
         self._draw_ids = render(_DRAW_IDS)
-        self._copy_due, self._copy_scheduled = (render(_COPY_JOBS, scheduled=c) for c in ("", ", scheduled_at"))
+        self._copy_due, self._copy_scheduled, self._copy_due_traced, self._copy_scheduled_traced = (
+            render(_COPY_JOBS, traced=t, scheduled=c) for t in ("", ", trace_context") for c in ("", ", scheduled_at")
+        )
         self._notify_queues = render(_NOTIFY_QUEUES)
         picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
         self._claim_one, self._claim_many = (
@@ -995,14 +1000,19 @@ class Store:
 
     # -- producing ------------------------------------------------------------------------------
 
-    def enqueue(self, conn: Connection, job: NewJob, *, notify: bool = True) -> EnqueueResult:
-        """Insert one validated job; a repeated idempotency key returns the first job's id."""
-        return run(conn, self.enqueue_steps(job, notify=notify))
+    def enqueue(
+        self, conn: Connection, job: NewJob, *, notify: bool = True, trace_context: str | None = None
+    ) -> EnqueueResult:
+        """Insert one validated job; a repeated idempotency key returns the first job's id.
+        ``trace_context`` is the JSON text of the enqueuing span's context (miniqueue.tracing)."""
+        return run(conn, self.enqueue_steps(job, notify=notify, trace_context=trace_context))
 
-    def enqueue_steps(self, job: NewJob, *, notify: bool = True) -> Steps[EnqueueResult]:
+    def enqueue_steps(
+        self, job: NewJob, *, notify: bool = True, trace_context: str | None = None
+    ) -> Steps[EnqueueResult]:
         """:meth:`enqueue` as steps."""
         query = self._enqueue_limited if job.scopes else self._enqueue
-        rows: list[tuple[Any, ...]] = yield Query(query, self._job_params(job, notify))
+        rows: list[tuple[Any, ...]] = yield Query(query, self._job_params(job, notify, trace_context))
         if rows:
             return EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
         # Another transaction inserted the same key while we waited on it; our statement's
@@ -1010,18 +1020,24 @@ class Store:
         rows = yield Query(self._by_key, {"key": job.idempotency_key})
         return EnqueueResult(id=rows[0][0], duplicate=True)
 
-    def _job_params(self, job: NewJob, notify: bool) -> dict[str, Any]:
+    def _job_params(self, job: NewJob, notify: bool, trace_context: str | None) -> dict[str, Any]:
         """The parameters of _ENQUEUE for one job (with _SCOPED's when it has limits)."""
         params = {
             "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
             "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
             "key": job.idempotency_key, "notify": notify, "channel": self.channel,
-            "limits": [scope.name for scope in job.scopes] or None,
+            "limits": [scope.name for scope in job.scopes] or None, "trace": trace_context,
         }  # fmt: skip
         return {**params, **_scope_columns(job.scopes)} if job.scopes else params
 
     def enqueue_waiting(
-        self, conn: Connection, job: NewJob, parents: Sequence[int], *, notify: bool = True
+        self,
+        conn: Connection,
+        job: NewJob,
+        parents: Sequence[int],
+        *,
+        notify: bool = True,
+        trace_context: str | None = None,
     ) -> EnqueueResult:
         """Insert one validated job that runs only once every job of ``parents`` completed.
 
@@ -1033,20 +1049,22 @@ class Store:
         points to an older job and no cycle can form. A repeated idempotency key returns the
         first job's id and links nothing (the first job keeps its own parents).
         """
-        return run(conn, self.enqueue_waiting_steps(job, parents, notify=notify))
+        return run(conn, self.enqueue_waiting_steps(job, parents, notify=notify, trace_context=trace_context))
 
     def enqueue_waiting_steps(
-        self, job: NewJob, parents: Sequence[int], *, notify: bool = True
+        self, job: NewJob, parents: Sequence[int], *, notify: bool = True, trace_context: str | None = None
     ) -> Steps[EnqueueResult]:
         """:meth:`enqueue_waiting` as steps."""
-        return atomic(self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify))
+        return atomic(self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify, trace_context))
 
-    def _enqueue_waiting_in_one(self, job: NewJob, ids: list[int], notify: bool) -> Steps[EnqueueResult]:
+    def _enqueue_waiting_in_one(
+        self, job: NewJob, ids: list[int], notify: bool, trace_context: str | None
+    ) -> Steps[EnqueueResult]:
         locked: list[tuple[Any, ...]] = yield Query(self._lock_parents, {"ids": ids})
         states = {row[0]: State(row[1]) for row in locked}
         _check_parents(ids, states)
         pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED)
-        params = {**self._job_params(job, notify and not pending), "parents": ids, "pending": pending}
+        params = {**self._job_params(job, notify and not pending, trace_context), "parents": ids, "pending": pending}
         rows: list[tuple[Any, ...]] = yield Query(
             self._enqueue_waiting_limited if job.scopes else self._enqueue_waiting, params
         )
@@ -1058,15 +1076,20 @@ class Store:
             yield Query(self._link_dependent, {"child": result.id, "parents": ids})
         return result
 
-    def enqueue_many(self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True) -> list[EnqueueResult]:
-        """Insert many validated jobs in one statement; results are in input order.
+    def enqueue_many(
+        self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True, trace_context: str | None = None
+    ) -> list[EnqueueResult]:
+        """Insert many validated jobs in one statement; results are in input order. Every job
+        stores ``trace_context`` (see :meth:`enqueue`).
 
         Idempotency keys are honoured against stored jobs and within the batch (the first
         occurrence wins). A large batch without keys goes faster by :meth:`copy_many`.
         """
-        return run(conn, self.enqueue_many_steps(jobs, notify=notify))
+        return run(conn, self.enqueue_many_steps(jobs, notify=notify, trace_context=trace_context))
 
-    def enqueue_many_steps(self, jobs: Sequence[NewJob], *, notify: bool = True) -> Steps[list[EnqueueResult]]:
+    def enqueue_many_steps(
+        self, jobs: Sequence[NewJob], *, notify: bool = True, trace_context: str | None = None
+    ) -> Steps[list[EnqueueResult]]:
         """:meth:`enqueue_many` as steps."""
         if not jobs:
             return []
@@ -1084,7 +1107,7 @@ class Store:
             "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
             "keys": keys if any(keys) else [],
             "limits": ["\x1f".join(scope.name for scope in j.scopes) or None for j in jobs] if limited else [],
-            "notify": notify, "channel": self.channel,
+            "notify": notify, "channel": self.channel, "trace": trace_context,
         }  # fmt: skip
         if limited:
             params.update(_scope_columns({scope.name: scope for j in jobs for scope in j.scopes}.values()))
@@ -1098,7 +1121,14 @@ class Store:
         return results
 
     def copy_many(
-        self, conn: Connection, count: int, jobs: Iterable[NewJob], *, scheduled: bool, notify: bool = True
+        self,
+        conn: Connection,
+        count: int,
+        jobs: Iterable[NewJob],
+        *,
+        scheduled: bool,
+        notify: bool = True,
+        trace_context: str | None = None,
     ) -> list[EnqueueResult]:
         """Insert ``count`` jobs without idempotency keys by COPY, in one transaction; results are
         in input order. Each queue given a job that is due at once is notified.
@@ -1107,24 +1137,30 @@ class Store:
         as it goes (its checks then overlap the server's inserts): an exception from it aborts
         the COPY and stores nothing. Unless ``scheduled`` (some job has a ``run_at`` or a
         delay), scheduled_at is left to its default, now(): parsing 10,000 timestamps cost the
-        server a tenth of the COPY.
+        server a tenth of the COPY. Every job stores ``trace_context`` (see :meth:`enqueue`).
         """
-        return run(conn, self.copy_many_steps(count, jobs, scheduled=scheduled, notify=notify))
+        return run(conn, self.copy_many_steps(count, jobs, scheduled=scheduled, notify=notify,
+                                              trace_context=trace_context))  # fmt: skip
 
     def copy_many_steps(
-        self, count: int, jobs: Iterable[NewJob], *, scheduled: bool, notify: bool = True
-    ) -> Steps[list[EnqueueResult]]:
+        self, count: int, jobs: Iterable[NewJob], *, scheduled: bool, notify: bool = True,
+        trace_context: str | None = None,
+    ) -> Steps[list[EnqueueResult]]:  # fmt: skip
         """:meth:`copy_many` as steps."""
-        return atomic(self._copy_many(count, jobs, scheduled, notify))
+        return atomic(self._copy_many(count, jobs, scheduled, notify, trace_context))
 
     def _copy_many(
-        self, count: int, jobs: Iterable[NewJob], scheduled: bool, notify: bool
+        self, count: int, jobs: Iterable[NewJob], scheduled: bool, notify: bool, trace_context: str | None
     ) -> Steps[list[EnqueueResult]]:
         drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
         [(now, ids)] = drawn
         ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
         due: set[str] = set()
-        yield CopyIn(self._copy_scheduled if scheduled else self._copy_due, _copy_rows(ids, jobs, now, scheduled, due))
+        if trace_context is None:
+            statement = self._copy_scheduled if scheduled else self._copy_due
+        else:
+            statement = self._copy_scheduled_traced if scheduled else self._copy_due_traced
+        yield CopyIn(statement, _copy_rows(ids, jobs, now, scheduled, due, trace_context))
         if notify and due:
             yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
         return [EnqueueResult(id=job_id) for job_id in ids]
@@ -1727,14 +1763,22 @@ def _each(statements: Iterable[str]) -> Steps[None]:
 
 
 def _copy_rows(
-    ids: Sequence[int], jobs: Iterable[NewJob], now: dt.datetime, scheduled: bool, due: set[str]
+    ids: Sequence[int],
+    jobs: Iterable[NewJob],
+    now: dt.datetime,
+    scheduled: bool,
+    due: set[str],
+    trace_context: str | None,
 ) -> Iterator[tuple[Any, ...]]:
     """The COPY rows of :meth:`Store.copy_many`, made as they stream; adds to ``due`` each queue
-    given a job that is due at once."""
+    given a job that is due at once. A traced batch sends its trace context with every row."""
     for job_id, job in zip(ids, jobs, strict=True):
         if job.idempotency_key is not None or job.scopes:
             raise ValueError("copy_many() takes jobs without idempotency keys or limits: use enqueue_many()")
-        row = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts, job.max_attempts)
+        row: tuple[Any, ...] = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts,
+                                job.max_attempts)  # fmt: skip
+        if trace_context is not None:
+            row = (*row, trace_context)
         if scheduled:
             at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
             yield (*row, at)

@@ -25,11 +25,12 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from psycopg_pool import ConnectionPool
 
+from . import tracing
 from .aio import POOL_MAX_SIZE, AsyncTransactions, EventLoop
 from .app import App, is_async_handler
 from .context import Job, PermanentError, Snooze
@@ -144,6 +145,9 @@ class Outcome:
     duration: float = 0.0
     #: A completed handler's result as JSON text (None: it returned nothing).
     result: str | None = None
+    #: What the handler raised, for an ``error`` or ``permanent`` outcome (recorded on the
+    #: attempt's span by :mod:`miniqueue.tracing`).
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -263,6 +267,9 @@ class Worker:
         ``miniqueue-supervise``, the supervisor) returns them to the queue.
         """
         cfg = self.config
+        hooks = self.hooks
+        if (traced := tracing.for_worker()) is not None:
+            self.hooks = traced.instrument(hooks, self.worker_id)  # a span per attempt (miniqueue.tracing)
         listener = listener_for(self.dsn, cfg.listen_url, self.store, self.queues, self._nudge, poll_only=cfg.poll_only)
         self._listener = listener
         heartbeat = Heartbeat(
@@ -288,6 +295,9 @@ class Worker:
             self._close()
             if self._owns_tx_pool and self._tx_pool is not None:
                 self._tx_pool.close()
+            self.hooks = hooks
+            if traced is not None:
+                traced.flush()  # before a supervised worker's os._exit, which runs no atexit flush
             log.info("worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
 
     def _loop(self, executor: ThreadPoolExecutor) -> None:
@@ -716,8 +726,8 @@ def _outcome_of(job: Job, exc: BaseException) -> Outcome:
         return Outcome("snoozed", delay=exc.seconds)
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
     if isinstance(exc, PermanentError):
-        return Outcome("permanent", text)
-    return Outcome("error", text)
+        return Outcome("permanent", text, exception=exc)
+    return Outcome("error", text, exception=exc)
 
 
 __all__ = ["Outcome", "Worker", "WorkerConfig", "WorkerHooks", "new_worker_id"]

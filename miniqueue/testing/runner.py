@@ -187,14 +187,20 @@ class _Run:
         deadline = time.monotonic() + self.timeout
         thread.start()
         stopped_by: Literal["idle", "max_jobs", "timeout"] = "timeout"
+        idle_before = False
         try:
             while time.monotonic() < deadline:
                 if not thread.is_alive():
                     stopped_by = "max_jobs"
                     break
-                if self._idle():
+                # Idle twice in a row: a retry recorded while one look ran can read as scheduled
+                # in the future (its scheduled_at, the recording statement's now(), is later than
+                # the look's own transaction start); the next look, in a newer transaction, sees it due.
+                idle = self._idle()
+                if idle and idle_before:
                     stopped_by = "idle"
                     break
+                idle_before = idle
                 # Returns as soon as the worker stops (max_jobs): no fixed sleep.
                 thread.join(_POLL_SECONDS)
         finally:

@@ -1,10 +1,10 @@
 -- _enqueue
 WITH ins AS (
     INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits)
+                        idempotency_key, limits, trace_context)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[])
+            %(limits)s::text[], %(trace)s::jsonb)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -26,10 +26,10 @@ WITH scoped AS (
 ),
 ins AS (
     INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits)
+                        idempotency_key, limits, trace_context)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[])
+            %(limits)s::text[], %(trace)s::jsonb)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -43,10 +43,10 @@ SELECT id, true, NULL FROM "public"."miniqueue_jobs"
 -- _enqueue_waiting
 WITH ins AS (
     INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, state, parents, pending_parents)
+                        idempotency_key, limits, trace_context, state, parents, pending_parents)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[],
+            %(limits)s::text[], %(trace)s::jsonb,
             CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
@@ -69,10 +69,10 @@ WITH scoped AS (
 ),
 ins AS (
     INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, state, parents, pending_parents)
+                        idempotency_key, limits, trace_context, state, parents, pending_parents)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[],
+            %(limits)s::text[], %(trace)s::jsonb,
             CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
@@ -102,9 +102,10 @@ WITH src AS MATERIALIZED (
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
 ), ins AS (
     INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits)
+                        idempotency_key, limits, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31))
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
+           %(trace)s::jsonb
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -138,9 +139,10 @@ src AS MATERIALIZED (
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
 ), ins AS (
     INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits)
+                        idempotency_key, limits, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31))
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
+           %(trace)s::jsonb
       FROM src ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at, idempotency_key
@@ -166,6 +168,12 @@ COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts
 
 -- _copy_scheduled
 COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN;
+
+-- _copy_due_traced
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN;
+
+-- _copy_scheduled_traced
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN;
 
 -- _notify_queues
 SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
@@ -294,7 +302,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
 )
 SELECT * FROM claimed;
 
@@ -426,7 +434,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
 )
 SELECT * FROM claimed;
 
@@ -581,7 +589,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -742,7 +750,7 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
               SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
