@@ -458,3 +458,56 @@ def test_a_pooled_async_connection_keeps_one_cursor_past_a_failed_statement(dsn:
 def test_an_unmigrated_schema_says_to_migrate(dsn: str) -> None:
     with pytest.raises(MiniqueueError, match="run `miniqueue migrate` first"):
         using(dsn, lambda client: client.enqueue("t"), schema="not_migrated")
+
+
+# --- limits, dependencies and results ------------------------------------------------------------
+
+
+def test_limits_dependencies_and_queue_caps_on_the_async_client(dsn: str, conn: Connection) -> None:
+    async def body(client: AsyncClient) -> tuple[list[EnqueueResult], miniqueue.GroupResult, dict[str, int]]:
+        limited = await client.enqueue("t", {}, concurrency_key="k", max_concurrent=2, rate_limit="5/s")
+        chain = await client.chain([JobSpec("a"), JobSpec("b"), JobSpec("c", depends_on=[limited.id])])
+        group = await client.group([JobSpec("m", {"i": i}) for i in range(3)], then=JobSpec("after"))
+        await client.limit_queue("default", 4)
+        with pytest.raises(InvalidInput, match="queue 'nope' is unknown"):
+            await client.limit_queue("nope", 4)
+        return chain, group, await client.queue_limits()
+
+    chain, group, caps = using(dsn, body)
+    assert row(conn, 1)["limits"] == ["concurrency t k", "rate t"]
+    assert [row(conn, r.id)["state"] for r in chain] == ["available", "waiting", "waiting"]
+    assert row(conn, chain[2].id)["parents"] == [chain[1].id, 1]
+    assert row(conn, group.then.id)["parents"] == [m.id for m in group.members]
+    assert caps == {"default": 4}
+
+
+def test_result_and_wait_on_the_async_client(dsn: str, conn: Connection, client: Client) -> None:
+    job_id = client.enqueue("t", {}).id
+    store = Store()
+    [lease] = store.claim(conn, ["default"], W1, 30.0, 1)
+
+    async def body(aclient: AsyncClient) -> tuple[Any, Any]:
+        with pytest.raises(miniqueue.JobNotFinished):
+            await aclient.result(job_id)
+        waiting = asyncio.create_task(aclient.wait(job_id, timeout=30))
+        # The waiter listens and flags the job before its first read: once the flag is set, the
+        # completion below notifies it.
+        for _ in range(1000):  # poll until the flag is set (10 s at most)
+            if row(conn, job_id)["awaited"]:
+                break
+            await asyncio.sleep(0.01)
+        assert row(conn, job_id)["awaited"], "the waiter never flagged the job"
+        store.complete(conn, job_id, W1, lease.attempt, result='{"answer": 42}')
+        return await waiting, await aclient.result(job_id)
+
+    assert using(dsn, body) == ({"answer": 42}, {"answer": 42})
+
+
+def test_wait_times_out_cleanly_on_the_async_client(dsn: str, client: Client) -> None:
+    job_id = client.enqueue("t", {}).id
+
+    async def body(aclient: AsyncClient) -> None:
+        with pytest.raises(miniqueue.WaitTimeout):
+            await aclient.wait(job_id, timeout=0.2)
+
+    using(dsn, body)
