@@ -19,7 +19,7 @@ from miniqueue.store import Release, Store
 from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, row, wait_until
-from .test_worker import Running
+from .running import Running
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, row, wait_until
 from .pgbouncer import PGBOUNCER, POOL_SIZE, PgBouncer
+from .running import Running
 from .supervised import Supervised
 
 FAST = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "poll_interval": 0.2, "shutdown_timeout": 5.0}
@@ -57,19 +58,6 @@ def executions(conn: Connection) -> None:
     )
     conn.execute("TRUNCATE pooled_executions")
 
-
-class Running:
-    """A worker on a thread, stopped and joined at the end of the test."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.thread = threading.Thread(target=worker.run, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.worker.stop()
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "worker did not stop"
 
 
 @pytest.fixture

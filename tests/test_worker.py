@@ -20,22 +20,10 @@ from miniqueue.store import Store
 from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, row, wait_until
+from .running import Running
 
 FAST = WorkerConfig(lease_seconds=2.0, heartbeat_seconds=0.5, poll_interval=0.2, shutdown_timeout=5.0)
 
-
-class Running:
-    """A worker running on a thread, stopped and joined at the end of the test."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.thread = threading.Thread(target=worker.run, daemon=True)
-        self.thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.worker.stop()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "worker did not stop"
 
 
 StartWorker = Callable[..., Running]
