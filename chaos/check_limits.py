@@ -38,7 +38,8 @@ class Peak:
 
 def peak(leases: list[Attempt], limit: int) -> Peak:
     """Sweep the leases' claims and ends in time order (an end before a claim at the same time).
-    A lease that never ended counts as held to the end."""
+    A lease that never ended counts as held to the end (its time at the limit up to the last
+    claim or end recorded)."""
     events = sorted(
         [(lease.claimed, 1, index) for index, lease in enumerate(leases)]
         + [(math.inf if lease.ended is None else lease.ended, 0, index) for index, lease in enumerate(leases)]
@@ -46,24 +47,33 @@ def peak(leases: list[Attempt], limit: int) -> Peak:
     held: set[int] = set()
     best, holders = 0, tuple[Attempt, ...]()
     at_limit, since = 0.0, None
+    last = 0.0
     for at, claim, index in events:
         if claim:
             held.add(index)
         else:
             held.discard(index)
+        last = at if math.isfinite(at) else last
         if len(held) > best:
             best, holders = len(held), tuple(leases[i] for i in sorted(held))
         if len(held) >= limit and since is None:
             since = at
         elif len(held) < limit and since is not None:
-            at_limit += at - since if math.isfinite(at) else 0.0
+            at_limit += last - since
             since = None
+    if since is not None:  # held to the end by a lease that never ended: counted to the last record
+        at_limit += last - since
     return Peak(best, holders, at_limit)
 
 
 def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> list[Row]:
     """A row per key: the most leases at once, which must not exceed the key's limit."""
-    rows = [info("limits: jobs with a concurrency key", f"{len(workload.keys)} over {len(LIMIT_KEYS)} keys")]
+    keyed = [lease for job in workload.keys for lease in ev.by_job.get(job, [])]
+    cut = sum(1 for lease in keyed if lease.end_state != "completed")
+    rows = [
+        info("limits: jobs with a concurrency key", f"{len(workload.keys)} over {len(LIMIT_KEYS)} keys"),
+        info("  their leases ended without completion (slot held until released)", f"{cut} of {len(keyed)}"),
+    ]
     report: dict[str, dict[str, Any]] = {}
     exceeded: list[str] = []
     for key, limit in LIMIT_KEYS.items():

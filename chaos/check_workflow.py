@@ -31,11 +31,18 @@ def workflow_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> lis
     lost = [f"{j} ({ev.states.get(j, ('missing', 0))[0]})" for j in _workflow_jobs(workload)
             if ev.states.get(j, ("missing", 0))[0] != "completed"]  # fmt: skip
     runs = collections.Counter(e.job for e in ev.executions if e.job in workload.parents)
+    cut = collections.Counter(
+        "dependents" if job in workload.parents else "parents"
+        for job in _workflow_jobs(workload)
+        for lease in ev.by_job.get(job, [])
+        if lease.end_state != "completed"
+    )
     data["workflow"] = {
         "groups": len(workload.groups),
         "chains": len(workload.chains),
         "dependents": len(dependents),
         "dependent_executions": sum(runs.values()),
+        "leases_cut": dict(cut),
         "not_completed_once": not_once,
         "release_problems": released,
         "claimed_before_parents": early,
@@ -53,6 +60,10 @@ def workflow_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> lis
     return [
         info("workflow: groups and chains enqueued", shape or "none"),
         info("  dependents (callbacks and later chain steps)", f"{len(dependents)}, {sum(runs.values())} executions"),
+        info(
+            "  workflow leases ended without completion",
+            f"{cut['parents']} of members and first steps, {cut['dependents']} of dependents",
+        ),
         rule("  workflow jobs not completed (lost, dead or cancelled)", lost),
         rule("  dependents not completed exactly once", not_once),
         rule("  dependents not released exactly once (waiting -> available)", released),
