@@ -72,7 +72,7 @@ def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> list[R
     cut = sum(1 for lease in keyed if lease.end_state != "completed")
     rows = [
         info("limits: jobs with a concurrency key", f"{len(workload.keys)} over {len(LIMIT_KEYS)} keys"),
-        info("  their leases ended without completion (slot held until released)", f"{cut} of {len(keyed)}"),
+        info("  their leases ended without completion (by a fault or hand-back)", f"{cut} of {len(keyed)}"),
     ]
     report: dict[str, dict[str, Any]] = {}
     exceeded: list[str] = []

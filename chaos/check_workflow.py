@@ -61,7 +61,7 @@ def workflow_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> lis
         info("workflow: groups and chains enqueued", shape or "none"),
         info("  dependents (callbacks and later chain steps)", f"{len(dependents)}, {sum(runs.values())} executions"),
         info(
-            "  workflow leases ended without completion",
+            "  workflow leases ended without completion (fault or hand-back)",
             f"{cut['parents']} of members and first steps, {cut['dependents']} of dependents",
         ),
         rule("  workflow jobs not completed (lost, dead or cancelled)", lost),
