@@ -10,6 +10,10 @@ outcome must be rejected by fencing, not by the handler's good manners. The asyn
 the same on an ``AsyncConnection`` of its worker's event loop and ``job.atransaction()``; it
 cannot ignore a stop (its coroutine is cancelled), so it also shows that a cancellation at any
 await leaves no half-done effect.
+
+Every handler's result is ``{"attempt": n}``, the attempt that completed it. A dependent (a
+group's callback, a chain's step, with ``--workflow``) records the ``job.parent_results`` it
+read with its execution, so the checks can tell that it ran with its parents' completed results.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import uuid
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from miniqueue import App, Job
 
@@ -39,7 +44,7 @@ async_app = App()
 _local = threading.local()
 
 _RECORD = """
-INSERT INTO chaos_executions (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s)
+INSERT INTO chaos_executions (token, job_id, attempt, pid, parents) VALUES (%s, %s, %s, %s, %s)
 ON CONFLICT (token) DO NOTHING
 """
 _EFFECT = """
@@ -50,6 +55,17 @@ _CONFLICT = (
     "INSERT INTO chaos_effect_conflicts (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
 _DUPLICATE = "INSERT INTO chaos_duplicate_effects (job_id, attempt, pid) VALUES (%s, %s, %s)"
+
+
+def _execution(job: Job) -> tuple[object, ...]:
+    """The parameters of this execution's ``chaos_executions`` row (a fresh token each call)."""
+    parents = Jsonb({str(k): v for k, v in job.parent_results.items()}) if job.parents else None
+    return (uuid.uuid4().hex, job.id, job.attempt, os.getpid(), parents)
+
+
+def _result(job: Job) -> dict[str, int]:
+    """The job's result: the attempt that completes it, for a dependent to read back."""
+    return {"attempt": job.attempt}
 
 
 def _connection() -> psycopg.Connection[Any]:
@@ -87,13 +103,14 @@ def _execute(query: str, params: tuple[object, ...]) -> None:
 
 
 @app.task(TASK, queue=QUEUE, max_attempts=25)
-def chaos(job: Job) -> None:
+def chaos(job: Job) -> dict[str, int] | None:
     """Record the execution, work a little, then (for effect jobs) complete transactionally."""
-    _execute(_RECORD, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
+    _execute(_RECORD, _execution(job))
     time.sleep(float(job.payload.get("ms", 0)) / 1000)
     if not job.payload.get("effect"):
-        return
+        return _result(job)
     with job.transaction() as conn:
+        job.set_result(_result(job))
         if conn.execute(_EFFECT, (job.id, job.attempt, os.getpid())).rowcount == 0:
             # Another attempt's effect committed, and with it that attempt's completion: this
             # attempt is late. Note it outside the transaction (it happened), and inside it: that
@@ -101,6 +118,7 @@ def chaos(job: Job) -> None:
             # completion through, which is exactly a duplicated effect.
             _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
             conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
+    return None  # the result was stored with the completion, in the transaction
 
 
 # One per worker process: every coroutine of a worker runs on its one event loop.
@@ -133,13 +151,15 @@ async def _execute_async(query: str, params: tuple[object, ...]) -> None:
 
 
 @async_app.task(TASK, queue=QUEUE, max_attempts=25)
-async def chaos_async(job: Job) -> None:
+async def chaos_async(job: Job) -> dict[str, int] | None:
     """:func:`chaos` as a coroutine: record, wait, then (for effect jobs) complete transactionally."""
-    await _execute_async(_RECORD, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
+    await _execute_async(_RECORD, _execution(job))
     await asyncio.sleep(float(job.payload.get("ms", 0)) / 1000)
     if not job.payload.get("effect"):
-        return
+        return _result(job)
     async with job.atransaction() as conn:
+        job.set_result(_result(job))
         if (await conn.execute(_EFFECT, (job.id, job.attempt, os.getpid()))).rowcount == 0:
             await _execute_async(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
             await conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
+    return None  # the result was stored with the completion, in the transaction

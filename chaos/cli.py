@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .options import SCENARIOS, OptionError, Options
+from .options import LIMIT_KEYS, SCENARIOS, OptionError, Options
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,6 +56,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds the queue may take to drain after")
     p.add_argument("--workdir", type=Path, help="run directory for logs and the embedded server (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the run directory and database even on success")
+    p.add_argument(
+        "--limits",
+        action="store_true",
+        help=f"give a share of the jobs a concurrency key ({', '.join(f'{k} max {n}' for k, n in LIMIT_KEYS.items())}) "
+        "and check that no key ever had more leases at once than its limit",
+    )
+    p.add_argument("--limit-share", type=float, default=0.3, help="share of the jobs with a key (with --limits)")
+    p.add_argument(
+        "--workflow",
+        action="store_true",
+        help="enqueue groups (with a then callback) and chains among the jobs, and check that every "
+        "dependent ran to completion once, only after its parents completed",
+    )
+    p.add_argument("--groups", type=int, default=10, help="groups (with --workflow)")
+    p.add_argument("--group-size", type=int, default=10, help="members per group (with --workflow)")
+    p.add_argument("--chains", type=int, default=10, help="chains (with --workflow)")
+    p.add_argument("--chain-length", type=int, default=5, help="steps per chain (with --workflow)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the result to this JSON file")
     return p
 
@@ -83,6 +100,13 @@ def options_from(argv: list[str] | None) -> Options:
         json_path=args.json_path,
         workdir=args.workdir,
         keep=args.keep,
+        limits=args.limits,
+        limit_share=args.limit_share,
+        workflow=args.workflow,
+        groups=args.groups,
+        group_size=args.group_size,
+        chains=args.chains,
+        chain_length=args.chain_length,
     ).validated()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Any
 
 from .server import Harness
 
@@ -36,6 +37,8 @@ class Execution:
     attempt: int
     pid: int
     at: float
+    #: A dependent's ``job.parent_results`` as it read them (parent id as text -> result).
+    parents: dict[str, Any] | None = None
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Evidence:
     fences: collections.Counter[tuple[int, int, str | None]] = field(default_factory=collections.Counter)
     completions: dict[int, list[Attempt]] = field(default_factory=lambda: collections.defaultdict(list))
     odd_transitions: list[str] = field(default_factory=list)
+    #: A dependent's way out of ``waiting``, as (state, time): ``available`` when its last
+    #: parent completed, ``cancelled`` when one ended without completing.
+    releases: dict[int, list[tuple[str, float]]] = field(default_factory=lambda: collections.defaultdict(list))
     executions: list[Execution] = field(default_factory=list)
     effects: dict[int, tuple[int, int]] = field(default_factory=dict)  # job -> (attempt, pid)
     duplicate_effects: list[tuple[int, int, int]] = field(default_factory=list)
@@ -67,10 +73,10 @@ class Evidence:
         )
         for job, attempt, before, after, worker, error, at in transitions:
             found._transition(int(job), int(attempt), before, after, worker, error, float(at) - clock_offset)
-        for job, attempt, pid, at in db.rows(
-            "SELECT job_id, attempt, pid, extract(epoch FROM at)::float8 FROM chaos_executions ORDER BY at"
+        for job, attempt, pid, at, parents in db.rows(
+            "SELECT job_id, attempt, pid, extract(epoch FROM at)::float8, parents FROM chaos_executions ORDER BY at"
         ):
-            found.executions.append(Execution(int(job), int(attempt), int(pid), float(at) - clock_offset))
+            found.executions.append(Execution(int(job), int(attempt), int(pid), float(at) - clock_offset, parents))
         for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_effects"):
             found.effects[int(job)] = (int(attempt), int(pid))
         for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_duplicate_effects"):
@@ -88,6 +94,9 @@ class Evidence:
             self.by_job[job].append(claim)
             self.claims[(job, attempt)] += 1
             self.fences[(job, attempt, worker)] += 1
+            return
+        if before == "waiting" and after in ("available", "cancelled"):
+            self.releases[job].append((after, at))
             return
         if before != "running":
             # Only a claim (above) may leave 'available'; anything else is a transition the

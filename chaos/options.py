@@ -30,6 +30,10 @@ WEIGHTS = {
 
 KILLS = ("kill-worker", "kill-reaper", "kill-supervisor")
 
+#: With ``--limits``: the concurrency keys a share of the jobs carry, and each one's
+#: ``max_concurrent``. Every job naming a key is enqueued with that key's limit.
+LIMIT_KEYS = {"key-0": 1, "key-1": 1, "key-2": 1, "key-3": 1, "key-4": 2}
+
 
 class OptionError(ValueError):
     """An option is out of range; the message names it and the rule."""
@@ -60,6 +64,16 @@ class Options:
     workdir: Path | None = None
     keep: bool = False
     verbose: bool = False
+    #: Give a share of the jobs a concurrency key (:data:`LIMIT_KEYS`), and check the limits held.
+    limits: bool = False
+    limit_share: float = 0.3
+    #: Enqueue groups (members and a ``then`` callback) and chains among the jobs, and check that
+    #: every dependent ran once, after its parents completed.
+    workflow: bool = False
+    groups: int = 10
+    group_size: int = 10
+    chains: int = 10
+    chain_length: int = 5
 
     # Short miniqueue intervals, so that lease expiry and recovery happen many times a run.
     poll_interval: float = 0.2
@@ -91,6 +105,13 @@ class Options:
         shortest = self.lease + self.reaper_interval + 1.0
         return shortest, max(shortest, min(self.liveness_timeout - 8.0, 4 * self.lease + self.reaper_interval))
 
+    @property
+    def workflow_jobs(self) -> int:
+        """How many of the jobs belong to a group (members and callback) or a chain."""
+        if not self.workflow:
+            return 0
+        return self.groups * (self.group_size + 1) + self.chains * self.chain_length
+
     def validated(self) -> Options:
         checks = [
             (self.jobs >= 1, f"--jobs {self.jobs}: use 1 or more"),
@@ -110,6 +131,19 @@ class Options:
             (self.max_attempts >= 1, f"--max-attempts {self.max_attempts}: use 1 or more"),
             (self.drain_timeout > 0, f"--drain-timeout {self.drain_timeout}: use a positive number of seconds"),
             (self.spread is None or self.spread >= 0, f"--spread {self.spread}: use 0 or more seconds"),
+            (0 <= self.limit_share <= 1, f"--limit-share {self.limit_share}: use a fraction from 0 to 1"),
+            (
+                min(self.groups, self.group_size, self.chains, self.chain_length) >= 0,
+                "--groups, --group-size, --chains, --chain-length: use 0 or more",
+            ),
+            (
+                self.groups == 0 or self.group_size >= 1,
+                f"--group-size {self.group_size}: a group needs at least one member",
+            ),
+            (
+                self.workflow_jobs <= self.jobs,
+                f"--jobs {self.jobs}: --workflow needs at least {self.workflow_jobs} (its groups and chains)",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -10,14 +10,10 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from miniqueue import Client, JobSpec
-
-from .app import QUEUE, TASK
 from .evidence import Evidence
 from .faults import Fault, Injector
 from .fleet import Fleet
@@ -27,6 +23,7 @@ from .report import table, write_json
 from .schedule import drain, run_chaos
 from .server import Harness, Server, snapshot_code
 from .verify import RunRecord, Verdict, judge
+from .workload import Workload, enqueue
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,34 +38,14 @@ class Narrator:
         print(f"[chaos {time.monotonic() - self.t0:7.2f}s] {message}", file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class Workload:
-    """The jobs of a run: their ids, those that complete transactionally, each one's handler sleep."""
-
-    ids: list[int]
-    effect_jobs: set[int]
-    sleep_ms: dict[int, int]
-
-
-def enqueue(dsn: str, options: Options, rng: random.Random) -> Workload:
-    """Enqueue every job in one statement; their start times are spread over the chaos period."""
-    specs, effects, sleeps = [], [], []
-    for _ in range(options.jobs):
-        effect = rng.random() < options.effect_share
-        sleep = rng.randint(*options.sleep_ms)
-        delay = rng.uniform(0, options.enqueue_spread) if options.enqueue_spread else None
-        specs.append(
-            JobSpec(TASK, {"effect": effect, "ms": sleep}, queue=QUEUE, delay=delay, max_attempts=options.max_attempts)
-        )
-        effects.append(effect)
-        sleeps.append(sleep)
-    with Client(dsn) as client:
-        ids = [r.id for r in client.enqueue_many(specs)]
-    return Workload(
-        ids=ids,
-        effect_jobs={i for i, effect in zip(ids, effects, strict=True) if effect},
-        sleep_ms=dict(zip(ids, sleeps, strict=True)),
-    )
+def _extras(workload: Workload) -> str:
+    """What the progress line adds for ``--limits`` and ``--workflow``."""
+    parts = []
+    if workload.keys:
+        parts.append(f"{len(workload.keys)} with a concurrency key")
+    if workload.groups or workload.chains:
+        parts.append(f"{len(workload.groups)} groups and {len(workload.chains)} chains")
+    return "".join(f", {part}" for part in parts)
 
 
 def clock_offset(db: Harness) -> float:
@@ -103,8 +80,8 @@ def run(options: Options) -> int:
         fleet.start().wait_ready(timeout=60.0)
         workload = enqueue(dsn, options, rng)
         say(
-            f"enqueued {len(workload.ids)} jobs ({len(workload.effect_jobs)} with a transactional effect), "
-            f"available over {options.enqueue_spread:.0f}s; chaos for {options.duration:g}s"
+            f"enqueued {len(workload.ids)} jobs ({len(workload.effect_jobs)} with a transactional effect"
+            f"{_extras(workload)}), available over {options.enqueue_spread:.0f}s; chaos for {options.duration:g}s"
         )
         injector = Injector(options, fleet, db, server, rng, say)
         started = time.monotonic()
@@ -156,6 +133,7 @@ def _judge(
         enqueued=workload.ids,
         effect_jobs=workload.effect_jobs,
         sleep_ms=workload.sleep_ms,
+        workload=workload,
         faults=injector.faults,
         stops=injector.stops,
         process_problems=fleet.problems,
@@ -174,11 +152,25 @@ def _title(options: Options, server: Server) -> list[str]:
     return [
         f"miniqueue chaos: {options.jobs} jobs, {options.workers} workers x {options.concurrency} "
         f"{'async coroutine' if options.async_handlers else 'thread'}(s), "
+        f"{_modes(options)}"
         f"{options.duration:g}s of chaos, a fault every {options.kill_interval[0]:g}-{options.kill_interval[1]:g}s, "
         f"seed {options.seed}",
         f"server: {server.describe()}; lease {options.lease:g}s, heartbeat {options.heartbeat:g}s, reaper "
         f"{options.reaper_interval:g}s; scenarios: {','.join(options.scenarios)}",
     ]
+
+
+def _modes(options: Options) -> str:
+    """The title's note of ``--limits`` and ``--workflow``."""
+    modes = []
+    if options.limits:
+        modes.append(f"limits on {options.limit_share:.0%} of the jobs")
+    if options.workflow:
+        modes.append(
+            f"{options.groups} groups of {options.group_size} + callback, "
+            f"{options.chains} chains of {options.chain_length}"
+        )
+    return "".join(f"{mode}, " for mode in modes)
 
 
 def _extra(options: Options, faults: list[Fault], t0: float, workdir: Path) -> dict[str, object]:

@@ -14,7 +14,7 @@ from .server import Harness
 
 TICK = 0.1
 
-_UNFINISHED = "SELECT count(*) FROM miniqueue_jobs WHERE state IN ('available', 'running')"
+_UNFINISHED = "SELECT count(*) FROM miniqueue_jobs WHERE state IN ('available', 'running', 'waiting')"
 
 
 def first_round(options: Options, owned: bool, rng: random.Random) -> list[str]:
@@ -67,7 +67,7 @@ def _inject_one(
 
 
 def drain(options: Options, fleet: Fleet, injector: Injector, db: Harness, say: Callable[[str], None]) -> float:
-    """Wait until no job is available or running and no worker is frozen; return the seconds it
+    """Wait until no job is available, running or waiting for its parents and no worker is frozen; return the seconds it
     took, or raise TimeoutError at the drain deadline."""
     started = time.monotonic()
     deadline = started + options.drain_timeout
@@ -81,7 +81,8 @@ def drain(options: Options, fleet: Fleet, injector: Injector, db: Harness, say: 
         now = time.monotonic()
         if now > deadline:
             raise TimeoutError(
-                f"{unfinished} job(s) still available or running {options.drain_timeout:g}s after the chaos ended"
+                f"{unfinished} job(s) still available, running or waiting {options.drain_timeout:g}s "
+                "after the chaos ended"
             )
         if now >= next_report:
             say(f"draining: {unfinished} job(s) left")

@@ -3,7 +3,8 @@
 ``chaos_transitions`` is filled by a trigger on ``miniqueue_jobs``: every state change and
 every claim, in the transaction that made it, with the worker that held the job and the
 error that ended an attempt. It turns "completed more than once" into something the database
-can count (completions per job) and gives each attempt a start, an end and a cause.
+can count (completions per job) and gives each attempt a start, an end and a cause. It also
+records a dependent's release (``waiting`` to ``available``, in its last parent's completion).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ CREATE TABLE chaos_executions (
     job_id  BIGINT NOT NULL,
     attempt INT NOT NULL,
     pid     INT NOT NULL,
-    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    parents JSONB                             -- a dependent's job.parent_results as it read them: {"id": result}
 );
 CREATE INDEX chaos_executions_job ON chaos_executions (job_id, attempt);
 

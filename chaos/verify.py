@@ -7,12 +7,16 @@ import collections
 import re
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from .check_limits import limit_rows
+from .check_workflow import workflow_rows
 from .evidence import Attempt, Evidence
 from .faults import Fault, Stop
 from .options import KILLS, SCENARIOS, Options
+from .rows import Row, info, rule
+from .workload import Workload
 
 #: Faults that hit a process: they explain a lost attempt held by one of their pids.
 PROCESS_FAULTS = ("kill-worker", "stop-worker", "kill-supervisor", "two-supervisors")
@@ -23,17 +27,6 @@ _CONNECTION_ERROR = re.compile(
     r"psycopg\.(OperationalError|errors\.\w+)|DatabaseUnavailable|server closed the connection|terminating connection"
 )
 GRACE = 1.0
-
-
-@dataclass
-class Row:
-    """One line of the result table; ``ok`` is None for figures that are not a rule."""
-
-    label: str
-    value: str
-    rule: str = ""
-    ok: bool | None = None
-    offenders: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -54,6 +47,7 @@ class RunRecord:
     enqueued: list[int]
     effect_jobs: set[int]
     sleep_ms: dict[int, int]
+    workload: Workload
     faults: list[Fault]
     stops: list[Stop]
     process_problems: list[str]
@@ -66,14 +60,6 @@ class RunRecord:
     drain_error: str | None
 
 
-def rule(label: str, offenders: list[str], what: str = "must be 0", value: str | None = None) -> Row:
-    return Row(label, value if value is not None else str(len(offenders)), what, not offenders, offenders)
-
-
-def info(label: str, value: object) -> Row:
-    return Row(label, str(value))
-
-
 def judge(evidence: Evidence, run: RunRecord) -> Verdict:
     """Every check, in the order the table prints them."""
     rows: list[Row] = []
@@ -81,6 +67,10 @@ def judge(evidence: Evidence, run: RunRecord) -> Verdict:
     rows += _job_rows(evidence, run, data)
     rows += _execution_rows(evidence, run, data)
     rows += _effect_rows(evidence, run, data)
+    if run.options.limits:
+        rows += limit_rows(evidence, run.workload, data)
+    if run.options.workflow:
+        rows += workflow_rows(evidence, run.workload, data)
     rows += _recovery_rows(evidence, run, data)
     rows += _stop_rows(evidence, run, data)
     rows += _process_rows(run, data)
