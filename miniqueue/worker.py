@@ -369,13 +369,18 @@ class Worker:
             ran_dry = not self._slots.ready
         return free if ran_dry or free >= self._claim_batch else 0
 
-    def _note_limited(self, leases: list[Lease]) -> None:
-        """Move the limited-jobs cursor past the groups just claimed (back to the start once a
-        claim finds none after it)."""
+    def _note_limited(self, leases: list[Lease], asked: int) -> None:
+        """Move the limited-jobs cursor past the groups just claimed. A claim that came back
+        short from a cursor may have run out of groups after it: the next claim starts again
+        from the first group, at once rather than at the next poll."""
         groups = [lease.limits for lease in leases if lease.limits]
-        self._limits_cursor = max(groups) if groups else []
         if groups:
             self._limited_at = time.monotonic()
+        if len(leases) < asked and self._limits_cursor:
+            self._limits_cursor = []
+            self._nudged = True
+        else:
+            self._limits_cursor = max(groups) if groups else []
 
     def _poll_interval(self) -> float:
         """Seconds until the next poll: shorter while limited jobs are flowing."""
@@ -543,7 +548,7 @@ class Worker:
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
                     after=self._limits_cursor, results=results,
                 )  # fmt: skip
-                self._note_limited(leases)
+                self._note_limited(leases, claim)
                 self._slots.add_ready(leases)
                 self._backlog = len(leases) == claim
             else:
