@@ -248,13 +248,7 @@ def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) ->
     if not behind_pooler():
         # JIT compilation costs more than a queue's short statements ever gain: on PostgreSQL 15
         # it spent 400+ ms compiling a 10,000-job enqueue_many that runs in 100 ms.
-        options = f"-c search_path={schema},pg_catalog -c jit=off"
-        if purpose == "worker":
-            # The claim's plan depends on its parameters (which limits a claim meets, how many
-            # jobs it takes): PostgreSQL's generic plan for it, chosen after five executions of
-            # the prepared statement, ran claims of limited jobs 4x slower than custom plans.
-            options += " -c plan_cache_mode=force_custom_plan"
-        extra = {"options": options, **extra}
+        extra = {"options": f"-c search_path={schema},pg_catalog -c jit=off", **extra}
     return make_conninfo(dsn, application_name=f"miniqueue:{purpose}"[:63], **extra)
 
 

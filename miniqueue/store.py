@@ -604,6 +604,10 @@ SELECT queue, state, 0, count(*) FROM {jobs}
  GROUP BY queue, state
 """]
 
+# Plan each statement of the session for its parameters, or let PostgreSQL choose again.
+_CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
+_DEFAULT_PLANS = "RESET plan_cache_mode"
+
 # A monitoring query must answer quickly or not at all: it never holds up what called it.
 _MONITORING_TIMEOUT = "SET LOCAL statement_timeout = '5s'"
 
@@ -1164,6 +1168,12 @@ class Store:
         if notify and due:
             yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
         return [EnqueueResult(id=job_id) for job_id in ids]
+
+    def set_custom_plans(self, conn: Connection, on: bool) -> None:
+        """Make ``conn`` plan every statement for its parameters (``on``), or let PostgreSQL
+        choose a generic plan for a prepared statement again (see the worker's use)."""
+        with translate_errors():
+            conn.execute(_CUSTOM_PLANS if on else _DEFAULT_PLANS)
 
     def listen(self, conn: Connection) -> None:
         """Subscribe ``conn`` to this schema's enqueue notifications (payload: the queue name)."""
