@@ -24,8 +24,8 @@ from miniqueue.store import Store
 
 from . import test_worker
 from .helpers import count, expire_lease, row, wait_until
+from .running import StartWorker
 from .supervised import Fleet, StartSupervisor
-from .test_worker import StartWorker
 
 # The sync tests' fixtures, shared: a worker on a thread, stopped at the end; the effects table.
 start_worker = test_worker.start_worker

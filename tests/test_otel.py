@@ -34,8 +34,8 @@ from miniqueue.testing import run_jobs
 
 from . import test_worker
 from .helpers import row, wait_until
+from .running import StartWorker
 from .supervised import FAST, Supervised
-from .test_worker import StartWorker
 
 # The worker tests' fixture: a worker on a thread, stopped at the end.
 start_worker = test_worker.start_worker

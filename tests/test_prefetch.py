@@ -15,7 +15,8 @@ from miniqueue.errors import ConfigError
 from miniqueue.prefetch import AUTO_CAP, PrefetchPolicy, parse_prefetch
 
 from .helpers import count, row, wait_until
-from .test_worker import StartWorker, start_worker  # noqa: F401 (the fixture)
+from .running import StartWorker
+from .test_worker import start_worker  # noqa: F401 (the fixture)
 
 
 @pytest.mark.parametrize(("given", "parsed"), [("auto", "auto"), ("0", 0), ("250", 250), (7, 7)])

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,13 +19,7 @@ from miniqueue.store import Store
 from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, row, wait_until
-from .running import Running
-
-FAST = WorkerConfig(lease_seconds=2.0, heartbeat_seconds=0.5, poll_interval=0.2, shutdown_timeout=5.0)
-
-
-
-StartWorker = Callable[..., Running]
+from .running import FAST, Running, StartWorker, worker_starter
 
 
 @pytest.fixture
@@ -38,18 +31,7 @@ def effects(conn: Connection) -> None:
 
 @pytest.fixture
 def start_worker(dsn: str) -> Iterator[StartWorker]:
-    started: list[Running] = []
-
-    def start(app: App, **config: Any) -> Running:
-        running = Running(Worker(app, dsn, dataclasses.replace(FAST, **config)))
-        started.append(running)
-        return running
-
-    yield start
-    for running in started:
-        running.worker.stop()
-    for running in started:
-        running.thread.join(10)
+    yield from worker_starter(dsn)
 
 
 def test_processes_a_job(client: Client, conn: Connection, start_worker: StartWorker) -> None:
