@@ -27,8 +27,8 @@ def check_database(config: SupervisorConfig, store: Store) -> None:
     own = 2 if worker.poll_only else 3
     pools = 2 * min(worker.concurrency, POOL_MAX_SIZE)
     per_worker = own + pools
-    # The reaper's (and, with --metrics-port, its gauge reader's) and the supervisor's own.
-    needed = config.workers * per_worker + (3 if config.metrics_port is not None else 2)
+    # The reaper's (and its vacuum's, and with --metrics-port its gauge reader's) and the supervisor's own.
+    needed = config.workers * per_worker + 2 + int(config.reaper.vacuum) + int(config.metrics_port is not None)
     with connect(config.dsn, purpose="supervisor", schema=store.schema) as conn:
         check_schema_version(conn, store.schema)
         limit, reserved, in_use = store.connection_capacity(conn)

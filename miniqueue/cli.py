@@ -699,6 +699,10 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @_seconds("poll-interval", 1.0)
 @_seconds("reaper-interval", 5.0)
 @_seconds("shutdown-timeout", 10.0)
+@click.option(
+    "--vacuum/--no-vacuum", default=True, show_default=True,
+    help="The reaper vacuums the jobs table as claims churn it, between autovacuum's visits.",
+)  # fmt: skip
 @click.option("--max-jobs-per-child", type=int, help="Recycle a worker after this many jobs.")
 @click.option("--max-memory-per-child", type=float, help="Recycle a worker whose RSS passes this many MB.")
 @click.option("--preload", is_flag=True, help="Import the app once before forking (copy-on-write).")
@@ -739,6 +743,7 @@ def supervise(
     poll_interval: float,
     reaper_interval: float,
     shutdown_timeout: float,
+    vacuum: bool,
     max_jobs_per_child: int | None,
     max_memory_per_child: float | None,
     preload: bool,
@@ -782,7 +787,7 @@ def supervise(
         app_ref=app_ref,
         workers=workers,
         worker=worker,
-        reaper=ReaperConfig(interval=reaper_interval),
+        reaper=ReaperConfig(interval=reaper_interval, vacuum=vacuum),
         max_jobs_per_child=max_jobs_per_child,
         max_memory_mb=max_memory_per_child,
         preload=preload,

@@ -20,6 +20,7 @@ from .errors import ConfigError, DatabaseUnavailable
 from .job import State
 from .periodic import schedule_due
 from .store import Store
+from .vacuum import Vacuum
 
 #: The longest a pass spends pruning before it goes back to recovering leases (seconds).
 PRUNE_SLICE = 1.0
@@ -36,7 +37,8 @@ class ReaperConfig:
 
     Finished jobs are kept ``completed_retention`` (completed and cancelled, default 24 h) or
     ``failed_retention`` (dead and failed, default 7 days) after they finish; ``None``
-    keeps them forever. ``prune=False`` turns pruning off altogether.
+    keeps them forever. ``prune=False`` turns pruning off altogether. ``vacuum`` vacuums the
+    jobs table as claims churn it (see :mod:`miniqueue.vacuum`), on a connection of its own.
     """
 
     interval: float = 5.0
@@ -45,6 +47,7 @@ class ReaperConfig:
     completed_retention: float | None = DAY
     failed_retention: float | None = 7 * DAY
     schema: str = "public"
+    vacuum: bool = True
 
     def validated(self) -> ReaperConfig:
         if not self.interval > 0:
@@ -143,8 +146,13 @@ class Reaper:
                 f"{self.config.completed_retention}s completed/cancelled, {self.config.failed_retention}s dead/failed"
             )
         )
-        log.info("reaper started: every %gs; retention %s; %d periodic schedule(s)",
-                 self.config.interval, retention, len(self.schedules))  # fmt: skip
+        log.info("reaper started: every %gs; retention %s; %d periodic schedule(s); vacuum %s", self.config.interval,
+                 retention, len(self.schedules), "on" if self.config.vacuum else "off")  # fmt: skip
+        vacuum = None
+        if self.config.vacuum:
+            vacuum = threading.Thread(target=Vacuum(self.dsn, self.store, self._stopping).run, daemon=True)
+            vacuum.name = "miniqueue-vacuum"
+            vacuum.start()
         while not self._stopping.is_set():
             more = False
             started = time.monotonic()
@@ -156,6 +164,8 @@ class Reaper:
             # With more to prune, rest as long as the pass took before the next: pruning is
             # maintenance, and on a small host it must leave the database's time to the jobs.
             self._stopping.wait(min(time.monotonic() - started, self.config.interval) if more else self.config.interval)
+        if vacuum is not None:
+            vacuum.join(timeout=1.0)  # a VACUUM under way finishes on the server all the same
         self.close()
 
     def close(self) -> None:

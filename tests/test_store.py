@@ -487,6 +487,24 @@ def test_batch_complete_returns_only_held_ids(store: Store, conn: Connection) ->
     assert store.complete_many(conn, W1, []) == set()
 
 
+def test_batch_complete_matches_each_lease_to_its_own_attempt_and_result(store: Store, conn: Connection) -> None:
+    # The statement finds each job's attempt and result by binary search over the ids, so the
+    # caller's order (here descending, ids far apart) must not matter.
+    ids = [enqueue(store, conn) for _ in range(40)]
+    conn.execute("UPDATE miniqueue_jobs SET id = id * 1000 + 7 WHERE id = ANY(%s)", [ids])
+    leases = store.claim(conn, ["default"], W1, 30, 40)
+    stale = {lease.id for lease in leases[::3]}
+    pairs = [(lease.id, lease.attempt + (lease.id in stale)) for lease in reversed(leases)]
+    results = {lease.id: f'{{"job": {lease.id}}}' for lease in leases}
+
+    done = store.complete_many(conn, W1, pairs, results=results)
+
+    assert done == {lease.id for lease in leases} - stale
+    stored = dict(conn.execute("SELECT id, result FROM miniqueue_jobs WHERE state = 'completed'").fetchall())
+    assert stored == {job_id: {"job": job_id} for job_id in done}
+    assert {job_id for job_id, state in states(conn).items() if state == "running"} == stale
+
+
 def test_batch_renew_returns_only_held_ids(store: Store, conn: Connection) -> None:
     for _ in range(3):
         enqueue(store, conn)

@@ -275,7 +275,7 @@ def test_two_supervisors_share_the_work_without_duplicates(
     [
         (["--workers", "0"], "--workers 0 is invalid"),
         (["--lease-duration", "3", "--heartbeat-interval", "3"], "must be below the lease"),
-        (["--workers", "500"], "needs 2502 connections"),
+        (["--workers", "500"], "needs 2503 connections"),
         (["--workers", "6", "--concurrency", "400"], "run at most"),
     ],
 )

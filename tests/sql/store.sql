@@ -443,9 +443,9 @@ WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
        result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[array_position(%(ids)b::bigint[], id)])::jsonb END
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
  WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited
 ), counted AS (
@@ -600,9 +600,9 @@ WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
        result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[array_position(%(ids)b::bigint[], id)])::jsonb END
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
  WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited
 ), counted AS (
@@ -761,9 +761,9 @@ WITH completed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
        result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[array_position(%(ids)b::bigint[], id)])::jsonb END
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
  WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited
 ), counted AS (
@@ -788,7 +788,7 @@ SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0;
 UPDATE "public"."miniqueue_jobs"
    SET lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[array_position(%(ids)b::bigint[], id)]
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, lease_expires_at;
 
@@ -1197,6 +1197,18 @@ SELECT count(*) FROM pruned;
 
 -- _schema_version
 SELECT coalesce(max(version), 0) FROM "public"."miniqueue_migrations";
+
+-- _jobs_churn
+SELECT pg_stat_get_live_tuples(c.oid), pg_stat_get_dead_tuples(c.oid), pg_stat_get_mod_since_analyze(c.oid),
+       pg_has_role(c.relowner, 'USAGE')
+  FROM pg_class c
+ WHERE c.oid = to_regclass(%(table)s);
+
+-- _vacuum_jobs
+VACUUM (SKIP_LOCKED, ANALYZE) "public"."miniqueue_jobs";
+
+-- _analyze_jobs
+ANALYZE (SKIP_LOCKED) "public"."miniqueue_jobs";
 
 -- _versions_table
 "public"."miniqueue_migrations";

@@ -1,0 +1,95 @@
+"""The reaper's upkeep of the jobs table: vacuum and fresh planner statistics between
+autovacuum's visits.
+
+A queue table churns as no other: every job is inserted, updated when claimed and updated
+again when it finishes. Two things follow, and both slow the claim down as a backlog drains:
+
+- every claimed job leaves a dead entry at the head of the claim index until the table is
+  vacuumed, and each claim steps over all of them;
+- the planner's statistics describe the table as it was when last analyzed (empty, say, before
+  a million jobs arrived), and the plans of the worker's statements are made from them.
+
+Autovacuum deals with both, but the server looks at each database once per
+``autovacuum_naptime`` (a minute by default), and a queue drains tens of thousands of jobs in
+that time. So the reaper's process runs this loop on a thread and a connection of its own:
+once a second it reads the table's statistics (a catalog lookup); when the dead rows, or the
+rows changed since the last ANALYZE, pass ``MAINTAIN_AFTER_ROWS`` plus ``MAINTAIN_SCALE`` of the
+live ones, it runs ``VACUUM (SKIP_LOCKED, ANALYZE)`` (or only ``ANALYZE`` when the dead rows
+are few). It then rests at least ``REST_FACTOR`` times as long as that took, so that upkeep of
+a large table never takes more than a third of one backend's time. A role that does not own the
+table cannot vacuum it: the loop says so once and leaves the table to autovacuum. See the
+README's "Operating at scale" section for what it buys.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from .db import Connection, connect
+from .errors import DatabaseUnavailable
+from .store import Store
+
+log = logging.getLogger("miniqueue.vacuum")
+
+#: Seconds between readings of the table's statistics.
+CHECK_INTERVAL = 1.0
+#: Dead or changed rows that call for upkeep: this many, plus this share of the live rows.
+MAINTAIN_AFTER_ROWS = 10_000
+MAINTAIN_SCALE = 0.02
+#: After upkeep, rest at least this many times as long as it took.
+REST_FACTOR = 2.0
+
+
+class Vacuum:
+    """Keeps the jobs table of ``store``'s schema vacuumed and analyzed until ``stopping`` is set
+    (upkeep is due at ``after_rows`` dead or changed rows plus ``MAINTAIN_SCALE`` of the live ones)."""
+
+    def __init__(
+        self, dsn: str, store: Store, stopping: threading.Event, *, after_rows: int = MAINTAIN_AFTER_ROWS
+    ) -> None:
+        self.dsn = dsn
+        self.store = store
+        self.stopping = stopping
+        self.after_rows = after_rows
+        self._conn: Connection | None = None
+
+    def run(self) -> None:
+        rest = CHECK_INTERVAL
+        while not self.stopping.wait(rest):
+            try:
+                rest = self.step()
+            except DatabaseUnavailable as exc:
+                log.warning("vacuum: %s; retrying", exc)
+                self.close()
+                rest = CHECK_INTERVAL
+            if rest < 0:
+                break
+        self.close()
+
+    def step(self) -> float:
+        """Read the table's statistics and vacuum or analyze it if due; return the seconds to
+        rest before the next step (negative: this role may not, so stop)."""
+        if self._conn is None:
+            self._conn = connect(self.dsn, purpose="vacuum", schema=self.store.schema, connect_timeout=5)
+        churn = self.store.jobs_churn(self._conn)
+        if not churn.may_maintain:
+            log.info("vacuum: this role does not own %s; vacuum and analyze are left to autovacuum",
+                     self.store.table_name)  # fmt: skip
+            return -1.0
+        due = self.after_rows + MAINTAIN_SCALE * churn.live
+        if churn.dead < due and churn.changed < due:
+            return CHECK_INTERVAL
+        started = time.monotonic()
+        self.store.vacuum_jobs(self._conn, analyze_only=churn.dead < due)
+        took = time.monotonic() - started
+        log.debug("vacuum: %s %s in %.2f s (%d live rows, %d dead, %d changed since analyzed)",
+                  self.store.table_name, "analyzed" if churn.dead < due else "vacuumed and analyzed", took,
+                  churn.live, churn.dead, churn.changed)  # fmt: skip
+        return max(CHECK_INTERVAL, REST_FACTOR * took)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()

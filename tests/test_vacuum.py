@@ -1,0 +1,162 @@
+"""The reaper's upkeep of the jobs table (miniqueue.vacuum): vacuum and analyze as claims churn
+it, only ANALYZE for rows that are new, nothing for a role that does not own the table."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from miniqueue import Client, JobSpec
+from miniqueue.db import connect
+from miniqueue.reaper import Reaper, ReaperConfig
+from miniqueue.store import JobsChurn, Store
+from miniqueue.testing import database as testing_db
+from miniqueue.vacuum import Vacuum
+
+JOBS = 300
+AFTER_ROWS = 100  # upkeep is due past this many rows here, so that a few hundred jobs call for it
+
+
+@pytest.fixture
+def own_dsn(server_dsn: str) -> Iterator[str]:
+    """A migrated database of the test's own: the table statistics must be this test's alone."""
+    dsn = testing_db.create_database(server_dsn, prefix="miniqueue_vacuum")
+    yield dsn
+    testing_db.drop_database(server_dsn, dsn)
+
+
+def churn(dsn: str) -> JobsChurn:
+    with connect(dsn, purpose="test") as conn:
+        return Store().jobs_churn(conn)
+
+
+def maintenance(dsn: str) -> tuple[int, int]:
+    """How often the jobs table was vacuumed and analyzed by hand (not by autovacuum)."""
+    with connect(dsn, purpose="test") as conn:
+        row = conn.execute(
+            "SELECT vacuum_count, analyze_count FROM pg_stat_user_tables WHERE relname = 'miniqueue_jobs'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def wait_for_churn(dsn: str, *, dead: int = 0, changed: int = 0) -> None:
+    """Poll until the server's statistics show the rows a finished connection wrote (each
+    backend reports its counts when it goes idle or exits, a moment later)."""
+    deadline = time.monotonic() + 20
+    while True:
+        seen = churn(dsn)
+        if seen.dead >= dead and seen.changed >= changed:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"statistics never showed {dead} dead and {changed} changed rows: {seen}")
+        time.sleep(0.05)
+
+
+def drain(dsn: str, jobs: int) -> None:
+    """Enqueue, claim and complete ``jobs`` jobs, on connections closed afterwards."""
+    with Client(dsn) as client:
+        client.enqueue_many([JobSpec("t", {"n": n}) for n in range(jobs)])
+    store = Store()
+    with connect(dsn, purpose="test") as conn:
+        leases = store.claim(conn, ["default"], "w1", 60, jobs)
+        assert len(leases) == jobs
+        assert len(store.complete_many(conn, "w1", [(lease.id, lease.attempt) for lease in leases])) == jobs
+
+
+def test_claims_that_leave_dead_rows_get_the_table_vacuumed_and_analyzed(own_dsn: str) -> None:
+    drain(own_dsn, JOBS)
+    wait_for_churn(own_dsn, dead=2 * JOBS)  # a claim and a completion each leave one
+    before = maintenance(own_dsn)
+
+    rest = Vacuum(own_dsn, Store(), threading.Event(), after_rows=AFTER_ROWS).step()
+
+    assert rest >= 1.0
+    assert maintenance(own_dsn) == (before[0] + 1, before[1] + 1)
+    assert churn(own_dsn).dead == 0
+
+
+def test_new_rows_are_analyzed_without_a_vacuum(own_dsn: str) -> None:
+    with Client(own_dsn) as client:
+        client.enqueue_many([JobSpec("t", {"n": n}) for n in range(JOBS)])
+    wait_for_churn(own_dsn, changed=JOBS)
+    before = maintenance(own_dsn)
+
+    Vacuum(own_dsn, Store(), threading.Event(), after_rows=AFTER_ROWS).step()
+
+    assert maintenance(own_dsn) == (before[0], before[1] + 1)
+    assert churn(own_dsn).changed == 0
+
+
+def test_nothing_is_done_below_the_threshold(own_dsn: str) -> None:
+    drain(own_dsn, 20)
+    wait_for_churn(own_dsn, dead=40)
+    before = maintenance(own_dsn)
+
+    assert Vacuum(own_dsn, Store(), threading.Event(), after_rows=AFTER_ROWS).step() == 1.0
+
+    assert maintenance(own_dsn) == before
+
+
+def test_a_role_that_does_not_own_the_table_leaves_it_to_autovacuum(
+    own_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    role = f"miniqueue_tenant_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(own_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        drain(own_dsn, JOBS)
+        wait_for_churn(own_dsn, dead=2 * JOBS)
+        before = maintenance(own_dsn)
+        tenant = make_conninfo(own_dsn, user=role, password="")
+
+        with caplog.at_level(logging.INFO, logger="miniqueue.vacuum"):
+            assert Vacuum(tenant, Store(), threading.Event(), after_rows=AFTER_ROWS).step() < 0
+
+        assert "does not own" in caplog.text and "left to autovacuum" in caplog.text
+        assert maintenance(own_dsn) == before
+    finally:
+        with psycopg.connect(own_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_reaper_runs_the_upkeep_unless_told_not_to(own_dsn: str) -> None:
+    drain(own_dsn, 12_000)  # past the default threshold on a small table
+    wait_for_churn(own_dsn, dead=24_000)
+    before = maintenance(own_dsn)
+
+    with running_reaper(own_dsn, vacuum=False):
+        assert "miniqueue-vacuum" not in {t.name for t in threading.enumerate()}
+    assert maintenance(own_dsn) == before
+
+    with running_reaper(own_dsn, vacuum=True):
+        deadline = time.monotonic() + 20
+        while maintenance(own_dsn)[0] == before[0]:
+            assert time.monotonic() < deadline, "the reaper never vacuumed the table"
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def running_reaper(dsn: str, *, vacuum: bool) -> Iterator[Reaper]:
+    """A reaper on a thread, yielded once its first pass has started."""
+    reaper = Reaper(dsn, ReaperConfig(interval=0.05, vacuum=vacuum))
+    runner = threading.Thread(target=reaper.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while reaper._conn is None:
+            assert time.monotonic() < deadline, "the reaper never connected"
+            time.sleep(0.01)
+        yield reaper
+    finally:
+        reaper.stop()
+        runner.join()
