@@ -1,5 +1,5 @@
--- The queue is this table. This is the seed system's schema, kept as it was so that the
--- later migrations read as a record of what miniqueue added and why.
+-- The queue is this table. This is the first schema, kept as it was so that the later
+-- migrations read as a record of what miniqueue added and why.
 CREATE TABLE miniqueue_jobs (
     id               BIGSERIAL PRIMARY KEY,
     queue            TEXT        NOT NULL,

@@ -806,12 +806,15 @@ SELECT count(*) FROM pruned
 _HAS_VERSIONS = "SELECT to_regclass(%(versions)s) IS NOT NULL"
 _SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM {migrations}"
 
-# The jobs table's churn, for the reaper's upkeep (see miniqueue.vacuum): live rows, dead rows
-# (each claim and completion leaves one), rows changed since the planner's statistics were
-# taken, and whether this role may vacuum and analyze the table (it owns it).
+# The jobs table's churn, for the reaper's upkeep (see miniqueue.vacuum): live rows, rows updated
+# since the server's statistics began (a claim and a completion update one each), rows changed
+# since the planner's statistics were taken, when a vacuum last finished, and whether this role
+# may vacuum and analyze the table (it owns it).
 _JOBS_CHURN = """
-SELECT pg_stat_get_live_tuples(c.oid), pg_stat_get_dead_tuples(c.oid), pg_stat_get_mod_since_analyze(c.oid),
-       pg_has_role(c.relowner, 'USAGE')
+SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_updated(c.oid) AS updated,
+       pg_stat_get_mod_since_analyze(c.oid) AS changed,
+       greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
+       pg_has_role(c.relowner, 'USAGE') AS may_maintain
   FROM pg_class c
  WHERE c.oid = to_regclass(%(table)s)
 """
@@ -861,13 +864,15 @@ class LimitWait(NamedTuple):
 
 
 class JobsChurn(NamedTuple):
-    """The jobs table's statistics as the server keeps them: ``live`` and ``dead`` rows, rows
-    ``changed`` since the planner's statistics were last taken, and whether this role may vacuum
-    and analyze the table."""
+    """The jobs table's statistics as the server keeps them: ``live`` rows, rows ``updated``
+    since the statistics began, rows ``changed`` since the planner's statistics were taken,
+    when a vacuum last finished (``None``: never), and whether this role may vacuum and analyze
+    the table."""
 
     live: int
-    dead: int
+    updated: int
     changed: int
+    last_vacuum: dt.datetime | None
     may_maintain: bool
 
 
@@ -1725,8 +1730,7 @@ class Store:
 
     def jobs_churn(self, conn: Connection) -> JobsChurn:
         """The jobs table's statistics, as the reaper's upkeep reads them (see :class:`JobsChurn`)."""
-        row = self._rows(conn, self._jobs_churn, {"table": self.table_name})[0]
-        return JobsChurn(live=int(row[0]), dead=int(row[1]), changed=int(row[2]), may_maintain=bool(row[3]))
+        return JobsChurn(**self._named_rows(conn, self._jobs_churn, {"table": self.table_name})[0])
 
     def vacuum_jobs(self, conn: Connection, *, analyze_only: bool = False) -> None:
         """VACUUM and ANALYZE the jobs table (or only ANALYZE it), unless another vacuum or

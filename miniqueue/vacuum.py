@@ -11,18 +11,22 @@ again when it finishes. Two things follow, and both slow the claim down as a bac
 
 Autovacuum deals with both, but the server looks at each database once per
 ``autovacuum_naptime`` (a minute by default), and a queue drains tens of thousands of jobs in
-that time. So the reaper's process runs this loop on a thread and a connection of its own:
-once a second it reads the table's statistics (a catalog lookup); when the dead rows, or the
-rows changed since the last ANALYZE, pass ``MAINTAIN_AFTER_ROWS`` plus ``MAINTAIN_SCALE`` of the
-live ones, it runs ``VACUUM (SKIP_LOCKED, ANALYZE)`` (or only ``ANALYZE`` when the dead rows
-are few). It then rests at least ``REST_FACTOR`` times as long as that took, so that upkeep of
-a large table never takes more than a third of one backend's time. A role that does not own the
-table cannot vacuum it: the loop says so once and leaves the table to autovacuum. See the
-README's "Operating at scale" section for what it buys.
+that time. So the reaper's process runs this loop on a thread and a connection of its own.
+Once a second it reads the table's statistics (a catalog lookup). When claims and completions
+have updated ``after_rows`` rows plus ``MAINTAIN_SCALE`` of the live ones since the last vacuum
+(its own or autovacuum's), it runs ``VACUUM (SKIP_LOCKED, ANALYZE)``; when as many rows were
+inserted, updated or deleted since the last ANALYZE (a backlog arrived, say), only ``ANALYZE``.
+Rows deleted by pruning call for no vacuum of their own: they lie past the claim's path, and
+vacuuming a table of millions of finished rows as they go would take the database's time from
+the jobs. After upkeep the loop rests at least ``REST_FACTOR`` times as long as it took, so that
+it never takes more than a third of one backend's time. A role that does not own the table
+cannot vacuum it: the loop says so once and leaves the table to autovacuum. See the README's
+"Vacuum and planner statistics" section for what it buys.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -35,7 +39,8 @@ log = logging.getLogger("miniqueue.vacuum")
 
 #: Seconds between readings of the table's statistics.
 CHECK_INTERVAL = 1.0
-#: Dead or changed rows that call for upkeep: this many, plus this share of the live rows.
+#: Rows updated (for a vacuum) or changed (for an ANALYZE) that call for upkeep: this many,
+#: plus this share of the live rows.
 MAINTAIN_AFTER_ROWS = 10_000
 MAINTAIN_SCALE = 0.02
 #: After upkeep, rest at least this many times as long as it took.
@@ -44,7 +49,7 @@ REST_FACTOR = 2.0
 
 class Vacuum:
     """Keeps the jobs table of ``store``'s schema vacuumed and analyzed until ``stopping`` is set
-    (upkeep is due at ``after_rows`` dead or changed rows plus ``MAINTAIN_SCALE`` of the live ones)."""
+    (upkeep is due at ``after_rows`` rows plus ``MAINTAIN_SCALE`` of the live ones)."""
 
     def __init__(
         self, dsn: str, store: Store, stopping: threading.Event, *, after_rows: int = MAINTAIN_AFTER_ROWS
@@ -54,6 +59,9 @@ class Vacuum:
         self.stopping = stopping
         self.after_rows = after_rows
         self._conn: Connection | None = None
+        #: The count of rows updated when the table was last vacuumed (None: not read yet).
+        self._vacuumed_at: int | None = None
+        self._last_vacuum: dt.datetime | None = None
 
     def run(self) -> None:
         rest = CHECK_INTERVAL
@@ -78,15 +86,21 @@ class Vacuum:
             log.info("vacuum: this role does not own %s; vacuum and analyze are left to autovacuum",
                      self.store.table_name)  # fmt: skip
             return -1.0
+        if self._vacuumed_at is None or churn.updated < self._vacuumed_at or churn.last_vacuum != self._last_vacuum:
+            # The first reading, statistics reset, or a vacuum finished since: count from here.
+            self._vacuumed_at, self._last_vacuum = churn.updated, churn.last_vacuum
         due = self.after_rows + MAINTAIN_SCALE * churn.live
-        if churn.dead < due and churn.changed < due:
+        vacuum = churn.updated - self._vacuumed_at >= due
+        if not vacuum and churn.changed < due:
             return CHECK_INTERVAL
         started = time.monotonic()
-        self.store.vacuum_jobs(self._conn, analyze_only=churn.dead < due)
+        self.store.vacuum_jobs(self._conn, analyze_only=not vacuum)
         took = time.monotonic() - started
-        log.debug("vacuum: %s %s in %.2f s (%d live rows, %d dead, %d changed since analyzed)",
-                  self.store.table_name, "analyzed" if churn.dead < due else "vacuumed and analyzed", took,
-                  churn.live, churn.dead, churn.changed)  # fmt: skip
+        if vacuum:
+            self._vacuumed_at = churn.updated
+        log.debug("vacuum: %s %s in %.2f s (%d live rows, %d updated since vacuumed, %d changed since analyzed)",
+                  self.store.table_name, "vacuumed and analyzed" if vacuum else "analyzed", took, churn.live,
+                  churn.updated - self._vacuumed_at, churn.changed)  # fmt: skip
         return max(CHECK_INTERVAL, REST_FACTOR * took)
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from miniqueue import Client, JobSpec
+from miniqueue import Client, JobSpec, State
 from miniqueue.db import connect
 from miniqueue.reaper import Reaper, ReaperConfig
 from miniqueue.store import JobsChurn, Store
@@ -28,8 +28,11 @@ AFTER_ROWS = 100  # upkeep is due past this many rows here, so that a few hundre
 
 @pytest.fixture
 def own_dsn(server_dsn: str) -> Iterator[str]:
-    """A migrated database of the test's own: the table statistics must be this test's alone."""
+    """A migrated database of the test's own (the table statistics must be this test's alone),
+    where autovacuum leaves the jobs table to the reaper."""
     dsn = testing_db.create_database(server_dsn, prefix="miniqueue_vacuum")
+    with connect(dsn, purpose="test") as conn:
+        conn.execute("ALTER TABLE miniqueue_jobs SET (autovacuum_enabled = false)")
     yield dsn
     testing_db.drop_database(server_dsn, dsn)
 
@@ -49,23 +52,26 @@ def maintenance(dsn: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def wait_for_churn(dsn: str, *, dead: int = 0, changed: int = 0) -> None:
+def wait_for_churn(dsn: str, *, updated: int = 0, changed: int = 0) -> None:
     """Poll until the server's statistics show the rows a finished connection wrote (each
     backend reports its counts when it goes idle or exits, a moment later)."""
     deadline = time.monotonic() + 20
     while True:
         seen = churn(dsn)
-        if seen.dead >= dead and seen.changed >= changed:
+        if seen.updated >= updated and seen.changed >= changed:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"statistics never showed {dead} dead and {changed} changed rows: {seen}")
+            raise AssertionError(f"statistics never showed {updated} updated and {changed} changed rows: {seen}")
         time.sleep(0.05)
 
 
-def drain(dsn: str, jobs: int) -> None:
-    """Enqueue, claim and complete ``jobs`` jobs, on connections closed afterwards."""
+def enqueue(dsn: str, jobs: int) -> None:
     with Client(dsn) as client:
         client.enqueue_many([JobSpec("t", {"n": n}) for n in range(jobs)])
+
+
+def claim_and_complete(dsn: str, jobs: int) -> None:
+    """Claim and complete ``jobs`` available jobs, on a connection closed afterwards."""
     store = Store()
     with connect(dsn, purpose="test") as conn:
         leases = store.claim(conn, ["default"], "w1", 60, jobs)
@@ -73,38 +79,53 @@ def drain(dsn: str, jobs: int) -> None:
         assert len(store.complete_many(conn, "w1", [(lease.id, lease.attempt) for lease in leases])) == jobs
 
 
-def test_claims_that_leave_dead_rows_get_the_table_vacuumed_and_analyzed(own_dsn: str) -> None:
-    drain(own_dsn, JOBS)
-    wait_for_churn(own_dsn, dead=2 * JOBS)  # a claim and a completion each leave one
+def upkeep(dsn: str) -> Vacuum:
+    return Vacuum(dsn, Store(), threading.Event(), after_rows=AFTER_ROWS)
+
+
+def test_claims_and_completions_get_the_table_vacuumed_and_analyzed(own_dsn: str) -> None:
+    enqueue(own_dsn, JOBS)
+    vacuum = upkeep(own_dsn)
+    vacuum.step()  # the first reading: rows are counted from here
     before = maintenance(own_dsn)
 
-    rest = Vacuum(own_dsn, Store(), threading.Event(), after_rows=AFTER_ROWS).step()
+    claim_and_complete(own_dsn, JOBS)
+    wait_for_churn(own_dsn, updated=2 * JOBS)  # a claim and a completion update one row each
+    rest = vacuum.step()
 
     assert rest >= 1.0
     assert maintenance(own_dsn) == (before[0] + 1, before[1] + 1)
-    assert churn(own_dsn).dead == 0
+    assert vacuum.step() == 1.0, "nothing more is due right after"
+    assert maintenance(own_dsn) == (before[0] + 1, before[1] + 1)
 
 
 def test_new_rows_are_analyzed_without_a_vacuum(own_dsn: str) -> None:
-    with Client(own_dsn) as client:
-        client.enqueue_many([JobSpec("t", {"n": n}) for n in range(JOBS)])
-    wait_for_churn(own_dsn, changed=JOBS)
+    vacuum = upkeep(own_dsn)
+    vacuum.step()
     before = maintenance(own_dsn)
 
-    Vacuum(own_dsn, Store(), threading.Event(), after_rows=AFTER_ROWS).step()
+    enqueue(own_dsn, JOBS)
+    wait_for_churn(own_dsn, changed=JOBS)
+    vacuum.step()
 
     assert maintenance(own_dsn) == (before[0], before[1] + 1)
     assert churn(own_dsn).changed == 0
 
 
-def test_nothing_is_done_below_the_threshold(own_dsn: str) -> None:
-    drain(own_dsn, 20)
-    wait_for_churn(own_dsn, dead=40)
-    before = maintenance(own_dsn)
+def test_pruned_rows_call_for_no_vacuum(own_dsn: str) -> None:
+    enqueue(own_dsn, 20)
+    claim_and_complete(own_dsn, 20)
+    vacuum = upkeep(own_dsn)
+    vacuum.step()
+    with connect(own_dsn, purpose="test") as conn:
+        conn.execute("UPDATE miniqueue_jobs SET finished_at = now() - interval '2 days'")
+        assert Store().prune(conn, [State.COMPLETED], 3600) == 20
+    wait_for_churn(own_dsn, updated=60)
+    vacuums = maintenance(own_dsn)[0]
 
-    assert Vacuum(own_dsn, Store(), threading.Event(), after_rows=AFTER_ROWS).step() == 1.0
+    vacuum.step()  # it may ANALYZE (the deletes changed rows), but not vacuum
 
-    assert maintenance(own_dsn) == before
+    assert maintenance(own_dsn)[0] == vacuums
 
 
 def test_a_role_that_does_not_own_the_table_leaves_it_to_autovacuum(
@@ -114,13 +135,13 @@ def test_a_role_that_does_not_own_the_table_leaves_it_to_autovacuum(
     with psycopg.connect(own_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     try:
-        drain(own_dsn, JOBS)
-        wait_for_churn(own_dsn, dead=2 * JOBS)
+        enqueue(own_dsn, JOBS)
+        wait_for_churn(own_dsn, changed=JOBS)
         before = maintenance(own_dsn)
         tenant = make_conninfo(own_dsn, user=role, password="")
 
         with caplog.at_level(logging.INFO, logger="miniqueue.vacuum"):
-            assert Vacuum(tenant, Store(), threading.Event(), after_rows=AFTER_ROWS).step() < 0
+            assert upkeep(tenant).step() < 0
 
         assert "does not own" in caplog.text and "left to autovacuum" in caplog.text
         assert maintenance(own_dsn) == before
@@ -130,19 +151,10 @@ def test_a_role_that_does_not_own_the_table_leaves_it_to_autovacuum(
 
 
 def test_the_reaper_runs_the_upkeep_unless_told_not_to(own_dsn: str) -> None:
-    drain(own_dsn, 12_000)  # past the default threshold on a small table
-    wait_for_churn(own_dsn, dead=24_000)
-    before = maintenance(own_dsn)
-
-    with running_reaper(own_dsn, vacuum=False):
-        assert "miniqueue-vacuum" not in {t.name for t in threading.enumerate()}
-    assert maintenance(own_dsn) == before
-
-    with running_reaper(own_dsn, vacuum=True):
-        deadline = time.monotonic() + 20
-        while maintenance(own_dsn)[0] == before[0]:
-            assert time.monotonic() < deadline, "the reaper never vacuumed the table"
-            time.sleep(0.05)
+    upkeep_threads = {False: 0, True: 1}
+    for vacuum, expected in upkeep_threads.items():
+        with running_reaper(own_dsn, vacuum=vacuum):
+            assert sum(t.name == "miniqueue-vacuum" for t in threading.enumerate()) == expected
 
 
 @contextlib.contextmanager
