@@ -806,14 +806,15 @@ SELECT count(*) FROM pruned
 _HAS_VERSIONS = "SELECT to_regclass(%(versions)s) IS NOT NULL"
 _SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM {migrations}"
 
-# The jobs table's churn, for the reaper's upkeep (see miniqueue.vacuum): live rows, rows updated
-# since the server's statistics began (a claim and a completion update one each), rows changed
-# since the planner's statistics were taken, when a vacuum last finished, and whether this role
-# may vacuum and analyze the table (it owns it).
+# The jobs table's churn, for the reaper's upkeep (see miniqueue.vacuum): live rows, rows
+# inserted and updated since the server's statistics began (a claim and a completion update one
+# each), rows changed since the planner's statistics were taken, when a vacuum and an analyze
+# last finished, and whether this role may vacuum and analyze the table (it owns it).
 _JOBS_CHURN = """
-SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_updated(c.oid) AS updated,
-       pg_stat_get_mod_since_analyze(c.oid) AS changed,
+SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid) AS inserted,
+       pg_stat_get_tuples_updated(c.oid) AS updated, pg_stat_get_mod_since_analyze(c.oid) AS changed,
        greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
+       greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
        pg_has_role(c.relowner, 'USAGE') AS may_maintain
   FROM pg_class c
  WHERE c.oid = to_regclass(%(table)s)
@@ -864,15 +865,17 @@ class LimitWait(NamedTuple):
 
 
 class JobsChurn(NamedTuple):
-    """The jobs table's statistics as the server keeps them: ``live`` rows, rows ``updated``
-    since the statistics began, rows ``changed`` since the planner's statistics were taken,
-    when a vacuum last finished (``None``: never), and whether this role may vacuum and analyze
-    the table."""
+    """The jobs table's statistics as the server keeps them: ``live`` rows, rows ``inserted``
+    and ``updated`` since the statistics began, rows ``changed`` (inserted, updated or deleted)
+    since the planner's statistics were taken, when a vacuum and an analyze last finished
+    (``None``: never), and whether this role may vacuum and analyze the table."""
 
     live: int
+    inserted: int
     updated: int
     changed: int
     last_vacuum: dt.datetime | None
+    last_analyze: dt.datetime | None
     may_maintain: bool
 
 

@@ -15,10 +15,10 @@ that time. So the reaper's process runs this loop on a thread and a connection o
 Once a second it reads the table's statistics (a catalog lookup). When claims and completions
 have updated ``after_rows`` rows plus ``MAINTAIN_SCALE`` of the live ones since the last vacuum
 (its own or autovacuum's), it runs ``VACUUM (SKIP_LOCKED, ANALYZE)``; when as many rows were
-inserted, updated or deleted since the last ANALYZE (a backlog arrived, say), only ``ANALYZE``.
-Rows deleted by pruning call for no vacuum of their own: they lie past the claim's path, and
-vacuuming a table of millions of finished rows as they go would take the database's time from
-the jobs. After upkeep the loop rests at least ``REST_FACTOR`` times as long as it took, so that
+inserted or updated since the last ANALYZE (a backlog arrived, say), only ``ANALYZE``. Rows
+deleted by pruning call for neither: they lie off the claim's path, and vacuuming or analyzing
+a table of millions of finished rows as they go would take the database's time from the jobs.
+After upkeep the loop rests at least ``REST_FACTOR`` times as long as it took, so that
 it never takes more than a third of one backend's time. A role that does not own the table
 cannot vacuum it: the loop says so once and leaves the table to autovacuum. See the README's
 "Vacuum and planner statistics" section for what it buys.
@@ -39,8 +39,8 @@ log = logging.getLogger("miniqueue.vacuum")
 
 #: Seconds between readings of the table's statistics.
 CHECK_INTERVAL = 1.0
-#: Rows updated (for a vacuum) or changed (for an ANALYZE) that call for upkeep: this many,
-#: plus this share of the live rows.
+#: Rows updated (for a vacuum) or inserted and updated (for an ANALYZE) that call for upkeep:
+#: this many, plus this share of the live rows.
 MAINTAIN_AFTER_ROWS = 10_000
 MAINTAIN_SCALE = 0.02
 #: After upkeep, rest at least this many times as long as it took.
@@ -59,9 +59,12 @@ class Vacuum:
         self.stopping = stopping
         self.after_rows = after_rows
         self._conn: Connection | None = None
-        #: The count of rows updated when the table was last vacuumed (None: not read yet).
+        #: The counts of rows updated at the last vacuum, and inserted and updated at the last
+        #: ANALYZE, that this loop knows of (None: not read yet), and when those happened.
         self._vacuumed_at: int | None = None
+        self._analyzed_at: int | None = None
         self._last_vacuum: dt.datetime | None = None
+        self._last_analyze: dt.datetime | None = None
 
     def run(self) -> None:
         rest = CHECK_INTERVAL
@@ -86,21 +89,29 @@ class Vacuum:
             log.info("vacuum: this role does not own %s; vacuum and analyze are left to autovacuum",
                      self.store.table_name)  # fmt: skip
             return -1.0
+        written = churn.inserted + churn.updated
         if self._vacuumed_at is None or churn.updated < self._vacuumed_at or churn.last_vacuum != self._last_vacuum:
             # The first reading, statistics reset, or a vacuum finished since: count from here.
             self._vacuumed_at, self._last_vacuum = churn.updated, churn.last_vacuum
+        if self._analyzed_at is None or written < self._analyzed_at or churn.last_analyze != self._last_analyze:
+            # As above; what changed before the first reading still counts (a backlog that
+            # arrived while no reaper ran).
+            first = self._analyzed_at is None
+            self._analyzed_at = written - (min(churn.changed, written) if first else 0)
+            self._last_analyze = churn.last_analyze
         due = self.after_rows + MAINTAIN_SCALE * churn.live
         vacuum = churn.updated - self._vacuumed_at >= due
-        if not vacuum and churn.changed < due:
+        if not vacuum and written - self._analyzed_at < due:
             return CHECK_INTERVAL
         started = time.monotonic()
         self.store.vacuum_jobs(self._conn, analyze_only=not vacuum)
         took = time.monotonic() - started
+        log.debug("vacuum: %s %s in %.2f s (%d live rows, %d updated since vacuumed, %d written since analyzed)",
+                  self.store.table_name, "vacuumed and analyzed" if vacuum else "analyzed", took, churn.live,
+                  churn.updated - self._vacuumed_at, written - self._analyzed_at)  # fmt: skip
         if vacuum:
             self._vacuumed_at = churn.updated
-        log.debug("vacuum: %s %s in %.2f s (%d live rows, %d updated since vacuumed, %d changed since analyzed)",
-                  self.store.table_name, "vacuumed and analyzed" if vacuum else "analyzed", took, churn.live,
-                  churn.updated - self._vacuumed_at, churn.changed)  # fmt: skip
+        self._analyzed_at = written
         return max(CHECK_INTERVAL, REST_FACTOR * took)
 
     def close(self) -> None:

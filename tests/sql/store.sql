@@ -1199,9 +1199,10 @@ SELECT count(*) FROM pruned;
 SELECT coalesce(max(version), 0) FROM "public"."miniqueue_migrations";
 
 -- _jobs_churn
-SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_updated(c.oid) AS updated,
-       pg_stat_get_mod_since_analyze(c.oid) AS changed,
+SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid) AS inserted,
+       pg_stat_get_tuples_updated(c.oid) AS updated, pg_stat_get_mod_since_analyze(c.oid) AS changed,
        greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
+       greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
        pg_has_role(c.relowner, 'USAGE') AS may_maintain
   FROM pg_class c
  WHERE c.oid = to_regclass(%(table)s);
