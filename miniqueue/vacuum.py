@@ -31,8 +31,10 @@ import logging
 import threading
 import time
 
+import psycopg
+
 from .db import Connection, connect
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, MiniqueueError
 from .store import Store
 
 log = logging.getLogger("miniqueue.vacuum")
@@ -45,6 +47,8 @@ MAINTAIN_AFTER_ROWS = 10_000
 MAINTAIN_SCALE = 0.02
 #: After upkeep, rest at least this many times as long as it took.
 REST_FACTOR = 2.0
+#: Seconds to rest after upkeep failed for another reason than the database being unreachable.
+ERROR_REST = 60.0
 
 
 class Vacuum:
@@ -75,6 +79,10 @@ class Vacuum:
                 log.warning("vacuum: %s; retrying", exc)
                 self.close()
                 rest = CHECK_INTERVAL
+            except (psycopg.Error, MiniqueueError) as exc:  # upkeep must never end the reaper: say so, go on
+                log.warning("vacuum: %s failed: %s; trying again in %.0f s", self.store.table_name, exc, ERROR_REST)
+                self.close()
+                rest = ERROR_REST
             if rest < 0:
                 break
         self.close()

@@ -173,3 +173,22 @@ def running_reaper(dsn: str, *, vacuum: bool) -> Iterator[Reaper]:
     finally:
         reaper.stop()
         runner.join()
+
+
+def test_upkeep_that_fails_says_so_and_carries_on(fresh_database: str, caplog: pytest.LogCaptureFixture) -> None:
+    # An unmigrated database: the statistics cannot be read. The loop logs it and rests; it
+    # never ends the reaper's process.
+    stopping = threading.Event()
+    vacuum = Vacuum(fresh_database, Store(), stopping, after_rows=AFTER_ROWS)
+    runner = threading.Thread(target=vacuum.run)
+    with caplog.at_level(logging.WARNING, logger="miniqueue.vacuum"):
+        runner.start()
+        try:
+            deadline = time.monotonic() + 20
+            while "run `miniqueue migrate` first" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.05)
+            assert runner.is_alive()
+        finally:
+            stopping.set()
+            runner.join()

@@ -1205,7 +1205,7 @@ SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid
        greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
        pg_has_role(c.relowner, 'USAGE') AS may_maintain
   FROM pg_class c
- WHERE c.oid = to_regclass(%(table)s);
+ WHERE c.oid = %(table)s::regclass;
 
 -- _vacuum_jobs
 VACUUM (SKIP_LOCKED, ANALYZE) "public"."miniqueue_jobs";
