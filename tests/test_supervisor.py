@@ -4,6 +4,7 @@ and killed for real."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,6 +140,8 @@ def test_a_stop_interrupting_a_job_spends_no_attempt(
     assert (stored["state"], stored["attempt"], stored["max_attempts"]) == ("available", 1, 2)
     [note] = interruptions(conn, job_id)
     assert "the supervisor was asked to stop" in note and note.endswith("attempt not charged")
+    if deaf:  # still running when its worker ended: the note says for how long
+        assert re.match(r"interrupted after \d+\.\ds: ", note), f"the note says how long the job ran: {note!r}"
     assert "died" not in (stored["last_error"] or "")
 
 
