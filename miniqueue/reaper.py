@@ -112,6 +112,7 @@ class Reaper:
         if self.config.prune:
             result.pruned, result.more_to_prune = self._prune(self._conn)
         result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))
+        self.store.trim_throughput(self._conn)
         return result
 
     def _prune(self, conn: Connection) -> tuple[int, bool]:

@@ -106,3 +106,36 @@ def test_pruning_a_backlog_comes_in_slices_and_keeps_the_counts(
         reaper.close()
     assert [(p.pruned, p.more_to_prune) for p in passes] == [(1000, True), (1000, True), (500, False)]
     assert by_count(conn) == by_stats(store, conn) == {}
+
+
+def test_throughput_counts_each_minutes_finished_jobs_and_old_minutes_are_trimmed(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    client.enqueue_many([JobSpec("t", queue="a") for _ in range(5)])
+    leases = claim(store, conn, "a", 5)
+    done, failing = leases[:3], leases[3:]
+    store.complete_many(conn, W, done)
+    for job_id, attempt in failing:
+        store.fail(conn, job_id, W, attempt, "PermanentError: no")
+    assert per_state(store, conn) == {State.COMPLETED: 3, State.FAILED: 2}
+
+    # Finishing events stay counted in their minute: pruning the jobs later changes nothing.
+    conn.execute("UPDATE miniqueue_jobs SET finished_at = now() - interval '2 days'")
+    assert store.prune(conn, [State.COMPLETED], 3600) == 3
+    assert per_state(store, conn) == {State.COMPLETED: 3, State.FAILED: 2}
+
+    # Minutes older than the chart shows are dropped by the reaper's pass.
+    conn.execute("INSERT INTO miniqueue_finished_minutes VALUES (date_trunc('minute', now()) - interval '3 hours', "
+                 "'completed', 0, 7)")  # fmt: skip
+    Reaper(dsn, ReaperConfig(prune=False, vacuum=False)).run_once()
+    kept = conn.execute("SELECT count(*) FROM miniqueue_finished_minutes WHERE minute < now() - interval '1 hour'")
+    assert kept.fetchone() == (0,)
+    assert per_state(store, conn) == {State.COMPLETED: 3, State.FAILED: 2}
+
+
+def per_state(store: Store, conn: Connection) -> dict[State, int]:
+    """The last hour's throughput by state (the minutes may straddle a boundary)."""
+    totals: dict[State, int] = {}
+    for _, state, n in store.throughput(conn):
+        totals[state] = totals.get(state, 0) + n
+    return totals

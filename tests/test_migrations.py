@@ -31,6 +31,7 @@ def recorded(conn: Connection, schema: str = "public") -> list[tuple[int, str]]:
 
 QUEUE_TABLES = [
     "miniqueue_counts",
+    "miniqueue_finished_minutes",
     "miniqueue_jobs",
     "miniqueue_limits",
     "miniqueue_migrations",

@@ -27,9 +27,9 @@ from ..migrate import run_migrations
 TEST_DATABASE_ENV = "TEST_DATABASE_URL"
 
 #: Every table whose rows are queue data (jobs, schedules, queue settings, processes, counts,
-#: limits); ``miniqueue_migrations`` stays, so the schema stays migrated.
+#: limits, finished jobs per minute); ``miniqueue_migrations`` stays, so the schema stays migrated.
 QUEUE_TABLES = ("miniqueue_jobs", "miniqueue_periodic", "miniqueue_queues", "miniqueue_processes", "miniqueue_counts",
-                "miniqueue_limits")  # fmt: skip
+                "miniqueue_limits", "miniqueue_finished_minutes")  # fmt: skip
 
 _CREATE_DATABASE = "CREATE DATABASE {name}"
 _DROP_DATABASE = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"

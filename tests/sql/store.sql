@@ -454,6 +454,12 @@ SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
     ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
@@ -611,6 +617,12 @@ SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
     ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
@@ -772,6 +784,12 @@ SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
     ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
@@ -811,6 +829,12 @@ SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
     ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
@@ -837,6 +861,12 @@ SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
     ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
@@ -888,6 +918,12 @@ SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM recovered
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
     ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
@@ -939,6 +975,12 @@ SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM cancelled
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
     ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
@@ -1122,10 +1164,12 @@ SELECT queue FROM waiting WHERE queue IS NOT NULL
  ORDER BY 1 LIMIT %(limit)s;
 
 -- _throughput
-SELECT date_trunc('minute', finished_at) AS minute, state, count(*)
-  FROM "public"."miniqueue_jobs"
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND finished_at > now() - interval '1 hour'
+SELECT minute, state, sum(count)::bigint FROM "public"."miniqueue_finished_minutes"
+ WHERE minute > now() - interval '1 hour'
  GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- _trim_minutes
+DELETE FROM "public"."miniqueue_finished_minutes" WHERE minute < now() - interval '2 hours';
 
 -- _delete
 WITH deleted AS (
