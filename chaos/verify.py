@@ -308,6 +308,11 @@ def _where_it_landed(fault: Fault, executed_at: float | None, sleep_ms: int, eff
     return "handler returned, completion not committed"
 
 
+def _ran(ev: Evidence, job: int, attempt: int, pid: int) -> bool:
+    """Whether the handler ran ``job``'s ``attempt`` in process ``pid`` (it recorded an execution)."""
+    return any(e.job == job and e.attempt == attempt and e.pid == pid for e in ev.executions)
+
+
 def _release_kind(lease: Attempt) -> str:
     error = (lease.error or "").removeprefix("handed back: ")
     if lease.end_state == "completed":
@@ -351,7 +356,8 @@ def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
                 rejected_logged += logged
                 if done.pid == stop.pid or done.attempt == attempt:
                     bad.append(f"job {job}: the stopped worker's late completion (attempt {attempt}) stood")
-                elif not logged and stop.resumed is not None and not _killed_after(run.faults, stop):
+                elif (not logged and stop.resumed is not None and not _killed_after(run.faults, stop)
+                      and _ran(ev, job, attempt, stop.pid)):  # a prefetched job never started has no outcome
                     bad.append(f"job {job}: no sign that pid {stop.pid}'s late outcome was discarded")
     data["stops"] = report
     held = sum(len(s.fault.leases) for s in run.stops)
