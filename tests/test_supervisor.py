@@ -319,10 +319,13 @@ def test_sigkill_mid_workflow_releases_each_dependent_once_after_its_parents(
         sup = fleet.start(workers=2)
         sup.wait_ready(2)
         # The last member to finish is the slow one: its worker is killed while it runs, so the
-        # member completes on its second attempt, and that completion releases the callback.
-        members = [JobSpec("step", {"value": 1}) for _ in range(5)] + [JobSpec("step", {"value": 1, "sleep_on": [1]})]
+        # member completes on a later attempt, and that completion releases the callback. The slow
+        # jobs sleep on their second attempt too: the first kill may hand the chain's slow step
+        # back unstarted (its attempt moves on), and it must still be running when its turn comes.
+        slow_step = {"sleep_on": [1, 2], "seconds": 5}
+        members = [JobSpec("step", {"value": 1}) for _ in range(5)] + [JobSpec("step", {"value": 1, **slow_step})]
         group = client.group(members, then=JobSpec("step", {"value": 100}))
-        chain = client.chain([JobSpec("step", {"value": 1}), JobSpec("step", {"value": 10, "sleep_on": [1]}),
+        chain = client.chain([JobSpec("step", {"value": 1}), JobSpec("step", {"value": 10, **slow_step}),
                               JobSpec("step", {"value": 100})])  # fmt: skip
         for slow in (group.members[-1].id, chain[1].id):
             pid = wait_until(lambda: handler_started(conn, slow) and held_by(conn, slow), what="slow job running")  # noqa: B023
