@@ -748,7 +748,8 @@ SELECT queue FROM waiting WHERE queue IS NOT NULL
  ORDER BY 1 LIMIT %(limit)s
 """
 
-# Jobs finished per minute over the last hour, by outcome, computed in the database.
+# Jobs finished per minute over the last hour, by outcome: the per-minute counts the finishing
+# statements keep (_COUNT_MINUTE), summed over their shards.
 _THROUGHPUT = """
 SELECT minute, state, sum(count)::bigint FROM {finished_minutes}
  WHERE minute > now() - interval '1 hour'

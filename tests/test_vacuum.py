@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -21,6 +20,8 @@ from miniqueue.reaper import Reaper, ReaperConfig
 from miniqueue.store import JobsChurn, Store
 from miniqueue.testing import database as testing_db
 from miniqueue.vacuum import Vacuum
+
+from .helpers import wait_until
 
 JOBS = 300
 AFTER_ROWS = 100  # upkeep is due past this many rows here, so that a few hundred jobs call for it
@@ -55,14 +56,8 @@ def maintenance(dsn: str) -> tuple[int, int]:
 def wait_for_churn(dsn: str, *, updated: int = 0, changed: int = 0) -> None:
     """Poll until the server's statistics show the rows a finished connection wrote (each
     backend reports its counts when it goes idle or exits, a moment later)."""
-    deadline = time.monotonic() + 20
-    while True:
-        seen = churn(dsn)
-        if seen.updated >= updated and seen.changed >= changed:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"statistics never showed {updated} updated and {changed} changed rows: {seen}")
-        time.sleep(0.05)
+    wait_until(lambda: (seen := churn(dsn)).updated >= updated and seen.changed >= changed, timeout=20,
+               interval=0.05, what=f"statistics showing {updated} updated and {changed} changed rows")  # fmt: skip
 
 
 def enqueue(dsn: str, jobs: int) -> None:
@@ -165,10 +160,7 @@ def running_reaper(dsn: str, *, vacuum: bool) -> Iterator[Reaper]:
     runner = threading.Thread(target=reaper.run)
     runner.start()
     try:
-        deadline = time.monotonic() + 20
-        while reaper._conn is None:
-            assert time.monotonic() < deadline, "the reaper never connected"
-            time.sleep(0.01)
+        wait_until(lambda: reaper._conn is not None, timeout=20, what="the reaper connected")
         yield reaper
     finally:
         reaper.stop()
@@ -184,10 +176,7 @@ def test_upkeep_that_fails_says_so_and_carries_on(fresh_database: str, caplog: p
     with caplog.at_level(logging.WARNING, logger="miniqueue.vacuum"):
         runner.start()
         try:
-            deadline = time.monotonic() + 20
-            while "run `miniqueue migrate` first" not in caplog.text:
-                assert time.monotonic() < deadline, caplog.text
-                time.sleep(0.05)
+            wait_until(lambda: "run `miniqueue migrate` first" in caplog.text, timeout=20, what="the failure logged")
             assert runner.is_alive()
         finally:
             stopping.set()
