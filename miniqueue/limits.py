@@ -72,6 +72,15 @@ def check_key(name: str, key: object) -> str:
     return key
 
 
+_CONCURRENCY = "concurrency "
+
+
+def holds_a_slot(limits: list[str] | None) -> bool:
+    """Whether a job with these scope names holds a concurrency slot while it runs (its
+    finishing frees the slot; a rate limit's token is spent for good)."""
+    return any(scope.startswith(_CONCURRENCY) for scope in limits or ())
+
+
 def queue_scope(queue: str) -> str:
     """The scope name of a queue's cap on running jobs."""
     return f"queue {queue}"
@@ -95,7 +104,7 @@ def job_scopes(
     if concurrency_key is not None:
         key = check_key("concurrency key", concurrency_key)
         limit = 1 if max_concurrent is None else check_limit("max_concurrent", max_concurrent)
-        scopes.append(Scope(f"concurrency {task} {key}", max_running=limit))
+        scopes.append(Scope(f"{_CONCURRENCY}{task} {key}", max_running=limit))
     elif max_concurrent is not None:
         raise InvalidInput("max_concurrent needs a concurrency key: it limits the running jobs that share one")
     if rate_limit is not None:

@@ -610,12 +610,16 @@ SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS runni
 # finished by workers of an older version during the migration that added the counts, or rows
 # changed by hand). It reads every finished row once; the lock makes statements that finish
 # jobs wait until it commits, so none is counted twice or missed.
-_RECOUNT = ["LOCK TABLE {counts} IN EXCLUSIVE MODE", "DELETE FROM {counts}", """
+_RECOUNT = [
+    "LOCK TABLE {counts} IN EXCLUSIVE MODE",
+    "DELETE FROM {counts}",
+    """
 INSERT INTO {counts} (queue, state, shard, count)
 SELECT queue, state, 0, count(*) FROM {jobs}
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-"""]
+""",
+]
 
 # Plan each statement of the session for its parameters, or let PostgreSQL choose again.
 _CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
@@ -975,8 +979,9 @@ class Store:
         self._notify_queues = render(_NOTIFY_QUEUES)
         picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
         self._claim_one, self._claim_many = (
-            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS,
-                   freed=_FREED_NONE)
+            render(
+                _CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS, freed=_FREED_NONE
+            )
             for pick, queues in picks
         )
         self._complete_and_claim_one, self._complete_and_claim_many = (
@@ -1307,9 +1312,7 @@ class Store:
         Returns the ids completed (those whose lease was still held) and the new leases.
         """
         ids, attempts = _columns(completions)
-        query, params = self._claim_query(
-            queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after
-        )
+        query, params = self._claim_query(queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after)
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": _aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
         return completed, _in_claim_order(Lease(*row[1:]) for row in rows if row[1] is not None)

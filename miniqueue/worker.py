@@ -38,6 +38,7 @@ from .db import Connection, behind_pooler, check_dsn, connect, create_pool
 from .errors import ConfigError, DatabaseUnavailable, InvalidInput, LeaseLost
 from .heartbeat import Heartbeat
 from .job import Lease, State
+from .limits import holds_a_slot
 from .notify import Listener, listener_for
 from .prefetch import Prefetch, PrefetchPolicy, parse_prefetch
 from .process import host_name
@@ -226,6 +227,9 @@ class Worker:
         # bucket sends no notification, so the worker polls sooner).
         self._limits_cursor: list[str] = []
         self._limited_at = float("-inf")
+        # A job holding a concurrency slot finished since the last claim: its slot is free for
+        # the key's next job, a reason to claim that no notification announces.
+        self._freed_slot = False
         # Whether the claim connection plans each statement for its parameters (see
         # _plan_for_limits); None until the connection has been set either way.
         self._custom_plans: bool | None = None
@@ -355,7 +359,8 @@ class Worker:
         """How many jobs to claim now (0: not now).
 
         Claim when there is room (counting the slots that outcomes about to be recorded will
-        free) and a reason: a notification, a full last batch, or the poll timer. With
+        free) and a reason: a notification, a full last batch, a concurrency slot this worker
+        freed, or the poll timer. With
         prefetch, wait until half the buffer is free (or it ran dry) so that claims come in
         batches rather than one statement per finished job.
         """
@@ -366,7 +371,7 @@ class Worker:
         if self.config.max_jobs is not None:  # never claim a job this worker will not run
             # (jobs held, finishing ones included, will all count as done)
             free = min(free, self.config.max_jobs - self.jobs_done - self._slots.held())
-        if free <= 0 or not (self._nudged or self._backlog or poll_due):
+        if free <= 0 or not (self._nudged or self._backlog or self._freed_slot or poll_due):
             return 0
         with self._slots.lock:
             ran_dry = not self._slots.ready
@@ -489,6 +494,8 @@ class Worker:
         the same kind, now started (None when there is none, or when stopping)."""
         self._slots.finish(job)
         self._outcomes.append((job, outcome))
+        if holds_a_slot(job.limits):
+            self._freed_slot = True
         if self._stop_requested:
             self._wake.set()
             return None
@@ -559,7 +566,7 @@ class Worker:
                    if outcome.kind == "completed" and outcome.result is not None}  # fmt: skip
         try:
             if claim:
-                self._nudged = False
+                self._nudged = self._freed_slot = False
                 self._plan_for_limits(conn)
                 completed, leases = self.store.complete_and_claim(
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,

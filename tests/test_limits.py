@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from miniqueue import App, Client, InvalidInput, JobSpec
+from miniqueue import worker as worker_module
 from miniqueue.cli import main
 from miniqueue.context import Job
 from miniqueue.db import Connection
@@ -71,6 +72,21 @@ def test_a_completion_frees_its_slot_for_the_claim_in_the_same_statement(
     completed, leases = store.complete_and_claim(conn, "w", [(second, 2)], ["default"], 30.0, 10)
     assert (completed, ids(leases)) == (set(), [third]), "the recovered job is due from now: behind the third"
     assert row(conn, second)["state"] == "available"
+
+
+def test_a_finished_job_starts_its_keys_next_job_without_waiting_for_a_poll(
+    dsn: str, client: Client, conn: Connection, workers: list[Running], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No notification announces a freed slot, and the polls here are a minute apart: only the
+    # worker's own finished job can be the reason its key's next job is claimed.
+    monkeypatch.setattr(worker_module, "LIMITED_POLL_INTERVAL", 60.0)
+    app = App()
+    app.task("t", concurrency_key="A")(lambda job: None)
+    client.enqueue_many([app.task_spec("t", {"i": i}) for i in range(5)])
+    config = WorkerConfig(poll_only=True, poll_interval=60.0, lease_seconds=5.0, heartbeat_seconds=1.0)
+    workers.append(Running(Worker(app, dsn, config)))
+    wait_until(lambda: count(conn, "state = 'completed'") == 5, timeout=20, what="5 jobs of one key completed")
+    assert count(conn, "attempt <> 1") == 0
 
 
 def test_ten_thousand_jobs_of_one_key_do_not_hold_back_another(client: Client, store: Store, conn: Connection) -> None:

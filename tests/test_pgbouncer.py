@@ -59,7 +59,6 @@ def executions(conn: Connection) -> None:
     conn.execute("TRUNCATE pooled_executions")
 
 
-
 @pytest.fixture
 def workers() -> Iterator[list[Running]]:
     started: list[Running] = []
