@@ -32,7 +32,6 @@ from .worker import Outcome, Worker, WorkerConfig, WorkerHooks, new_worker_id
 
 log = logging.getLogger("miniqueue.child")
 
-
 @dataclass(frozen=True)
 class ChildSpec:
     """Everything a child needs, fixed by the supervisor before fork."""

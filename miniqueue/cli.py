@@ -79,6 +79,7 @@ def open_client(database_url: str | None) -> Client:
     return Client(resolve_database(database_url), schema=current_schema())
 
 
+
 def resolve_database(url: str | None, announce: Callable[[str], None] | None = None) -> str:
     """The DSN to use: the given one (checked), or the embedded server's (started, migrated,
     and announced on stderr, or through ``announce``)."""

@@ -86,7 +86,9 @@ class BaseClient:
                                               trace_context=trace_context)  # fmt: skip
         return self.store.enqueue_many_steps(list(checked), notify=self.notify, trace_context=trace_context)
 
-    def _enqueue_each_steps(self, specs: Sequence[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
+    def _enqueue_each_steps(
+        self, specs: Sequence[JobSpec], trace_context: str | None
+    ) -> Steps[list[EnqueueResult]]:
         """A batch with dependencies: each job by the one-by-one path, in one transaction."""
         steps = []
         for index, spec in enumerate(specs):  # check everything before storing anything

@@ -46,7 +46,7 @@ from .limits import Scope, queue_scope
 from .steps import Atomic, CopyIn, Query, Steps, atomic, fetch, run
 from .validation import NewJob, check_queue_name, check_seconds
 
-#: The most groups of limited jobs (jobs naming the same limits) one claim looks at per queue.
+#: The most groups of limited jobs (jobs naming the same limits) one claim takes into admission.
 MAX_GROUPS_PER_CLAIM = 1000
 
 # --- SQL --------------------------------------------------------------------------------------
@@ -220,18 +220,26 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 # migration 012 for the tables):
 #   groups    step through the limited jobs' index one group of scopes at a time (one probe per
 #             group, from the worker's cursor on), so a group held back never costs its backlog;
-#   limited   the best jobs of each group (and of each capped queue), locked: as many as the
-#             group's limits seem to have room for, judged from this statement's snapshot (a
-#             full group costs one probe per slot holder, and locks nothing);
-#   scopes    the scope rows those need, locked, as of their latest version. A row another
-#             claim has locked is skipped, and its candidates wait for a later claim: two
-#             workers never queue on the same limit, nor deadlock;
+#   looked    the groups taken into admission (a capped queue's jobs without limits first, as
+#             one more group), each with its scope rows (its own and its queue's cap), locked,
+#             as of their latest version. Groups are looked at one by one, and only until
+#             %(groups)s are in (or %(scan)s were seen): a group whose limits this statement's
+#             snapshot already shows full is passed over without a lock, and one whose scope
+#             row another claim has locked is passed over without waiting, so that two workers
+#             never queue on the same limit, nor deadlock, and a claim behind another's still
+#             fills up from the groups after it;
 #   holding   the latest version of each slot holder's job row. A row another transaction has
 #             locked is skipped and its slot counted as held: only a claim or a delete locks a
 #             job row, and either way erring toward "held" can only under-admit for a moment;
 #   room      free slots (max_running minus holders still running at their attempt) or whole
-#             tokens (the bucket refilled up to now);
-#   chosen    the best of the unlimited candidates and those admitted in every scope they need;
+#             tokens (the bucket refilled up to now), per scope; a group's is its tightest
+#             scope's (read from a map, `free`, which stays cheap however the rows are counted);
+#   limited   the best jobs of each group with room, as many as its room, locked. Looked for
+#             only once the scopes are locked (whose holders are current), they are seldom jobs
+#             another worker claimed after this statement's snapshot: locking one of those
+#             would hold up that worker's completion of it until this claim commits;
+#   chosen    the best of the unlimited candidates and those admitted in every scope they need
+#             (groups that share a scope take its room in job order);
 #   taken     the chosen jobs' slots and tokens, recorded with the lease they belong to.
 # A job held back stays available and spends no attempt.
 _CLAIMING = """
@@ -242,45 +250,34 @@ open_queues AS MATERIALIZED (
       FROM {claim_queues} AS q(name) LEFT JOIN {queues} p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
-groups(queue, limits, depth) AS (
-    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+groups(queue, scope, capped, limits, depth) AS (
+    SELECT q.name, q.scope, q.max_running IS NOT NULL, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
          ORDER BY limits LIMIT 1) f
     UNION ALL
-    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+    SELECT g.queue, g.scope, g.capped, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
          ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(groups)s
+     WHERE g.depth < %(scan)s
 ),
-limited AS MATERIALIZED (
-    SELECT j.*, q.max_running IS NOT NULL AS capped
-      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT min({room_guess}) FROM {limits} l
-                                              WHERE l.scope = ANY(g.limits || q.scope))))
-           FOR UPDATE SKIP LOCKED) j
-    UNION ALL
-    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT {room_guess} FROM {limits} l WHERE l.scope = q.scope[1])))
-           FOR UPDATE SKIP LOCKED) j
-     WHERE q.max_running IS NOT NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
-     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{{}}')
-                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{{}}' END) AS s(scope)
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope, capped FROM groups) g
+     CROSS JOIN LATERAL (
+        SELECT CASE WHEN (SELECT min({room_guess}) FROM {limits} l WHERE l.scope = ANY(g.scopes)) > 0
+                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM {limits} l WHERE l.scope = ANY(g.scopes)
+                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+        OFFSET 0) s
+     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM {limits}
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
+    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
 ),
 holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
@@ -303,6 +300,38 @@ room AS MATERIALIZED (
            CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
       FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+free AS MATERIALIZED (
+    SELECT jsonb_object_agg(scope, free) AS free FROM room
+),
+open_groups AS MATERIALIZED (
+    SELECT h.queue, h.limits, h.capped, f.free
+      FROM free m, looked h CROSS JOIN LATERAL (
+        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
+     WHERE f.free > 0
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.capped FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, true FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{{}}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{{}}' END) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
@@ -344,8 +373,8 @@ RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_a
 )"""
 
 # A guess at the room a limit row `l` has, from this statement's snapshot: slots not held by a
-# job still running at the holder's attempt, or whole tokens. The admission below decides on the
-# rows' latest versions; the guess only spares locking candidates of a limit that is full.
+# job still running at the holder's attempt, or whole tokens. The admission decides on the rows'
+# latest versions; the guess only spares locking the scope rows of a limit that is full.
 _ROOM_GUESS = """CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -610,16 +639,12 @@ SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS runni
 # finished by workers of an older version during the migration that added the counts, or rows
 # changed by hand). It reads every finished row once; the lock makes statements that finish
 # jobs wait until it commits, so none is counted twice or missed.
-_RECOUNT = [
-    "LOCK TABLE {counts} IN EXCLUSIVE MODE",
-    "DELETE FROM {counts}",
-    """
+_RECOUNT = ["LOCK TABLE {counts} IN EXCLUSIVE MODE", "DELETE FROM {counts}", """
 INSERT INTO {counts} (queue, state, shard, count)
 SELECT queue, state, 0, count(*) FROM {jobs}
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
  GROUP BY queue, state
-""",
-]
+"""]
 
 # Plan each statement of the session for its parameters, or let PostgreSQL choose again.
 _CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
@@ -979,9 +1004,8 @@ class Store:
         self._notify_queues = render(_NOTIFY_QUEUES)
         picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
         self._claim_one, self._claim_many = (
-            render(
-                _CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS, freed=_FREED_NONE
-            )
+            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS,
+                   freed=_FREED_NONE)
             for pick, queues in picks
         )
         self._complete_and_claim_one, self._complete_and_claim_many = (
@@ -1312,7 +1336,9 @@ class Store:
         Returns the ids completed (those whose lease was still held) and the new leases.
         """
         ids, attempts = _columns(completions)
-        query, params = self._claim_query(queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after)
+        query, params = self._claim_query(
+            queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after
+        )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": _aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
         return completed, _in_claim_order(Lease(*row[1:]) for row in rows if row[1] is not None)
@@ -1332,9 +1358,12 @@ class Store:
             raise InvalidInput("claim needs at least one queue")
         params: dict[str, Any] = {
             "worker": worker_id, "lease": float(lease_seconds), "limit": limit, "after": list(after),
-            # Groups looked at per queue: enough to fill the claim with one job per group, and
-            # a few more for groups that are full.
-            "groups": min(limit, MAX_GROUPS_PER_CLAIM) + 16,
+            # Groups taken into admission: enough to fill the claim with one job per group, and a
+            # few more for groups whose room was taken meanwhile (their scope rows stay locked
+            # while the claim runs, so a small claim takes few more than it needs); and groups
+            # seen at most per queue, those passed over (full, or locked by another claim) included.
+            "groups": min(limit, MAX_GROUPS_PER_CLAIM) + min(limit, 16),
+            "scan": 4 * (min(limit, MAX_GROUPS_PER_CLAIM) + 16),
         }  # fmt: skip
         if len(queues) == 1:
             params["queue"] = queues[0]

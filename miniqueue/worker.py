@@ -360,9 +360,8 @@ class Worker:
 
         Claim when there is room (counting the slots that outcomes about to be recorded will
         free) and a reason: a notification, a full last batch, a concurrency slot this worker
-        freed, or the poll timer. With
-        prefetch, wait until half the buffer is free (or it ran dry) so that claims come in
-        batches rather than one statement per finished job.
+        freed, or the poll timer. With prefetch, wait until half the buffer is free (or it ran
+        dry) so that claims come in batches rather than one statement per finished job.
         """
         stuck = self._prefetch.adaptive and self._prefetch.stuck(self._running_for())
         capacity = self._handler_slots + self._prefetch.size(stuck=stuck)

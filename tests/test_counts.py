@@ -62,7 +62,9 @@ def _ids_by_state(conn: Connection) -> dict[tuple[int, str], int]:
     return {(int(i), s): int(i) for i, s in conn.execute("SELECT id, state FROM miniqueue_jobs").fetchall()}
 
 
-def test_recount_repairs_counts_changed_behind_the_stores_back(client: Client, store: Store, conn: Connection) -> None:
+def test_recount_repairs_counts_changed_behind_the_stores_back(
+    client: Client, store: Store, conn: Connection
+) -> None:
     client.enqueue_many([JobSpec("t", queue="a") for _ in range(5)])
     conn.execute("UPDATE miniqueue_jobs SET state = 'completed', finished_at = now() WHERE id <= 3")
     assert by_stats(store, conn) == {}

@@ -89,6 +89,19 @@ def test_a_finished_job_starts_its_keys_next_job_without_waiting_for_a_poll(
     assert count(conn, "attempt <> 1") == 0
 
 
+def test_a_claim_looks_past_the_groups_another_claim_has_locked(
+    dsn: str, client: Client, store: Store, conn: Connection
+) -> None:
+    client.enqueue_many([JobSpec("t", {"i": i}, concurrency_key=f"k{i:02}") for i in range(40)])
+    with psycopg.connect(dsn) as other:  # a claim still running: its transaction is open
+        assert len(store.claim(other, ["default"], "other", 30.0, 10)) == 10
+        # It holds the scope rows of the first 20 keys (the 10 it took and the 10 more it looked
+        # at): a claim of 2 skips them without waiting, and takes the next keys' jobs.
+        mine = claim(store, conn, limit=2)
+        assert sorted(lease.limits[0] for lease in mine if lease.limits) == ["concurrency t k20", "concurrency t k21"]
+        other.rollback()
+
+
 def test_ten_thousand_jobs_of_one_key_do_not_hold_back_another(client: Client, store: Store, conn: Connection) -> None:
     client.enqueue_many([JobSpec("t", {"i": i}, concurrency_key="A", priority=5) for i in range(10_000)])
     b = client.enqueue("t", {}, concurrency_key="B").id

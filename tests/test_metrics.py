@@ -170,10 +170,8 @@ def test_queue_gauges_for_waiting_and_expired_jobs(
     # The gauges are the reaper's latest reading (every 0.2 s here), not a query at scrape time.
     samples = scrape_until(
         port,
-        lambda s: (
-            value(s, "miniqueue_jobs", queue="idle", state="running") == 2
-            and value(s, "miniqueue_jobs", queue="idle", state="available") == 3
-        ),
+        lambda s: value(s, "miniqueue_jobs", queue="idle", state="running") == 2
+        and value(s, "miniqueue_jobs", queue="idle", state="available") == 3,
         "a reading taken after the last change",
     )
     assert value(samples, "miniqueue_jobs", queue="idle", state="available") == 3
@@ -284,13 +282,7 @@ def test_json_logs_from_every_process_are_one_object_per_line(
     [dead] = [e for e in entries if e.get("job", {}).get("job_id") == failed]
     assert dead["level"] == "ERROR" and dead["process"] in ("worker-1", "worker-2")
     assert {k: v for k, v in dead["job"].items() if k != "error"} == {
-        "job_id": failed,
-        "task": "boom",
-        "queue": "flaky",
-        "attempt": 1,
-        "max_attempts": 1,
-        "outcome": "dead",
-    }
+        "job_id": failed, "task": "boom", "queue": "flaky", "attempt": 1, "max_attempts": 1, "outcome": "dead"}
     assert "Traceback" in dead["job"]["error"] and dead["job"]["error"] in dead["message"]
     assert messages[-1] == "supervisor stopped"
 

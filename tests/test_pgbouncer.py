@@ -59,6 +59,7 @@ def executions(conn: Connection) -> None:
     conn.execute("TRUNCATE pooled_executions")
 
 
+
 @pytest.fixture
 def workers() -> Iterator[list[Running]]:
     started: list[Running] = []

@@ -58,9 +58,7 @@ def test_auto_is_stuck_only_when_every_thread_outlived_the_budget() -> None:
 
 
 def test_a_new_worker_claims_only_its_free_threads(
-    client: Client,
-    conn: Connection,
-    start_worker: StartWorker,  # noqa: F811
+    client: Client, conn: Connection, start_worker: StartWorker  # noqa: F811
 ) -> None:
     app = App()
     release = threading.Event()
@@ -77,9 +75,7 @@ def test_a_new_worker_claims_only_its_free_threads(
 
 
 def test_jobs_waiting_behind_a_long_job_are_handed_back_for_another_worker(
-    client: Client,
-    conn: Connection,
-    start_worker: StartWorker,  # noqa: F811
+    client: Client, conn: Connection, start_worker: StartWorker  # noqa: F811
 ) -> None:
     app = App()
     long_started, release = threading.Event(), threading.Event()

@@ -177,10 +177,8 @@ def test_wait_times_out_cleanly(client: Client, conn: Connection) -> None:
     stored = row(conn, job_id)
     assert stored["state"] == "available" and stored["attempt"] == 0
     # The wait's own connection is closed.
-    gone = (
-        "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'miniqueue:wait' "
-        "AND datname = current_database()"
-    )
+    gone = ("SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'miniqueue:wait' "
+            "AND datname = current_database()")
     wait_until(lambda: conn.execute(gone).fetchone() == (True,), what="the wait's connection closed")
     with pytest.raises(WaitTimeout):
         client.wait(job_id, timeout=0)

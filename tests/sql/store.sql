@@ -192,55 +192,39 @@ open_queues AS MATERIALIZED (
       FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
-groups(queue, limits, depth) AS (
-    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+groups(queue, scope, capped, limits, depth) AS (
+    SELECT q.name, q.scope, q.max_running IS NOT NULL, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
          ORDER BY limits LIMIT 1) f
     UNION ALL
-    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+    SELECT g.queue, g.scope, g.capped, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
          ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(groups)s
+     WHERE g.depth < %(scan)s
 ),
-limited AS MATERIALIZED (
-    SELECT j.*, q.max_running IS NOT NULL AS capped
-      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope, capped FROM groups) g
+     CROSS JOIN LATERAL (
+        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT false)::int
-     END) FROM "public"."miniqueue_limits" l
-                                              WHERE l.scope = ANY(g.limits || q.scope))))
-           FOR UPDATE SKIP LOCKED) j
-    UNION ALL
-    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT false)::int
-     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
-           FOR UPDATE SKIP LOCKED) j
-     WHERE q.max_running IS NOT NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
-     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
-                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
+                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
+                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+        OFFSET 0) s
+     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
+    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
 ),
 holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
@@ -263,6 +247,38 @@ room AS MATERIALIZED (
            CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
       FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+free AS MATERIALIZED (
+    SELECT jsonb_object_agg(scope, free) AS free FROM room
+),
+open_groups AS MATERIALIZED (
+    SELECT h.queue, h.limits, h.capped, f.free
+      FROM free m, looked h CROSS JOIN LATERAL (
+        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
+     WHERE f.free > 0
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.capped FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, true FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
@@ -324,55 +340,39 @@ open_queues AS MATERIALIZED (
       FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
-groups(queue, limits, depth) AS (
-    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+groups(queue, scope, capped, limits, depth) AS (
+    SELECT q.name, q.scope, q.max_running IS NOT NULL, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
          ORDER BY limits LIMIT 1) f
     UNION ALL
-    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+    SELECT g.queue, g.scope, g.capped, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
          ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(groups)s
+     WHERE g.depth < %(scan)s
 ),
-limited AS MATERIALIZED (
-    SELECT j.*, q.max_running IS NOT NULL AS capped
-      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope, capped FROM groups) g
+     CROSS JOIN LATERAL (
+        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT false)::int
-     END) FROM "public"."miniqueue_limits" l
-                                              WHERE l.scope = ANY(g.limits || q.scope))))
-           FOR UPDATE SKIP LOCKED) j
-    UNION ALL
-    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT false)::int
-     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
-           FOR UPDATE SKIP LOCKED) j
-     WHERE q.max_running IS NOT NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
-     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
-                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
+                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
+                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+        OFFSET 0) s
+     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
+    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
 ),
 holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
@@ -395,6 +395,38 @@ room AS MATERIALIZED (
            CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
       FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+free AS MATERIALIZED (
+    SELECT jsonb_object_agg(scope, free) AS free FROM room
+),
+open_groups AS MATERIALIZED (
+    SELECT h.queue, h.limits, h.capped, f.free
+      FROM free m, looked h CROSS JOIN LATERAL (
+        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
+     WHERE f.free > 0
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.capped FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, true FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
@@ -482,57 +514,40 @@ open_queues AS MATERIALIZED (
       FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
-groups(queue, limits, depth) AS (
-    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+groups(queue, scope, capped, limits, depth) AS (
+    SELECT q.name, q.scope, q.max_running IS NOT NULL, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
          ORDER BY limits LIMIT 1) f
     UNION ALL
-    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+    SELECT g.queue, g.scope, g.capped, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
          ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(groups)s
+     WHERE g.depth < %(scan)s
 ),
-limited AS MATERIALIZED (
-    SELECT j.*, q.max_running IS NOT NULL AS capped
-      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope, capped FROM groups) g
+     CROSS JOIN LATERAL (
+        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
-     END) FROM "public"."miniqueue_limits" l
-                                              WHERE l.scope = ANY(g.limits || q.scope))))
-           FOR UPDATE SKIP LOCKED) j
-    UNION ALL
-    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
-                WHERE c.id = h.id AND c.attempt = h.attempt))::int
-     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
-           FOR UPDATE SKIP LOCKED) j
-     WHERE q.max_running IS NOT NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
-     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
-                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
+                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
+                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+        OFFSET 0) s
+     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
+    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
 ),
 holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
@@ -556,6 +571,38 @@ room AS MATERIALIZED (
            CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
       FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+free AS MATERIALIZED (
+    SELECT jsonb_object_agg(scope, free) AS free FROM room
+),
+open_groups AS MATERIALIZED (
+    SELECT h.queue, h.limits, h.capped, f.free
+      FROM free m, looked h CROSS JOIN LATERAL (
+        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
+     WHERE f.free > 0
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.capped FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, true FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
@@ -649,57 +696,40 @@ open_queues AS MATERIALIZED (
       FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
-groups(queue, limits, depth) AS (
-    SELECT q.name, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+groups(queue, scope, capped, limits, depth) AS (
+    SELECT q.name, q.scope, q.max_running IS NOT NULL, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
          ORDER BY limits LIMIT 1) f
     UNION ALL
-    SELECT g.queue, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+    SELECT g.queue, g.scope, g.capped, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
          ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(groups)s
+     WHERE g.depth < %(scan)s
 ),
-limited AS MATERIALIZED (
-    SELECT j.*, q.max_running IS NOT NULL AS capped
-      FROM groups g JOIN open_queues q ON q.name = g.queue CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT min(CASE WHEN l.max_running IS NULL
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope, capped FROM groups) g
+     CROSS JOIN LATERAL (
+        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
-     END) FROM "public"."miniqueue_limits" l
-                                              WHERE l.scope = ANY(g.limits || q.scope))))
-           FOR UPDATE SKIP LOCKED) j
-    UNION ALL
-    SELECT j.*, true FROM open_queues q CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT greatest(0, least(%(limit)s, (SELECT CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
-                WHERE c.id = h.id AND c.attempt = h.attempt))::int
-     END FROM "public"."miniqueue_limits" l WHERE l.scope = q.scope[1])))
-           FOR UPDATE SKIP LOCKED) j
-     WHERE q.max_running IS NOT NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
-     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
-                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
+     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
+                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
+                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+        OFFSET 0) s
+     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT scope, max_running, rate, burst, tokens, refilled_at, holder_ids, holder_attempts FROM "public"."miniqueue_limits"
-     WHERE scope = ANY(ARRAY(SELECT DISTINCT scope FROM need)) FOR UPDATE SKIP LOCKED
+    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
 ),
 holders AS MATERIALIZED (
     SELECT s.scope, h.id, h.attempt
@@ -723,6 +753,38 @@ room AS MATERIALIZED (
            CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
       FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
         SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
+),
+free AS MATERIALIZED (
+    SELECT jsonb_object_agg(scope, free) AS free FROM room
+),
+open_groups AS MATERIALIZED (
+    SELECT h.queue, h.limits, h.capped, f.free
+      FROM free m, looked h CROSS JOIN LATERAL (
+        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
+     WHERE f.free > 0
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.capped FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, true FROM open_groups g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.free)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
+     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{}')
+                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{}' END) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
