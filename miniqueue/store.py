@@ -47,7 +47,9 @@ from .steps import Atomic, CopyIn, Query, Steps, atomic, fetch, run
 from .validation import NewJob, check_queue_name, check_seconds
 
 #: The most groups of limited jobs (jobs naming the same limits) one claim takes into admission.
-MAX_GROUPS_PER_CLAIM = 1000
+#: A claim's cost per group grows with its size: on 2 cores, draining 50,000 jobs over 5,000
+#: keys ran 15-25% faster taking 400-500 groups per claim than taking 1,000 (and 100 slower).
+MAX_GROUPS_PER_CLAIM = 500
 
 # --- SQL --------------------------------------------------------------------------------------
 # Each statement is a template composed by psycopg's sql.SQL.format, and only so: {jobs} and the

@@ -44,7 +44,7 @@ from .prefetch import Prefetch, PrefetchPolicy, parse_prefetch
 from .process import host_name
 from .retry import default_backoff
 from .slots import Slots
-from .store import Failure, Release, Store
+from .store import MAX_GROUPS_PER_CLAIM, Failure, Release, Store
 from .validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue_name, encode_result
 
 log = logging.getLogger("miniqueue.worker")
@@ -377,13 +377,17 @@ class Worker:
         return free if ran_dry or free >= self._claim_batch else 0
 
     def _note_limited(self, leases: list[Lease], asked: int) -> None:
-        """Move the limited-jobs cursor past the groups just claimed. A claim that came back
-        short from a cursor may have run out of groups after it: the next claim starts again
-        from the first group, at once rather than at the next poll."""
+        """Move the limited-jobs cursor past the groups just claimed. A claim that took as many
+        groups as one claim takes goes on from there at once; one that came back short from a
+        cursor may have run out of groups after it: the next claim starts again from the first
+        group, at once rather than at the next poll."""
         groups = [lease.limits for lease in leases if lease.limits]
         if groups:
             self._limited_at = time.monotonic()
-        if len(leases) < asked and self._limits_cursor:
+        if len({tuple(group) for group in groups}) >= MAX_GROUPS_PER_CLAIM:
+            self._limits_cursor = max(groups)
+            self._nudged = True
+        elif len(leases) < asked and self._limits_cursor:
             self._limits_cursor = []
             self._nudged = True
         else:
