@@ -232,7 +232,10 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 #             fills up from the groups after it;
 #   holding   the latest version of each slot holder's job row. A row another transaction has
 #             locked is skipped and its slot counted as held: only a claim or a delete locks a
-#             job row, and either way erring toward "held" can only under-admit for a moment;
+#             job row, and either way erring toward "held" can only under-admit for a moment.
+#             A holder this statement's snapshot does not show at all was deleted, unless the
+#             scope row was rewritten since the snapshot: then it may be a job enqueued and
+#             claimed meanwhile (by a worker that preferred it for its priority), held too;
 #   room      free slots (max_running minus holders still running at their attempt) or whole
 #             tokens (the bucket refilled up to now), per scope; a group's is its tightest
 #             scope's (read from a map, `free`, which stays cheap however the rows are counted);
@@ -265,24 +268,25 @@ groups(queue, scope, capped, limits, depth) AS (
      WHERE g.depth < %(scan)s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows, s.versions FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope, capped FROM groups) g
      CROSS JOIN LATERAL (
-        SELECT CASE WHEN (SELECT min({room_guess}) FROM {limits} l WHERE l.scope = ANY(g.scopes)) > 0
-                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM {limits} l WHERE l.scope = ANY(g.scopes)
-                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
+          FROM (SELECT l, l.xmin AS version FROM {limits} l WHERE l.scope = ANY(g.scopes) AND {room_guess} > 0
+                   FOR UPDATE SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.rows) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
+    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
+      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
 ),
 holders AS MATERIALIZED (
-    SELECT s.scope, h.id, h.attempt
+    SELECT s.scope, s.version, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
 ),
 holding AS MATERIALIZED (
@@ -293,7 +297,8 @@ live AS MATERIALIZED (
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM {jobs} x WHERE x.id = h.id)))
+            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM {jobs} x WHERE x.id = h.id) OR NOT EXISTS (
+                    SELECT 1 FROM {limits} v WHERE v.scope = h.scope AND v.xmin = h.version))))
        AND NOT {freed}
      GROUP BY h.scope
 ),

@@ -15,7 +15,7 @@ from miniqueue import worker as worker_module
 from miniqueue.cli import main
 from miniqueue.context import Job
 from miniqueue.db import Connection
-from miniqueue.job import Lease
+from miniqueue.job import Lease, State
 from miniqueue.store import Release, Store
 from miniqueue.worker import Worker, WorkerConfig
 
@@ -148,6 +148,20 @@ def test_a_cancelled_running_job_frees_its_slot(client: Client, store: Store, co
     first, second = (client.enqueue("t", {"i": i}, concurrency_key="A").id for i in range(2))
     assert ids(claim(store, conn)) == [first]
     assert client.cancel([first]) == [first]
+    assert ids(claim(store, conn)) == [second]
+
+
+def test_a_holder_deleted_since_frees_its_slot(client: Client, store: Store, conn: Connection) -> None:
+    # A finished job stays listed as its scope's holder until a claim rewrites the scope row;
+    # pruned meanwhile, the claim sees no row for it at all, and takes the slot.
+    first = client.enqueue("t", {}, concurrency_key="A").id
+    assert ids(claim(store, conn)) == [first]
+    assert store.complete_many(conn, "w", [(first, 1)]) == {first}
+    assert conn.execute("SELECT holder_ids FROM miniqueue_limits WHERE scope = 'concurrency t A'").fetchone() == (
+        [first],
+    )
+    assert store.prune(conn, [State.COMPLETED], 0) == 1
+    second = client.enqueue("t", {}, concurrency_key="A").id
     assert ids(claim(store, conn)) == [second]
 
 

@@ -205,29 +205,30 @@ groups(queue, scope, capped, limits, depth) AS (
      WHERE g.depth < %(scan)s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows, s.versions FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope, capped FROM groups) g
      CROSS JOIN LATERAL (
-        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
+        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
+          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT false)::int
-     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
-                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
-                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+     END > 0
+                   FOR UPDATE SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.rows) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
+    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
+      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
 ),
 holders AS MATERIALIZED (
-    SELECT s.scope, h.id, h.attempt
+    SELECT s.scope, s.version, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
 ),
 holding AS MATERIALIZED (
@@ -238,7 +239,8 @@ live AS MATERIALIZED (
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
+                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
        AND NOT false
      GROUP BY h.scope
 ),
@@ -353,29 +355,30 @@ groups(queue, scope, capped, limits, depth) AS (
      WHERE g.depth < %(scan)s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows, s.versions FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope, capped FROM groups) g
      CROSS JOIN LATERAL (
-        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
+        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
+          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT false)::int
-     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
-                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
-                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+     END > 0
+                   FOR UPDATE SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.rows) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
+    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
+      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
 ),
 holders AS MATERIALIZED (
-    SELECT s.scope, h.id, h.attempt
+    SELECT s.scope, s.version, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
 ),
 holding AS MATERIALIZED (
@@ -386,7 +389,8 @@ live AS MATERIALIZED (
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
+                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
        AND NOT false
      GROUP BY h.scope
 ),
@@ -527,30 +531,31 @@ groups(queue, scope, capped, limits, depth) AS (
      WHERE g.depth < %(scan)s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows, s.versions FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope, capped FROM groups) g
      CROSS JOIN LATERAL (
-        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
+        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
+          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
-     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
-                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
-                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+     END > 0
+                   FOR UPDATE SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.rows) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
+    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
+      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
 ),
 holders AS MATERIALIZED (
-    SELECT s.scope, h.id, h.attempt
+    SELECT s.scope, s.version, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
 ),
 holding AS MATERIALIZED (
@@ -561,7 +566,8 @@ live AS MATERIALIZED (
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
+                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
        AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt)
      GROUP BY h.scope
@@ -709,30 +715,31 @@ groups(queue, scope, capped, limits, depth) AS (
      WHERE g.depth < %(scan)s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows FROM (
+    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows, s.versions FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope, capped FROM groups) g
      CROSS JOIN LATERAL (
-        SELECT CASE WHEN (SELECT min(CASE WHEN l.max_running IS NULL
+        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
+          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
      THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                            WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
-     END) FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)) > 0
-                    THEN (SELECT array_agg(x.l) FROM (SELECT l FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes)
-                                                         FOR UPDATE SKIP LOCKED) x) END AS rows
+     END > 0
+                   FOR UPDATE SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.rows) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.* FROM looked g CROSS JOIN LATERAL unnest(g.rows) AS r
+    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
+      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
 ),
 holders AS MATERIALIZED (
-    SELECT s.scope, h.id, h.attempt
+    SELECT s.scope, s.version, h.id, h.attempt
       FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
 ),
 holding AS MATERIALIZED (
@@ -743,7 +750,8 @@ live AS MATERIALIZED (
            array_agg(h.attempt ORDER BY h.id) AS attempts
       FROM holders h LEFT JOIN holding j ON j.id = h.id
      WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id)))
+            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
+                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
        AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt)
      GROUP BY h.scope
