@@ -238,7 +238,8 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 #             claimed meanwhile (by a worker that preferred it for its priority), held too;
 #   room      free slots (max_running minus holders still running at their attempt) or whole
 #             tokens (the bucket refilled up to now), per scope; a group's is its tightest
-#             scope's (read from a map, `free`, which stays cheap however the rows are counted);
+#             scope's, looked up in `free` (a map from scope to room: a join here was planned
+#             as a nested loop from a bad row estimate, and cost over 100 ms a claim);
 #   limited   the best jobs of each group with room, as many as its room, locked. Looked for
 #             only once the scopes are locked (whose holders are current), they are seldom jobs
 #             another worker claimed after this statement's snapshot: locking one of those

@@ -560,6 +560,8 @@ class Worker:
         failures are recorded one by one. An outcome leaves the queue only once the database
         has it, so a connection error retries it; fencing makes a repeat harmless.
         """
+        if claim:  # before reading the outcomes: a job that finishes after that sets it again
+            self._freed_slot = False
         pending = list(self._outcomes)
         if not pending and not claim:
             return
@@ -569,7 +571,7 @@ class Worker:
                    if outcome.kind == "completed" and outcome.result is not None}  # fmt: skip
         try:
             if claim:
-                self._nudged = self._freed_slot = False
+                self._nudged = False
                 self._plan_for_limits(conn)
                 completed, leases = self.store.complete_and_claim(
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
