@@ -256,24 +256,24 @@ open_queues AS MATERIALIZED (
       FROM {claim_queues} AS q(name) LEFT JOIN {queues} p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
-groups(queue, scope, capped, limits, depth) AS (
-    SELECT q.name, q.scope, q.max_running IS NOT NULL, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
          ORDER BY limits LIMIT 1) f
     UNION ALL
-    SELECT g.queue, g.scope, g.capped, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
          ORDER BY limits LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, g.capped, s.rows, s.versions FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes, true AS capped
+    SELECT g.queue, g.limits, g.scopes, s.rows, s.versions FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope, capped FROM groups) g
+        SELECT queue, limits, limits || scope FROM groups) g
      CROSS JOIN LATERAL (
         SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
           FROM (SELECT l, l.xmin AS version FROM {limits} l WHERE l.scope = ANY(g.scopes) AND {room_guess} > 0
@@ -313,13 +313,13 @@ free AS MATERIALIZED (
     SELECT jsonb_object_agg(scope, free) AS free FROM room
 ),
 open_groups AS MATERIALIZED (
-    SELECT h.queue, h.limits, h.capped, f.free
+    SELECT h.queue, h.limits, h.scopes, f.free
       FROM free m, looked h CROSS JOIN LATERAL (
         SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
      WHERE f.free > 0
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.capped FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
@@ -328,7 +328,7 @@ limited AS MATERIALIZED (
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     UNION ALL
-    SELECT j.*, true FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
@@ -337,9 +337,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c
-     CROSS JOIN LATERAL unnest(coalesce(c.limits, '{{}}')
-                               || CASE WHEN c.capped THEN ARRAY['queue ' || c.queue] ELSE '{{}}' END) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
