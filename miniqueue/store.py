@@ -224,29 +224,23 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 #             group, from the worker's cursor on), so a group held back never costs its backlog;
 #   looked    the groups taken into admission (a capped queue's jobs without limits first, as
 #             one more group), each with its scope rows (its own and its queue's cap), locked,
-#             as of their latest version. Groups are looked at one by one, and only until
-#             %(groups)s are in (or %(scan)s were seen): a group whose limits this statement's
-#             snapshot already shows full is passed over without a lock, and one whose scope
-#             row another claim has locked is passed over without waiting, so that two workers
-#             never queue on the same limit, nor deadlock, and a claim behind another's still
-#             fills up from the groups after it;
-#   holding   the latest version of each slot holder's job row. A row another transaction has
-#             locked is skipped and its slot counted as held: only a claim or a delete locks a
-#             job row, and either way erring toward "held" can only under-admit for a moment.
-#             A holder this statement's snapshot does not show at all was deleted, unless the
-#             scope row was rewritten since the snapshot: then it may be a job enqueued and
-#             claimed meanwhile (by a worker that preferred it for its priority), held too;
-#   room      free slots (max_running minus holders still running at their attempt) or whole
-#             tokens (the bucket refilled up to now), per scope; a group's is its tightest
-#             scope's, looked up in `free` (a map from scope to room: a join here was planned
-#             as a nested loop from a bad row estimate, and cost over 100 ms a claim);
-#   limited   the best jobs of each group with room, as many as its room, locked. Looked for
-#             only once the scopes are locked (whose holders are current), they are seldom jobs
-#             another worker claimed after this statement's snapshot: locking one of those
-#             would hold up that worker's completion of it until this claim commits;
+#             as of their latest version, and each row's room: free slots (max_running minus
+#             the holders still running at their attempt; see {held}) or whole tokens (the
+#             bucket refilled up to now). A group's room is its tightest scope's. Groups are
+#             looked at one by one, and only until %(groups)s are in (or %(scan)s were seen): a
+#             group with a scope row that has no room is passed over without a lock, and one
+#             whose scope row another claim has locked (or rewritten since this statement's
+#             snapshot) is passed over without waiting, so that two workers never queue on the
+#             same limit, nor deadlock, and a claim behind another's still fills up from the
+#             groups after it;
+#   limited   the best jobs of each group, as many as its room, locked. Looked for only once
+#             the scopes are locked (whose holders are current), they are seldom jobs another
+#             worker claimed after this statement's snapshot: locking one of those would hold
+#             up that worker's completion of it until this claim commits;
 #   chosen    the best of the unlimited candidates and those admitted in every scope they need
 #             (groups that share a scope take its room in job order);
-#   taken     the chosen jobs' slots and tokens, recorded with the lease they belong to.
+#   taken     the chosen jobs' slots and tokens, recorded with the lease they belong to, and
+#             the holders that ended pruned.
 # A job held back stays available and spends no attempt.
 _CLAIMING = """
 fast AS MATERIALIZED ({pick}),
@@ -268,71 +262,45 @@ groups(queue, scope, limits, depth) AS (
          ORDER BY limits LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.rows, s.versions FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope FROM groups) g
-     CROSS JOIN LATERAL (
-        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
-          FROM (SELECT l, l.xmin AS version FROM {limits} l WHERE l.scope = ANY(g.scopes) AND {room_guess} > 0
-                   FOR UPDATE SKIP LOCKED) x
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE {room} END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT {touched} AND {room} > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
-     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
-      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
-),
-holders AS MATERIALIZED (
-    SELECT s.scope, s.version, h.id, h.attempt
-      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM {jobs} WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
-    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
-           array_agg(h.attempt ORDER BY h.id) AS attempts
-      FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM {jobs} x WHERE x.id = h.id) OR NOT EXISTS (
-                    SELECT 1 FROM {limits} v WHERE v.scope = h.scope AND v.xmin = h.version))))
-       AND NOT {freed}
-     GROUP BY h.scope
-),
-room AS MATERIALIZED (
-    SELECT s.scope, b.tokens, v.ids, v.attempts,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
-      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
-        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
-),
-free AS MATERIALIZED (
-    SELECT jsonb_object_agg(scope, free) AS free FROM room
-),
-open_groups AS MATERIALIZED (
-    SELECT h.queue, h.limits, h.scopes, f.free
-      FROM free m, looked h CROSS JOIN LATERAL (
-        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
-     WHERE f.free > 0
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     UNION ALL
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
 ),
@@ -344,8 +312,8 @@ blocked AS MATERIALIZED (
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
               FROM need n) r
-      LEFT JOIN room m ON m.scope = r.scope
-     WHERE m.free IS NULL OR r.place > m.free
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
@@ -358,15 +326,18 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE {limits} l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{{}}') || t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                                  ELSE coalesce(m.attempts, '{{}}') || t.attempts END,
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{{}}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{{}}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND {held} AND NOT {freed}),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE {tokens} - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
                    array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
-      JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -378,15 +349,39 @@ RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_a
           limits, parents, {parent_results} AS parent_results, trace_context
 )"""
 
-# A guess at the room a limit row `l` has, from this statement's snapshot: slots not held by a
-# job still running at the holder's attempt, or whole tokens. The admission decides on the rows'
-# latest versions; the guess only spares locking the scope rows of a limit that is full.
-_ROOM_GUESS = """CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+# The room of a limit row `l` as of its latest version (the claim has it locked, or is about to):
+# whole tokens, or slots not held. A limit of 1 with room has no holder left to keep, so the
+# claim neither counts its room again nor looks up its ended holders when it takes its slot.
+_ROOM = """CASE WHEN l.max_running IS NULL THEN floor({tokens})::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT {freed})::int
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE {held} AND NOT {freed})::int
      END"""
+
+# Whether another transaction locked or rewrote limit row `l` after this statement's snapshot
+# `t` was taken, or was still at it then: the row's xmax is a transaction the snapshot does not
+# see (one running when it was taken, or one of the next 2^20 to start; xids compared modulo
+# 2^32, as the server does), and not this one. Another claim is taking or has just taken that
+# limit's room, so the claim passes over it as it passes over a row locked now. Locking such a
+# row instead would have the server check the new version against the statement's conditions
+# (EvalPlanQual), and setting that up costs ~0.1 ms a row in a statement this size: a claim
+# that followed another through the same keys spent 300 ms doing it. A lock left by a
+# transaction that ended before the snapshot is not a reason to pass over: such a row locks at
+# once, version unchanged.
+_TOUCHED = """(l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295)"""
+_TOKENS = "least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at)))"
+
+# Whether holder `h` (its job row `j` as this statement's snapshot shows it, or NULL) of limit
+# row `l` still holds its slot. Read from the snapshot without a lock: a job's attempt only
+# grows, so one seen at the holder's attempt and not running, or at a later attempt, has ended
+# for good, and one seen at an earlier attempt was claimed after the snapshot, and holds. A
+# holder the snapshot does not show at all was deleted (pruned, `jobs delete`), unless `l` was
+# rewritten since the snapshot: then it may be a job enqueued and claimed meanwhile (by a
+# worker that preferred it for its priority), held too. Erring toward "held" can only
+# under-admit for a moment.
+_HELD = """((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin)))"""
 
 # Leases whose slots the statement frees itself: none for a claim alone; for a claim that rides
 # with completions, the leases being completed (their slots are free whether the completion
@@ -1010,13 +1005,14 @@ class Store:
         self._notify_queues = render(_NOTIFY_QUEUES)
         picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
         self._claim_one, self._claim_many = (
-            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room_guess=_ROOM_GUESS,
-                   freed=_FREED_NONE)
+            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room=_ROOM, held=_HELD,
+                   touched=_TOUCHED, tokens=_TOKENS, freed=_FREED_NONE)
             for pick, queues in picks
         )
         self._complete_and_claim_one, self._complete_and_claim_many = (
             settling(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
-                     claim_queues=queues, room_guess=_ROOM_GUESS, freed=_FREED_COMPLETING)
+                     claim_queues=queues, room=_ROOM, held=_HELD, touched=_TOUCHED, tokens=_TOKENS,
+                     freed=_FREED_COMPLETING)
             for pick, queues in picks
         )  # fmt: skip
         self._complete = settling(_COMPLETE, "completed", completed=_COMPLETED)

@@ -229,6 +229,17 @@ def test_a_queue_cap_counts_limited_jobs_too(client: Client, store: Store, conn:
     assert count(conn, "id = ANY(%s) AND state = 'available'", [keyed]) == 2
 
 
+def test_keys_in_a_capped_queue_share_its_cap_within_one_claim(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    # Every key's group names the queue's cap too: the claim locks that row for the first key
+    # and must still count it as its own for the next ones.
+    keyed = [client.enqueue("t", {"i": i}, queue="q", concurrency_key=f"k{i}").id for i in range(5)]
+    client.limit_queue("q", 3)
+    assert ids(claim(store, conn, queues=("q",))) == keyed[:3]
+    assert claim(store, conn, queues=("q",)) == []
+
+
 def test_a_cap_on_an_unknown_queue_is_refused(client: Client) -> None:
     with pytest.raises(InvalidInput, match="queue 'nope' is unknown"):
         client.limit_queue("nope", 3)

@@ -204,76 +204,55 @@ groups(queue, scope, limits, depth) AS (
          ORDER BY limits LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.rows, s.versions FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope FROM groups) g
-     CROSS JOIN LATERAL (
-        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
-          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT false)::int
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END > 0
-                   FOR UPDATE SKIP LOCKED) x
+                   FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
-     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
-      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
-),
-holders AS MATERIALIZED (
-    SELECT s.scope, s.version, h.id, h.attempt
-      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
-    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
-           array_agg(h.attempt ORDER BY h.id) AS attempts
-      FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
-                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
-       AND NOT false
-     GROUP BY h.scope
-),
-room AS MATERIALIZED (
-    SELECT s.scope, b.tokens, v.ids, v.attempts,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
-      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
-        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
-),
-free AS MATERIALIZED (
-    SELECT jsonb_object_agg(scope, free) AS free FROM room
-),
-open_groups AS MATERIALIZED (
-    SELECT h.queue, h.limits, h.scopes, f.free
-      FROM free m, looked h CROSS JOIN LATERAL (
-        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
-     WHERE f.free > 0
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     UNION ALL
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
 ),
@@ -285,8 +264,8 @@ blocked AS MATERIALIZED (
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
               FROM need n) r
-      LEFT JOIN room m ON m.scope = r.scope
-     WHERE m.free IS NULL OR r.place > m.free
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
@@ -299,15 +278,19 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
                    array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
-      JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -352,76 +335,55 @@ groups(queue, scope, limits, depth) AS (
          ORDER BY limits LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.rows, s.versions FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope FROM groups) g
-     CROSS JOIN LATERAL (
-        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
-          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT false)::int
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END > 0
-                   FOR UPDATE SKIP LOCKED) x
+                   FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
-     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
-      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
-),
-holders AS MATERIALIZED (
-    SELECT s.scope, s.version, h.id, h.attempt
-      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
-    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
-           array_agg(h.attempt ORDER BY h.id) AS attempts
-      FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
-                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
-       AND NOT false
-     GROUP BY h.scope
-),
-room AS MATERIALIZED (
-    SELECT s.scope, b.tokens, v.ids, v.attempts,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
-      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
-        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
-),
-free AS MATERIALIZED (
-    SELECT jsonb_object_agg(scope, free) AS free FROM room
-),
-open_groups AS MATERIALIZED (
-    SELECT h.queue, h.limits, h.scopes, f.free
-      FROM free m, looked h CROSS JOIN LATERAL (
-        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
-     WHERE f.free > 0
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     UNION ALL
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
 ),
@@ -433,8 +395,8 @@ blocked AS MATERIALIZED (
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
               FROM need n) r
-      LEFT JOIN room m ON m.scope = r.scope
-     WHERE m.free IS NULL OR r.place > m.free
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
@@ -447,15 +409,19 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
                    array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
-      JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -526,78 +492,57 @@ groups(queue, scope, limits, depth) AS (
          ORDER BY limits LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.rows, s.versions FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope FROM groups) g
-     CROSS JOIN LATERAL (
-        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
-          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END > 0
-                   FOR UPDATE SKIP LOCKED) x
+                   FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
-     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
-      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
-),
-holders AS MATERIALIZED (
-    SELECT s.scope, s.version, h.id, h.attempt
-      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
-    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
-           array_agg(h.attempt ORDER BY h.id) AS attempts
-      FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
-                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
-       AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
-                WHERE c.id = h.id AND c.attempt = h.attempt)
-     GROUP BY h.scope
-),
-room AS MATERIALIZED (
-    SELECT s.scope, b.tokens, v.ids, v.attempts,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
-      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
-        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
-),
-free AS MATERIALIZED (
-    SELECT jsonb_object_agg(scope, free) AS free FROM room
-),
-open_groups AS MATERIALIZED (
-    SELECT h.queue, h.limits, h.scopes, f.free
-      FROM free m, looked h CROSS JOIN LATERAL (
-        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
-     WHERE f.free > 0
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     UNION ALL
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
 ),
@@ -609,8 +554,8 @@ blocked AS MATERIALIZED (
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
               FROM need n) r
-      LEFT JOIN room m ON m.scope = r.scope
-     WHERE m.free IS NULL OR r.place > m.free
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
@@ -623,15 +568,20 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
                    array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
-      JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -708,78 +658,57 @@ groups(queue, scope, limits, depth) AS (
          ORDER BY limits LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.rows, s.versions FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
         SELECT queue, limits, limits || scope FROM groups) g
-     CROSS JOIN LATERAL (
-        SELECT array_agg(x.l) AS rows, array_agg(x.version) AS versions
-          FROM (SELECT l, l.xmin AS version FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND CASE WHEN l.max_running IS NULL
-     THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                           WHERE NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END > 0
-                   FOR UPDATE SKIP LOCKED) x
+                   FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
-     WHERE cardinality(s.rows) = cardinality(g.scopes)
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
 scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.*, g.versions[r.ordinality] AS version
-      FROM looked g CROSS JOIN LATERAL unnest(g.rows) WITH ORDINALITY AS r
-),
-holders AS MATERIALIZED (
-    SELECT s.scope, s.version, h.id, h.attempt
-      FROM scopes s CROSS JOIN LATERAL unnest(s.holder_ids, s.holder_attempts) AS h(id, attempt)
-),
-holding AS MATERIALIZED (
-    SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(ARRAY(SELECT id FROM holders)) FOR KEY SHARE SKIP LOCKED
-),
-live AS MATERIALIZED (
-    SELECT h.scope, count(*) AS held, array_agg(h.id ORDER BY h.id) AS ids,
-           array_agg(h.attempt ORDER BY h.id) AS attempts
-      FROM holders h LEFT JOIN holding j ON j.id = h.id
-     WHERE ((j.state = 'running' AND j.attempt = h.attempt)
-            OR (j.id IS NULL AND (EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" x WHERE x.id = h.id) OR NOT EXISTS (
-                    SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = h.scope AND v.xmin = h.version))))
-       AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
-                WHERE c.id = h.id AND c.attempt = h.attempt)
-     GROUP BY h.scope
-),
-room AS MATERIALIZED (
-    SELECT s.scope, b.tokens, v.ids, v.attempts,
-           CASE WHEN s.max_running IS NULL THEN floor(b.tokens) ELSE s.max_running - coalesce(v.held, 0) END AS free
-      FROM scopes s LEFT JOIN live v ON v.scope = s.scope CROSS JOIN LATERAL (
-        SELECT least(s.burst, s.tokens + s.rate * greatest(0, extract(epoch FROM now() - s.refilled_at))) AS tokens) b
-),
-free AS MATERIALIZED (
-    SELECT jsonb_object_agg(scope, free) AS free FROM room
-),
-open_groups AS MATERIALIZED (
-    SELECT h.queue, h.limits, h.scopes, f.free
-      FROM free m, looked h CROSS JOIN LATERAL (
-        SELECT min(coalesce((m.free ->> s.scope)::float8, 0))::int AS free FROM unnest(h.scopes) AS s(scope)) f
-     WHERE f.free > 0
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     UNION ALL
-    SELECT j.*, g.scopes FROM open_groups g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.free)
+         LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
 ),
@@ -791,8 +720,8 @@ blocked AS MATERIALIZED (
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
               FROM need n) r
-      LEFT JOIN room m ON m.scope = r.scope
-     WHERE m.free IS NULL OR r.place > m.free
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
 ),
 admitted AS (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
@@ -805,15 +734,20 @@ chosen AS MATERIALIZED (
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
-       SET holder_ids = CASE WHEN l.max_running IS NULL THEN l.holder_ids ELSE coalesce(m.ids, '{}') || t.ids END,
-           holder_attempts = CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                                  ELSE coalesce(m.attempts, '{}') || t.attempts END,
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE m.tokens - t.used END,
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
                    array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
               FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
-      JOIN room m ON m.scope = t.scope
      WHERE l.scope = t.scope
 ),
 claimed AS (
