@@ -238,7 +238,7 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 #             worker claimed after this statement's snapshot: locking one of those would hold
 #             up that worker's completion of it until this claim commits;
 #   chosen    the best of the unlimited candidates and those admitted in every scope they need
-#             (groups that share a scope take its room in job order);
+#             (groups that share a scope take its room in job order: see {sharing});
 #   taken     the chosen jobs' slots and tokens, recorded with the lease they belong to, and
 #             the holders that ended pruned.
 # A job held back stays available and spends no attempt.
@@ -285,6 +285,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE {sharing}
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
@@ -311,7 +312,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n) r
+              FROM need n WHERE {sharing}) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.place > m.room
 ),
@@ -411,6 +412,13 @@ _PICK_ONE_QUEUE = """
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
 _ONE_QUEUE = "(VALUES (%(queue)s::text))"
+
+# Whether two groups of a claim may share a scope, so that their jobs must take its room in
+# turn (`blocked`). In one queue, groups are distinct sets of scopes, so only a group of more
+# than one (a key under a cap, a key and a rate limit) can share; most claims have none, and
+# skip the ranking. Across queues, one key's jobs in two queues share it.
+_SHARING_IN_ONE_QUEUE = "(SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)"
+_SHARING_ACROSS_QUEUES = "true"
 
 # Claim from several queues: an ordered index scan per queue, merged. (`queue = ANY(...)`
 # would scan and sort every available row of every queue on each claim.)
@@ -1003,17 +1011,18 @@ class Store:
             render(_COPY_JOBS, traced=t, scheduled=c) for t in ("", ", trace_context") for c in ("", ", scheduled_at")
         )
         self._notify_queues = render(_NOTIFY_QUEUES)
-        picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE), (_PICK_MANY_QUEUES, _MANY_QUEUES))
+        picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE, _SHARING_IN_ONE_QUEUE),
+                 (_PICK_MANY_QUEUES, _MANY_QUEUES, _SHARING_ACROSS_QUEUES))  # fmt: skip
+        admission = {"room": _ROOM, "held": _HELD, "touched": _TOUCHED, "tokens": _TOKENS}
         self._claim_one, self._claim_many = (
-            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, room=_ROOM, held=_HELD,
-                   touched=_TOUCHED, tokens=_TOKENS, freed=_FREED_NONE)
-            for pick, queues in picks
-        )
+            render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, sharing=sharing,
+                   freed=_FREED_NONE, **admission)
+            for pick, queues, sharing in picks
+        )  # fmt: skip
         self._complete_and_claim_one, self._complete_and_claim_many = (
             settling(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
-                     claim_queues=queues, room=_ROOM, held=_HELD, touched=_TOUCHED, tokens=_TOKENS,
-                     freed=_FREED_COMPLETING)
-            for pick, queues in picks
+                     claim_queues=queues, sharing=sharing, freed=_FREED_COMPLETING, **admission)
+            for pick, queues, sharing in picks
         )  # fmt: skip
         self._complete = settling(_COMPLETE, "completed", completed=_COMPLETED)
         self._renew = render(_RENEW)

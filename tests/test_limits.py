@@ -59,6 +59,16 @@ def test_a_key_runs_at_most_its_limit_and_other_keys_are_not_held_back(
     assert ids(claim(store, conn)) == [a[1]], "the completed job's slot is free"
 
 
+def test_a_keys_jobs_in_two_queues_share_its_limit_within_one_claim(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    mail = client.enqueue("t", {}, queue="mail", concurrency_key="A").id
+    sms = client.enqueue("t", {}, queue="sms", concurrency_key="A").id
+    taken = ids(claim(store, conn, queues=("mail", "sms")))
+    assert len(taken) == 1 and taken[0] in (mail, sms)
+    assert claim(store, conn, queues=("mail", "sms")) == []
+
+
 def test_a_completion_frees_its_slot_for_the_claim_in_the_same_statement(
     client: Client, store: Store, conn: Connection
 ) -> None:

@@ -237,6 +237,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
@@ -263,7 +264,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n) r
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.place > m.room
 ),
@@ -368,6 +369,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
@@ -394,7 +396,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n) r
+              FROM need n WHERE true) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.place > m.room
 ),
@@ -527,6 +529,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
@@ -553,7 +556,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n) r
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.place > m.room
 ),
@@ -693,6 +696,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
@@ -719,7 +723,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
                                                      ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n) r
+              FROM need n WHERE true) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.place > m.room
 ),
