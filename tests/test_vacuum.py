@@ -107,6 +107,15 @@ def test_new_rows_are_analyzed_without_a_vacuum(own_dsn: str) -> None:
     assert churn(own_dsn).changed == 0
 
 
+def test_analyze_describes_the_columns_plans_read_and_not_the_jobs_contents(own_dsn: str) -> None:
+    enqueue(own_dsn, JOBS)
+    with connect(own_dsn, purpose="test") as conn:
+        Store().vacuum_jobs(conn, analyze_only=True)
+        described = {row[0] for row in conn.execute("SELECT attname FROM pg_stats WHERE tablename = 'miniqueue_jobs'")}
+    assert {"state", "queue", "priority", "scheduled_at", "limits"} <= described
+    assert not described & {"payload", "result", "errors", "last_error", "trace_context"}
+
+
 def test_pruned_rows_call_for_no_upkeep(own_dsn: str) -> None:
     enqueue(own_dsn, 20)
     claim_and_complete(own_dsn, 20)
