@@ -51,6 +51,13 @@ class ChildSpec:
     gauge_interval: float | None = None  # the reaper reads the queue gauges this often (for /metrics)
 
 
+def goes_down(slot: str) -> bool:
+    """Whether the worker in ``slot`` goes round limited jobs' groups downwards: every other
+    one does (worker-2, worker-4, ...), so that neighbours go opposite ways."""
+    number = slot.rpartition("-")[2]
+    return number.isdigit() and int(number) % 2 == 0
+
+
 def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
     """The body of a forked child. Never returns."""
     code = 1
@@ -86,7 +93,8 @@ def _run_worker(spec: ChildSpec) -> int:
     try:
         app = spec.app or load_app(spec.app_ref or "")
         config = dataclasses.replace(
-            spec.worker, worker_id=new_worker_id(suffix=spec.worker_suffix), max_jobs=spec.max_jobs
+            spec.worker, worker_id=new_worker_id(suffix=spec.worker_suffix), max_jobs=spec.max_jobs,
+            descending=goes_down(spec.name),
         )
         worker = Worker(app, spec.dsn, config)
     except Exception as exc:

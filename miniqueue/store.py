@@ -221,7 +221,8 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 # of a queue with a cap on running jobs, go through admission, in the same statement (see
 # migration 012 for the tables):
 #   groups    step through the limited jobs' index one group of scopes at a time (one probe per
-#             group, from the worker's cursor on), so a group held back never costs its backlog;
+#             group, from the worker's cursor on, upwards or downwards: see _SWEEPS), so a group
+#             held back never costs its backlog;
 #   looked    the groups taken into admission (a capped queue's jobs without limits first, as
 #             one more group), each with its scope rows (its own and its queue's cap), locked,
 #             as of their latest version, and each row's room: free slots (max_running minus
@@ -253,13 +254,13 @@ open_queues AS MATERIALIZED (
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
-         ORDER BY limits LIMIT 1) f
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits {past} %(after)s::text[]
+         ORDER BY limits{order} LIMIT 1) f
     UNION ALL
     SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
-         ORDER BY limits LIMIT 1) n
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits {past} g.limits
+         ORDER BY limits{order} LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
 snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
@@ -402,6 +403,13 @@ _CLAIM = """
 WITH RECURSIVE {claiming}
 SELECT * FROM claimed
 """
+
+# The two directions a claim steps through the groups in, from the caller's cursor: a worker
+# goes round them one way, its neighbour the other way. Two workers going the same way end up
+# one behind the other, each claim passing over the groups the other's last claim just took (a
+# probe and a look at the limit each: 2 groups seen per group taken, with 2 workers); going
+# opposite ways they meet twice a round.
+_SWEEPS = {False: (">", ""), True: ("<", " DESC")}  # (past, order) of groups going up, going down
 
 # Claim from one queue: `queue = $1` keeps the ordered scan of the claim index. A paused queue
 # gives nothing; a capped one gives its jobs to admission instead.
@@ -1013,16 +1021,18 @@ class Store:
         self._notify_queues = render(_NOTIFY_QUEUES)
         picks = ((_PICK_ONE_QUEUE, _ONE_QUEUE, _SHARING_IN_ONE_QUEUE),
                  (_PICK_MANY_QUEUES, _MANY_QUEUES, _SHARING_ACROSS_QUEUES))  # fmt: skip
-        admission = {"room": _ROOM, "held": _HELD, "touched": _TOUCHED, "tokens": _TOKENS}
-        self._claim_one, self._claim_many = (
+        self._claim_one, self._claim_many, self._claim_one_down, self._claim_many_down = (
             render(_CLAIM, claiming=_CLAIMING, pick=pick, claim_queues=queues, sharing=sharing,
-                   freed=_FREED_NONE, **admission)
-            for pick, queues, sharing in picks
+                   freed=_FREED_NONE, past=_SWEEPS[down][0], order=_SWEEPS[down][1], room=_ROOM, held=_HELD,
+                   touched=_TOUCHED, tokens=_TOKENS)
+            for down in (False, True) for pick, queues, sharing in picks
         )  # fmt: skip
-        self._complete_and_claim_one, self._complete_and_claim_many = (
+        (self._complete_and_claim_one, self._complete_and_claim_many, self._complete_and_claim_one_down,
+         self._complete_and_claim_many_down) = (
             settling(_COMPLETE_AND_CLAIM, "completed", completed=_COMPLETED, claiming=_CLAIMING, pick=pick,
-                     claim_queues=queues, sharing=sharing, freed=_FREED_COMPLETING, **admission)
-            for pick, queues, sharing in picks
+                     claim_queues=queues, sharing=sharing, freed=_FREED_COMPLETING, past=_SWEEPS[down][0],
+                     order=_SWEEPS[down][1], room=_ROOM, held=_HELD, touched=_TOUCHED, tokens=_TOKENS)
+            for down in (False, True) for pick, queues, sharing in picks
         )  # fmt: skip
         self._complete = settling(_COMPLETE, "completed", completed=_COMPLETED)
         self._renew = render(_RENEW)
@@ -1312,6 +1322,7 @@ class Store:
         limit: int,
         *,
         after: Sequence[str] = (),
+        descending: bool = False,
     ) -> list[Lease]:
         """Lease up to ``limit`` available jobs from ``queues``, best first.
 
@@ -1323,11 +1334,14 @@ class Store:
         with a cap gives no more jobs than its free slots. Limited jobs are taken group by
         group (jobs naming the same limits form a group), priority first within a group; a
         claim looks at the groups after ``after`` (the limits of the last limited job the
-        caller claimed, so that successive claims go round every group).
+        caller claimed, so that successive claims go round every group): in the order of their
+        limits, or ``descending`` (from the last group when ``after`` is empty).
         """
         if not queues or limit < 1:
             return []
-        query, params = self._claim_query(queues, worker_id, lease_seconds, limit, combined=False, after=after)
+        query, params = self._claim_query(
+            queues, worker_id, lease_seconds, limit, combined=False, after=after, descending=descending
+        )
         return _in_claim_order(Lease(*row) for row in self._rows(conn, query, params))
 
     def complete_and_claim(
@@ -1340,6 +1354,7 @@ class Store:
         limit: int,
         *,
         after: Sequence[str] = (),
+        descending: bool = False,
         results: Mapping[int, str] | None = None,
     ) -> tuple[set[int], list[Lease]]:
         """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit).
@@ -1348,7 +1363,7 @@ class Store:
         """
         ids, attempts = _columns(completions)
         query, params = self._claim_query(
-            queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after
+            queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after, descending=descending
         )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": _aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
@@ -1363,12 +1378,15 @@ class Store:
         *,
         combined: bool,
         after: Sequence[str],
+        descending: bool,
     ) -> tuple[str, dict[str, Any]]:
         queues = list(dict.fromkeys(queues))  # a queue named twice would claim its rows twice over
         if not queues:
             raise InvalidInput("claim needs at least one queue")
+        # Going down, the first group is the last: an array with a NULL sorts after every other.
+        start: list[str | None] = [*after] or ([None] if descending else [])
         params: dict[str, Any] = {
-            "worker": worker_id, "lease": float(lease_seconds), "limit": limit, "after": list(after),
+            "worker": worker_id, "lease": float(lease_seconds), "limit": limit, "after": start,
             # Groups taken into admission: enough to fill the claim with one job per group, and a
             # few more for groups whose room was taken meanwhile (their scope rows stay locked
             # while the claim runs, so a small claim takes few more than it needs); and groups
@@ -1378,9 +1396,13 @@ class Store:
         }  # fmt: skip
         if len(queues) == 1:
             params["queue"] = queues[0]
-            return (self._complete_and_claim_one if combined else self._claim_one), params
+            if combined:
+                return (self._complete_and_claim_one_down if descending else self._complete_and_claim_one), params
+            return (self._claim_one_down if descending else self._claim_one), params
         params["queues"] = queues
-        return (self._complete_and_claim_many if combined else self._claim_many), params
+        if combined:
+            return (self._complete_and_claim_many_down if descending else self._complete_and_claim_many), params
+        return (self._claim_many_down if descending else self._claim_many), params
 
     def complete_many(
         self,

@@ -101,6 +101,10 @@ class WorkerConfig:
     max_jobs: int | None = None
     #: The largest handler result stored, in bytes of JSON (a larger one fails the attempt).
     max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    #: Go round the groups of limited jobs from the last one down instead of from the first up.
+    #: The supervisor sets it on every other worker: two workers going the same way end up one
+    #: behind the other, each claim passing over the keys the other's last claim just took.
+    descending: bool = False
 
     @property
     def heartbeat_interval(self) -> float:
@@ -377,21 +381,23 @@ class Worker:
         return free if ran_dry or free >= self._claim_batch else 0
 
     def _note_limited(self, leases: list[Lease], asked: int) -> None:
-        """Move the limited-jobs cursor past the groups just claimed. A claim that took as many
-        groups as one claim takes goes on from there at once; one that came back short from a
-        cursor may have run out of groups after it: the next claim starts again from the first
-        group, at once rather than at the next poll."""
+        """Move the limited-jobs cursor past the groups just claimed (the last one, in the
+        direction this worker goes). A claim that took as many groups as one claim takes goes on
+        from there at once; one that came back short from a cursor may have run out of groups
+        after it: the next claim starts again from the first group (the last one, going down), at
+        once rather than at the next poll."""
         groups = [lease.limits for lease in leases if lease.limits]
         if groups:
             self._limited_at = time.monotonic()
+        last = min if self.config.descending else max
         if len({tuple(group) for group in groups}) >= MAX_GROUPS_PER_CLAIM:
-            self._limits_cursor = max(groups)
+            self._limits_cursor = last(groups)
             self._nudged = True
         elif len(leases) < asked and self._limits_cursor:
             self._limits_cursor = []
             self._nudged = True
         else:
-            self._limits_cursor = max(groups) if groups else []
+            self._limits_cursor = last(groups) if groups else []
 
     def _plan_for_limits(self, conn: Connection) -> None:
         """While limited jobs flow, plan each claim for its parameters: PostgreSQL's generic plan
@@ -575,7 +581,7 @@ class Worker:
                 self._plan_for_limits(conn)
                 completed, leases = self.store.complete_and_claim(
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
-                    after=self._limits_cursor, results=results,
+                    after=self._limits_cursor, descending=self.config.descending, results=results,
                 )  # fmt: skip
                 self._note_limited(leases, claim)
                 self._slots.add_ready(leases)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from miniqueue import App, Client, InvalidInput, JobSpec
 from miniqueue import worker as worker_module
+from miniqueue.child import goes_down
 from miniqueue.cli import main
 from miniqueue.context import Job
 from miniqueue.db import Connection
@@ -57,6 +58,30 @@ def test_a_key_runs_at_most_its_limit_and_other_keys_are_not_held_back(
     assert (held["state"], held["attempt"]) == ("available", 0), "a job held back spends no attempt"
     assert store.complete_many(conn, "w", [(a[0], 1)]) == {a[0]}
     assert ids(claim(store, conn)) == [a[1]], "the completed job's slot is free"
+
+
+def test_claims_go_round_the_keys_from_a_cursor_upwards_or_downwards(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    # A claim of 2 looks at 4 groups (2 spare, for groups taken meanwhile) and takes the oldest
+    # jobs among them; the caller's cursor moves past the groups it took.
+    jobs = [client.enqueue("t", {}, concurrency_key=f"k{i:02}").id for i in range(40)]
+
+    def take(after: list[str], descending: bool) -> list[Lease]:
+        return store.claim(conn, ["default"], "w", 30.0, 2, after=after, descending=descending)
+
+    up = take([], False)
+    assert ids(up) == jobs[0:2], "upwards from the first key"
+    down = take([], True)
+    assert ids(down) == jobs[36:38], "downwards from the last key"
+    assert ids(take(max(lease.limits for lease in up if lease.limits), False)) == jobs[2:4]
+    assert ids(take(min(lease.limits for lease in down if lease.limits), True)) == jobs[32:34]
+
+
+def test_neighbouring_workers_go_round_the_keys_opposite_ways() -> None:
+    assert [goes_down(slot) for slot in ("worker-1", "worker-2", "worker-3", "worker-10", "reaper")] == [
+        False, True, False, True, False,
+    ]  # fmt: skip
 
 
 def test_a_keys_jobs_in_two_queues_share_its_limit_within_one_claim(

@@ -438,6 +438,266 @@ RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_a
 )
 SELECT * FROM claimed;
 
+-- _claim_one_down
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+)
+SELECT * FROM claimed;
+
+-- _claim_many_down
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE true) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+)
+SELECT * FROM claimed;
+
 -- _complete_and_claim_one
 WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
@@ -659,6 +919,336 @@ groups(queue, scope, limits, depth) AS (
         SELECT limits FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
          ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE true) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0;
+
+-- _complete_and_claim_one_down
+WITH RECURSIVE completed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
+                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
+                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
+              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
+              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
+                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0;
+
+-- _complete_and_claim_many_down
+WITH RECURSIVE completed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    'miniqueue_public_finished', 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM "public"."miniqueue_jobs"
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
 snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
