@@ -2,7 +2,7 @@
 
 - ``limits-keys-N``: 5 x --jobs no-op jobs spread over 5,000 concurrency keys (limit 1 each),
   drained as ``drain-N-default`` drains the same number without limits: run both in one
-  invocation (``--only 'drain-2-default,limits-keys-2'``) for the ratio.
+  invocation (``--only 'drain-2-default,limits-keys-2'``) for the ratio (N = 2 or 4).
 - ``limits-others-N`` / ``limits-hot-N``: 10,000 jobs over 1,000 keys, timed from the commit to
   the last of them completed; in the ``hot`` row, 10,000 jobs of one more key (limit 1) were
   enqueued first, in the same transaction. Equal figures mean the hot key's backlog costs the
@@ -112,7 +112,8 @@ def _poll(done: Callable[[], float | None]) -> float:
 
 
 BENCHMARKS: list[Benchmark] = [
-    Benchmark("limits-keys-2", f"supervise drain, no-op, {KEYS:,} keys of limit 1, defaults", 2, keyed_drain),
+    *(Benchmark(f"limits-keys-{n}", f"supervise drain, no-op, {KEYS:,} keys of limit 1, defaults", n, keyed_drain)
+      for n in (2, 4)),
     Benchmark("limits-others-2", f"{OTHERS:,} jobs over {OTHER_KEYS:,} keys, alone, defaults", 2, others),
     Benchmark(
         "limits-hot-2", f"the same behind {HOT_JOBS:,} jobs of one hot key, defaults", 2, others_behind_a_hot_key

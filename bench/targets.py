@@ -72,6 +72,12 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
         if row and base and base.jobs_per_s:
             verdicts.append(_at_least(f"{name} / drain-2-default (same run)", row.jobs_per_s / base.jobs_per_s, share,
                                       lambda v: f"{v:.2f}x", f"{name} / drain-2-default"))  # fmt: skip
+    for workers in (2, 4):
+        limited, unlimited = by_name.get(f"limits-keys-{workers}"), by_name.get(f"drain-{workers}-default")
+        if limited and unlimited and unlimited.jobs_per_s:
+            verdicts.append(_at_least(f"limits-keys-{workers} / drain-{workers}-default (same run)",
+                                      limited.jobs_per_s / unlimited.jobs_per_s, 0.7, lambda v: f"{v:.2f}x",
+                                      f"limits-keys-{workers} / drain-{workers}-default"))  # fmt: skip
     if many := best("enqueue-many-"):
         verdicts.append(_at_least("enqueue_many", many.jobs_per_s, 60_000, _rate, many.benchmark.name))
     one, floor = by_name.get("enqueue"), by_name.get("floor-enqueue")
