@@ -380,24 +380,26 @@ class Worker:
             ran_dry = not self._slots.ready
         return free if ran_dry or free >= self._claim_batch else 0
 
-    def _note_limited(self, leases: list[Lease], asked: int) -> None:
+    def _note_limited(self, leases: list[Lease], asked: int, kept: set[tuple[str, ...]]) -> None:
         """Move the limited-jobs cursor past the groups just claimed (the last one, in the
         direction this worker goes). A claim that took as many groups as one claim takes goes on
         from there at once; one that came back short from a cursor may have run out of groups
         after it: the next claim starts again from the first group (the last one, going down), at
-        once rather than at the next poll."""
-        groups = [lease.limits for lease in leases if lease.limits]
+        once rather than at the next poll. The groups of the jobs the claim completed (``kept``)
+        came first, wherever they lie, so they do not move the cursor."""
+        groups = {tuple(lease.limits) for lease in leases if lease.limits}
         if groups:
             self._limited_at = time.monotonic()
+        swept = groups - kept
         last = min if self.config.descending else max
-        if len({tuple(group) for group in groups}) >= MAX_GROUPS_PER_CLAIM:
-            self._limits_cursor = last(groups)
+        if len(groups) >= MAX_GROUPS_PER_CLAIM:
+            self._limits_cursor = list(last(swept)) if swept else self._limits_cursor
             self._nudged = True
         elif len(leases) < asked and self._limits_cursor:
             self._limits_cursor = []
             self._nudged = True
-        else:
-            self._limits_cursor = last(groups) if groups else []
+        elif swept or not groups:
+            self._limits_cursor = list(last(swept)) if swept else []
 
     def _plan_for_limits(self, conn: Connection) -> None:
         """While limited jobs flow, plan each claim for its parameters: PostgreSQL's generic plan
@@ -583,7 +585,8 @@ class Worker:
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
                     after=self._limits_cursor, descending=self.config.descending, results=results,
                 )  # fmt: skip
-                self._note_limited(leases, claim)
+                kept = {tuple(job.limits) for job, outcome in pending if outcome.kind == "completed" and job.limits}
+                self._note_limited(leases, claim, kept)
                 self._slots.add_ready(leases)
                 self._backlog = len(leases) == claim
             else:

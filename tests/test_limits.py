@@ -78,6 +78,39 @@ def test_claims_go_round_the_keys_from_a_cursor_upwards_or_downwards(
     assert ids(take(min(lease.limits for lease in down if lease.limits), True)) == jobs[32:34]
 
 
+def test_a_claim_that_completes_a_keys_job_takes_its_next_job_wherever_the_cursor_is(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    a1, a2 = (client.enqueue("t", {"i": i}, concurrency_key="A").id for i in range(2))
+    b1, b2 = (client.enqueue("t", {"i": i}, concurrency_key="B").id for i in range(2))
+    (first,) = store.claim(conn, ["default"], "w", 30.0, 1)
+    assert first.id == a1 and first.limits is not None
+    # From past the last key, a sweep finds nothing; the completed job's key is looked at anyway.
+    past = ["concurrency zzz"]
+    completed, leases = store.complete_and_claim(conn, "w", [(a1, 1)], ["default"], 30.0, 1, after=past)
+    assert (completed, ids(leases)) == ({a1}, [a2])
+    # The kept keys never take the whole claim: the sweep still gets its groups, and the oldest
+    # jobs among all of them win (B's first job is older than A's next one would be).
+    completed, leases = store.complete_and_claim(conn, "w", [(a2, 1)], ["default"], 30.0, 1)
+    assert (completed, ids(leases)) == ({a2}, [b1])
+    assert store.complete_and_claim(conn, "w", [(b1, 1)], ["default"], 30.0, 1, after=past)[1][0].id == b2
+
+
+def test_the_keys_a_claim_kept_do_not_move_the_workers_cursor(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    keys = [client.enqueue("t", {}, concurrency_key=f"k{i}").id for i in range(3)]
+    k0, k1, k2 = leases = store.claim(conn, ["default"], "w", 30.0, 3)
+    assert ids(leases) == keys
+    worker = Worker(App(), dsn, WorkerConfig(queues=("default",)))
+    worker._note_limited(leases, 3, set())
+    assert worker._limits_cursor == ["concurrency t k2"]
+    worker._note_limited([k0, k1], 2, {("concurrency t k1",)})
+    assert worker._limits_cursor == ["concurrency t k0"], "past the swept keys only"
+    worker._note_limited([k2], 1, {("concurrency t k2",)})
+    assert worker._limits_cursor == ["concurrency t k0"], "a claim of kept keys alone leaves it where it was"
+
+
 def test_neighbouring_workers_go_round_the_keys_opposite_ways() -> None:
     assert [goes_down(slot) for slot in ("worker-1", "worker-2", "worker-3", "worker-10", "reaper")] == [
         False, True, False, True, False,

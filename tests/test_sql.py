@@ -44,7 +44,7 @@ def test_a_schema_qualifies_every_table() -> None:
 
 def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection) -> None:
     params = {"worker": "w", "lease": 30.0, "limit": 1, "queue": "q", "queues": ["q", "r"], "ids": [], "attempts": [],
-              "after": [], "groups": 2, "scan": 68, "results": []}
+              "after": [], "groups": 2, "scan": 68, "kept": 1, "results": []}
     for query, skip in ((store._claim_one, 0), (store._claim_many, 0), (store._complete_and_claim_one, 1),
                         (store._complete_and_claim_many, 1)):  # fmt: skip
         cur = conn.execute(query, params)

@@ -192,6 +192,9 @@ open_queues AS MATERIALIZED (
       FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -214,7 +217,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -324,6 +330,9 @@ open_queues AS MATERIALIZED (
       FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -346,7 +355,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -452,6 +464,9 @@ open_queues AS MATERIALIZED (
       FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -474,7 +489,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -584,6 +602,9 @@ open_queues AS MATERIALIZED (
       FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -606,7 +627,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -707,7 +731,7 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, limits
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -742,6 +766,9 @@ open_queues AS MATERIALIZED (
       FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -764,7 +791,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -870,7 +900,7 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, limits
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -909,6 +939,9 @@ open_queues AS MATERIALIZED (
       FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -931,7 +964,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -1037,7 +1073,7 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, limits
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1072,6 +1108,9 @@ open_queues AS MATERIALIZED (
       FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -1094,7 +1133,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -1200,7 +1242,7 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, limits
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1239,6 +1281,9 @@ open_queues AS MATERIALIZED (
       FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM "public"."miniqueue_jobs"
@@ -1261,7 +1306,10 @@ looked AS MATERIALIZED (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
-        SELECT queue, limits, limits || scope FROM groups) g
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
@@ -1367,7 +1415,7 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, limits
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
