@@ -101,9 +101,14 @@ def _run_worker(spec: ChildSpec) -> int:
         reports.write(spec.report_fd, [reports.Error(f"{type(exc).__name__}: {exc}")])
         return EXIT_BOOT_ERROR
     progress = _Progress(spec, app)
+
+    def handler_ended(job: Job) -> None:
+        board.handler_finished(job)
+        progress.handler_ended(job)
+
     worker.hooks = WorkerHooks(
         on_job_start=progress.job_started, on_job_end=progress.job_ended,
-        on_handler_start=board.handler_started, on_handler_end=board.handler_finished,
+        on_handler_start=board.handler_started, on_handler_end=handler_ended,
     )  # fmt: skip
     _install_stop_signals(worker.stop, board)
     _start_reporter(spec, worker.stop, beat=lambda: progress.beat(worker.listening), tick=progress.tick)
@@ -216,12 +221,16 @@ class _Progress:
     process title, at a cost that does not grow with the job rate. Per job, the hooks only
     touch a few dicts; every flush (the reporter's 0.1 s tick) sends
 
-    - ``start`` for each job still running, once (at once for a task with a hard timeout,
-      since the supervisor times it), and ``end`` for such a job once it finished;
-    - ``done`` per (outcome, queue, task): a :class:`~miniqueue.reports.Tally` of every job finished since.
+    - ``start`` for each job whose handler is still running, once (at once for a task with a
+      hard timeout, since the supervisor times it), and ``end`` for such a job once its handler
+      returned;
+    - ``done`` per (outcome, queue, task): a :class:`~miniqueue.reports.Tally` of every job
+      whose outcome was recorded since.
 
-    A job that starts and ends between two flushes is only counted. Hooks run on handler
-    threads and the claim loop, hence the lock."""
+    A job whose handler starts and returns between two flushes is only counted. (Its outcome is
+    recorded with the next claim, up to a batch later: counting it as running until then had
+    a drain of no-op jobs send two lines per job, a tenth of a core in the supervisor.) Hooks
+    run on handler threads and the claim loop, hence the lock."""
 
     TITLE_SECONDS = 0.25
 
@@ -241,18 +250,25 @@ class _Progress:
         if job.task in self.timeouts:
             self.flush()
 
+    def handler_ended(self, job: Job) -> None:
+        with self.lock:
+            self._stopped(job)
+
     def job_ended(self, job: Job, outcome: Outcome) -> None:
         label = "completed" if outcome.kind == "completed_in_transaction" else outcome.kind
         key = (label, job.queue, job.task)
         with self.lock:
-            self.running.pop(job.id, None)
-            if job.id in self.reported:
-                self.reported.discard(job.id)
-                self.pending.append(reports.End(job.id))
+            self._stopped(job)  # no handler ran (an unknown task, say), or handler_ended did this
             tally = self.tallies.get(key)
             if tally is None:
                 tally = self.tallies[key] = reports.Tally()
             tally.add(outcome.duration)
+
+    def _stopped(self, job: Job) -> None:
+        """``job`` no longer runs (the lock is held)."""
+        if self.running.pop(job.id, None) is not None and job.id in self.reported:
+            self.reported.discard(job.id)
+            self.pending.append(reports.End(job.id))
 
     def beat(self, listening: bool | None) -> None:
         with self.lock:

@@ -3,12 +3,18 @@ in their text and never in their line ending, and a pipe delivers them whole."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import os
 
 import pytest
 
-from miniqueue import reports
+from miniqueue import App, reports
+from miniqueue.child import ChildSpec, _Progress
+from miniqueue.context import Job
+from miniqueue.job import Lease
 from miniqueue.reports import DURATION_BUCKETS, LINE_LIMIT, Beat, Done, End, Error, Reader, Ready, Start, Tally
+from miniqueue.worker import Outcome
 
 
 def tally_of(*seconds: float) -> Tally:
@@ -82,3 +88,36 @@ def test_a_line_that_is_not_a_report_is_skipped() -> None:
     assert reader.feed(b" line\n") == []
     with pytest.raises(ValueError, match="not a report"):
         reports.decode(b"hello")
+
+
+def test_a_worker_reports_a_job_running_only_while_its_handler_runs() -> None:
+    # A handler that returned is no longer running, though its outcome waits for the next
+    # claim to be recorded: a drain of fast jobs sends the supervisor counts, not a line per job.
+    now = dt.datetime.now(dt.timezone.utc)
+    lease = Lease(7, "default", "t", {}, 0, 1, 5, now, now, now)
+    fast, slow = Job(lease, worker_id="w"), Job(lease._replace(id=8), worker_id="w")
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    progress = _Progress(ChildSpec("worker-1", "postgresql://", write_fd, 1.0), App())
+
+    def flushed() -> list[reports.Report]:
+        progress.flush()
+        reader = Reader()
+        with contextlib.suppress(BlockingIOError):
+            return reader.feed(os.read(read_fd, 65536))
+        return []
+
+    try:
+        for job in (fast, slow):
+            progress.job_started(job)
+        progress.handler_ended(fast)
+        assert flushed() == [Start(8, 1, None, "t")]
+        progress.job_ended(fast, Outcome("completed", duration=0.001))
+        progress.handler_ended(slow)
+        progress.job_ended(slow, Outcome("completed", duration=2.0))
+        sent = flushed()
+        assert sent[0] == End(8) and len(sent) == 2
+        assert isinstance(sent[1], Done) and sent[1].tally.count == 2
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
