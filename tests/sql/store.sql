@@ -275,12 +275,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -295,9 +296,8 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -413,12 +413,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -433,9 +434,8 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -547,12 +547,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -567,9 +568,8 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -685,12 +685,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -705,9 +706,8 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -851,12 +851,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -872,9 +873,8 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -1024,12 +1024,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1045,9 +1046,8 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -1193,12 +1193,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1214,9 +1215,8 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -1366,12 +1366,13 @@ blocked AS MATERIALIZED (
      WHERE r.place > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt FROM (SELECT id, priority, scheduled_at, attempt FROM fast
-                             UNION ALL SELECT id, priority, scheduled_at, attempt FROM admitted) a
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1387,9 +1388,8 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT n.scope, count(*) AS used, array_agg(c.id ORDER BY c.id) AS ids,
-                   array_agg(c.attempt + 1 ORDER BY c.id) AS attempts
-              FROM need n JOIN chosen c ON c.id = n.id GROUP BY n.scope) t
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
