@@ -114,6 +114,19 @@ def test_analyze_describes_the_columns_plans_read_and_not_the_jobs_contents(own_
         described = {row[0] for row in conn.execute("SELECT attname FROM pg_stats WHERE tablename = 'miniqueue_jobs'")}
     assert {"state", "queue", "priority", "scheduled_at", "limits"} <= described
     assert not described & {"payload", "result", "errors", "last_error", "trace_context"}
+    # ANALYZE samples 300 rows per unit of the largest target: 3,000 rows, not 30,000.
+    targets = statistics_targets(own_dsn)
+    assert targets and max(targets.values()) == 10, targets
+
+
+def statistics_targets(dsn: str) -> dict[str, int]:
+    """The jobs table's columns with their statistics targets (-1: the server's default)."""
+    with connect(dsn, purpose="test") as conn:
+        rows = conn.execute(
+            "SELECT attname, attstattarget FROM pg_attribute"
+            " WHERE attrelid = 'miniqueue_jobs'::regclass AND attnum > 0 AND NOT attisdropped"
+        ).fetchall()
+    return {name: -1 if target is None else int(target) for name, target in rows}
 
 
 def test_pruned_rows_call_for_no_upkeep(own_dsn: str) -> None:
