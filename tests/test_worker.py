@@ -372,6 +372,8 @@ def test_every_failed_attempt_leaves_a_log_line(
     with caplog.at_level(logging.WARNING, logger="miniqueue.worker"):
         start_worker(app)
         wait_until(lambda: count(conn, "state IN ('dead', 'failed')") == 2, what="both jobs finished")
+        # The worker logs an outcome once the database has it: the line may follow the commit.
+        wait_until(lambda: len([r for r in caplog.records if hasattr(r, "job")]) == 3, what="three lines logged")
     lines = {(r.job["job_id"], r.job["attempt"]): r for r in caplog.records if hasattr(r, "job")}
     retried, dead, failed = lines[(flaky_id, 1)], lines[(flaky_id, 2)], lines[(refuse_id, 1)]
     assert retried.levelno == logging.WARNING
