@@ -49,7 +49,7 @@ from .validation import NewJob, check_queue_name, check_seconds
 #: The most groups of limited jobs (jobs naming the same limits) one claim takes into admission:
 #: as many as the largest prefetch buffer ``auto`` holds. Since a claim keeps the groups of the
 #: jobs it completes (see `kept` below), on 2 cores a drain of 50,000 jobs over 5,000 keys ran
-#: 7% faster taking 1,000 groups per claim than taking 500 (medians of 5 runs).
+#: 7-12% faster taking 1,000 groups per claim than taking 500 (medians of 3 and of 5 runs).
 MAX_GROUPS_PER_CLAIM = 1000
 
 # --- SQL --------------------------------------------------------------------------------------
@@ -231,16 +231,15 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 #             held back never costs its backlog;
 #   looked    the groups taken into admission (a capped queue's jobs without limits first, as
 #             one more group, then the kept groups), each with its scope rows (its own and its
-#             queue's cap), locked,
-#             as of their latest version, and each row's room: free slots (max_running minus
-#             the holders still running at their attempt; see {held}) or whole tokens (the
-#             bucket refilled up to now). A group's room is its tightest scope's. Groups are
-#             looked at one by one, and only until %(groups)s are in (or %(scan)s were seen): a
-#             group with a scope row that has no room is passed over without a lock, and one
-#             whose scope row another claim has locked (or rewritten since this statement's
-#             snapshot) is passed over without waiting, so that two workers never queue on the
-#             same limit, nor deadlock, and a claim behind another's still fills up from the
-#             groups after it;
+#             queue's cap), locked, as of their latest version, and each row's room: free slots
+#             (max_running minus the holders still running at their attempt; see {held}) or
+#             whole tokens (the bucket refilled up to now). A group's room is its tightest
+#             scope's. Groups are looked at one by one, and only until %(groups)s are in (or
+#             %(scan)s were seen): a group with a scope row that has no room is passed over
+#             without a lock, and one whose scope row another claim has locked (or rewritten
+#             since this statement's snapshot) is passed over without waiting, so that two
+#             workers never queue on the same limit, nor deadlock, and a claim behind another's
+#             still fills up from the groups after it;
 #   limited   the best jobs of each group, as many as its room, locked. Looked for only once
 #             the scopes are locked (whose holders are current), they are seldom jobs another
 #             worker claimed after this statement's snapshot: locking one of those would hold

@@ -398,8 +398,10 @@ class Worker:
         elif len(leases) < asked and self._limits_cursor:
             self._limits_cursor = []
             self._nudged = True
-        elif swept or not groups:
-            self._limits_cursor = list(last(swept)) if swept else []
+        elif swept:
+            self._limits_cursor = list(last(swept))
+        elif not groups:
+            self._limits_cursor = []
 
     def _plan_for_limits(self, conn: Connection) -> None:
         """While limited jobs flow, plan each claim for its parameters: PostgreSQL's generic plan
