@@ -15,7 +15,7 @@ from .client import Client
 from .context import Job
 from .db import AsyncConnection, Connection
 from .errors import AppLoadError, ConfigError
-from .job import EnqueueResult, JobSpec
+from .job import EnqueueResult, JobSpec, TaskDeclaration
 from .limits import job_scopes
 from .periodic import CatchUp, Periodic
 from .retry import Backoff, default_backoff
@@ -57,6 +57,17 @@ class Task:
             self.name, payload, queue=self.queue, priority=self.priority, max_attempts=self.max_attempts,
             concurrency_key=_key_of(self.concurrency_key, payload), max_concurrent=self.max_concurrent,
             rate_limit=self.rate_limit, rate_limit_key=_key_of(self.rate_limit_key, payload),
+        )  # fmt: skip
+
+
+    def declaration(self) -> TaskDeclaration:
+        """What this task declares, as its workers publish it for producers without the app."""
+        return TaskDeclaration(
+            self.name, self.queue, self.priority, self.max_attempts,
+            concurrency_key=None if callable(self.concurrency_key) else self.concurrency_key,
+            concurrency_key_computed=callable(self.concurrency_key), max_concurrent=self.max_concurrent,
+            rate_limit=self.rate_limit, rate_limit_key=None if callable(self.rate_limit_key) else self.rate_limit_key,
+            rate_limit_key_computed=callable(self.rate_limit_key),
         )  # fmt: skip
 
 
@@ -161,6 +172,10 @@ class App:
         if task not in self.tasks:
             raise ConfigError(f"task {task!r} is not registered in this app (known: {', '.join(sorted(self.tasks))})")
         return self.tasks[task].spec(payload)
+
+    def declarations(self) -> list[TaskDeclaration]:
+        """What each task declares (see :meth:`Task.declaration`)."""
+        return [task.declaration() for task in self.tasks.values()]
 
     @property
     def queues(self) -> list[str]:

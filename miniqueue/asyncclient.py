@@ -109,11 +109,11 @@ class AsyncClient(BaseClient):
         task: str,
         payload: Any = None,
         *,
-        queue: str = "default",
-        priority: int = 0,
+        queue: str | None = None,
+        priority: int | None = None,
         run_at: dt.datetime | None = None,
         delay: float | dt.timedelta | None = None,
-        max_attempts: int = 5,
+        max_attempts: int | None = None,
         idempotency_key: str | None = None,
         concurrency_key: str | None = None,
         max_concurrent: int | None = None,
@@ -130,8 +130,16 @@ class AsyncClient(BaseClient):
         )  # fmt: skip
         if self._tracing is None:
             return await self._run(self._enqueue_steps(spec), conn)
+        declared = await self._run(self._declared_steps([spec]), conn)  # the span names the job's queue
+        (spec,), undeclared = declared
         with self._tracing.sending((spec,)) as send:  # a producer span: the job stores its context
-            return send.sent(await self._run(self._enqueue_steps(spec, send.context), conn))
+            result = send.sent(await self._run(self._enqueue_steps(spec, send.context), conn))
+        self._warn_undeclared(undeclared)
+        return result
+
+    async def declare(self, app: App, *, conn: AsyncConnection | None = None) -> None:
+        """Publish what ``app``'s tasks declare (see :meth:`miniqueue.Client.declare`)."""
+        await self._run(self._declare_steps(app), conn)
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec], *, conn: AsyncConnection | None = None
@@ -140,8 +148,11 @@ class AsyncClient(BaseClient):
         specs = list(jobs)
         if self._tracing is None:
             return await self._run(self._enqueue_many_steps(specs), conn)
+        specs, undeclared = await self._run(self._declared_steps(specs), conn)  # the span names the queue
         with self._tracing.sending(specs, batch=True) as send:  # one producer span for the batch
-            return send.sent(await self._run(self._enqueue_many_steps(specs, send.context), conn))
+            results = send.sent(await self._run(self._enqueue_many_steps(specs, send.context), conn))
+        self._warn_undeclared(undeclared)
+        return results
 
     async def chain(self, steps: Sequence[JobSpec], *, conn: AsyncConnection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another (see :meth:`miniqueue.Client.chain`)."""
@@ -175,7 +186,7 @@ class AsyncClient(BaseClient):
 
     async def queue_stats(self) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases."""
-        return await self._run(self.store.queue_stats_steps())
+        return await self._run(self._queue_stats_steps())
 
     async def recount(self) -> None:
         """Recount finished jobs from the jobs table (see :meth:`miniqueue.Client.recount`)."""

@@ -177,33 +177,34 @@ def migrate(database_url: str | None) -> None:
 
 @main.command()
 @click.argument("task")
-@click.option("--queue", default="default", show_default=True)
+@click.option("--queue", help="Default: the queue the task declares (else 'default').")
 @click.option("--payload", type=JsonText(), default="{}", show_default=True, help="The job's payload, as JSON.")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--priority", type=int, help="Higher runs first. Default: the task's (else 0).")
 @click.option("--delay", type=float, help="Run no sooner than this many seconds from now.")
 @click.option(
     "--run-at",
     type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
     help="Run no sooner than this time (with a UTC offset, e.g. 2026-01-01T09:00:00+00:00).",
 )
-@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--max-attempts", type=int, help="Default: the task's (else 5).")
 @click.option("--idempotency-key")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @database_option
 @friendly_errors
 def enqueue(
     task: str,
-    queue: str,
+    queue: str | None,
     payload: Any,
-    priority: int,
+    priority: int | None,
     delay: float | None,
     run_at: dt.datetime | None,
-    max_attempts: int,
+    max_attempts: int | None,
     idempotency_key: str | None,
     as_json: bool,
     database_url: str | None,
 ) -> None:
-    """Enqueue one job of TASK."""
+    """Enqueue one job of TASK, with the options its task declares unless given here (see the
+    README's "Tasks and their options")."""
     with open_client(database_url) as client:
         result = client.enqueue(
             task,
@@ -252,11 +253,17 @@ def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
                 cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
             )
         )
+    for q in queues:
+        waiting = q.counts[State.AVAILABLE] + q.counts[State.WAITING]
+        if not q.served and waiting:
+            click.echo(f"note: no worker has ever served queue {q.queue!r}, where {waiting} job(s) wait "
+                       "(see the README's \"Tasks and their options\")", err=True)  # fmt: skip
 
 
 def _stats_dict(q: QueueStats) -> dict[str, Any]:
     return {"queue": q.queue, **{s.value: n for s, n in q.counts.items()}, "scheduled": q.scheduled,
-            "oldest_available_seconds": q.oldest_available_seconds, "expired_leases": q.expired_leases}  # fmt: skip
+            "oldest_available_seconds": q.oldest_available_seconds, "expired_leases": q.expired_leases,
+            "served": q.served}  # fmt: skip
 
 
 @main.group()

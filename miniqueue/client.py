@@ -10,16 +10,29 @@ same way, raise the same errors, and run the same SQL.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from . import tracing
 from .db import Connection, connect, create_pool, translate_errors
 from .errors import InvalidInput
-from .job import EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from .job import (
+    DEFAULT_QUEUE,
+    EnqueueResult,
+    GroupResult,
+    JobRecord,
+    JobSpec,
+    QueueCount,
+    QueueStats,
+    State,
+    TaskDeclaration,
+)
 from .limits import check_limit
 from .results import result_steps, wait_for
 from .steps import Steps, atomic, run
@@ -35,6 +48,7 @@ from .validation import (
     check_seconds,
     check_task_name,
     check_text,
+    declared,
     validate,
     validate_each,
 )
@@ -43,6 +57,23 @@ if TYPE_CHECKING:
     from .app import App
 
 T = TypeVar("T")
+
+log = logging.getLogger("miniqueue.client")
+
+
+class Declared(NamedTuple):
+    """Jobs with their options filled, and the tasks of those that went to the default queue
+    because no app declared them."""
+
+    specs: list[JobSpec]
+    undeclared: set[str]
+
+
+#: How long a client trusts the task declarations it read: a declaration a deploy changed reaches
+#: producers this many seconds after the first worker of the new code starts, at most.
+DECLARATIONS_TTL = 5.0
+#: How soon a client reads them again for a task not among them (a worker may just have started).
+UNDECLARED_TTL = 1.0
 
 #: How many known names an "unknown queue" error lists.
 _KNOWN_SHOWN = 20
@@ -62,73 +93,165 @@ class BaseClient:
         self.notify = notify
         # OpenTelemetry (miniqueue.tracing): None when off or not installed.
         self._tracing = tracing.current()
+        # The task declarations last read (see _declarations_steps), and when (monotonic).
+        self._declarations: dict[str, TaskDeclaration] = {}
+        self._declarations_read_at = float("-inf")
+        self._undeclared_warned: set[str] = set()
+
+    def _declarations_steps(self, tasks: Iterable[str]) -> Steps[dict[str, TaskDeclaration]]:
+        """The task declarations the apps' workers published, read again once they are
+        DECLARATIONS_TTL old, or UNDECLARED_TTL old when one of ``tasks`` is not among them
+        (a worker that just started may have published it)."""
+        age = time.monotonic() - self._declarations_read_at
+        missing = any(task not in self._declarations for task in tasks)
+        if age >= DECLARATIONS_TTL or (missing and age >= UNDECLARED_TTL):
+            read_at = time.monotonic()
+            self._declarations = yield from self.store.task_declarations_steps()
+            self._declarations_read_at = read_at
+        return self._declarations
+
+    def _declared_steps(self, specs: Sequence[JobSpec], what: str = "job") -> Steps[Declared]:
+        """``specs`` with what their callers left unset filled from their tasks' declarations
+        (see :func:`~miniqueue.validation.declared`), and the tasks of those that went to the
+        default queue for want of one; a batch's error names the job (``what``) by index."""
+        declarations = yield from self._declarations_steps({spec.task for spec in specs})
+        filled = []
+        undeclared = set()
+        for index, spec in enumerate(specs):
+            declaration = declarations.get(spec.task)
+            if declaration is None and spec.queue is None:
+                undeclared.add(spec.task)
+            try:
+                filled.append(declared(spec, declaration))
+            except InvalidInput as exc:
+                raise InvalidInput(f"{what} {index}: {exc}" if len(specs) > 1 else str(exc)) from exc
+        return Declared(filled, undeclared)
+
+    def _declare_steps(self, app: App) -> Steps[None]:
+        declarations = app.declarations()
+        yield from atomic(self.store.publish_tasks_steps(declarations))
+        self._declarations = {**self._declarations, **{d.task: d for d in declarations}}
+
+    def _queue_stats_steps(self) -> Steps[list[QueueStats]]:
+        stats = yield from self.store.queue_stats_steps()
+        unserved = set((yield from self.store.unserved_queues_steps([q.queue for q in stats])))
+        return [dataclasses.replace(q, served=False) if q.queue in unserved else q for q in stats]
+
+    def _warn_undeclared(self, tasks: Iterable[str]) -> None:
+        """Say once per task (and client) that a job went to the default queue because no app
+        has declared its task here: a job no worker may ever serve is not left in silence."""
+        for task in sorted(set(tasks) - self._undeclared_warned):
+            self._undeclared_warned.add(task)
+            log.warning(
+                "task %r is declared by no app whose worker has run on this database: its jobs go to queue %r "
+                "with the default options unless the caller names them (start a worker of the app once, or pass "
+                "queue=...; see the README's \"Tasks and their options\")", task, DEFAULT_QUEUE,
+            )  # fmt: skip
 
     def _enqueue_steps(self, spec: JobSpec, trace_context: str | None = None) -> Steps[EnqueueResult]:
         """Enqueue one job; ``trace_context`` is its producer span's (see :mod:`miniqueue.tracing`)."""
+        check_task_name(spec.task)
+        return self._enqueue_declared(spec, trace_context)
+
+    def _enqueue_declared(self, spec: JobSpec, trace_context: str | None) -> Steps[EnqueueResult]:
+        (filled,), undeclared = yield from self._declared_steps([spec])
+        result = yield from self._store_one_steps(filled, trace_context)
+        self._warn_undeclared(undeclared)
+        return result
+
+    def _store_one_steps(self, spec: JobSpec, trace_context: str | None) -> Steps[EnqueueResult]:
+        """Store one job whose options are all filled."""
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
         parents = check_depends_on(spec.depends_on)
         if parents is None:
-            return self.store.enqueue_steps(job, notify=self.notify, trace_context=trace_context)
-        return self.store.enqueue_waiting_steps(job, parents, notify=self.notify, trace_context=trace_context)
+            return (yield from self.store.enqueue_steps(job, notify=self.notify, trace_context=trace_context))
+        return (
+            yield from self.store.enqueue_waiting_steps(job, parents, notify=self.notify, trace_context=trace_context)
+        )
 
     def _enqueue_many_steps(
         self, jobs: Iterable[JobSpec], trace_context: str | None = None
     ) -> Steps[list[EnqueueResult]]:
         specs = list(jobs)
+        for index, spec in enumerate(specs):
+            try:
+                check_task_name(spec.task)
+            except InvalidInput as exc:
+                raise InvalidInput(f"job {index}: {exc}") from exc
+        return self._enqueue_many_declared(specs, trace_context)
+
+    def _enqueue_many_declared(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
+        specs, undeclared = yield from self._declared_steps(specs)
+        results = yield from self._store_many_steps(specs, trace_context)
+        self._warn_undeclared(undeclared)
+        return results
+
+    def _store_many_steps(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
+        """Store jobs whose options are all filled, in one transaction."""
         if any(s.depends_on is not None for s in specs):
-            return self._enqueue_each_steps(specs, trace_context)
+            return (yield from self._enqueue_each_steps(specs, trace_context))
         checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
         if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
             # Each job is checked as the COPY streams it, so the checks overlap the server's
             # inserts; an invalid one aborts the COPY, and nothing is stored.
             scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
-            return self.store.copy_many_steps(len(specs), checked, scheduled=scheduled, notify=self.notify,
-                                              trace_context=trace_context)  # fmt: skip
-        return self.store.enqueue_many_steps(list(checked), notify=self.notify, trace_context=trace_context)
+            return (yield from self.store.copy_many_steps(len(specs), checked, scheduled=scheduled,
+                                                          notify=self.notify, trace_context=trace_context))  # fmt: skip
+        return (
+            yield from self.store.enqueue_many_steps(list(checked), notify=self.notify, trace_context=trace_context)
+        )
 
     def _enqueue_each_steps(
         self, specs: Sequence[JobSpec], trace_context: str | None
     ) -> Steps[list[EnqueueResult]]:
-        """A batch with dependencies: each job by the one-by-one path, in one transaction."""
-        steps = []
+        """A batch with dependencies (options filled): each job by the one-by-one path, in one transaction."""
         for index, spec in enumerate(specs):  # check everything before storing anything
             try:
-                steps.append(self._enqueue_steps(spec, trace_context))
+                validate(spec, max_payload_bytes=self.max_payload_bytes)
+                check_depends_on(spec.depends_on)
             except InvalidInput as exc:
                 raise InvalidInput(f"job {index}: {exc}") from exc
-        return atomic(_each_indexed(steps))
+        return (yield from atomic(_each_indexed([self._store_one_steps(spec, trace_context) for spec in specs])))
 
     def _chain_steps(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
         if not steps:
             raise InvalidInput("a chain needs at least one step")
-        for index, step in enumerate(steps):  # check everything before storing anything
+        for index, step in enumerate(steps):
             try:
-                validate(step, max_payload_bytes=self.max_payload_bytes)
-                check_depends_on(step.depends_on)
+                check_task_name(step.task)
             except InvalidInput as exc:
                 raise InvalidInput(f"step {index}: {exc}") from exc
         return atomic(self._chain_in_one(steps))
 
     def _chain_in_one(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
+        filled, undeclared = yield from self._declared_steps(steps, "step")
+        for index, step in enumerate(filled):  # check everything before storing anything
+            try:
+                validate(step, max_payload_bytes=self.max_payload_bytes)
+                check_depends_on(step.depends_on)
+            except InvalidInput as exc:
+                raise InvalidInput(f"step {index}: {exc}") from exc
         results: list[EnqueueResult] = []
-        for step in steps:
+        for step in filled:
             before = [results[-1].id] if results else []
             parents = [*before, *(step.depends_on or ())]
-            results.append((yield from self._enqueue_steps(step._replace(depends_on=parents or None))))
+            results.append((yield from self._store_one_steps(step._replace(depends_on=parents or None), None)))
+        self._warn_undeclared(undeclared)
         return results
 
     def _group_steps(self, members: Sequence[JobSpec], then: JobSpec) -> Steps[GroupResult]:
         if not members:
             raise InvalidInput("a group needs at least one member")
         members_steps = self._enqueue_many_steps(members)
-        validate(then, max_payload_bytes=self.max_payload_bytes)
-        check_depends_on(then.depends_on)
+        check_task_name(then.task)
         return atomic(self._group_in_one(members_steps, then))
 
     def _group_in_one(self, members_steps: Steps[list[EnqueueResult]], then: JobSpec) -> Steps[GroupResult]:
         enqueued = yield from members_steps
         parents = [*dict.fromkeys(r.id for r in enqueued), *(then.depends_on or ())]
-        callback = yield from self._enqueue_steps(then._replace(depends_on=parents))
+        (filled,), undeclared = yield from self._declared_steps([then._replace(depends_on=parents)])
+        callback = yield from self._store_one_steps(filled, None)
+        self._warn_undeclared(undeclared)
         return GroupResult(members=enqueued, then=callback)
 
     def _result_steps(self, job_id: int) -> Steps[Any]:
@@ -268,11 +391,11 @@ class Client(BaseClient):
         task: str,
         payload: Any = None,
         *,
-        queue: str = "default",
-        priority: int = 0,
+        queue: str | None = None,
+        priority: int | None = None,
         run_at: dt.datetime | None = None,
         delay: float | dt.timedelta | None = None,
-        max_attempts: int = 5,
+        max_attempts: int | None = None,
         idempotency_key: str | None = None,
         concurrency_key: str | None = None,
         max_concurrent: int | None = None,
@@ -306,8 +429,18 @@ class Client(BaseClient):
         )  # fmt: skip
         if self._tracing is None:
             return self._run(self._enqueue_steps(spec), conn)
+        (spec,), undeclared = self._run(self._declared_steps([spec]), conn)  # the span names the job's queue
         with self._tracing.sending((spec,)) as send:  # a producer span: the job stores its context
-            return send.sent(self._run(self._enqueue_steps(spec, send.context), conn))
+            result = send.sent(self._run(self._enqueue_steps(spec, send.context), conn))
+        self._warn_undeclared(undeclared)
+        return result
+
+    def declare(self, app: App, *, conn: Connection | None = None) -> None:
+        """Publish what ``app``'s tasks declare (queue, priority, attempts, limits), as each of its
+        workers does when it starts, so that jobs enqueued by name get their task's options from
+        the first one, before any worker has run (a deploy step, a test fixture). See the
+        README's "Tasks and their options"."""
+        self._run(self._declare_steps(app), conn)
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction; results are in input order.
@@ -318,9 +451,12 @@ class Client(BaseClient):
         specs = list(jobs)
         if self._tracing is None:
             return self._run(self._enqueue_many_steps(specs), conn)
+        specs, undeclared = self._run(self._declared_steps(specs), conn)  # the span names the jobs' queue
         # One producer span for the batch, whose context every job stores (miniqueue.tracing).
         with self._tracing.sending(specs, batch=True) as send:
-            return send.sent(self._run(self._enqueue_many_steps(specs, send.context), conn))
+            results = send.sent(self._run(self._enqueue_many_steps(specs, send.context), conn))
+        self._warn_undeclared(undeclared)
+        return results
 
     def chain(self, steps: Sequence[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another: each step depends on the one before it
@@ -372,7 +508,7 @@ class Client(BaseClient):
 
     def queue_stats(self) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases."""
-        return self._run(self.store.queue_stats_steps())
+        return self._run(self._queue_stats_steps())
 
     def recount(self) -> None:
         """Recount finished jobs from the jobs table, repairing counts that drifted (see the

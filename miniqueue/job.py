@@ -36,6 +36,9 @@ CANCELLABLE_STATES = frozenset({State.AVAILABLE, State.RUNNING, State.WAITING})
 class JobSpec(NamedTuple):
     """One job to enqueue, as passed to :meth:`miniqueue.Client.enqueue_many`.
 
+    What the caller leaves None, the task's declaration fills, however the job is enqueued (see
+    the README's "Tasks and their options"); what the caller sets wins.
+
     ``run_at`` (timezone-aware) and ``delay`` (seconds or timedelta, counted on the database
     clock) are mutually exclusive; with neither the job is available at once. (A NamedTuple:
     producers build these by the thousand, and a frozen dataclass cost 3 us apiece.)
@@ -43,11 +46,13 @@ class JobSpec(NamedTuple):
 
     task: str
     payload: Any = None
-    queue: str = "default"
-    priority: int = 0
+    #: Left None, the queue, priority and max attempts (and each limit below) are those the task
+    #: declares (see :class:`TaskDeclaration`), else ``"default"``, 0 and 5.
+    queue: str | None = None
+    priority: int | None = None
     run_at: dt.datetime | None = None
     delay: float | dt.timedelta | None = None
-    max_attempts: int = 5
+    max_attempts: int | None = None
     idempotency_key: str | None = None
     #: Limits (see the README's "Limits"): at most ``max_concurrent`` (default 1) jobs of this
     #: task with this key run at once, across every worker.
@@ -59,6 +64,31 @@ class JobSpec(NamedTuple):
     rate_limit_key: str | None = None
     #: Ids of jobs that must complete before this one runs (see :meth:`miniqueue.Client.enqueue`).
     depends_on: Sequence[int] | None = None
+
+
+class TaskDeclaration(NamedTuple):
+    """What a task declares for its jobs, as its app's workers publish it to the database.
+
+    A key computed from each payload by a function of the app is published as ``*_computed``:
+    a producer without the app cannot compute it and must pass the key itself.
+    """
+
+    task: str
+    queue: str
+    priority: int
+    max_attempts: int
+    concurrency_key: str | None = None
+    concurrency_key_computed: bool = False
+    max_concurrent: int | None = None
+    rate_limit: str | None = None
+    rate_limit_key: str | None = None
+    rate_limit_key_computed: bool = False
+
+
+#: The options of a job whose task declares none (no app that has run on the database knows it).
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 0
+DEFAULT_MAX_ATTEMPTS = 5
 
 
 class EnqueueResult(NamedTuple):
@@ -160,6 +190,9 @@ class QueueStats:
     oldest_available_seconds: float | None
     #: Running jobs whose lease expired and that the reaper has not recovered yet.
     expired_leases: int
+    #: Whether any worker has ever served the queue (a job waiting in one that none has is
+    #: waiting for nobody: see the README's "Tasks and their options").
+    served: bool = True
 
 
 @dataclass(frozen=True)

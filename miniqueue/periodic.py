@@ -70,7 +70,7 @@ class Periodic:
 def schedule_due(conn: Connection, store: Store, schedules: list[Periodic], specs: dict[str, JobSpec]) -> list[int]:
     """Enqueue the due slot of each schedule that has one; return the ids of the jobs enqueued.
 
-    ``specs`` gives, per task, the JobSpec whose queue, priority and max_attempts to use.
+    ``specs`` gives, per schedule name, the JobSpec of its job (its task's options and limits, its payload).
     """
     if not schedules:
         return []
@@ -79,7 +79,7 @@ def schedule_due(conn: Connection, store: Store, schedules: list[Periodic], spec
     enqueued = []
     for schedule in schedules:
         try:
-            job_id = _schedule_one(conn, store, schedule, specs[schedule.task], now, state)
+            job_id = _schedule_one(conn, store, schedule, specs[schedule.name], now, state)
         except MiniqueueError as exc:
             if isinstance(exc, DatabaseUnavailable):
                 raise
@@ -108,8 +108,7 @@ def _schedule_one(
     with conn.transaction():
         if not store.claim_periodic_slot(conn, schedule.name, slot) or not run:
             return None
-        spec = JobSpec(schedule.task, schedule.payload, base.queue, base.priority, None, None, base.max_attempts,
-                       f"periodic:{schedule.name}:{slot.isoformat()}")  # fmt: skip
+        spec = base._replace(idempotency_key=f"periodic:{schedule.name}:{slot.isoformat()}")
         result = store.enqueue(conn, validate(spec))
     log.info("periodic %s: enqueued job %d for slot %s", schedule.name, result.id, slot.isoformat())
     return result.id

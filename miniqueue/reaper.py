@@ -81,7 +81,7 @@ class Reaper:
         self.config = (config or ReaperConfig()).validated()
         self.store = Store(self.config.schema)
         self.schedules = list(app.schedules.values()) if app else []
-        self.specs = {s.task: app.task_spec(s.task) for s in self.schedules} if app else {}
+        self.specs = {s.name: app.task_spec(s.task, s.payload) for s in self.schedules} if app else {}
         self._stopping = threading.Event()
         self._conn: Connection | None = None
 

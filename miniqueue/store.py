@@ -41,6 +41,7 @@ from .job import (
     QueueCount,
     QueueStats,
     State,
+    TaskDeclaration,
 )
 from .limits import Scope, queue_scope
 from .steps import Atomic, CopyIn, Query, Steps, atomic, fetch, run
@@ -730,6 +731,45 @@ ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
 RETURNING xmax = 0
 """
 
+# Publish an app's task declarations (migration 019): what a producer without the app fills a
+# job's unset options from. Rows are upserted in task order (workers starting together never
+# deadlock), and a row is rewritten only when the declaration changed.
+_PUBLISH_TASKS = """
+INSERT INTO {tasks} AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
+                          max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed)
+SELECT * FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
+                     %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
+                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[])
+ ORDER BY 1
+ON CONFLICT (task) DO UPDATE
+   SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
+       concurrency_key = excluded.concurrency_key, concurrency_key_computed = excluded.concurrency_key_computed,
+       max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
+       rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
+       published_at = now()
+ WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed)
+       IS DISTINCT FROM
+       (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
+        excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
+        excluded.rate_limit_key_computed)
+"""
+# Record that a worker serves these queues (as it starts).
+_SERVE_QUEUES = """
+INSERT INTO {served_queues} (queue) SELECT q FROM unnest(%(queues)s::text[]) AS q ORDER BY q
+ON CONFLICT (queue) DO UPDATE SET served_at = now()
+"""
+# Every task declaration (a handful of rows: one per task of the apps on this database).
+_TASK_DECLARATIONS = """
+SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
+       rate_limit_key, rate_limit_key_computed
+  FROM {tasks}
+"""
+# Which of these queues no worker has ever served.
+_UNSERVED_QUEUES = """
+SELECT q FROM unnest(%(queues)s::text[]) AS q WHERE NOT EXISTS (SELECT 1 FROM {served_queues} s WHERE s.queue = q)
+"""
+
 # Pause or resume a queue.
 _SET_PAUSED = """
 INSERT INTO {queues} (name, paused) VALUES (%(name)s, %(paused)s)
@@ -995,6 +1035,8 @@ class Store:
             "counts": sql.Identifier(schema, "miniqueue_counts"),
             "finished_minutes": sql.Identifier(schema, "miniqueue_finished_minutes"),
             "limits": sql.Identifier(schema, "miniqueue_limits"),
+            "tasks": sql.Identifier(schema, "miniqueue_tasks"),
+            "served_queues": sql.Identifier(schema, "miniqueue_served_queues"),
             "settle_function": sql.Identifier(schema, "miniqueue_settle"),
             "finished_channel": sql.Literal(self.finished_channel),
             "queue_channel": sql.Literal(self.channel),
@@ -1077,6 +1119,10 @@ class Store:
         self._periodic_state = render(_PERIODIC_STATE)
         self._claim_slot = render(_CLAIM_SLOT)
         self._set_periodic_enabled = render(_SET_PERIODIC_ENABLED)
+        self._publish_tasks = render(_PUBLISH_TASKS)
+        self._serve_queues = render(_SERVE_QUEUES)
+        self._task_declarations = render(_TASK_DECLARATIONS)
+        self._unserved_queues = render(_UNSERVED_QUEUES)
         self._set_paused = render(_SET_PAUSED)
         self._paused = render(_PAUSED)
         self._set_queue_limit = render(_SET_QUEUE_LIMIT)
@@ -1729,6 +1775,35 @@ class Store:
     def set_queue_paused(self, conn: Connection, queue: str, paused: bool) -> None:
         """Pause (no worker anywhere claims from it) or resume a queue."""
         run(conn, self.set_queue_paused_steps(queue, paused))
+
+    def publish_tasks(self, conn: Connection, declarations: Sequence[TaskDeclaration], queues: Sequence[str]) -> None:
+        """Publish an app's task declarations, and record that a worker serves ``queues``."""
+        run(conn, atomic(self.publish_tasks_steps(declarations, queues)))
+
+    def publish_tasks_steps(self, declarations: Sequence[TaskDeclaration], queues: Sequence[str] = ()) -> Steps[None]:
+        """:meth:`publish_tasks` as steps (to run in one transaction)."""
+        ordered = sorted(declarations)
+        yield Query(self._publish_tasks, {
+            "tasks": [d.task for d in ordered], "queues": [d.queue for d in ordered],
+            "priorities": [d.priority for d in ordered], "max_attempts": [d.max_attempts for d in ordered],
+            "concurrency_keys": [d.concurrency_key for d in ordered],
+            "concurrency_computed": [d.concurrency_key_computed for d in ordered],
+            "max_concurrent": [d.max_concurrent for d in ordered], "rate_limits": [d.rate_limit for d in ordered],
+            "rate_limit_keys": [d.rate_limit_key for d in ordered],
+            "rate_computed": [d.rate_limit_key_computed for d in ordered],
+        })  # fmt: skip
+        if queues:
+            yield Query(self._serve_queues, {"queues": sorted(set(queues))})
+
+    def task_declarations_steps(self) -> Steps[dict[str, TaskDeclaration]]:
+        """Every published task declaration, by task name."""
+        rows: list[tuple[Any, ...]] = yield Query(self._task_declarations)
+        return {row[0]: TaskDeclaration(*row) for row in rows}
+
+    def unserved_queues_steps(self, queues: Sequence[str]) -> Steps[list[str]]:
+        """Which of ``queues`` no worker has ever served."""
+        rows: list[tuple[str]] = yield Query(self._unserved_queues, {"queues": list(queues)})
+        return [row[0] for row in rows]
 
     def set_queue_paused_steps(self, queue: str, paused: bool) -> Steps[None]:
         """:meth:`set_queue_paused` as steps."""

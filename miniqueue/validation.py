@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from .errors import InvalidInput
-from .job import JobSpec
+from .job import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, DEFAULT_QUEUE, JobSpec, TaskDeclaration
 from .limits import Scope, job_scopes
 
 QUEUE_NAME_RE = re.compile(r"[a-z0-9_-]{1,64}")
@@ -234,8 +234,52 @@ def check_schedule(run_at: object, delay: object) -> tuple[dt.datetime | None, f
     return None, (0.0 if delay is None else check_seconds("delay", delay))
 
 
+def declared(spec: JobSpec, declaration: TaskDeclaration | None) -> JobSpec:
+    """``spec`` with what its caller left None filled from its task's ``declaration`` (or, for a
+    task no app has declared, the defaults: queue ``"default"``, priority 0, 5 attempts, no
+    limits). Each option the caller set wins over the declaration.
+
+    A declared key computed from the payload by a function of the app cannot be computed without
+    the app: unless the caller passes the key, that raises InvalidInput rather than enqueue a
+    job that escapes its limit.
+    """
+    if declaration is None:
+        if spec.queue is not None and spec.priority is not None and spec.max_attempts is not None:
+            return spec
+        return spec._replace(
+            queue=DEFAULT_QUEUE if spec.queue is None else spec.queue,
+            priority=DEFAULT_PRIORITY if spec.priority is None else spec.priority,
+            max_attempts=DEFAULT_MAX_ATTEMPTS if spec.max_attempts is None else spec.max_attempts,
+        )
+    d = declaration
+    filled = spec._replace(
+        queue=d.queue if spec.queue is None else spec.queue,
+        priority=d.priority if spec.priority is None else spec.priority,
+        max_attempts=d.max_attempts if spec.max_attempts is None else spec.max_attempts,
+        concurrency_key=d.concurrency_key if spec.concurrency_key is None else spec.concurrency_key,
+        max_concurrent=d.max_concurrent if spec.max_concurrent is None else spec.max_concurrent,
+        rate_limit=d.rate_limit if spec.rate_limit is None else spec.rate_limit,
+        rate_limit_key=d.rate_limit_key if spec.rate_limit_key is None else spec.rate_limit_key,
+    )
+    if filled.concurrency_key is None and d.concurrency_key_computed:
+        raise InvalidInput(_computed_key(spec.task, "concurrency_key"))
+    if filled.rate_limit_key is None and d.rate_limit_key_computed and filled.rate_limit is not None:
+        raise InvalidInput(_computed_key(spec.task, "rate_limit_key"))
+    return filled
+
+
+def _computed_key(task: str, option: str) -> str:
+    return (
+        f"task {task!r} computes its {option} from each payload with a function of its app: pass "
+        f"{option}=... here, or enqueue it with the app (app.enqueue) so that the function runs"
+    )
+
+
 def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> NewJob:
-    """Check every field of ``spec`` and return it ready for the store."""
+    """Check every field of ``spec`` and return it ready for the store (what is left unset takes
+    the defaults: fill it from the task's declaration first, with :func:`declared`)."""
+    if spec.queue is None or spec.priority is None or spec.max_attempts is None:
+        spec = declared(spec, None)
     run_at, delay_seconds = check_schedule(spec.run_at, spec.delay)
     return NewJob(
         queue=check_queue_name(spec.queue),

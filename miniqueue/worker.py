@@ -242,6 +242,7 @@ class Worker:
         self._listener: Listener | None = None
         self._completions_in_doubt = False
         self._unknown_tasks: set[str] = set()
+        self._published = False
 
     # -- control -------------------------------------------------------------------------------
 
@@ -454,6 +455,11 @@ class Worker:
     def _connection(self) -> Connection:
         if self._conn is None:
             self._conn = connect(self.dsn, purpose="worker", schema=self.config.schema)
+            if not self._published:
+                # Producers without the app fill their jobs' options from these (see the
+                # README's "Tasks and their options").
+                self.store.publish_tasks(self._conn, self.app.declarations(), self.queues)
+                self._published = True
         return self._conn
 
     def _close(self) -> None:

@@ -20,9 +20,9 @@ from miniqueue.testing import database as testing_db
 
 
 @pytest.fixture(scope="session")
-def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+def server_dsn() -> str:
     """A DSN for the server the tests use (any database on it)."""
-    return testing_db.server_dsn(tmp_path_factory.mktemp("embedded") / "pgdata")
+    return testing_db.server_dsn()
 
 
 @pytest.fixture(scope="session")

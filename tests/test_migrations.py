@@ -38,6 +38,8 @@ QUEUE_TABLES = [
     "miniqueue_periodic",
     "miniqueue_processes",
     "miniqueue_queues",
+    "miniqueue_served_queues",
+    "miniqueue_tasks",
 ]
 
 

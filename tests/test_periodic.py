@@ -98,7 +98,7 @@ def runner(dsn: str, app: App) -> Callable[[], list[int]]:
     """One scheduler pass over ``app``'s schedules on a connection of its own."""
     conn = connect(dsn, purpose="test-scheduler")
     schedules = list(app.schedules.values())
-    specs = {s.task: app.task_spec(s.task) for s in schedules}
+    specs = {s.name: app.task_spec(s.task, s.payload) for s in schedules}
     store = Store()
     return lambda: schedule_due(conn, store, schedules, specs)
 

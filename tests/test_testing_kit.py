@@ -202,6 +202,7 @@ def test_database_helpers_create_clean_and_drop(server_dsn: str) -> None:
 
 USER_TEST = """
 import miniqueue
+import pytest
 from miniqueue.testing import assert_enqueued, run_jobs
 
 app = miniqueue.App()
@@ -224,6 +225,16 @@ def test_sign_up_sends_a_welcome(miniqueue_client: miniqueue.Client) -> None:
 def test_each_test_starts_from_an_empty_queue(miniqueue_dsn: str) -> None:
     with miniqueue.Client(miniqueue_dsn) as client:
         assert client.enqueue("welcome").id == 1
+
+@pytest.fixture
+def miniqueue_app() -> miniqueue.App:
+    return app
+
+def test_jobs_enqueued_by_name_take_their_tasks_queue(miniqueue_client: miniqueue.Client) -> None:
+    miniqueue_client.chain([miniqueue.JobSpec("welcome", {"user": "bo"}), miniqueue.JobSpec("welcome", {"user": "cy"})])
+    assert_enqueued(miniqueue_client, task="welcome", payload={"user": "bo"}, queue="mail")
+    result = run_jobs(app, miniqueue_client)
+    assert [job.payload["user"] for job in result.completed] == ["bo", "cy"]
 """
 
 
@@ -238,4 +249,4 @@ def test_the_plugin_in_a_users_suite(tmp_path: Path, server_dsn: str, repo_root:
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout

@@ -11,8 +11,11 @@ database per test costs a checkpoint each).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,9 +30,11 @@ from ..migrate import run_migrations
 TEST_DATABASE_ENV = "TEST_DATABASE_URL"
 
 #: Every table whose rows are queue data (jobs, schedules, queue settings, processes, counts,
-#: limits, finished jobs per minute); ``miniqueue_migrations`` stays, so the schema stays migrated.
+#: limits, finished jobs per minute, task declarations, served queues); ``miniqueue_migrations``
+#: stays, so the schema stays migrated.
 QUEUE_TABLES = ("miniqueue_jobs", "miniqueue_periodic", "miniqueue_queues", "miniqueue_processes", "miniqueue_counts",
-                "miniqueue_limits", "miniqueue_finished_minutes")  # fmt: skip
+                "miniqueue_limits", "miniqueue_finished_minutes", "miniqueue_tasks",
+                "miniqueue_served_queues")  # fmt: skip
 
 _CREATE_DATABASE = "CREATE DATABASE {name}"
 _DROP_DATABASE = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
@@ -39,14 +44,24 @@ _TRUNCATE = "TRUNCATE {tables} RESTART IDENTITY"
 _LOCK_TIMEOUT = "SET lock_timeout = '10s'"
 
 
-def server_dsn(data_dir: Path) -> str:
+def server_dsn(data_dir: Path | None = None) -> str:
     """A DSN for the server tests use: ``$TEST_DATABASE_URL``, else an embedded PostgreSQL whose
-    data lives in ``data_dir`` (started, or reused if it runs; stopped when this process exits)."""
+    data lives in ``data_dir`` (started, or reused if it runs; stopped when this process exits).
+
+    Without ``data_dir`` the data goes to a folder of its own in the system's temporary
+    directory, deleted when this process exits. Not pytest's ``tmp_path``: another pytest run
+    on the machine resets that base folder to mode 0700, and a server running as its own user
+    (as it does when the tests run as root) can then no longer read its data.
+    """
     if os.environ.get(TEST_DATABASE_ENV):
         return os.environ[TEST_DATABASE_ENV]
     from .. import embedded
 
-    return embedded.start(data_dir)
+    if data_dir is not None:
+        return embedded.start(data_dir)
+    folder = Path(tempfile.mkdtemp(prefix="miniqueue-test-pg-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # runs after the server's own stop
+    return embedded.start(folder / "pgdata", delete_at_exit=True)
 
 
 def create_database(
@@ -81,8 +96,8 @@ def temporary_database(server: str, *, prefix: str = "miniqueue_test", schema: s
 
 
 def clean_database(dsn: str, *, schema: str = "public") -> None:
-    """Empty the queue: delete every job, schedule, queue setting, process, count and limit, and
-    restart job ids at 1. The schema and its migrations stay."""
+    """Empty the queue: delete every job, schedule, queue setting, process, count, limit and task
+    declaration, and restart job ids at 1. The schema and its migrations stay."""
     tables = sql.SQL(", ").join(sql.Identifier(schema, table) for table in QUEUE_TABLES)
     with connect(dsn, purpose="testing", schema=schema) as conn:
         conn.execute(_LOCK_TIMEOUT)

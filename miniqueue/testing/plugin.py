@@ -17,9 +17,10 @@ from .database import clean_database, server_dsn, temporary_database
 
 
 @pytest.fixture(scope="session")
-def miniqueue_server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The PostgreSQL server of this test session: ``$TEST_DATABASE_URL``, else an embedded one."""
-    return server_dsn(tmp_path_factory.mktemp("miniqueue-embedded") / "pgdata")
+def miniqueue_server_dsn() -> str:
+    """The PostgreSQL server of this test session: ``$TEST_DATABASE_URL``, else an embedded one
+    (its data in a temporary folder of its own, deleted at the end)."""
+    return server_dsn()
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +39,18 @@ def miniqueue_dsn(miniqueue_database: str) -> str:
 
 
 @pytest.fixture
-def miniqueue_client(miniqueue_dsn: str) -> Iterator[Client]:
-    """A :class:`miniqueue.Client` on the test database, closed after the test."""
+def miniqueue_client(miniqueue_dsn: str, request: pytest.FixtureRequest) -> Iterator[Client]:
+    """A :class:`miniqueue.Client` on the test database, closed after the test.
+
+    If the suite defines a ``miniqueue_app`` fixture (returning its :class:`miniqueue.App`),
+    the client declares that app's tasks first (:meth:`Client.declare`), so that jobs the test
+    enqueues by task name get their task's queue and options before any worker has run.
+    """
     with Client(miniqueue_dsn) as client:
+        try:
+            app = request.getfixturevalue("miniqueue_app")
+        except pytest.FixtureLookupError:  # the suite defines none
+            app = None
+        if app is not None:
+            client.declare(app)
         yield client

@@ -156,6 +156,7 @@ def run_jobs(
         raise ConfigError(f"retries {retries!r} is invalid: use 'immediate' or 'later'")
     client = target if isinstance(target, Client) else Client(target)
     try:
+        client.declare(app)  # as its worker will: jobs the handlers enqueue take their tasks' options
         return _Run(app, client, queues, max_jobs, timeout, retries, concurrency).run()
     finally:
         if client is not target:

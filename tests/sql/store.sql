@@ -1733,6 +1733,38 @@ INSERT INTO "public"."miniqueue_periodic" (name, last_slot, enabled) VALUES (%(n
 ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, updated_at = now()
 RETURNING xmax = 0;
 
+-- _publish_tasks
+INSERT INTO "public"."miniqueue_tasks" AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
+                          max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed)
+SELECT * FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
+                     %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
+                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[])
+ ORDER BY 1
+ON CONFLICT (task) DO UPDATE
+   SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
+       concurrency_key = excluded.concurrency_key, concurrency_key_computed = excluded.concurrency_key_computed,
+       max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
+       rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
+       published_at = now()
+ WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed)
+       IS DISTINCT FROM
+       (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
+        excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
+        excluded.rate_limit_key_computed);
+
+-- _serve_queues
+INSERT INTO "public"."miniqueue_served_queues" (queue) SELECT q FROM unnest(%(queues)s::text[]) AS q ORDER BY q
+ON CONFLICT (queue) DO UPDATE SET served_at = now();
+
+-- _task_declarations
+SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
+       rate_limit_key, rate_limit_key_computed
+  FROM "public"."miniqueue_tasks";
+
+-- _unserved_queues
+SELECT q FROM unnest(%(queues)s::text[]) AS q WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_served_queues" s WHERE s.queue = q);
+
 -- _set_paused
 INSERT INTO "public"."miniqueue_queues" (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
