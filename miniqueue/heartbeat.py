@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from .db import Connection, connect
 from .errors import DatabaseUnavailable
@@ -39,10 +39,11 @@ class Heartbeat:
         leases: Callable[[], list[tuple[int, int]]],
         on_lost: Callable[[dict[int, str]], None],
         on_tick: Callable[[], None] = lambda: None,
+        on_renewed: Callable[[Collection[int], float], None] = lambda ids, sent_at: None,
     ) -> None:
         self.dsn, self.store, self.worker_id = dsn, store, worker_id
         self.lease_seconds, self.interval = lease_seconds, interval
-        self.leases, self.on_lost, self.on_tick = leases, on_lost, on_tick
+        self.leases, self.on_lost, self.on_tick, self.on_renewed = leases, on_lost, on_tick, on_renewed
         self._stopping = threading.Event()
         self._conn: Connection | None = None
         self._thread = threading.Thread(target=self._run, name="miniqueue-heartbeat", daemon=True)
@@ -76,7 +77,9 @@ class Heartbeat:
             return
         if self._conn is None:
             self._conn = connect(self.dsn, purpose="heartbeat", schema=self.store.schema)
+        sent_at = time.monotonic()  # the renewed leases end no sooner than lease_seconds after this
         renewed = self.store.renew_leases(self._conn, self.worker_id, held, self.lease_seconds)
+        self.on_renewed(renewed.keys(), sent_at)
         lost = [job_id for job_id, _ in held if job_id not in renewed]
         if lost:
             states = self.store.states(self._conn, lost)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -29,6 +30,12 @@ class Slots:
     finishing: dict[int, Job] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     running_async: int = 0
+    #: By when (monotonic) each ready lease must start: its lease may have ended after that. A
+    #: lease's end is the database's ``now()`` at the claim or renewal plus the lease; counted
+    #: here from just before the statement was sent, less a margin, so it is never later.
+    start_by: dict[int, float] = field(default_factory=dict)
+    #: Ready leases found past their start-by time, not started (the worker logs them).
+    overdue: list[Lease] = field(default_factory=list)
 
     def held(self) -> int:
         with self.lock:
@@ -43,11 +50,16 @@ class Slots:
         """Move the next ready lease of the kind (async or not) to running, if fewer than
         ``limit`` jobs of that kind run."""
         with self.lock:
-            if not self.ready:
-                return None
             running = self.running_async if run_async else len(self.running) - self.running_async
-            if running >= limit or (lease := self._take(run_async)) is None:
+            if running >= limit:
                 return None
+            now = time.monotonic()
+            while True:
+                if not self.ready or (lease := self._take(run_async)) is None:
+                    return None
+                if self.start_by.pop(lease.id, now) > now:
+                    break
+                self.overdue.append(lease)  # a stall (SIGSTOP, swap) outlived its lease: not ours to start
             job = make_job(lease)
             self.running[job.id] = job
             self.running_async += run_async
@@ -63,9 +75,28 @@ class Slots:
                 return lease
         return None
 
-    def add_ready(self, leases: list[Lease]) -> None:
+    def add_ready(self, leases: list[Lease], start_by: float) -> None:
         with self.lock:
             self.ready.extend(leases)
+            self.start_by.update((lease.id, start_by) for lease in leases)
+
+    def renewed(self, ids: Collection[int], start_by: float) -> None:
+        """The heartbeat renewed these leases: those still ready may start until ``start_by``."""
+        with self.lock:
+            for job_id in ids:
+                if job_id in self.start_by:
+                    self.start_by[job_id] = start_by
+
+    def take_overdue(self) -> list[Lease]:
+        with self.lock:
+            overdue, self.overdue = self.overdue, []
+            return overdue
+
+    def forget_start_by(self, leases: Collection[Lease]) -> None:
+        """Released leases need no start-by time any more."""
+        with self.lock:
+            for lease in leases:
+                self.start_by.pop(lease.id, None)
 
     def finish(self, job: Job) -> None:
         with self.lock:
@@ -96,6 +127,8 @@ class Slots:
         """Forget unstarted leases in ``ids``; return the started jobs among them."""
         with self.lock:
             self.ready = collections.deque(lease for lease in self.ready if lease.id not in ids)
+            for job_id in ids:
+                self.start_by.pop(job_id, None)
             return [job for job in self.running.values() if job.id in ids]
 
     def running_jobs(self) -> list[Job]:

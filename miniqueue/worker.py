@@ -54,6 +54,13 @@ log = logging.getLogger("miniqueue.worker")
 LIMITED_POLL_INTERVAL = 0.1
 LIMITED_POLL_WINDOW = 5.0
 
+#: A claimed job starts only while its lease has at least this much left (the larger of the two,
+#: in seconds and as a share of the lease, but at most half the lease), judged on this process's monotonic clock from the
+#: claim or the last renewal: a worker that stalled (SIGSTOP, swap) past a prefetched job's
+#: lease never starts it beside the job's next holder, so limits hold for handlers too.
+START_MARGIN_SECONDS = 1.0
+START_MARGIN_SHARE = 0.1
+
 #: What became of a handler run. A handler's exception is an ``error`` (recorded as ``retried``
 #: or ``dead``); a PermanentError is ``permanent`` (recorded as ``failed``).
 OutcomeKind = Literal[
@@ -287,6 +294,7 @@ class Worker:
         heartbeat = Heartbeat(
             self.dsn, self.store, self.worker_id, lease_seconds=cfg.lease_seconds, interval=cfg.heartbeat_interval,
             leases=self._slots.leases, on_lost=self._on_lost, on_tick=self._check_timeouts,
+            on_renewed=lambda ids, sent_at: self._slots.renewed(ids, self._start_by(sent_at)),
         )  # fmt: skip
         executor = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="miniqueue-handler")
         self._aio = EventLoop() if self._async_tasks else None
@@ -483,6 +491,19 @@ class Worker:
                     self._aio.spawn_threadsafe(self._work_async, job)
                 else:
                     executor.submit(self._work, job)
+        self._log_overdue()
+
+    def _start_by(self, sent_at: float) -> float:
+        """Until when a lease claimed or renewed by a statement sent at ``sent_at`` may start:
+        its lease lasts ``lease_seconds`` from the database's ``now()``, which is later than
+        ``sent_at``; the margin keeps a job from starting just as its lease ends."""
+        lease = self.config.lease_seconds
+        return sent_at + lease - min(max(START_MARGIN_SECONDS, lease * START_MARGIN_SHARE), lease / 2)
+
+    def _log_overdue(self) -> None:
+        for lease in self._slots.take_overdue():
+            log.warning("job %d (%s) not started: its lease may have ended before it could start (the worker "
+                        "stalled past it); it runs again once the lease is taken back", lease.id, lease.task)  # fmt: skip
 
     def _make_job(self, lease: Lease) -> Job:
         limit = self.config.max_result_bytes
@@ -589,13 +610,14 @@ class Worker:
             if claim:
                 self._nudged = False
                 self._plan_for_limits(conn)
+                sent_at = time.monotonic()  # the leases end no sooner than lease_seconds after this
                 completed, leases = self.store.complete_and_claim(
                     conn, self.worker_id, completions, self.queues, self.config.lease_seconds, claim,
                     after=self._limits_cursor, descending=self.config.descending, results=results,
                 )  # fmt: skip
                 kept = {tuple(job.limits) for job, outcome in pending if outcome.kind == "completed" and job.limits}
                 self._note_limited(leases, claim, kept)
-                self._slots.add_ready(leases)
+                self._slots.add_ready(leases, self._start_by(sent_at))
                 self._backlog = len(leases) == claim
             else:
                 completed = self.store.complete_many(conn, self.worker_id, completions, results=results)
@@ -662,6 +684,7 @@ class Worker:
             except BaseException:
                 self._slots.put_back(unstarted)
                 raise
+            self._slots.forget_start_by(unstarted)
 
     def _abandon_running(self) -> None:
         abandoned = self._slots.running_jobs()
