@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -64,6 +64,7 @@ class Job:
         transaction: TransactionFactory | None = None,
         atransaction: AsyncTransactionFactory | None = None,
         max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        read_results: Callable[[Sequence[int]], list[tuple[int, Any]]] | None = None,
     ) -> None:
         self.id: int = lease.id
         self.queue: str = lease.queue
@@ -92,7 +93,8 @@ class Job:
         self.completed_in_transaction = False
         #: The jobs this one waited for (empty for a job enqueued without ``depends_on``).
         self.parents: tuple[int, ...] = tuple(lease.parents) if lease.parents else ()
-        self._parent_results = lease.parent_results
+        self._parent_results: dict[int, Any] | None = None
+        self._read_results = read_results
         self._max_result_bytes = max_result_bytes
         #: The result set by :meth:`set_result`, as JSON text (None: none set).
         self.result_json: str | None = None
@@ -105,8 +107,18 @@ class Job:
     @property
     def parent_results(self) -> dict[int, Any]:
         """Each parent's result by parent id, in the order the parents were given (a parent
-        that returned nothing maps to None; one pruned since is missing)."""
-        return {int(pair[0]): pair[1] for pair in self._parent_results or ()}
+        that returned nothing maps to None; one pruned since is missing).
+
+        Read from the database the first time it is asked for (one query), then kept.
+        """
+        if self._parent_results is None:
+            if not self.parents:
+                self._parent_results = {}
+            elif self._read_results is None:
+                raise RuntimeError(f"job {self.id}: its parents' results cannot be read outside a worker")
+            else:
+                self._parent_results = dict(self._read_results(self.parents))
+        return self._parent_results
 
     @property
     def parent_result(self) -> Any:

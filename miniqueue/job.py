@@ -132,9 +132,8 @@ class Lease(NamedTuple):
     lease_expires_at: dt.datetime
     #: The limits the job is subject to (its scope names), or None.
     limits: list[str] | None = None
-    #: The job's parents, and their results as ``[[id, result], ...]`` (None without parents).
+    #: The job's parents (None without parents); their results are read when the handler asks.
     parents: list[int] | None = None
-    parent_results: list[list[Any]] | None = None
     #: The enqueuing span's trace context (``{"traceparent": ...}``), None unless traced (miniqueue.tracing).
     trace_context: dict[str, str] | None = None
 

@@ -363,7 +363,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, {parent_results} AS parent_results, trace_context
+          limits, parents, trace_context
 )"""
 
 # The room of a limit row `l` as of its latest version (the claim has it locked, or is about to):
@@ -413,11 +413,6 @@ _FREED_NONE = "false"
 _FREED_COMPLETING = """EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt)"""
 
-# A claimed job's parents' results, as [[id, result], ...] in the order of its parents (a parent
-# pruned since is left out). Only jobs with parents run the subquery.
-_PARENT_RESULTS = """CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN {jobs} p ON p.id = u.id) END"""
 
 _CLAIM = """
 WITH RECURSIVE {claiming}
@@ -765,6 +760,14 @@ SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_com
        rate_limit_key, rate_limit_key_computed
   FROM {tasks}
 """
+# A job's parents' results, one row per parent in the order of its parents (a parent pruned
+# since is left out). Read when a handler asks for them, never by the claim: aggregated there,
+# the results of a large group (each within the result limit) overflowed jsonb's 256 MB array
+# limit and failed the whole claim, again at every retry.
+_PARENT_RESULTS = """
+SELECT p.id, p.result FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN {jobs} p ON p.id = u.id
+ ORDER BY u.ord
+"""
 # Which of these queues no worker has ever served.
 _UNSERVED_QUEUES = """
 SELECT q FROM unnest(%(queues)s::text[]) AS q WHERE NOT EXISTS (SELECT 1 FROM {served_queues} s WHERE s.queue = q)
@@ -818,13 +821,16 @@ SELECT w.scope, w.waiting, l.max_running, l.rate,
  LIMIT %(limit)s
 """
 
-# Which of the given queue names are known: paused or resumed before, or holding a job that
-# is waiting or running. Each probe is an index lookup: the claim index for waiting jobs, the
-# expired-lease index (running jobs, one per busy handler thread) for running ones. Finished
-# jobs are not consulted: no index has them by queue, and a lookup would scan the table.
+# Which of the given queue names are known: paused or resumed before, served by a worker,
+# holding a job that is waiting or running, or counted with finished ones (as `stats` and
+# `queues list` show them). Each probe is an index lookup: the claim index for waiting jobs, the
+# expired-lease index (running jobs, one per busy handler thread) for running ones, the counts'
+# primary key for finished ones (the jobs table has no index of finished jobs by queue).
 _KNOWN_QUEUES = """
 SELECT q.name FROM unnest(%(names)s::text[]) AS q(name)
  WHERE EXISTS (SELECT 1 FROM {queues} WHERE name = q.name)
+    OR EXISTS (SELECT 1 FROM {served_queues} WHERE queue = q.name)
+    OR EXISTS (SELECT 1 FROM {counts} WHERE queue = q.name AND count > 0)
     OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND limits IS NULL AND queue = q.name)
     OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name)
     OR EXISTS (SELECT 1 FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL AND queue = q.name)
@@ -850,6 +856,8 @@ SELECT queue FROM waiting WHERE queue IS NOT NULL
  UNION SELECT queue FROM limited WHERE queue IS NOT NULL
  UNION SELECT queue FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL
  UNION SELECT name FROM {queues}
+ UNION SELECT queue FROM {served_queues}
+ UNION SELECT queue FROM {counts} WHERE count > 0
  ORDER BY 1 LIMIT %(limit)s
 """
 
@@ -1047,7 +1055,7 @@ class Store:
             return sql.SQL(text).format(**names, **nested)
 
         def render(text: str, **parts: str) -> str:
-            common = {"columns": _JOB_COLUMNS, "fence": _FENCE, "parent_results": _PARENT_RESULTS}
+            common = {"columns": _JOB_COLUMNS, "fence": _FENCE}
             return compose(text, {**common, **parts}).as_string()
 
         def counting(text: str, rows: str, *, removed: bool = False, **parts: str) -> str:
@@ -1123,6 +1131,7 @@ class Store:
         self._serve_queues = render(_SERVE_QUEUES)
         self._task_declarations = render(_TASK_DECLARATIONS)
         self._unserved_queues = render(_UNSERVED_QUEUES)
+        self._parent_results = render(_PARENT_RESULTS)
         self._set_paused = render(_SET_PAUSED)
         self._paused = render(_PAUSED)
         self._set_queue_limit = render(_SET_QUEUE_LIMIT)
@@ -1799,6 +1808,10 @@ class Store:
         """Every published task declaration, by task name."""
         rows: list[tuple[Any, ...]] = yield Query(self._task_declarations)
         return {row[0]: TaskDeclaration(*row) for row in rows}
+
+    def parent_results(self, conn: Connection, parents: Sequence[int]) -> list[tuple[int, Any]]:
+        """Each of ``parents``' results, in their order (pruned parents left out)."""
+        return [(row[0], row[1]) for row in self._rows(conn, self._parent_results, {"ids": list(parents)})]
 
     def unserved_queues_steps(self, queues: Sequence[str]) -> Steps[list[str]]:
         """Which of ``queues`` no worker has ever served."""

@@ -362,6 +362,8 @@ class Supervisor:
         level = logging.INFO if clean or child.retiring or self.stopping else logging.WARNING
         log.log(level, "%s (pid %d) %s%s", child.slot, child.pid, how,
                 f" ({child.kill_reason})" if child.kill_reason else "")  # fmt: skip
+        if child.error and not clean:  # what the child reported before it died: the cause, in the log
+            log.log(level, "%s (pid %d) reported: %s", child.slot, child.pid, child.error)
         if child.board is not None:
             release_leases(self.config.dsn, self.store, child, how)
         if self.slots.get(child.slot) is child:

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from psycopg_pool import ConnectionPool
 
@@ -55,9 +55,10 @@ LIMITED_POLL_INTERVAL = 0.1
 LIMITED_POLL_WINDOW = 5.0
 
 #: A claimed job starts only while its lease has at least this much left (the larger of the two,
-#: in seconds and as a share of the lease, but at most half the lease), judged on this process's monotonic clock from the
-#: claim or the last renewal: a worker that stalled (SIGSTOP, swap) past a prefetched job's
-#: lease never starts it beside the job's next holder, so limits hold for handlers too.
+#: in seconds and as a share of the lease, but at most half the lease), judged on this
+#: process's monotonic clock from the claim or the last renewal: a worker that stalled
+#: (SIGSTOP, swap) past a prefetched job's lease never starts it beside the job's next holder,
+#: so limits hold for handlers too.
 START_MARGIN_SECONDS = 1.0
 START_MARGIN_SHARE = 0.1
 
@@ -502,15 +503,18 @@ class Worker:
 
     def _log_overdue(self) -> None:
         for lease in self._slots.take_overdue():
-            log.warning("job %d (%s) not started: its lease may have ended before it could start (the worker "
-                        "stalled past it); it runs again once the lease is taken back", lease.id, lease.task)  # fmt: skip
+            log.warning("job %d (%s) not started: its lease may have ended before it could start (the "
+                        "worker stalled past it); it runs again once the lease is taken back",
+                        lease.id, lease.task)  # fmt: skip
 
     def _make_job(self, lease: Lease) -> Job:
         limit = self.config.max_result_bytes
+        read = self._read_parent_results if lease.parents else None
         if lease.task in self._async_tasks:
             return Job(lease, worker_id=self.worker_id, atransaction=self._async_transactions.transaction,
-                       max_result_bytes=limit)  # fmt: skip
-        return Job(lease, worker_id=self.worker_id, transaction=self._job_transaction, max_result_bytes=limit)
+                       max_result_bytes=limit, read_results=read)  # fmt: skip
+        return Job(lease, worker_id=self.worker_id, transaction=self._job_transaction, max_result_bytes=limit,
+                   read_results=read)  # fmt: skip
 
     def _work(self, job: Job | None) -> None:
         """A handler thread's loop: run a job, queue its outcome, and take the next ready job
@@ -709,8 +713,8 @@ class Worker:
 
     # -- transactional completion --------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _job_transaction(self, job: Job) -> Iterator[Connection]:
+    def _handler_pool(self) -> ConnectionPool[Connection]:
+        """The connections handlers use (transactions, parents' results), opened on first use."""
         if self._tx_pool is None:
             # Checked on checkout: a connection that died while idle (a server restart) would
             # otherwise fail the next handler's transaction and cost its job an attempt.
@@ -718,7 +722,15 @@ class Worker:
                 self.dsn, purpose="handler", schema=self.config.schema, min_size=0,
                 max_size=min(self.config.concurrency, POOL_MAX_SIZE), check=ConnectionPool.check_connection,
             )  # fmt: skip
-        with self._tx_pool.connection() as conn, conn.transaction():
+        return self._tx_pool
+
+    def _read_parent_results(self, parents: Sequence[int]) -> list[tuple[int, Any]]:
+        with self._handler_pool().connection() as conn:
+            return self.store.parent_results(conn, parents)
+
+    @contextlib.contextmanager
+    def _job_transaction(self, job: Job) -> Iterator[Connection]:
+        with self._handler_pool().connection() as conn, conn.transaction():
             yield conn
             self.store.complete(conn, job.id, self.worker_id, job.attempt, result=job.result_json)
 

@@ -850,7 +850,7 @@ def test_pausing_several_queues_pauses_none_if_one_is_unknown(cli: Invoke, clien
     assert paused_rows(conn) == {"emails": True, "reports": True}
 
 
-def test_known_queues_are_those_waiting_running_or_already_set(
+def test_known_queues_are_those_waiting_running_finished_or_already_set(
     cli: Invoke, client: Client, store: Store, conn: Connection
 ) -> None:
     client.enqueue("t", queue="waiting")
@@ -859,12 +859,14 @@ def test_known_queues_are_those_waiting_running_or_already_set(
     done = client.enqueue("t", queue="finished").id
     finish(conn, done, "completed", "1 minute")
     assert ok(cli("queues", "pause", "waiting", "busy")) == "paused waiting, busy\n"
-    # A queue whose jobs have all finished is not looked up (no index holds finished jobs by
-    # queue): --create says it is meant.
-    bad_input(cli("queues", "pause", "finished"), "queue 'finished' is unknown", "known: busy, waiting")
-    assert ok(cli("queues", "pause", "finished", "--create")) == "paused finished\n"
-    assert ok(cli("queues", "resume", "finished")) == "resumed finished\n"  # it has a row now
-    assert paused_rows(conn) == {"waiting": True, "busy": True, "finished": False}
+    # A queue whose jobs have all finished is known too (by its finished-job counts): `stats` and
+    # `queues list` show it. One with no job at all needs --create.
+    assert ok(cli("queues", "pause", "finished")) == "paused finished\n"
+    assert ok(cli("queues", "resume", "finished")) == "resumed finished\n"
+    bad_input(cli("queues", "pause", "later"), "queue 'later' is unknown", "known: busy, finished, waiting")
+    assert ok(cli("queues", "pause", "later", "--create")) == "paused later\n"
+    assert ok(cli("queues", "resume", "later")) == "resumed later\n"
+    assert paused_rows(conn) == {"waiting": True, "busy": True, "finished": False, "later": False}
     assert json.loads(ok(cli("queues", "list", "--json"))) == [
         {"queue": "busy", "paused": True, "max_running": None},
         {"queue": "finished", "paused": False, "max_running": None},

@@ -197,3 +197,18 @@ def test_stats_mark_a_queue_no_worker_has_served(client: Client, dsn: str) -> No
     published(client)  # serves partner and stock, not default
     client.enqueue("reserve_stock", {"order": 2})
     assert {q.queue: q.served for q in client.queue_stats()} == {"default": False, "stock": True}
+
+
+def test_a_queue_any_command_lists_is_known(client: Client, dsn: str) -> None:
+    app = orders_app()
+    client.declare(app)
+    client.enqueue("call_partner")
+    run_jobs(app, client)  # the partner queue now holds only a completed job
+    assert client.list_queues() == {"partner": False}
+    result = CliRunner().invoke(main, ["queues", "pause", "partner", "--database-url", dsn])
+    assert result.exit_code == 0, result.output
+    assert client.list_queues() == {"partner": True}
+    # A queue a worker serves is known before its first job: "stock" was served by run_jobs.
+    client.pause_queues(["stock"])
+    with pytest.raises(miniqueue.InvalidInput, match="known: partner, stock"):
+        client.pause_queues(["nowhere"])

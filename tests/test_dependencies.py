@@ -299,3 +299,38 @@ def test_cli_and_dashboard_show_parents_dependents_and_results(client: Client, c
         page = web.get(f"/jobs/{waiting}").text
         assert f'href="/jobs/{other}"' in page and "(1 not completed yet)" in page
         assert "Result</h2>" not in page
+
+
+def test_a_callback_of_members_with_huge_results_runs_and_stalls_nothing(client: Client, conn: Connection) -> None:
+    """The members' results together exceed what one jsonb value may hold (256 MB): the claim
+    must not aggregate them (it failed, and the worker retried the same claim forever)."""
+    from miniqueue.testing import run_jobs
+
+    app = App()
+    callbacks: list[int] = []
+
+    @app.task("member")
+    def member(job: Job) -> str:
+        return "small"
+
+    @app.task("callback")
+    def callback(job: Job) -> int:
+        callbacks.append(len(job.parents))
+        first = job.parent_results[job.parents[0]]  # read when asked: one row per parent
+        return len(first)
+
+    @app.task("other")
+    def other(job: Job) -> None:
+        pass
+
+    group = client.group([JobSpec("member") for _ in range(280)], then=JobSpec("callback"))
+    ids = [m.id for m in group.members]
+    # Completed members whose results are 1,000,000 characters each (stored compressed).
+    conn.execute("UPDATE miniqueue_jobs SET state = 'completed', result = to_jsonb(repeat('x', 1000000)),"
+                 " finished_at = now(), completed_at = now() WHERE id = ANY(%s)", [ids])  # fmt: skip
+    conn.execute("UPDATE miniqueue_jobs SET state = 'available', pending_parents = 0 WHERE id = %s", [group.then.id])
+    others = [client.enqueue("other").id for _ in range(20)]
+    result = run_jobs(app, client, timeout=60)
+    assert callbacks == [280]
+    assert result.job(group.then.id).state == State.COMPLETED and result.job(group.then.id).result == 1_000_000
+    assert all(result.job(i).state == State.COMPLETED for i in others)

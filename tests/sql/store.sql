@@ -306,9 +306,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT * FROM claimed;
 
@@ -444,9 +442,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT * FROM claimed;
 
@@ -578,9 +574,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT * FROM claimed;
 
@@ -716,9 +710,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT * FROM claimed;
 
@@ -883,9 +875,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1056,9 +1046,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1225,9 +1213,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1398,9 +1384,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, CASE WHEN parents IS NULL THEN NULL ELSE (
-              SELECT jsonb_agg(jsonb_build_array(p.id, p.result) ORDER BY u.ord)
-                FROM unnest(parents) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id) END AS parent_results, trace_context
+          limits, parents, trace_context
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1765,6 +1749,10 @@ SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_com
 -- _unserved_queues
 SELECT q FROM unnest(%(queues)s::text[]) AS q WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_served_queues" s WHERE s.queue = q);
 
+-- _parent_results
+SELECT p.id, p.result FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id
+ ORDER BY u.ord;
+
 -- _set_paused
 INSERT INTO "public"."miniqueue_queues" (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
@@ -1809,6 +1797,8 @@ SELECT w.scope, w.waiting, l.max_running, l.rate,
 -- _known_queues
 SELECT q.name FROM unnest(%(names)s::text[]) AS q(name)
  WHERE EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = q.name)
+    OR EXISTS (SELECT 1 FROM "public"."miniqueue_served_queues" WHERE queue = q.name)
+    OR EXISTS (SELECT 1 FROM "public"."miniqueue_counts" WHERE queue = q.name AND count > 0)
     OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NULL AND queue = q.name)
     OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name)
     OR EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL AND queue = q.name);
@@ -1831,6 +1821,8 @@ SELECT queue FROM waiting WHERE queue IS NOT NULL
  UNION SELECT queue FROM limited WHERE queue IS NOT NULL
  UNION SELECT queue FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL
  UNION SELECT name FROM "public"."miniqueue_queues"
+ UNION SELECT queue FROM "public"."miniqueue_served_queues"
+ UNION SELECT queue FROM "public"."miniqueue_counts" WHERE count > 0
  ORDER BY 1 LIMIT %(limit)s;
 
 -- _throughput
