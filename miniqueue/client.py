@@ -205,13 +205,17 @@ class BaseClient:
         self, specs: Sequence[JobSpec], trace_context: str | None
     ) -> Steps[list[EnqueueResult]]:
         """A batch with dependencies (options filled): each job by the one-by-one path, in one transaction."""
-        for index, spec in enumerate(specs):  # check everything before storing anything
+        self._check_all(specs, "job")
+        return (yield from atomic(_each_indexed([self._store_one_steps(spec, trace_context) for spec in specs])))
+
+    def _check_all(self, specs: Sequence[JobSpec], what: str) -> None:
+        """Check every job (options filled) before any is stored; an error names the ``what`` by index."""
+        for index, spec in enumerate(specs):
             try:
                 validate(spec, max_payload_bytes=self.max_payload_bytes)
                 check_depends_on(spec.depends_on)
             except InvalidInput as exc:
-                raise InvalidInput(f"job {index}: {exc}") from exc
-        return (yield from atomic(_each_indexed([self._store_one_steps(spec, trace_context) for spec in specs])))
+                raise InvalidInput(f"{what} {index}: {exc}") from exc
 
     def _chain_steps(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
         if not steps:
@@ -225,12 +229,7 @@ class BaseClient:
 
     def _chain_in_one(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
         filled, undeclared = yield from self._declared_steps(steps, "step")
-        for index, step in enumerate(filled):  # check everything before storing anything
-            try:
-                validate(step, max_payload_bytes=self.max_payload_bytes)
-                check_depends_on(step.depends_on)
-            except InvalidInput as exc:
-                raise InvalidInput(f"step {index}: {exc}") from exc
+        self._check_all(filled, "step")
         results: list[EnqueueResult] = []
         for step in filled:
             before = [results[-1].id] if results else []
