@@ -6,8 +6,8 @@ short job wait behind a long one, since a prefetched job is leased to one worker
 sizes the buffer from what the worker has seen: it holds only as many jobs as its threads are
 expected to finish within a latency budget (0.1 s by default), judged from the run times of the
 last jobs it ran. A worker that has not run a job yet claims its free threads only, and one
-whose every thread is busy past the budget holds nothing extra (the worker hands its buffer
-back, see :meth:`PrefetchPolicy.stuck`), so a long job never holds short ones hostage.
+whose every handler of a kind is busy past the budget holds no job of that kind (the worker
+hands them back, see :meth:`PrefetchPolicy.stuck`), so a long job never holds short ones hostage.
 """
 
 from __future__ import annotations
@@ -44,9 +44,12 @@ def parse_prefetch(value: str | int) -> Prefetch:
 class PrefetchPolicy:
     """Decides the prefetch of one worker; called from its claim loop only (not thread-safe)."""
 
-    def __init__(self, prefetch: Prefetch, *, concurrency: int, budget: float) -> None:
+    def __init__(self, prefetch: Prefetch, *, concurrency: int, budget: float, kinds: int = 1) -> None:
         self.fixed = None if prefetch == "auto" else prefetch
+        #: Handlers of one kind (threads, or coroutines) a worker runs at once.
         self.concurrency = concurrency
+        #: Kinds of handler the worker runs (2 for an app with ``def`` and ``async def`` tasks).
+        self.kinds = kinds
         self.budget = budget
         self._durations: collections.deque[float] = collections.deque(maxlen=WINDOW)
 
@@ -67,12 +70,13 @@ class PrefetchPolicy:
             return 0
         # Floor the mean at 10 us: a no-op job measures near zero, and the cap decides anyway.
         mean = max(sum(self._durations) / len(self._durations), 1e-5)
-        return min(AUTO_CAP, int(self.concurrency * self.budget / mean))
+        return min(AUTO_CAP, int(self.concurrency * self.kinds * self.budget / mean))
 
     def stuck(self, running_for: list[float]) -> bool:
-        """True when every handler thread is busy with a job that has outlived the budget: the
-        jobs waiting behind them would wait longer than the budget, so they are better handed
-        back for an idle worker to take (``auto`` only)."""
+        """True when every handler of one kind (``running_for``: how long each of that kind has
+        run) is busy with a job that has outlived the budget: the jobs of that kind waiting
+        behind them would wait longer than the budget, so they are better handed back for an
+        idle worker to take (``auto`` only)."""
         return (
             self.fixed is None
             and len(running_for) >= self.concurrency

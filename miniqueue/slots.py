@@ -67,10 +67,10 @@ class Slots:
 
     def _take(self, run_async: bool) -> Lease | None:
         """The first ready lease of the kind, in claim order (the only kind, in most apps)."""
-        if (self.ready[0].task in self.async_tasks) == run_async:
+        if self.is_async(self.ready[0].task) == run_async:
             return self.ready.popleft()
         for index, lease in enumerate(self.ready):
-            if (lease.task in self.async_tasks) == run_async:
+            if self.is_async(lease.task) == run_async:
                 del self.ready[index]
                 return lease
         return None
@@ -112,11 +112,32 @@ class Slots:
         with self.lock:
             return bool(self.ready)
 
-    def take_ready(self) -> list[Lease]:
-        """Take every unstarted lease out of the buffer (so no handler thread can start one)."""
+    def take_ready(self, kinds: Collection[bool] = (False, True)) -> list[Lease]:
+        """Take the unstarted leases of ``kinds`` (True: async) out of the buffer, so that no
+        handler can start one."""
         with self.lock:
-            taken, self.ready = list(self.ready), collections.deque()
+            taken = [lease for lease in self.ready if self.is_async(lease.task) in kinds]
+            if len(taken) == len(self.ready):
+                self.ready = collections.deque()
+            else:
+                self.ready = collections.deque(lease for lease in self.ready if self.is_async(lease.task) not in kinds)
             return taken
+
+    def is_async(self, task: str) -> bool:
+        return task in self.async_tasks
+
+    def running_for(self, now: float) -> dict[bool, list[float]]:
+        """How long each running handler has run, by kind (True: async), in seconds."""
+        by_kind: dict[bool, list[float]] = {False: [], True: []}
+        with self.lock:
+            for job in self.running.values():
+                by_kind[self.is_async(job.task)].append(now - job.started_at)
+        return by_kind
+
+    def ready_kinds(self) -> set[bool]:
+        """The kinds (True: async) of the unstarted leases."""
+        with self.lock:
+            return {self.is_async(lease.task) for lease in self.ready}
 
     def put_back(self, leases: list[Lease]) -> None:
         """Return leases taken by :meth:`take_ready` to the front of the buffer, in order."""

@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -202,12 +202,17 @@ class Worker:
         # Jobs of unknown tasks fail on a thread, so threads are always a kind; an app with both
         # kinds of handlers runs up to `concurrency` of each.
         self._kinds = (False, True) if self._async_tasks else (False,)
-        mixed = bool(self._async_tasks) and len(self._async_tasks) < len(app.tasks)
-        self._handler_slots = self.config.concurrency * (2 if mixed else 1)
+        kinds = 2 if self._async_tasks and len(self._async_tasks) < len(app.tasks) else 1
+        self._handler_slots = self.config.concurrency * kinds
         self._prefetch = PrefetchPolicy(
-            parse_prefetch(self.config.prefetch), concurrency=self._handler_slots,
+            parse_prefetch(self.config.prefetch), concurrency=self.config.concurrency, kinds=kinds,
             budget=self.config.prefetch_budget,
         )  # fmt: skip
+        # Kinds of handler (True: async) whose jobs this worker handed back because its every
+        # handler of that kind was busy past the budget: while that lasts, the jobs at the head
+        # of its queues are likely more of them, so it claims at its poll only, leaving them to
+        # idle workers rather than claiming them back at once.
+        self._handed_back: set[bool] = set()
         # The smallest claim worth a statement of its own: half the jobs held at most (running
         # and prefetched), so that claims come in batches. Set by the claim loop, read by
         # handler threads to decide when to wake it.
@@ -377,14 +382,16 @@ class Worker:
         freed, or the poll timer. With prefetch, wait until half the buffer is free (or it ran
         dry) so that claims come in batches rather than one statement per finished job.
         """
-        stuck = self._prefetch.adaptive and self._prefetch.stuck(self._running_for())
-        capacity = self._handler_slots + self._prefetch.size(stuck=stuck)
+        busy = self._busy_kinds()
+        capacity = self._handler_slots + self._prefetch.size(stuck=bool(busy))
         self._claim_batch = max(1, capacity // 2)
         free = capacity - self._slots.held() + len(self._outcomes)
         if self.config.max_jobs is not None:  # never claim a job this worker will not run
             # (jobs held, finishing ones included, will all count as done)
             free = min(free, self.config.max_jobs - self.jobs_done - self._slots.held())
-        if free <= 0 or not (self._nudged or self._backlog or self._freed_slot or poll_due):
+        self._handed_back &= busy
+        reason = poll_due if self._handed_back else self._nudged or self._backlog or self._freed_slot or poll_due
+        if free <= 0 or not reason:
             return 0
         with self._slots.lock:
             ran_dry = not self._slots.ready
@@ -431,27 +438,38 @@ class Worker:
             return min(self.config.poll_interval, LIMITED_POLL_INTERVAL)
         return self.config.poll_interval
 
-    def _running_for(self) -> list[float]:
-        """How long each running handler has run, in seconds."""
-        now = time.monotonic()
-        return [now - job.started_at for job in self._slots.running_jobs()]
+    def _busy_kinds(self) -> set[bool]:
+        """The kinds of handler (True: async) whose every handler is busy with a job that has
+        outlived the prefetch budget (``auto`` only): jobs of such a kind held here would wait
+        longer than the budget. Each kind is judged alone: in an app with both, busy threads
+        are no reason to hold a thread job while the event loop idles, nor the reverse."""
+        if not self._prefetch.adaptive:
+            return set()
+        running_for = self._slots.running_for(time.monotonic())
+        return {kind for kind in self._kinds if self._prefetch.stuck(running_for[kind])}
 
     def _stuck_in(self) -> float:
-        """Seconds until every handler thread will have outlived the prefetch budget while
-        prefetched jobs wait (when they are handed back); infinity when that cannot happen."""
-        if not self._prefetch.adaptive or not self._slots.has_ready():
+        """Seconds until every handler of a kind will have outlived the prefetch budget while
+        jobs of that kind wait here (when they are handed back); infinity when that cannot happen."""
+        if not self._prefetch.adaptive:
             return float("inf")
-        running_for = self._running_for()
-        if len(running_for) < self._handler_slots:
-            return float("inf")
-        return max(0.0, self.config.prefetch_budget - min(running_for)) + 0.001
+        running_for = self._slots.running_for(time.monotonic())
+        return min(
+            (max(0.0, self.config.prefetch_budget - min(running_for[kind])) + 0.001
+             for kind in self._slots.ready_kinds() if len(running_for[kind]) >= self.config.concurrency),
+            default=float("inf"),
+        )  # fmt: skip
 
     def _hand_back_if_stuck(self) -> None:
-        """Work-conserving prefetch: jobs waiting behind handlers that all outlived the budget
-        go back unstarted, so that an idle worker takes them instead of them waiting here."""
-        if self._prefetch.adaptive and self._slots.has_ready() and self._prefetch.stuck(self._running_for()):
-            self._release_ready("handed back unstarted: every handler thread of its worker was busy past the "
-                                f"{self.config.prefetch_budget:g}s prefetch budget; attempt not charged")  # fmt: skip
+        """Work-conserving prefetch: jobs waiting behind handlers of their kind that all outlived
+        the budget go back unstarted, so that an idle worker takes them instead of them waiting here."""
+        stuck = self._busy_kinds() & self._slots.ready_kinds()
+        if stuck:
+            handlers = {frozenset({False}): "handler thread", frozenset({True}): "async handler"}.get(
+                frozenset(stuck), "handler")
+            self._release_ready(f"handed back unstarted: every {handlers} of its worker was busy past the "
+                                f"{self.config.prefetch_budget:g}s prefetch budget; attempt not charged", stuck)  # fmt: skip
+            self._handed_back |= stuck
 
     def _sleep(self, seconds: float) -> None:
         """Wait until woken (outcome, notification) or ``seconds`` pass, checking the stop flag."""
@@ -676,11 +694,11 @@ class Worker:
         except LeaseLost as exc:
             return dataclasses.replace(outcome, kind="lease_lost", error=str(exc))
 
-    def _release_ready(self, note: str) -> None:
-        """Hand prefetched (never started) jobs back without spending an attempt, ``note`` in
-        their history. They leave the buffer first, so no handler thread starts one the
+    def _release_ready(self, note: str, kinds: Collection[bool] = (False, True)) -> None:
+        """Hand prefetched (never started) jobs of ``kinds`` back without spending an attempt,
+        ``note`` in their history. They leave the buffer first, so no handler starts one the
         database is being told is free; if the database cannot be told, they go back in."""
-        unstarted = self._slots.take_ready()
+        unstarted = self._slots.take_ready(kinds)
         if unstarted:
             try:
                 self.store.release(self._connection(), self.worker_id,

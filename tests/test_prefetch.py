@@ -3,6 +3,7 @@ handing back jobs."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -112,3 +113,51 @@ def test_jobs_waiting_behind_a_long_job_are_handed_back_for_another_worker(
         release.set()
     wait_until(lambda: row(conn, long_id)["state"] == "completed", what="the long job completed")
     assert first.worker.worker_id != second.worker.worker_id
+
+
+@pytest.mark.parametrize("slow_kind", ["def", "async def"])
+def test_in_an_app_of_both_kinds_a_job_waiting_behind_its_own_kind_goes_to_an_idle_worker(
+    client: Client, conn: Connection, start_worker: StartWorker, slow_kind: str  # noqa: F811
+) -> None:
+    """Each kind of handler is judged alone: a worker whose one handler thread is busy holds no
+    thread job back while its event loop idles (and the reverse), so an idle worker takes it."""
+    app = App()
+    release = threading.Event()
+    if slow_kind == "def":
+
+        @app.task("slow")
+        def slow(job: Job) -> None:
+            release.wait(20)
+
+        @app.task("other")
+        async def other(job: Job) -> None:
+            pass
+
+    else:
+
+        @app.task("slow")
+        async def slow_async(job: Job) -> None:
+            while not release.is_set():
+                await asyncio.sleep(0.02)
+
+        @app.task("other")
+        def other_def(job: Job) -> None:
+            pass
+
+    first = start_worker(app, concurrency=1)
+    try:
+        with conn.transaction():  # one commit: the first worker's claim takes both
+            ids = [app.enqueue(client, "slow", conn=conn).id for _ in range(2)]
+        wait_until(lambda: count(conn, "state = 'running'") == 2, what="both slow jobs leased")
+        second = start_worker(app, concurrency=1)
+        wait_until(
+            lambda: {row(conn, i)["leased_by"] for i in ids} == {first.worker.worker_id, second.worker.worker_id},
+            what="each worker running one slow job",
+        )
+        [handed_back] = [i for i in ids if row(conn, i)["errors"]]
+        note = row(conn, handed_back)["errors"][0]["error"]
+        kind = "handler thread" if slow_kind == "def" else "async handler"
+        assert note.startswith(f"handed back unstarted: every {kind} of its worker was busy past")
+    finally:
+        release.set()
+    wait_until(lambda: all(row(conn, i)["state"] == "completed" for i in ids), what="both completed")
