@@ -18,7 +18,7 @@ from .errors import AppLoadError, ConfigError
 from .job import EnqueueResult, JobSpec, TaskDeclaration
 from .limits import job_scopes
 from .periodic import CatchUp, Periodic
-from .retry import Backoff, default_backoff
+from .retry import Backoff, default_backoff, published_backoff
 from .validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
 
 if TYPE_CHECKING:
@@ -62,12 +62,13 @@ class Task:
 
     def declaration(self) -> TaskDeclaration:
         """What this task declares, as its workers publish it for producers without the app."""
+        base, cap = published_backoff(self.backoff) or (None, None)
         return TaskDeclaration(
             self.name, self.queue, self.priority, self.max_attempts,
             concurrency_key=None if callable(self.concurrency_key) else self.concurrency_key,
             concurrency_key_computed=callable(self.concurrency_key), max_concurrent=self.max_concurrent,
             rate_limit=self.rate_limit, rate_limit_key=None if callable(self.rate_limit_key) else self.rate_limit_key,
-            rate_limit_key_computed=callable(self.rate_limit_key),
+            rate_limit_key_computed=callable(self.rate_limit_key), backoff_base=base, backoff_cap=cap,
         )  # fmt: skip
 
 

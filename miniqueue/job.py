@@ -83,6 +83,10 @@ class TaskDeclaration(NamedTuple):
     rate_limit: str | None = None
     rate_limit_key: str | None = None
     rate_limit_key_computed: bool = False
+    #: The task's full-jitter backoff (seconds), applied by the supervisor and the reaper to the
+    #: attempts they charge; None for a backoff function of the app's own (the default applies there).
+    backoff_base: float | None = None
+    backoff_cap: float | None = None
 
 
 #: The options of a job whose task declares none (no app that has run on the database knows it).

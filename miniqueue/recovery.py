@@ -18,7 +18,6 @@ from .children import Child
 from .db import connect
 from .errors import MiniqueueError
 from .job import State
-from .retry import default_backoff
 from .store import Failure, Release, Store
 
 log = logging.getLogger("miniqueue.supervisor")
@@ -35,8 +34,8 @@ def release_leases(dsn: str, store: Store, child: Child, how: str) -> None:
     try:
         with connect(dsn, purpose="supervisor", schema=store.schema, connect_timeout=5) as conn:
             held = store.leases_of(conn, child.worker_id)
-            failures = [Failure(i, a, f"{died} (pid {child.pid})", default_backoff(a))
-                        for i, a in held if charged and i in running]  # fmt: skip
+            # No backoff given: the task's, as its workers published it (the supervisor has no app).
+            failures = [Failure(i, a, f"{died} (pid {child.pid})") for i, a in held if charged and i in running]
             releases = [Release(i, a, _note(child, running.get(i), died, charged))
                         for i, a in held if not (charged and i in running)]  # fmt: skip
             states = store.record_failures(conn, child.worker_id, failures)

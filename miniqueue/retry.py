@@ -27,20 +27,39 @@ def backoff_ceiling(attempt: int, *, base: float = DEFAULT_BASE_SECONDS, cap: fl
     return min(cap, base * 2.0 ** min(attempt, 64))
 
 
+class ExponentialBackoff:
+    """A full-jitter backoff policy (see :func:`exponential_backoff`). Its ``base`` and ``cap``
+    are data: the workers publish them with their task's declaration, so that the supervisor
+    and the reaper, which charge crashed and lost attempts without the app, wait the same
+    delay (see the README's "Who pays an attempt"); the database draws it the same way
+    (``miniqueue_retry_delay``)."""
+
+    def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:
+        if not (0 < base < math.inf and 0 < cap < math.inf):  # also rejects NaN
+            raise ValueError(f"backoff base {base} and cap {cap} must both be positive, finite numbers of seconds")
+        self.base, self.cap = float(base), float(cap)
+        # The module-level generator by default: Python reseeds it in every forked child, so
+        # sibling workers do not draw the same "random" delays.
+        self._uniform = rng.uniform if rng is not None else random.uniform
+
+    def __call__(self, attempt: int) -> float:
+        return self._uniform(0.0, backoff_ceiling(attempt, base=self.base, cap=self.cap))
+
+    def __repr__(self) -> str:
+        return f"exponential_backoff(base={self.base:g}, cap={self.cap:g})"
+
+
 def exponential_backoff(
     base: float = DEFAULT_BASE_SECONDS, cap: float = DEFAULT_CAP_SECONDS, rng: random.Random | None = None
 ) -> Backoff:
     """Build a full-jitter backoff policy with the given base and cap (seconds)."""
-    if not (0 < base < math.inf and 0 < cap < math.inf):  # also rejects NaN
-        raise ValueError(f"backoff base {base} and cap {cap} must both be positive, finite numbers of seconds")
-    # The module-level generator by default: Python reseeds it in every forked child, so
-    # sibling workers do not draw the same "random" delays.
-    uniform = rng.uniform if rng is not None else random.uniform
+    return ExponentialBackoff(base, cap, rng)
 
-    def backoff(attempt: int) -> float:
-        return uniform(0.0, backoff_ceiling(attempt, base=base, cap=cap))
 
-    return backoff
+def published_backoff(backoff: Backoff) -> tuple[float, float] | None:
+    """The ``(base, cap)`` a task's backoff publishes, or None for a function of the app's own,
+    which only a worker with the app can apply (elsewhere the default backoff applies)."""
+    return (backoff.base, backoff.cap) if isinstance(backoff, ExponentialBackoff) else None
 
 
 #: The policy used when a task does not name its own.

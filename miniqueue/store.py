@@ -44,6 +44,7 @@ from .job import (
     TaskDeclaration,
 )
 from .limits import Scope, queue_scope
+from .retry import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
 from .steps import Atomic, CopyIn, Query, Steps, atomic, fetch, run
 from .validation import NewJob, check_queue_name, check_seconds
 
@@ -499,13 +500,15 @@ UPDATE {jobs}
 RETURNING id, lease_expires_at
 """
 
-# Record failed attempts: retry after the given backoff, or dead once attempts are exhausted.
+# Record failed attempts: retry after the given backoff (NULL: the task's published backoff, for
+# a caller without the app), or dead once attempts are exhausted.
 _RECORD_FAILURES = """
 WITH failed AS (
 UPDATE {jobs} j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
-                           ELSE now() + make_interval(secs => f.backoff) END,
+                           ELSE now() + make_interval(secs => coalesce(
+                               f.backoff, {retry_delay}(j.task, j.attempt, %(base)s, %(cap)s))) END,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = f.error, errors = {append}, lease_expires_at = NULL, leased_by = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
@@ -558,7 +561,8 @@ _RECOVER_EXPIRED = """
 WITH recovered AS (
 UPDATE {jobs}
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
-       scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at ELSE now() END,
+       scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at
+                           ELSE now() + make_interval(secs => {retry_delay}(task, attempt, %(base)s, %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
                            leased_by, attempt, max_attempts),
@@ -731,23 +735,25 @@ RETURNING xmax = 0
 # deadlock), and a row is rewritten only when the declaration changed.
 _PUBLISH_TASKS = """
 INSERT INTO {tasks} AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
-                          max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed)
+                          max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed, backoff_base,
+                          backoff_cap)
 SELECT * FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
                      %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
-                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[])
+                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
+                     %(backoff_bases)s::float8[], %(backoff_caps)s::float8[])
  ORDER BY 1
 ON CONFLICT (task) DO UPDATE
    SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
        concurrency_key = excluded.concurrency_key, concurrency_key_computed = excluded.concurrency_key_computed,
        max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
        rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
-       published_at = now()
+       backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, published_at = now()
  WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
-        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed)
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap)
        IS DISTINCT FROM
        (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
         excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
-        excluded.rate_limit_key_computed)
+        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap)
 """
 # Record that a worker serves these queues (as it starts).
 _SERVE_QUEUES = """
@@ -757,7 +763,7 @@ ON CONFLICT (queue) DO UPDATE SET served_at = now()
 # Every task declaration (a handful of rows: one per task of the apps on this database).
 _TASK_DECLARATIONS = """
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_limit_key_computed
+       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap
   FROM {tasks}
 """
 # A job's parents' results, one row per parent in the order of its parents (a parent pruned
@@ -969,12 +975,14 @@ _RECORD_VERSION = "INSERT INTO {migrations} (version, name) VALUES (%(version)s,
 
 @dataclass(frozen=True)
 class Failure:
-    """A failed attempt to record: the lease it happened under, the error, the retry delay."""
+    """A failed attempt to record: the lease it happened under, the error, the retry delay (None:
+    the task's published backoff, for a caller without the app, as the README's "Who pays an
+    attempt" says)."""
 
     id: int
     attempt: int
     error: str
-    backoff_seconds: float
+    backoff_seconds: float | None = None
 
 
 class LimitWait(NamedTuple):
@@ -1046,6 +1054,7 @@ class Store:
             "tasks": sql.Identifier(schema, "miniqueue_tasks"),
             "served_queues": sql.Identifier(schema, "miniqueue_served_queues"),
             "settle_function": sql.Identifier(schema, "miniqueue_settle"),
+            "retry_delay": sql.Identifier(schema, "miniqueue_retry_delay"),
             "finished_channel": sql.Literal(self.finished_channel),
             "queue_channel": sql.Literal(self.channel),
         }
@@ -1551,8 +1560,9 @@ class Store:
             return {}
         params = {
             "ids": [f.id for f in failures], "attempts": [f.attempt for f in failures],
-            "errors": [f.error for f in failures], "backoffs": [float(f.backoff_seconds) for f in failures],
-            "worker": worker_id,
+            "errors": [f.error for f in failures],
+            "backoffs": [None if f.backoff_seconds is None else float(f.backoff_seconds) for f in failures],
+            "worker": worker_id, "base": DEFAULT_BASE_SECONDS, "cap": DEFAULT_CAP_SECONDS,
         }  # fmt: skip
         return {row[0]: State(row[1]) for row in self._rows(conn, self._record_failures, params)}
 
@@ -1601,7 +1611,8 @@ class Store:
     def recover_expired_leases(self, conn: Connection, limit: int = 1000) -> dict[int, State]:
         """Return up to ``limit`` jobs whose lease expired to ``available`` (or ``dead`` when their
         attempts are exhausted); return id → new state."""
-        return {row[0]: State(row[1]) for row in self._rows(conn, self._recover, {"limit": limit})}
+        params = {"limit": limit, "base": DEFAULT_BASE_SECONDS, "cap": DEFAULT_CAP_SECONDS}
+        return {row[0]: State(row[1]) for row in self._rows(conn, self._recover, params)}
 
     def prune(self, conn: Connection, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> int:
         """Delete up to ``limit`` jobs in ``states`` (terminal states only) that finished more than
@@ -1800,6 +1811,7 @@ class Store:
             "max_concurrent": [d.max_concurrent for d in ordered], "rate_limits": [d.rate_limit for d in ordered],
             "rate_limit_keys": [d.rate_limit_key for d in ordered],
             "rate_computed": [d.rate_limit_key_computed for d in ordered],
+            "backoff_bases": [d.backoff_base for d in ordered], "backoff_caps": [d.backoff_cap for d in ordered],
         })  # fmt: skip
         if queues:
             yield Query(self._serve_queues, {"queues": sorted(set(queues))})

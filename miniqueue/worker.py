@@ -467,8 +467,9 @@ class Worker:
         if stuck:
             handlers = {frozenset({False}): "handler thread", frozenset({True}): "async handler"}.get(
                 frozenset(stuck), "handler")
+            budget = self.config.prefetch_budget
             self._release_ready(f"handed back unstarted: every {handlers} of its worker was busy past the "
-                                f"{self.config.prefetch_budget:g}s prefetch budget; attempt not charged", stuck)  # fmt: skip
+                                f"{budget:g}s prefetch budget; attempt not charged", stuck)  # fmt: skip
             self._handed_back |= stuck
 
     def _sleep(self, seconds: float) -> None:

@@ -43,3 +43,8 @@ def count(conn: Connection, where: str = "true", params: Any = None) -> int:
 def expire_lease(conn: Connection, job_id: int) -> None:
     """Move a running job's lease expiry into the past (as if its worker died long ago)."""
     conn.execute("UPDATE miniqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job_id])
+
+
+def make_due(conn: Connection, job_id: int) -> None:
+    """Bring a retried job's next run to now (as if its retry delay had passed)."""
+    conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() WHERE id = %s", [job_id])

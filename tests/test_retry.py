@@ -1,4 +1,5 @@
-"""Backoff: exponential with full jitter, capped at 30 minutes (README, "Tasks": the default backoff)."""
+"""Backoff: exponential with full jitter, capped at 30 minutes (README, "Tasks": the default backoff),
+the same whoever charges the attempt (README, "Who pays an attempt")."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import random
 
 import pytest
 
-from miniqueue import default_backoff, exponential_backoff
+from miniqueue import App, JobSpec, default_backoff, exponential_backoff
+from miniqueue.db import Connection
 from miniqueue.retry import backoff_ceiling
+from miniqueue.store import Failure, Store
+from miniqueue.validation import validate
+
+from .helpers import expire_lease
 
 THIRTY_MINUTES = 30 * 60.0
 
@@ -68,3 +74,61 @@ def test_base_and_cap_must_not_be_nan(base: float, cap: float) -> None:
     # NaN slips past `<= 0` checks and would make every delay NaN (an invalid interval in SQL).
     with pytest.raises(ValueError):
         exponential_backoff(base=base, cap=cap)
+
+
+# -- one retry delay, whoever charges the attempt --------------------------------------------
+
+
+def _published(conn: Connection, app: App) -> None:
+    Store().publish_tasks(conn, app.declarations(), app.queues)
+
+
+def _charge_without_the_app(conn: Connection, how: str, tasks: list[str]) -> list[float]:
+    """Claim a job of each of ``tasks`` and charge its attempt as the supervisor (a crash) or the
+    reaper (an expired lease) does, neither of which has the app; each job's retry delay (read a
+    moment after it was drawn: a delay drawn near 0 reads a little below it)."""
+    store = Store()
+    ids = [store.enqueue(conn, validate(JobSpec(task, queue="q"))).id for task in tasks]
+    leases = store.claim(conn, ["q"], "w1", 30, len(ids))
+    assert sorted(lease.id for lease in leases) == sorted(ids)
+    if how == "crash":
+        store.record_failures(conn, "w1", [Failure(lease.id, lease.attempt, "worker process died") for lease in leases])
+    else:
+        for job_id in ids:
+            expire_lease(conn, job_id)
+        store.recover_expired_leases(conn)
+    delays = [
+        conn.execute("SELECT extract(epoch FROM scheduled_at - now())::float FROM miniqueue_jobs WHERE id = %s",
+                     [job_id]).fetchone()[0]  # type: ignore[index]
+        for job_id in ids
+    ]
+    conn.execute("DELETE FROM miniqueue_jobs WHERE id = ANY(%s)", [ids])
+    return delays  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["crash", "expired lease"])
+def test_an_attempt_charged_without_the_app_waits_the_tasks_own_backoff(conn: Connection, how: str) -> None:
+    """The worker charges a failure with the task's backoff; the supervisor (a crashed worker's
+    job) and the reaper (an expired lease) charge with the same one, as the task's workers
+    published it: full jitter on its base and cap."""
+    app = App()
+    app.task("patient", queue="q", backoff=exponential_backoff(base=10.0, cap=15.0))(lambda job: None)
+    app.task("custom", queue="q", backoff=lambda attempt: 3600.0)(lambda job: None)
+    _published(conn, app)
+    patient = _charge_without_the_app(conn, how, ["patient"] * 40)
+    assert all(-1.0 <= delay <= 15.0 for delay in patient), patient  # min(cap 15, 10 * 2^1)
+    assert max(patient) > backoff_ceiling(1), "the default backoff was used, not the task's"
+    # A function of the app's own cannot be published: the default applies, as for a task no app declared.
+    for task in ("custom", "undeclared"):
+        delays = _charge_without_the_app(conn, how, [task] * 40)
+        assert all(-1.0 <= delay <= backoff_ceiling(1) for delay in delays), (task, delays)
+        assert max(delays) > 0.0
+
+
+def test_a_task_publishes_its_exponential_backoff_only() -> None:
+    app = App()
+    app.task("a", backoff=exponential_backoff(base=0.5, cap=60))(lambda job: None)
+    app.task("b", backoff=lambda attempt: 1.0)(lambda job: None)
+    app.task("c")(lambda job: None)
+    published = {d.task: (d.backoff_base, d.backoff_cap) for d in app.declarations()}
+    assert published == {"a": (0.5, 60.0), "b": (None, None), "c": (1.0, THIRTY_MINUTES)}

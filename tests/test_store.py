@@ -18,7 +18,7 @@ from miniqueue.job import Lease, QueueCount
 from miniqueue.store import Failure, Store
 from miniqueue.validation import validate
 
-from .helpers import count, expire_lease, row
+from .helpers import count, expire_lease, make_due, row
 
 W1 = "host-a:101:aaaa"
 W2 = "host-b:202:bbbb"
@@ -184,6 +184,8 @@ def test_recover_expired_leases(store: Store, conn: Connection) -> None:
     stored = row(conn, job_id)
     assert stored["state"] == "available" and stored["leased_by"] is None
     assert "worker lost" in stored["last_error"]
+    assert seconds_from_now(conn, job_id, "scheduled_at") <= 2.0, "after the default backoff (attempt 1: 0-2 s)"
+    make_due(conn, job_id)
     again = claim_one(store, conn, W2)
     assert again.id == job_id and again.attempt == 2
     assert row(conn, job_id)["leased_by"] == W2
@@ -268,6 +270,7 @@ def test_recovered_and_reclaimed_job_rejects_its_old_worker(store: Store, conn: 
     old = claim_one(store, conn, W1)
     expire_lease(conn, job_id)
     store.recover_expired_leases(conn)
+    make_due(conn, job_id)
     new = claim_one(store, conn, W2, lease=30)
     before = row(conn, job_id)
 
@@ -292,6 +295,7 @@ def test_same_worker_with_an_older_attempt_cannot_complete(store: Store, conn: C
     first = claim_one(store, conn, W1)
     expire_lease(conn, job_id)
     store.recover_expired_leases(conn)
+    make_due(conn, job_id)
     second = claim_one(store, conn, W1)
     assert (first.attempt, second.attempt) == (1, 2)
     with pytest.raises(LeaseLost) as raised:
@@ -377,6 +381,7 @@ def test_poison_pill_goes_dead_at_max_attempts(store: Store, conn: Connection) -
         assert lease.attempt == attempt
         expire_lease(conn, job_id)  # the worker died holding it
         outcomes.append(store.recover_expired_leases(conn)[job_id])
+        make_due(conn, job_id)
     assert outcomes == [State.AVAILABLE, State.AVAILABLE, State.DEAD]
     stored = row(conn, job_id)
     assert stored["state"] == "dead" and stored["attempt"] == 3 and stored["finished_at"] is not None
@@ -470,6 +475,7 @@ def test_batch_complete_returns_only_held_ids(store: Store, conn: Connection) ->
     store.cancel(conn, [cancelled.id])
     expire_lease(conn, expired.id)
     store.recover_expired_leases(conn)
+    make_due(conn, expired.id)
     stolen = claim_one(store, conn, W2)
     assert stolen.id == expired.id
     conn.execute("UPDATE miniqueue_jobs SET leased_by = %s WHERE id = %s", [W3, foreign.id])

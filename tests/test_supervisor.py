@@ -77,6 +77,23 @@ def test_sigkill_a_worker_mid_job_then_the_job_is_rerun_as_attempt_2(
     wait_until(lambda: len(sup.workers()) == 2 and pid not in sup.workers(), what="worker replaced")
 
 
+def test_a_crashed_workers_job_waits_its_tasks_own_backoff(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
+    """The supervisor, which has no app, charges the crash with the backoff the task's workers
+    published, as the worker would have charged an exception."""
+    sup = supervise(workers=1)
+    sup.wait_ready(1)
+    job_id = client.enqueue("patient", {"sleep_on": [1]}).id
+    pid = wait_until(lambda: held_by(conn, job_id), what="job running")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: row(conn, job_id)["state"] == "available", what="the crash charged")
+    [waits] = conn.execute("SELECT scheduled_at - now() > interval '2 seconds' FROM miniqueue_jobs WHERE id = %s",
+                           [job_id]).fetchone() or [None]  # fmt: skip
+    assert waits, "retried within the default backoff's 2 s, not the task's days"
+    assert row(conn, job_id)["errors"][0]["error"] == f"worker process died: SIGKILL (pid {pid})"
+
+
 def test_sigkill_the_reaper_then_it_is_replaced(supervise: StartSupervisor) -> None:
     sup = supervise(workers=1)
     sup.wait_ready(1)

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from miniqueue import App
+from miniqueue import App, exponential_backoff
 from miniqueue.context import Job
 
 app = App()
@@ -37,6 +37,12 @@ def work(job: Job) -> None:
             time.sleep(seconds)
         else:
             job.wait(seconds)
+
+
+@app.task("patient", max_attempts=3, backoff=exponential_backoff(base=1e6, cap=1e7))
+def patient(job: Job) -> None:
+    """Like ``work``, with a backoff of days: a retry that comes back soon was not its own."""
+    work(job)
 
 
 @app.task("segfault", max_attempts=2)

@@ -1437,7 +1437,8 @@ WITH failed AS (
 UPDATE "public"."miniqueue_jobs" j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
-                           ELSE now() + make_interval(secs => f.backoff) END,
+                           ELSE now() + make_interval(secs => coalesce(
+                               f.backoff, "public"."miniqueue_retry_delay"(j.task, j.attempt, %(base)s, %(cap)s))) END,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = f.error, errors = j.errors || jsonb_build_array(jsonb_build_object(
        'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', f.error)), lease_expires_at = NULL, leased_by = NULL
@@ -1521,7 +1522,8 @@ RETURNING j.id;
 WITH recovered AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
-       scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at ELSE now() END,
+       scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at
+                           ELSE now() + make_interval(secs => "public"."miniqueue_retry_delay"(task, attempt, %(base)s, %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
                            leased_by, attempt, max_attempts),
@@ -1719,23 +1721,25 @@ RETURNING xmax = 0;
 
 -- _publish_tasks
 INSERT INTO "public"."miniqueue_tasks" AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
-                          max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed)
+                          max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed, backoff_base,
+                          backoff_cap)
 SELECT * FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
                      %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
-                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[])
+                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
+                     %(backoff_bases)s::float8[], %(backoff_caps)s::float8[])
  ORDER BY 1
 ON CONFLICT (task) DO UPDATE
    SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
        concurrency_key = excluded.concurrency_key, concurrency_key_computed = excluded.concurrency_key_computed,
        max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
        rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
-       published_at = now()
+       backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, published_at = now()
  WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
-        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed)
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap)
        IS DISTINCT FROM
        (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
         excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
-        excluded.rate_limit_key_computed);
+        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap);
 
 -- _serve_queues
 INSERT INTO "public"."miniqueue_served_queues" (queue) SELECT q FROM unnest(%(queues)s::text[]) AS q ORDER BY q
@@ -1743,7 +1747,7 @@ ON CONFLICT (queue) DO UPDATE SET served_at = now();
 
 -- _task_declarations
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_limit_key_computed
+       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap
   FROM "public"."miniqueue_tasks";
 
 -- _unserved_queues
