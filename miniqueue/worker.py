@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -24,7 +25,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from .app import App, is_async_handler
 from .context import Job, PermanentError, Snooze
 from .db import Connection, behind_pooler, check_dsn, connect, create_pool
 from .errors import ConfigError, DatabaseUnavailable, InvalidInput, LeaseLost
+from .handlerthreads import HandlerThreads
 from .heartbeat import Heartbeat
 from .job import Lease, State
 from .limits import holds_a_slot
@@ -302,16 +303,16 @@ class Worker:
             leases=self._slots.leases, on_lost=self._on_lost, on_tick=self._check_timeouts,
             on_renewed=lambda ids, sent_at: self._slots.renewed(ids, self._start_by(sent_at)),
         )  # fmt: skip
-        executor = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="miniqueue-handler")
+        threads = HandlerThreads(cfg.concurrency, "miniqueue-handler")
         self._aio = EventLoop() if self._async_tasks else None
         log.info("worker %s started on queues %s", self.worker_id, ",".join(self.queues))
         for thread in (listener, heartbeat, self._aio):
             if thread:
                 thread.start()
         try:
-            self._loop(executor)
+            self._loop(threads)
         finally:
-            executor.shutdown(wait=False, cancel_futures=True)
+            threads.shutdown()
             if self._aio is not None:
                 # After a drain nothing runs; after abandoning, the coroutines were cancelled.
                 self._aio.stop(ASYNC_UNWIND_SECONDS, before_stop=self._async_transactions.close)
@@ -326,7 +327,7 @@ class Worker:
                 traced.flush()  # before a supervised worker's os._exit, which runs no atexit flush
             log.info("worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
 
-    def _loop(self, executor: ThreadPoolExecutor) -> None:
+    def _loop(self, threads: HandlerThreads) -> None:
         deadline: float | None = None
         next_poll = 0.0
         delay = 0.1
@@ -335,7 +336,7 @@ class Worker:
             # iteration runs keeps the next wait from sleeping.
             self._wake.clear()
             try:
-                self._dispatch(executor)  # keep handler threads busy while we talk to the database
+                self._dispatch(threads)  # keep handler threads busy while we talk to the database
                 if self._stop_requested:
                     deadline = deadline or time.monotonic() + self.config.shutdown_timeout
                     if self._drain(deadline):
@@ -346,7 +347,7 @@ class Worker:
                     self._flush_outcomes(claim)
                     if claim:
                         next_poll = time.monotonic() + self._poll_interval()
-                self._dispatch(executor)
+                self._dispatch(threads)
                 delay = 0.1
             except DatabaseUnavailable as exc:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -499,7 +500,7 @@ class Worker:
 
     # -- claiming and dispatching --------------------------------------------------------------
 
-    def _dispatch(self, executor: ThreadPoolExecutor) -> None:
+    def _dispatch(self, threads: HandlerThreads) -> None:
         """Hand ready jobs to idle handler threads and, for async tasks, to the event loop (none
         once stopping: they go back unstarted)."""
         for run_async in self._kinds:
@@ -510,7 +511,7 @@ class Worker:
                 if self._aio is not None and run_async:
                     self._aio.spawn_threadsafe(self._work_async, job)
                 else:
-                    executor.submit(self._work, job)
+                    threads.submit(functools.partial(self._work, job))
         self._log_overdue()
 
     def _start_by(self, sent_at: float) -> float:

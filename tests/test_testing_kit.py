@@ -157,6 +157,41 @@ def test_timeout_raises_with_what_ran(client: Client) -> None:
     assert "still due or running after 0.5s" in str(caught.value)
 
 
+HANGING_TEST = """
+import time
+
+import miniqueue
+from miniqueue.testing import run_jobs
+
+app = miniqueue.App()
+
+@app.task("hang", timeout=1)
+def hang(job: miniqueue.Job) -> None:
+    time.sleep(600)  # deaf to its timeout
+
+def test_a_handler_that_never_returns(miniqueue_client: miniqueue.Client) -> None:
+    miniqueue_client.declare(app)
+    miniqueue_client.enqueue("hang")
+    run_jobs(app, miniqueue_client, timeout=2)
+"""
+
+
+def test_a_handler_that_never_returns_fails_the_test_names_its_job_and_lets_the_process_end(
+    tmp_path: Path, server_dsn: str, repo_root: Path
+) -> None:
+    (tmp_path / "test_hang.py").write_text(HANGING_TEST)
+    env = {**os.environ, "TEST_DATABASE_URL": server_dsn, "PYTHONPATH": str(repo_root)}
+    args = ["-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "--basetemp", str(tmp_path / "tmp")]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "test_hang.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip (the process must end by itself: a timeout here is the failure)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed" in done.stdout, done.stdout
+    assert "RunTimeout: run_jobs: jobs still due or running after 2s" in done.stdout, done.stdout
+    assert "job 1 hang attempt 1: its handler is still running after" in done.stdout, done.stdout
+
+
 def test_run_jobs_on_an_unmigrated_database_raises(fresh_database: str) -> None:
     with pytest.raises(miniqueue.SchemaOutOfDate):
         run_jobs(make_app([]), fresh_database)

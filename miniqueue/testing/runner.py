@@ -172,13 +172,15 @@ class _Run:
     ) -> None:  # fmt: skip
         self.client, self.timeout = client, timeout
         self.runs: list[JobRun] = []
+        # Jobs whose handler started and has no recorded outcome yet: what a timeout names.
+        self.started: dict[int, tuple[Job, float]] = {}
         self.failure: BaseException | None = None
         config = WorkerConfig(
             queues=queues, concurrency=concurrency, max_jobs=max_jobs, prefetch=0, poll_only=True,
             poll_interval=_POLL_SECONDS, shutdown_timeout=_SHUTDOWN_SECONDS, schema=client.store.schema,
             worker_id=f"miniqueue-testing:{secrets.token_hex(4)}",
         )  # fmt: skip
-        hooks = WorkerHooks(on_job_end=self._record)
+        hooks = WorkerHooks(on_job_start=self._started, on_job_end=self._record)
         self.worker = Worker(_app_for_run(app, retries, timeout), _dsn_of(client), config, hooks=hooks)
         paused = {name for name, is_paused in client.list_queues().items() if is_paused}
         self.queues = set(self.worker.queues) - paused
@@ -211,8 +213,21 @@ class _Run:
             raise self.failure
         result = self._result(stopped_by)
         if stopped_by == "timeout":
-            raise RunTimeout(f"run_jobs: jobs still due or running after {self.timeout:g}s\n{result}", result)
+            raise RunTimeout(f"run_jobs: jobs still due or running after {self.timeout:g}s{self._stuck()}\n{result}",
+                             result)  # fmt: skip
         return result
+
+    def _stuck(self) -> str:
+        """The handlers still running at a timeout, one line each."""
+        now = time.monotonic()
+        return "".join(
+            f"\n  job {job.id} {job.task} attempt {job.attempt}: its handler is still running after "
+            f"{now - started:.1f}s (told to stop; its thread is left to end with it or with the process)"
+            for job, started in sorted(self.started.values(), key=lambda item: item[1])
+        )
+
+    def _started(self, job: Job) -> None:
+        self.started[job.id] = (job, time.monotonic())
 
     def _work(self) -> None:
         try:
@@ -222,6 +237,7 @@ class _Run:
 
     def _record(self, job: Job, outcome: Outcome) -> None:
         """The worker's hook, called once an outcome is recorded in the database."""
+        self.started.pop(job.id, None)
         self.runs.append(JobRun(job.id, job.task, job.queue, job.attempt, outcome.kind, outcome.error,
                                 outcome.delay, outcome.duration))  # fmt: skip
 
