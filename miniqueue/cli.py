@@ -254,9 +254,8 @@ def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
             )
         )
     for q in queues:
-        waiting = q.counts[State.AVAILABLE] + q.counts[State.WAITING]
-        if not q.served and waiting:
-            click.echo(f"note: no worker has ever served queue {q.queue!r}, where {waiting} job(s) wait "
+        if q.stranded:
+            click.echo(f"note: no worker has ever served queue {q.queue!r}, where {q.stranded} job(s) wait "
                        "(see the README's \"Tasks and their options\")", err=True)  # fmt: skip
 
 

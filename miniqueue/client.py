@@ -505,9 +505,10 @@ class Client(BaseClient):
         """Job counts by queue and state."""
         return self._run(self.store.counts_steps())
 
-    def queue_stats(self) -> list[QueueStats]:
-        """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases."""
-        return self._run(self._queue_stats_steps())
+    def queue_stats(self, *, conn: Connection | None = None) -> list[QueueStats]:
+        """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired
+        leases, and whether any worker has ever served it."""
+        return self._run(self._queue_stats_steps(), conn)
 
     def recount(self) -> None:
         """Recount finished jobs from the jobs table, repairing counts that drifted (see the

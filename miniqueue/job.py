@@ -197,6 +197,12 @@ class QueueStats:
     #: waiting for nobody: see the README's "Tasks and their options").
     served: bool = True
 
+    @property
+    def stranded(self) -> int:
+        """How many jobs wait (available, or for their parents) in a queue no worker has ever
+        served: 0 for a served queue."""
+        return 0 if self.served else self.counts[State.AVAILABLE] + self.counts[State.WAITING]
+
 
 @dataclass(frozen=True)
 class ProcessInfo:

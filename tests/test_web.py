@@ -19,7 +19,7 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp
 
-from miniqueue import App, Client, ConfigError, State
+from miniqueue import App, Client, ConfigError, JobSpec, State
 from miniqueue.db import Connection
 from miniqueue.job import ProcessInfo
 from miniqueue.store import Store
@@ -125,6 +125,27 @@ def test_overview_shows_counts_oldest_wait_throughput_and_paused_queues(
     assert "/jobs?queue=emails&amp;state=dead" in emails
     fragment = web.get("/?partial=1").text
     assert "<html" not in fragment and "Finished per minute" in fragment
+
+
+def test_overview_marks_a_queue_where_jobs_wait_that_no_worker_has_served(
+    web: TestClient, client: Client, store: Store, conn: Connection
+) -> None:
+    client.enqueue_many([JobSpec("send_email", queue="emails"), JobSpec("send_email", queue="emails", delay=60)])
+    client.enqueue("build_report", queue="reports")
+    store.publish_tasks(conn, [], ["reports"])  # what a worker serving "reports" records as it starts
+    completed_job(client, store, conn, queue="archive")  # no worker either, but nothing waits there
+
+    def row_of(html: str, queue: str) -> str:
+        return html[html.index(f">{queue}</a>") :].split("</tr>")[0]
+
+    for html in (web.get("/").text, web.get("/?partial=1").text):
+        assert 'class="badge unserved"' in row_of(html, "emails")
+        assert "unserved" not in row_of(html, "reports") and "unserved" not in row_of(html, "archive")
+        assert re.findall(r"No worker has ever served queue <strong>(\w+)</strong>, where (\d+) job", html) == [
+            ("emails", "2")
+        ]
+    store.publish_tasks(conn, [], ["emails"])
+    assert "unserved" not in web.get("/").text
 
 
 def test_jobs_filter_by_state_queue_task_payload_and_time(
@@ -484,7 +505,12 @@ def test_basic_auth_from_the_environment(
         web.auth = ("alice", "s3cret:with:colons")
         assert web.get("/").status_code == 200
         assert post(web, f"/jobs/{job_id}/requeue").status_code == 303
-    assert audit_lines(caplog) == [f"user=alice@testclient action=requeue ids={job_id} count=1 outcome=ok"]
+    assert audit_lines(caplog) == [
+        "user=alice@testclient action=login failures=1 outcome=failed",
+        "user=?@testclient action=login failures=2 outcome=failed",
+        "user=alice@testclient action=login failures=2 outcome=ok",
+        f"user=alice@testclient action=requeue ids={job_id} count=1 outcome=ok",
+    ]
 
 
 def test_basic_auth_needs_both_variables(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:

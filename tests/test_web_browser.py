@@ -118,6 +118,7 @@ def seed(client: Client, store: Store, conn: Connection) -> list[int]:
              for i in range(260)]  # fmt: skip
     specs += [JobSpec("build_report", {"month": i % 12 + 1}, queue="reports") for i in range(90)]
     client.enqueue_many(specs)
+    store.publish_tasks(conn, [], ["emails", "reports", "images"])  # as the app's workers do when they start
     for queue, n in [("emails", 252), ("reports", 86)]:
         leases = store.claim(conn, [queue], WORKER_ID, 30, n)
         store.complete_many(conn, WORKER_ID, [(lease.id, lease.attempt) for lease in leases])

@@ -5,6 +5,7 @@ command, a real process."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from miniqueue import Client, ConfigError
 from miniqueue.db import Connection
 from miniqueue.store import Store
 from miniqueue.web import create_app
+from miniqueue.web.logins import FREE_FAILURES, LOGIN_IDLE, LoginThrottle, client_key
 from miniqueue.web.security import LOCAL_HOSTS
 from miniqueue.web.server import check_bind, served_hosts
 
@@ -200,3 +202,119 @@ def test_miniqueue_web_answers_for_its_allowed_hosts_only(web_process: WebProces
     assert wait_until(lambda: status("dash.example:8080"), timeout=20, what="miniqueue web to answer") == 200
     assert status("127.0.0.1") == status(f"localhost:{port}") == 200
     assert status(EVIL) == 400
+
+
+# -- logins -----------------------------------------------------------------------------------------
+
+AUDIT = "miniqueue.web.audit"
+
+
+@pytest.fixture
+def basic_auth(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINIQUEUE_WEB_USER", "alice")
+    monkeypatch.setenv("MINIQUEUE_WEB_PASSWORD", PASSWORD)
+
+
+def login_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == AUDIT]
+
+
+@pytest.mark.usefixtures("basic_auth")
+def test_logins_and_failed_logins_are_audited_without_the_password(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=AUDIT)
+    with TestClient(create_app(client), base_url="http://localhost", client=("10.0.0.7", 50000)) as web:
+        assert web.get("/jobs").status_code == 401  # a browser's first request: no credentials, no attempt
+        assert web.get("/jobs", auth=("mallory\nuser=alice", PASSWORD + "x")).status_code == 401
+        assert web.get("/jobs", auth=("alice", "guess")).status_code == 401
+        web.auth = ("alice", PASSWORD)
+        assert web.get("/jobs").status_code == 200
+        assert web.get("/jobs?partial=1").status_code == 200  # the same login: no second line
+    assert login_lines(caplog) == [
+        ("WARNING", "user=mallory\\nuser=alice@10.0.0.7 action=login failures=1 outcome=failed"),
+        ("WARNING", "user=alice@10.0.0.7 action=login failures=2 outcome=failed"),
+        ("INFO", "user=alice@10.0.0.7 action=login failures=2 outcome=ok"),
+    ]
+    assert PASSWORD not in caplog.text and "guess" not in caplog.text
+    records = [r for r in caplog.records if r.name == AUDIT]
+    assert records[-1].audit == {  # type: ignore[attr-defined]
+        "user": "alice@10.0.0.7", "action": "login", "failures": 2, "outcome": "ok", "retry_after": 0,
+    }  # fmt: skip
+
+
+@pytest.mark.usefixtures("basic_auth")
+def test_repeated_failed_logins_are_answered_429_with_retry_after(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=AUDIT)
+    app = create_app(client)
+    attacker = TestClient(app, base_url="http://localhost", client=("203.0.113.9", 50000))
+    neighbour = TestClient(app, base_url="http://localhost", client=("203.0.113.10", 50000))
+    statuses = [attacker.get("/jobs", auth=("alice", f"guess-{n}")).status_code for n in range(FREE_FAILURES)]
+    assert statuses == [401] * FREE_FAILURES
+    # The next attempt is refused before its credentials are checked, even the right ones.
+    refused = attacker.get("/jobs", auth=("alice", PASSWORD))
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert "too many failed logins" in refused.text
+    assert neighbour.get("/jobs", auth=("alice", PASSWORD)).status_code == 200  # per client address
+    assert login_lines(caplog)[FREE_FAILURES - 1] == (
+        "WARNING", f"user=alice@203.0.113.9 action=login failures={FREE_FAILURES} outcome=failed retry_after=1"
+    )  # fmt: skip
+
+
+@pytest.mark.usefixtures("basic_auth")
+def test_a_login_clears_the_failures_of_its_address(client: Client) -> None:
+    with TestClient(create_app(client), base_url="http://localhost") as web:
+        for _ in range(2):
+            for _ in range(FREE_FAILURES - 1):
+                assert web.get("/jobs", auth=("alice", "wrong")).status_code == 401
+            assert web.get("/jobs", auth=("alice", PASSWORD)).status_code == 200
+        for _ in range(FREE_FAILURES):
+            assert web.get("/jobs", auth=("alice", "wrong")).status_code == 401
+        assert web.get("/jobs", auth=("alice", PASSWORD)).status_code == 429
+
+
+def test_a_custom_auth_is_not_throttled(client: Client) -> None:
+    """Its rejections need not be guesses (no session yet): the app that logs users in owns that."""
+    with TestClient(create_app(client, auth=lambda request: False), base_url="http://localhost") as web:
+        statuses = {web.get("/jobs", headers={"Authorization": "Bearer x"}).status_code for _ in range(10)}
+    assert statuses == {401}
+
+
+def test_the_wait_doubles_after_each_failure_up_to_a_cap_and_a_login_clears_it() -> None:
+    throttle = LoginThrottle(free_failures=3, first_wait=1.0, max_wait=10.0)
+    now = 1000.0
+    assert [throttle.failed("10.0.0.1", now) for _ in range(3)] == [(1, 0.0), (2, 0.0), (3, 1.0)]
+    assert throttle.retry_after("10.0.0.1", now + 0.25) == 0.75
+    assert throttle.retry_after("10.0.0.2", now) == 0.0
+    waits = []
+    for _ in range(5):
+        now += throttle.retry_after("10.0.0.1", now)  # each attempt once the last wait is over
+        waits.append(throttle.failed("10.0.0.1", now)[1])
+    assert waits == [2.0, 4.0, 8.0, 10.0, 10.0]
+    assert throttle.admitted("10.0.0.1", "alice", now + 10) == (True, 8)
+    assert throttle.retry_after("10.0.0.1", now + 10) == 0.0
+    assert throttle.failed("10.0.0.1", now + 10) == (1, 0.0)
+
+
+def test_a_login_is_the_first_admission_of_a_user_at_an_address_or_after_a_pause() -> None:
+    throttle = LoginThrottle()
+    assert throttle.admitted("10.0.0.1", "alice", 0.0) == (True, 0)
+    assert throttle.admitted("10.0.0.1", "alice", 2.0) == (False, 0)  # the page polling
+    assert throttle.admitted("10.0.0.1", "bob", 4.0) == (True, 0)
+    assert throttle.admitted("10.0.0.1", "bob", 4.0 + LOGIN_IDLE) == (True, 0)
+
+
+def test_ipv6_addresses_count_per_64_and_few_addresses_are_kept() -> None:
+    throttle = LoginThrottle(free_failures=1, max_addresses=3)
+    throttle.failed("2001:db8:1:2::a", 0.0)
+    assert throttle.retry_after("2001:db8:1:2:ffff::1", 0.0) == 1.0  # another host of the same /64
+    assert throttle.retry_after("2001:db8:1:3::a", 0.0) == 0.0
+    throttle.failed("::ffff:192.0.2.1", 0.0)
+    assert throttle.retry_after("192.0.2.1", 0.0) == 1.0  # an IPv4 client seen through an IPv6 socket
+    for n in range(2, 5):
+        throttle.failed(f"192.0.2.{n}", 0.0)
+    assert throttle.tracked == 3  # the least recently seen are forgotten
+    assert throttle.retry_after("2001:db8:1:2::a", 0.0) == throttle.retry_after("192.0.2.1", 0.0) == 0.0
+    assert client_key("testclient") == "testclient"

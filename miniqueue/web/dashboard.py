@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,10 +18,9 @@ from ..client import Client
 from ..db import Connection
 from ..store import Store
 from . import present
-from .security import actor, csrf_token
+from .security import actor, audit_log, csrf_token, printable
 
 T = TypeVar("T")
-audit_log = logging.getLogger("miniqueue.web.audit")
 HERE = Path(__file__).resolve().parent
 MAX_AUDIT_IDS = 50
 
@@ -117,17 +115,13 @@ class Dashboard:
             target = f"ids={shown}{more}" + (f" {target}" if target else "")
         # The filter and the user name come from the request: escape line breaks and other
         # control characters, so that no input can forge a second audit line.
-        who, target, outcome = _printable(who), _printable(target), _printable(outcome)
+        who, target, outcome = printable(who), printable(target), printable(outcome)
         audit_log.info(
             "user=%s action=%s %s count=%d outcome=%s", who, action, target, count, outcome,
             extra={"audit": {"user": who, "action": action, "target": target, "count": count,
                              "ids": id_list[:MAX_AUDIT_IDS] if id_list is not None else None,
                              "outcome": outcome}},
         )  # fmt: skip
-
-
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _live_url(request: Request) -> str:

@@ -65,9 +65,9 @@ class Pages:
         self.dash = dash
 
     async def overview(self, request: Request) -> Response:
-        def load(_: Client, store: Store, conn: Connection) -> dict[str, object]:
+        def load(client: Client, store: Store, conn: Connection) -> dict[str, object]:
             now = store.now(conn)
-            stats = store.queue_stats(conn)
+            stats = client.queue_stats(conn=conn)  # as `miniqueue stats`: with the queues no worker serves
             chart = present.throughput_chart(store.throughput(conn), now)
             paused = set(store.paused_queues(conn))
             return {"now": now, "stats": stats, "paused": paused, "chart": chart, "totals": _totals(stats)}

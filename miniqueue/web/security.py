@@ -5,7 +5,9 @@ script), :class:`AllowedHostsMiddleware` (only the hosts it serves, against DNS 
 :class:`AuthMiddleware` (HTTP Basic from the environment, or the user's ``auth(request)``
 callable), :class:`ReadOnlyMiddleware` (every non-GET refused) and :class:`CsrfMiddleware`
 (every POST must carry the token of a signed double-submit cookie).
-Being middlewares, they guard every route, including ones added later.
+Being middlewares, they guard every route, including ones added later. With Basic auth,
+:class:`AuthMiddleware` also writes an audit line for each login and each failed one, and
+answers 429 to a client address that failed too often (see :mod:`miniqueue.web.logins`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import binascii
 import hashlib
 import hmac
 import inspect
+import logging
+import math
 import os
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from urllib.parse import parse_qs
 
@@ -27,8 +32,10 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError
+from .logins import LoginThrottle
 
 Auth = Callable[[Request], "bool | Awaitable[bool]"]
+audit_log = logging.getLogger("miniqueue.web.audit")
 
 USER_ENV, PASSWORD_ENV, SECRET_ENV = "MINIQUEUE_WEB_USER", "MINIQUEUE_WEB_PASSWORD", "MINIQUEUE_WEB_SECRET"
 CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER = "miniqueue_csrf", "csrf_token", "x-csrf-token"
@@ -38,6 +45,8 @@ MAX_FORM_BYTES = 1024 * 1024
 #: The names a dashboard on this machine is reached by when nobody names others.
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 ANY_HOST = "*"
+#: How much of a user name a failed login's audit line shows.
+MAX_LOGGED_USER = 100
 # [IPv6 literal] or a name or IPv4 address, then an optional port that may be empty (RFC 3986 3.2).
 _HOST_HEADER = re.compile(r"(?:\[([0-9a-z:.%]+)\]|([a-z0-9._~%!$&'()*+,;=-]+))(?::([0-9]*))?", re.IGNORECASE)
 
@@ -51,18 +60,27 @@ class BasicAuth:
         self._user, self._password = user.encode(), password.encode()
 
     def __call__(self, request: Request) -> bool:
-        scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "basic":
+        credentials = basic_credentials(request)
+        if credentials is None:
             return False
-        try:
-            user, sep, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
+        user, password = credentials
         # Both comparisons always run, so the time taken does not tell which part was wrong.
         ok = hmac.compare_digest(user.encode(), self._user) & hmac.compare_digest(password.encode(), self._password)
-        if ok and sep:
+        if ok:
             request.state.miniqueue_user = user
-        return bool(ok and sep)
+        return bool(ok)
+
+
+def basic_credentials(request: HTTPConnection) -> tuple[str, str] | None:
+    """The user name and password of the request's Basic ``Authorization`` header, if it has a readable one."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
 
 
 def auth_from_env(environ: Mapping[str, str] = os.environ) -> BasicAuth | None:
@@ -79,8 +97,18 @@ def auth_from_env(environ: Mapping[str, str] = os.environ) -> BasicAuth | None:
 def actor(request: HTTPConnection) -> str:
     """Who is acting, for audit lines: the authenticated user (or ``anonymous``) at the client address."""
     user = request.scope.get("state", {}).get(USER_STATE) or "anonymous"
-    host = request.client.host if request.client else "unknown"
-    return f"{user}@{host}"
+    return f"{user}@{client_address(request)}"
+
+
+def client_address(request: HTTPConnection) -> str:
+    """The address the request came from (as the server saw it: a proxy's unless it passes the client's)."""
+    return request.client.host if request.client else "unknown"
+
+
+def printable(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped, so that no input can
+    forge a second log line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def csrf_token(request: HTTPConnection) -> str:
@@ -175,25 +203,68 @@ class AuthMiddleware:
 
     ``auth`` may be async. To name the user in audit lines, it may set
     ``request.state.miniqueue_user``.
+
+    With a ``throttle`` (for Basic auth, whose every request carries a password), each login and
+    each request with rejected credentials writes an audit line, and a client address that has
+    failed too often gets 429 with ``Retry-After``, its credentials unchecked, until its wait is over.
     """
 
-    def __init__(self, app: ASGIApp, auth: Auth) -> None:
-        self.app, self.auth = app, auth
+    def __init__(self, app: ASGIApp, auth: Auth, throttle: LoginThrottle | None = None) -> None:
+        self.app, self.auth, self.throttle = app, auth, throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         scope.setdefault("state", {})
-        verdict = self.auth(Request(scope))
+        request = Request(scope)
+        address = client_address(request)
+        wait = self.throttle.retry_after(address, time.monotonic()) if self.throttle is not None else 0.0
+        if wait > 0:
+            seconds = str(math.ceil(wait))
+            message = f"too many failed logins from this address: retry in {seconds} s"
+            await PlainTextResponse(message, 429, {"Retry-After": seconds})(scope, receive, send)
+            return
+        verdict = self.auth(request)
         if inspect.isawaitable(verdict):
             verdict = await verdict
         if verdict is True:
+            if self.throttle is not None:
+                _admitted(self.throttle, request, address)
             await self.app(scope, receive, send)
             return
+        if self.throttle is not None and "authorization" in request.headers:  # without, a browser has not asked yet
+            _failed(self.throttle, request, address)
         challenge = getattr(self.auth, "challenge", None)
         headers = {"WWW-Authenticate": challenge} if challenge else None
         await PlainTextResponse("authentication required", 401, headers)(scope, receive, send)
+
+
+def _admitted(throttle: LoginThrottle, request: Request, address: str) -> None:
+    user = str(request.scope["state"].get(USER_STATE) or "anonymous")
+    new, cleared = throttle.admitted(address, user, time.monotonic())
+    if new:
+        _audit_login(printable(user), address, cleared, "ok")
+
+
+def _failed(throttle: LoginThrottle, request: Request, address: str) -> None:
+    credentials = basic_credentials(request)  # the password stays out of every line
+    tried = printable(credentials[0][:MAX_LOGGED_USER]) if credentials else "?"
+    failures, wait = throttle.failed(address, time.monotonic())
+    _audit_login(tried, address, failures, "failed", math.ceil(wait))
+
+
+def _audit_login(user: str, address: str, failures: int, outcome: str, retry_after: int = 0) -> None:
+    """The audit line of a login (INFO) or a failed one (WARNING). ``failures``: those in a row
+    that a login cleared, or that a failed one makes; ``retry_after``: the wait it imposes."""
+    who = f"{user}@{printable(address)}"
+    wait = f" retry_after={retry_after}" if retry_after else ""
+    audit_log.log(
+        logging.INFO if outcome == "ok" else logging.WARNING,
+        "user=%s action=login failures=%d outcome=%s%s", who, failures, outcome, wait,
+        extra={"audit": {"user": who, "action": "login", "failures": failures, "outcome": outcome,
+                         "retry_after": retry_after}},
+    )  # fmt: skip
 
 
 class ReadOnlyMiddleware:

@@ -30,6 +30,7 @@ from ..errors import (
 from ..logs import configure_logging
 from .actions import Actions
 from .dashboard import HERE, Dashboard, Database
+from .logins import LoginThrottle
 from .pages import Pages
 from .present import Redact
 from .security import (
@@ -37,6 +38,7 @@ from .security import (
     AllowedHostsMiddleware,
     Auth,
     AuthMiddleware,
+    BasicAuth,
     CsrfMiddleware,
     ReadOnlyMiddleware,
     SecurityHeadersMiddleware,
@@ -68,7 +70,8 @@ def create_app(
     ``dsn_or_client``: a DSN (the dashboard opens its own small pool on first request) or your
     :class:`~miniqueue.Client`. ``auth(request) -> bool`` (may be async) admits a request;
     without it, HTTP Basic auth applies when MINIQUEUE_WEB_USER and MINIQUEUE_WEB_PASSWORD are
-    set, else no authentication. ``read_only`` hides every action and refuses every POST (403).
+    set (each login and failed login is an audit line, and an address that failed too often is
+    answered 429 for a while), else no authentication. ``read_only`` hides every action and refuses every POST (403).
     ``redact(payload) -> payload`` is applied to every payload shown. ``app`` (your App) lists
     its schedules and queues and enables "run now". ``secret`` signs the CSRF cookie (default:
     MINIQUEUE_WEB_SECRET, else random per process, which is fine for one server process).
@@ -81,7 +84,9 @@ def create_app(
     checker = auth if auth is not None else auth_from_env()
     middleware = [Middleware(SecurityHeadersMiddleware), Middleware(AllowedHostsMiddleware, hosts=hosts)]
     if checker:
-        middleware.append(Middleware(AuthMiddleware, auth=checker))
+        # Basic auth checks a password on every request: log logins and slow down guessing.
+        throttle = LoginThrottle() if isinstance(checker, BasicAuth) else None
+        middleware.append(Middleware(AuthMiddleware, auth=checker, throttle=throttle))
     if read_only:
         middleware.append(Middleware(ReadOnlyMiddleware))
     middleware.append(Middleware(CsrfMiddleware, secret=csrf_secret(secret)))
