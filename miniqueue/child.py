@@ -22,7 +22,7 @@ from . import reports
 from .app import App, load_app
 from .context import Job
 from .db import Connection, connect
-from .errors import MiniqueueError
+from .errors import DatabaseUnavailable, MiniqueueError
 from .inflight import InflightBoard
 from .process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_title
 from .reaper import Reaper, ReaperConfig
@@ -113,6 +113,8 @@ def _run_worker(spec: ChildSpec) -> int:
     _install_stop_signals(worker.stop, board)
     _start_reporter(spec, worker.stop, beat=lambda: progress.beat(worker.listening), tick=progress.tick)
     progress.retitle()
+    with contextlib.suppress(DatabaseUnavailable):  # else the worker retries as it runs
+        worker.publish()
     reports.write(spec.report_fd, [reports.Ready(worker.worker_id)])
     worker.run()
     board.stop_requested()  # also when it stopped itself (max_jobs): handlers left running were not a crash

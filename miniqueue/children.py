@@ -38,6 +38,9 @@ class Child:
     #: Why we killed it or made it leave in a way that charges the job it ran (a hard timeout,
     #: silence, the memory ceiling): that job may be what went wrong.
     kill_reason: str | None = None
+    #: The one job a kill was on account of (a hard timeout), when there is one: only that job is
+    #: charged; its neighbours in the process were interrupted by a stop we chose, uncharged.
+    killed_for: int | None = None
     error: str | None = None
     jobs: dict[int, RunningJob] = field(default_factory=dict)
     listening: bool | None = None  # the worker's LISTEN connection, as last reported

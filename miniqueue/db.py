@@ -384,6 +384,10 @@ class translate_errors:  # lower case: it reads as the function it replaced, `wi
             # that were not UTF-8, say) fails there, before the statement reaches the server.
             bad = exc.object[exc.start : exc.end]
             raise InvalidInput(f"text containing {bad!r} is invalid: a lone surrogate is not valid Unicode") from exc
+        if isinstance(exc, psycopg.OperationalError) and (exc.sqlstate or "").startswith("54"):
+            # A program limit (a value or statement too large for the server): the connection
+            # is fine and the same statement would fail again, so never "database unavailable".
+            raise InvalidInput(f"the database refused the statement: {_first_line(exc)}") from exc
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             detail = _first_line(exc)
             if self.dsn:

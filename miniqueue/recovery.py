@@ -31,13 +31,15 @@ def release_leases(dsn: str, store: Store, child: Child, how: str) -> None:
     child.board.close()
     charged = bool(child.kill_reason) or not asked
     died = child.kill_reason or f"worker process died: {how.removeprefix('killed by ')}"
+    # A kill on one job's account (its hard timeout) charges that job only.
+    culprits = set(running) if child.killed_for is None else {child.killed_for} & set(running)
     try:
         with connect(dsn, purpose="supervisor", schema=store.schema, connect_timeout=5) as conn:
             held = store.leases_of(conn, child.worker_id)
             # No backoff given: the task's, as its workers published it (the supervisor has no app).
-            failures = [Failure(i, a, f"{died} (pid {child.pid})") for i, a in held if charged and i in running]
+            failures = [Failure(i, a, f"{died} (pid {child.pid})") for i, a in held if charged and i in culprits]
             releases = [Release(i, a, _note(child, running.get(i), died, charged))
-                        for i, a in held if not (charged and i in running)]  # fmt: skip
+                        for i, a in held if not (charged and i in culprits)]  # fmt: skip
             states = store.record_failures(conn, child.worker_id, failures)
             released = store.release(conn, child.worker_id, releases)
     except MiniqueueError as exc:
@@ -54,6 +56,8 @@ def release_leases(dsn: str, store: Store, child: Child, how: str) -> None:
 
 def _note(child: Child, run: tuple[int, float] | None, died: str, charged: bool) -> str:
     """The history entry of a job handed back uncharged."""
+    if charged and run is not None:  # a neighbour of the job a kill was for
+        return f"interrupted after {run[1]:.1f}s: {died} (pid {child.pid}); attempt not charged"
     if charged:
         return f"handed back: {died} (pid {child.pid}) while this job was not running; attempt not charged"
     ran = f" after {run[1]:.1f}s" if run else ""

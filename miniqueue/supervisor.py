@@ -218,8 +218,10 @@ class Supervisor:
         self.stopping = mode
         self.notifier.send("STOPPING=1", f"STATUS=stopping ({mode})")
         self.restart_at.clear()
-        for child in self.children.values():
-            child.stop_reason = child.stop_reason or f"the supervisor was asked to stop ({mode})"
+        graceful = "the supervisor was asked to stop (graceful)"
+        for child in self.children.values():  # a second Ctrl-C turns a graceful stop into a fast one
+            if child.stop_reason in (None, graceful):
+                child.stop_reason = f"the supervisor was asked to stop ({mode})"
         if mode == "graceful":
             self.stop_deadline = time.monotonic() + self.config.worker.shutdown_timeout + 5.0
             self.signal_children(signal.SIGTERM)
@@ -408,7 +410,7 @@ class Supervisor:
             for job_id, job in child.jobs.items():
                 if job.timeout is not None and now - job.started > job.timeout + self.config.timeout_grace:
                     self.murder(child, f"worker process killed: job {job_id} ({job.task}) exceeded its "
-                                       f"{job.timeout:g}s timeout")  # fmt: skip
+                                       f"{job.timeout:g}s timeout", killed_for=job_id)  # fmt: skip
                     break
             else:
                 self.check_memory(child)
@@ -424,9 +426,11 @@ class Supervisor:
         if rss_mb > limit:
             self.retire(child, f"RSS {rss_mb:.0f} MB is over --max-memory-per-child {limit:g} MB", charge=True)
 
-    def murder(self, child: Child, reason: str) -> None:
+    def murder(self, child: Child, reason: str, *, killed_for: int | None = None) -> None:
+        """SIGKILL ``child``: the jobs its handlers ran are charged, or only ``killed_for`` when
+        the kill is on that one job's account."""
         log.warning("killing %s (pid %d): %s", child.slot, child.pid, reason)
-        child.kill_reason = reason
+        child.kill_reason, child.killed_for = reason, killed_for
         child.retiring = False  # a memory retirement that turned into a kill: charged either way
         self.kill(child.pid, signal.SIGKILL)
 

@@ -481,6 +481,13 @@ class Worker:
             if remaining <= 0 or self._wake.wait(min(remaining, 0.2)):
                 return
 
+    def publish(self) -> None:
+        """Open the claim connection, publishing the app's task declarations (see the README's
+        "Tasks and their options"), as :meth:`run` does at its first claim: a supervised worker
+        does it before it reports ready, so jobs enqueued once the supervisor is ready take
+        their tasks' options. Raises DatabaseUnavailable if the database cannot be reached."""
+        self._connection()
+
     def _connection(self) -> Connection:
         if self._conn is None:
             self._conn = connect(self.dsn, purpose="worker", schema=self.config.schema)
@@ -714,7 +721,8 @@ class Worker:
         abandoned = self._slots.running_jobs()
         for job in abandoned:
             job.request_stop("shutdown")
-        log.warning("worker %s: shutdown timeout: abandoning %d running job(s) %s to lease expiry",
+        log.warning("worker %s: shutdown timeout: abandoning %d running job(s) %s: each stays leased until "
+                    "the supervisor hands it back as this process exits (when supervised) or its lease expires",
                     self.worker_id, len(abandoned), [job.id for job in abandoned])  # fmt: skip
 
     # -- heartbeat callbacks (heartbeat thread) ------------------------------------------------

@@ -507,3 +507,28 @@ def test_a_crash_charges_every_coroutine_that_was_running(
     wait_until(lambda: all(row(conn, i)["errors"] for i in ids), timeout=15, what="all three returned")
     notes = [row(conn, i)["errors"][0]["error"] for i in ids]
     assert all(note == f"worker process died: SIGKILL (pid {pid})" for note in notes), notes
+
+
+def test_a_kill_for_one_coroutines_hard_timeout_charges_that_job_only(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
+    """The kill was ours, on one job's account: its neighbours on the event loop go back
+    uncharged, as any job interrupted by a stop we asked for."""
+    sup = supervise("--concurrency", "5", workers=1)
+    sup.wait_ready(1)
+    with conn.transaction():
+        naps = [client.enqueue("nap", {"sleep_on": [1], "seconds": 30}, conn=conn).id for _ in range(3)]
+        deaf = client.enqueue("deaf", conn=conn).id
+    budget = {i: row(conn, i)["max_attempts"] for i in [*naps, deaf]}
+    wait_until(lambda: row(conn, deaf)["state"] == "completed", timeout=30, what="the deaf job's retry completed")
+    wait_until(lambda: all(row(conn, i)["state"] == "completed" for i in naps), timeout=30, what="neighbours done")
+    [killed] = row(conn, deaf)["errors"]
+    assert killed["error"].startswith(f"worker process killed: job {deaf} (deaf) exceeded its 0.5s timeout")
+    assert (row(conn, deaf)["attempt"], row(conn, deaf)["max_attempts"]) == (2, budget[deaf]), "one attempt charged"
+    for job_id in naps:
+        [note] = row(conn, job_id)["errors"]
+        assert note["error"].startswith("interrupted after ") and note["error"].endswith("attempt not charged")
+        assert f"job {deaf} (deaf) exceeded its 0.5s timeout" in note["error"]
+        assert (row(conn, job_id)["attempt"], row(conn, job_id)["max_attempts"]) == (2, budget[job_id] + 1), (
+            "no attempt charged"
+        )

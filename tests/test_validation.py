@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from miniqueue import Client, ConfigError, DatabaseUnavailable, InvalidInput, JobSpec
-from miniqueue.db import Connection, check_dsn, mask_dsn
+from miniqueue.db import Connection, check_dsn, mask_dsn, translate_errors
 from miniqueue.store import Store
 from miniqueue.validation import encode_payload
 
@@ -421,3 +421,13 @@ def test_a_lone_surrogate_in_a_batch_names_the_job_and_stores_nothing(
     with pytest.raises(InvalidInput, match=rf"^job {size - 3}: .*{re.escape(named)}"):
         client.enqueue_many(specs)
     assert count(conn) == 0
+
+
+def test_a_program_limit_is_refused_input_never_database_unavailable(conn: Connection) -> None:
+    """A statement the server refuses for its size (SQLSTATE class 54, such as an aggregate past
+    jsonb's limit) would fail again on any connection: it is not an outage to retry."""
+    too_many_arguments = "SELECT concat(" + ", ".join(["1"] * 101) + ")"
+    with pytest.raises(InvalidInput, match="the database refused the statement: cannot pass more than 100"):
+        with translate_errors():
+            conn.execute(too_many_arguments)
+    assert conn.execute("SELECT 1").fetchone() == (1,), "the connection is fine"

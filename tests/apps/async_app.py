@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -39,3 +40,12 @@ async def effect(job: Job) -> None:
     await record(job)
     async with job.atransaction() as conn:
         await conn.execute("INSERT INTO effects (job_id) VALUES (%s)", [job.id])
+
+
+@app.task("deaf", max_attempts=3, timeout=0.5)
+async def deaf(job: Job) -> None:
+    """Record, then on its first attempt swallow every cancellation: only a kill ends it."""
+    await record(job)
+    while job.attempt == 1:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(30)
