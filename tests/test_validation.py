@@ -427,7 +427,7 @@ def test_a_program_limit_is_refused_input_never_database_unavailable(conn: Conne
     """A statement the server refuses for its size (SQLSTATE class 54, such as an aggregate past
     jsonb's limit) would fail again on any connection: it is not an outage to retry."""
     too_many_arguments = "SELECT concat(" + ", ".join(["1"] * 101) + ")"
-    with pytest.raises(InvalidInput, match="the database refused the statement: cannot pass more than 100"):
-        with translate_errors():
-            conn.execute(too_many_arguments)
+    refused = "the database refused the statement: cannot pass more than 100"
+    with pytest.raises(InvalidInput, match=refused), translate_errors():
+        conn.execute(too_many_arguments)
     assert conn.execute("SELECT 1").fetchone() == (1,), "the connection is fine"
