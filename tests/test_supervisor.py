@@ -4,6 +4,7 @@ and killed for real."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
 
 from .helpers import count, row, wait_until
-from .supervised import Fleet, StartSupervisor
+from .supervised import Fleet, StartSupervisor, Supervised
 
 APP = "tests.apps.supervised:app"
 
@@ -137,6 +138,10 @@ def test_term_while_a_job_runs_completes_it_and_exits_0(
     assert row(conn, job_id)["attempt"] == 1
 
 
+def _saw_signals(sup: Supervised, count: int) -> bool:
+    return sup.proc.poll() is not None or sup.output().count("received SIG") >= count
+
+
 def interruptions(conn: Connection, job_id: int) -> list[str]:
     return [e["error"] for e in row(conn, job_id)["errors"] if e["error"].startswith("interrupted")]
 
@@ -156,8 +161,7 @@ def test_a_stop_interrupting_a_job_spends_no_attempt(
             os.killpg(sup.proc.pid, getattr(signal, name))  # as a terminal's Ctrl-C reaches the whole group
         # Two signals sent at once may arrive as one (the OS does not queue them): a person's second
         # Ctrl-C comes after the first was seen.
-        wait_until(lambda: sup.proc.poll() is not None or sup.output().count("received SIG") >= sent,
-                   what=f"the supervisor saw {name}")  # fmt: skip
+        wait_until(functools.partial(_saw_signals, sup, sent), what=f"the supervisor saw {name}")
     assert sup.proc.wait(20) == 0
     stored = row(conn, job_id)
     assert (stored["state"], stored["attempt"], stored["max_attempts"]) == ("available", 1, 2)
