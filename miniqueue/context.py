@@ -12,7 +12,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from .db import Connection
-from .job import Lease
+from .job import Lease, charged_attempts, describe_attempts
 from .validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result
 
 
@@ -72,6 +72,9 @@ class Job:
         self.payload: Any = lease.payload
         self.attempt: int = lease.attempt
         self.max_attempts: int = lease.max_attempts
+        #: The attempts this job may be charged (``max_attempts`` as it was enqueued or requeued):
+        #: ``attempt`` counts every run, charged or not (see :attr:`charged_attempts`).
+        self.attempt_budget: int = lease.max_attempts if lease.attempt_budget is None else lease.attempt_budget
         self.priority: int = lease.priority
         self.scheduled_at: dt.datetime = lease.scheduled_at
         self.created_at: dt.datetime = lease.created_at
@@ -102,7 +105,17 @@ class Job:
         self._trace: Any = None
 
     def __repr__(self) -> str:
-        return f"<Job {self.id} {self.task} attempt {self.attempt}/{self.max_attempts}>"
+        return f"<Job {self.id} {self.task} {self.describe_attempts()}>"
+
+    @property
+    def charged_attempts(self) -> int:
+        """The attempts charged so far against :attr:`attempt_budget`, this one included: runs
+        handed back uncharged (a stop, a prefetched job never started, a snooze) are not."""
+        return charged_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+
+    def describe_attempts(self) -> str:
+        """``attempt 2 of 5``, or ``attempt 2 of 5, 4 runs`` when some runs were not charged."""
+        return describe_attempts(self.attempt, self.max_attempts, self.attempt_budget)
 
     @property
     def parent_results(self) -> dict[int, Any]:

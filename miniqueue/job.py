@@ -140,6 +140,28 @@ class Lease(NamedTuple):
     parents: list[int] | None = None
     #: The enqueuing span's trace context (``{"traceparent": ...}``), None unless traced (miniqueue.tracing).
     trace_context: dict[str, str] | None = None
+    #: The attempts the job may be charged (see :func:`charged_attempts`); None: as ``max_attempts``.
+    attempt_budget: int | None = None
+
+
+def charged_attempts(attempt: int, max_attempts: int, budget: int) -> int:
+    """The attempts charged against a job's ``budget`` so far, a running one included.
+
+    ``attempt`` counts every run (it is the job's fencing token: it never repeats), but a run
+    handed back uncharged (a stop we asked for, a prefetched job never started, a snooze) moves
+    ``max_attempts`` up with it, and a requeue sets ``max_attempts`` to ``attempt + budget``:
+    so ``max_attempts - attempt`` is always the attempts left, and the budget less those is
+    what was charged."""
+    return max(0, budget - (max_attempts - attempt))
+
+
+def describe_attempts(attempt: int, max_attempts: int, budget: int) -> str:
+    """How far a job is through its attempts, as people read it: ``attempt 2 of 5``, with the
+    runs when they differ (``attempt 2 of 5, 4 runs``: runs handed back uncharged, and runs
+    before a requeue, are runs but not attempts)."""
+    charged = charged_attempts(attempt, max_attempts, budget)
+    runs = "" if attempt == charged else f", {attempt} run{'s' if attempt != 1 else ''}"
+    return f"attempt {charged} of {budget}{runs}"
 
 
 @dataclass(frozen=True)
@@ -170,6 +192,17 @@ class JobRecord:
     dependents: tuple[int, ...] = ()
     #: How many of its parents have not completed yet (while ``waiting``).
     pending_parents: int = 0
+    #: The attempts the job may be charged: its ``max_attempts`` as enqueued or last requeued.
+    attempt_budget: int = 0
+
+    @property
+    def charged_attempts(self) -> int:
+        """The attempts charged against :attr:`attempt_budget` (see :func:`charged_attempts`)."""
+        return charged_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+
+    def describe_attempts(self) -> str:
+        """``attempt 2 of 5``, or ``attempt 2 of 5, 4 runs`` (see :func:`describe_attempts`)."""
+        return describe_attempts(self.attempt, self.max_attempts, self.attempt_budget)
 
 
 @dataclass(frozen=True)

@@ -364,7 +364,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )"""
 
 # The room of a limit row `l` as of its latest version (the claim has it locked, or is about to):
@@ -565,7 +565,7 @@ UPDATE {jobs}
                            ELSE now() + make_interval(secs => {retry_delay}(task, attempt, %(base)s, %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
-                           leased_by, attempt, max_attempts),
+                           leased_by, attempt_budget - (max_attempts - attempt), attempt_budget),
        errors = {append}, lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(ARRAY(
         SELECT id FROM {jobs}
@@ -623,7 +623,7 @@ _STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[
 # One job, every column.
 _JOB_COLUMNS = """id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents"""
+       dependents, pending_parents, attempt_budget"""
 
 # What a job's result is, or why there is none.
 _RESULT = "SELECT state, result, last_error FROM {jobs} WHERE id = %(id)s"

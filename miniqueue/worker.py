@@ -775,9 +775,12 @@ def _log_outcome(job: Job, outcome: Outcome) -> None:
     traceback when the job fails for good; ERROR when its attempts are exhausted. JSON logs
     carry the same as fields (``job``)."""
     error = outcome.error or ""
-    fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempt,
-              "max_attempts": job.max_attempts, "outcome": outcome.kind, "error": error}  # fmt: skip
-    where = f"job {job.id} ({job.task} on {job.queue}) attempt {job.attempt}/{job.max_attempts}"
+    # attempt and max_attempts as people read them (charged, of the budget); run: the attempt
+    # number, which counts every run (see Job.describe_attempts).
+    fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.charged_attempts,
+              "max_attempts": job.attempt_budget, "run": job.attempt, "outcome": outcome.kind,
+              "error": error}  # fmt: skip
+    where = f"job {job.id} ({job.task} on {job.queue}) {job.describe_attempts()}"
     extra = {"job": fields}
     if outcome.kind == "retried":
         summary = error.strip().rsplit("\n", 1)[-1]

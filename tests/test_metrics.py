@@ -282,7 +282,8 @@ def test_json_logs_from_every_process_are_one_object_per_line(
     [dead] = [e for e in entries if e.get("job", {}).get("job_id") == failed]
     assert dead["level"] == "ERROR" and dead["process"] in ("worker-1", "worker-2")
     assert {k: v for k, v in dead["job"].items() if k != "error"} == {
-        "job_id": failed, "task": "boom", "queue": "flaky", "attempt": 1, "max_attempts": 1, "outcome": "dead"}
+        "job_id": failed, "task": "boom", "queue": "flaky", "attempt": 1, "max_attempts": 1, "run": 1,
+        "outcome": "dead"}
     assert "Traceback" in dead["job"]["error"] and dead["job"]["error"] in dead["message"]
     assert messages[-1] == "supervisor stopped"
 

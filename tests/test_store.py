@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from miniqueue import Client, InvalidInput, InvalidTransition, JobNotFound, JobSpec, LeaseLost, State
+from miniqueue.context import Job
 from miniqueue.db import Connection, connect
 from miniqueue.job import Lease, QueueCount
-from miniqueue.store import Failure, Store
+from miniqueue.store import Failure, Release, Store
 from miniqueue.validation import validate
 
 from .helpers import count, expire_lease, make_due, row
@@ -816,3 +817,29 @@ def test_copy_many_refuses_jobs_it_cannot_store_faithfully(store: Store, conn: C
     assert [row(conn, r.id)["scheduled_at"] - row(conn, r.id)["created_at"] for r in stored] == [
         dt.timedelta(0), dt.timedelta(seconds=60)
     ]  # fmt: skip
+
+
+def test_attempts_read_as_charged_of_the_budget_never_as_the_fencing_token(store: Store, conn: Connection) -> None:
+    """``attempt`` moves on with every run (it fences), but runs handed back uncharged and runs
+    before a requeue are not attempts: what people read is charged of budget, and the runs."""
+    job_id = enqueue(store, conn, max_attempts=3)
+    for _ in range(3):  # three runs handed back unstarted: no attempt charged
+        lease = claim_one(store, conn, W1)
+        store.release(conn, W1, [Release(job_id, lease.attempt, "handed back")])
+    assert store.get(conn, job_id).describe_attempts() == "attempt 0 of 3, 3 runs"
+    lease = claim_one(store, conn, W1)
+    job = Job(lease, worker_id=W1)
+    assert (job.attempt, job.charged_attempts, job.attempt_budget) == (4, 1, 3)
+    assert repr(job) == f"<Job {job_id} task attempt 1 of 3, 4 runs>"
+    store.record_failure(conn, job_id, W1, lease.attempt, "boom", 0)
+    record = store.get(conn, job_id)
+    assert (record.charged_attempts, record.attempt_budget) == (1, 3)
+    run_to_dead_letter(store, conn, job_id)
+    assert store.get(conn, job_id).describe_attempts() == "attempt 3 of 3, 6 runs"
+    store.requeue(conn, [job_id])  # a fresh budget: the count starts again, the runs go on
+    assert store.get(conn, job_id).describe_attempts() == "attempt 0 of 3, 6 runs"
+    assert claim_one(store, conn, W1).attempt == 7
+    assert store.get(conn, job_id).describe_attempts() == "attempt 1 of 3, 7 runs"
+    fresh = enqueue(store, conn)
+    claim_one(store, conn, W1)
+    assert store.get(conn, fresh).describe_attempts() == "attempt 1 of 5"

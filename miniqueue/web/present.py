@@ -69,10 +69,10 @@ def timeline(job: JobRecord) -> list[Event]:
 
 def _finish_detail(job: JobRecord) -> str:
     if job.state is State.DEAD:
-        return f"attempts exhausted ({job.attempt} of {job.max_attempts})"
+        return f"attempts exhausted ({job.charged_attempts} of {job.attempt_budget})"
     if job.state is State.FAILED:
         return "permanent error: not retried"
-    return f"after {job.attempt} attempt(s)" if job.state is State.COMPLETED else ""
+    return f"after {job.charged_attempts} attempt(s)" if job.state is State.COMPLETED else ""
 
 
 def summary(error: str | None) -> str:

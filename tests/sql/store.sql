@@ -306,7 +306,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT * FROM claimed;
 
@@ -442,7 +442,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT * FROM claimed;
 
@@ -574,7 +574,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT * FROM claimed;
 
@@ -710,7 +710,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT * FROM claimed;
 
@@ -875,7 +875,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1046,7 +1046,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1213,7 +1213,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1384,7 +1384,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context
+          limits, parents, trace_context, attempt_budget
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1526,7 +1526,7 @@ UPDATE "public"."miniqueue_jobs"
                            ELSE now() + make_interval(secs => "public"."miniqueue_retry_delay"(task, attempt, %(base)s, %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
-                           leased_by, attempt, max_attempts),
+                           leased_by, attempt_budget - (max_attempts - attempt), attempt_budget),
        errors = errors || jsonb_build_array(jsonb_build_object(
        'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', 'worker lost: lease expired without renewal')), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(ARRAY(
@@ -1623,7 +1623,7 @@ SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s:
 -- _get
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
+       dependents, pending_parents, attempt_budget FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
 
 -- _result
 SELECT state, result, last_error FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
@@ -1635,7 +1635,7 @@ UPDATE "public"."miniqueue_jobs" SET awaited = true
 -- _list
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents FROM "public"."miniqueue_jobs"
+       dependents, pending_parents, attempt_budget FROM "public"."miniqueue_jobs"
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
