@@ -365,7 +365,9 @@ class Supervisor:
         log.log(level, "%s (pid %d) %s%s", child.slot, child.pid, how,
                 f" ({child.kill_reason})" if child.kill_reason else "")  # fmt: skip
         if child.error and not clean:  # what the child reported before it died: the cause, in the log
-            log.log(level, "%s (pid %d) reported: %s", child.slot, child.pid, child.error)
+            cause = child.error.strip().splitlines()[-1]  # a traceback's last line, first
+            trace = "" if cause == child.error.strip() else f"\n{child.error.strip()}"
+            log.log(level, "%s (pid %d) reported: %s%s", child.slot, child.pid, cause, trace)
         if child.board is not None:
             release_leases(self.config.dsn, self.store, child, how)
         if self.slots.get(child.slot) is child:

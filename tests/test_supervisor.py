@@ -10,14 +10,17 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from psycopg import sql
 
 from miniqueue import Client, JobSpec
 from miniqueue.db import Connection
+from miniqueue.migrate import run_migrations
 
 from .helpers import count, row, wait_until
 from .supervised import Fleet, StartSupervisor, Supervised
@@ -377,3 +380,23 @@ def test_sigkill_mid_workflow_releases_each_dependent_once_after_its_parents(
         aimed_at = job_id in (group.members[-1].id, chain[1].id)
         assert (2 if aimed_at else 1) <= by_job[job_id][0] <= 1 + kills, (job_id, by_job[job_id], history)
     assert all(done for _, done in by_job.values())
+
+
+def test_a_worker_that_dies_after_it_was_ready_has_its_cause_logged(
+    dsn: str, tmp_path: Path, repo_root: Path, conn: Connection
+) -> None:
+    """A crash loop says why: the error a worker reported before it died reaches the log, not
+    only its exit code."""
+    schema = f"doomed_{uuid.uuid4().hex[:8]}"
+    run_migrations(dsn, schema)
+    fleet = Fleet(dsn, tmp_path, repo_root, APP)
+    try:
+        sup = fleet.start("--schema", schema, workers=1)
+        sup.wait_ready(1)
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))  # under the worker's feet
+        cause = "reported: miniqueue.errors.SchemaOutOfDate: the miniqueue tables are missing"
+        wait_until(lambda: cause in sup.output(), what="the worker's own error in the supervisor's log")
+        assert re.search(r"worker-1 \(pid \d+\) exited with code 1\n.*worker-1 \(pid \d+\) reported: ", sup.output())
+    finally:
+        fleet.stop_all()
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
