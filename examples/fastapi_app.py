@@ -1,13 +1,16 @@
 """A FastAPI app that enqueues a job in the same transaction as its own write, and the
 ``async def`` task that runs it (the README's Async section).
 
-Run it from the repository root, on a database migrated with ``miniqueue migrate``::
+Serve it from the repository root, with miniqueue installed (``pip install -e .``)::
 
     pip install fastapi uvicorn
     export DATABASE_URL=postgresql://localhost/mydb
-    uvicorn examples.fastapi_app:api                                  # the web app
-    miniqueue-supervise --app examples.fastapi_app:tasks              # its workers
+    miniqueue migrate                                                 # the queue's tables
+    uvicorn examples.fastapi_app:api                                  # the web app, on 127.0.0.1:8000
+    miniqueue-supervise --app examples.fastapi_app:tasks              # its workers (in another shell)
     curl -X POST localhost:8000/signups -H 'content-type: application/json' -d '{"email": "ada@example.com"}'
+
+The same email again answers 409 Conflict, and stores and enqueues nothing.
 """
 
 from __future__ import annotations
@@ -62,8 +65,13 @@ async def sign_up(signup: SignUp, request: Request) -> dict[str, int]:
     pool: AsyncConnectionPool = request.app.state.pool
     queue: miniqueue.AsyncClient = request.app.state.queue
     async with pool.connection() as conn, conn.transaction():  # commits at the end, or rolls back
-        cur = await conn.execute("INSERT INTO users (email) VALUES (%s) RETURNING id", [signup.email])
-        user_id: int = (await cur.fetchall())[0][0]
+        cur = await conn.execute(
+            "INSERT INTO users (email) VALUES (%s) ON CONFLICT (email) DO NOTHING RETURNING id", [signup.email]
+        )
+        inserted = await cur.fetchone()
+        if inserted is None:  # signed up already: no second user, no second welcome
+            raise HTTPException(409, f"{signup.email!r} has already signed up")
+        user_id: int = inserted[0]
         job = await tasks.aenqueue(queue, "send_welcome", {"user_id": user_id}, conn=conn)
         if signup.referrer is not None:
             cur = await conn.execute("UPDATE users SET referrals = referrals + 1 WHERE email = %s", [signup.referrer])

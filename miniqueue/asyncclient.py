@@ -192,9 +192,11 @@ class AsyncClient(BaseClient):
         """Recount finished jobs from the jobs table (see :meth:`miniqueue.Client.recount`)."""
         await self._run(self.store.recount_steps())
 
-    async def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:
+    async def list_jobs(
+        self, *, before_id: int | None = None, limit: int = 50, conn: AsyncConnection | None = None, **filters: Any
+    ) -> list[JobRecord]:
         """Jobs matching the filters, newest first (see :meth:`miniqueue.Client.list_jobs`)."""
-        return await self._run(self._list_jobs_steps(before_id, limit, filters))
+        return await self._run(self._list_jobs_steps(before_id, limit, filters), conn)
 
     async def prune(self, states: Iterable[State], older_than_seconds: float, *, batch_size: int = 1000) -> int:
         """Delete finished jobs older than ``older_than_seconds`` (see :meth:`miniqueue.Client.prune`)."""

@@ -515,11 +515,14 @@ class Client(BaseClient):
         README's Operating section). It reads every finished row: a repair, not a routine."""
         self._run(self.store.recount_steps())
 
-    def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:
+    def list_jobs(
+        self, *, before_id: int | None = None, limit: int = 50, conn: Connection | None = None, **filters: Any
+    ) -> list[JobRecord]:
         """Jobs matching the filters (state, queue, task, search, created_after, created_before),
         newest first; page with ``before_id``. A filter that no job could match (a queue or task
-        name that breaks the naming rules) raises InvalidInput."""
-        return self._run(self._list_jobs_steps(before_id, limit, filters))
+        name that breaks the naming rules) raises InvalidInput. On ``conn`` (yours), the list
+        includes the jobs your open transaction enqueued."""
+        return self._run(self._list_jobs_steps(before_id, limit, filters), conn)
 
     def prune(self, states: Iterable[State], older_than_seconds: float, *, batch_size: int = 1000) -> int:
         """Delete every job in ``states`` (terminal states only) that finished more than

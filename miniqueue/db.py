@@ -20,6 +20,7 @@ from urllib.parse import unquote
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -109,6 +110,24 @@ def cursor_for(conn: Connection) -> psycopg.Cursor[Any]:
 def acursor_for(conn: AsyncConnection) -> psycopg.AsyncCursor[Any]:
     """:func:`cursor_for` on an async connection."""
     return conn.statement_cursor() if isinstance(conn, AsyncPooledConnection) else conn.cursor()
+
+
+def named_cursor(conn: Connection) -> psycopg.Cursor[dict[str, Any]]:
+    """A new cursor on ``conn`` whose rows are dicts by column name, with JSON decoded as on
+    miniqueue's own connections whatever ``conn`` was set up with: a caller's connection may
+    load jsonb as text (Django's does, for its JSONField), and a job's payload must not."""
+    cur = conn.cursor(row_factory=dict_row)
+    if not isinstance(conn, PooledConnection):
+        set_json_loads(_load_json, cur)
+    return cur
+
+
+def anamed_cursor(conn: AsyncConnection) -> psycopg.AsyncCursor[dict[str, Any]]:
+    """:func:`named_cursor` on an async connection."""
+    cur = conn.cursor(row_factory=dict_row)
+    if not isinstance(conn, AsyncPooledConnection):
+        set_json_loads(_load_json, cur)
+    return cur
 
 
 def mask_dsn(dsn: str) -> str:

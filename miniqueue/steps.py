@@ -41,9 +41,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from psycopg.rows import dict_row
-
-from .db import AsyncConnection, Connection, acursor_for, cursor_for, translate_errors
+from .db import AsyncConnection, Connection, acursor_for, anamed_cursor, cursor_for, named_cursor, translate_errors
 
 T = TypeVar("T")
 
@@ -125,7 +123,7 @@ def _do(conn: Connection, request: Request) -> Any:
     """Carry out one request on ``conn``; return its result."""
     if type(request) is Query:
         if request.named:
-            with conn.cursor(row_factory=dict_row) as cur:
+            with named_cursor(conn) as cur:
                 cur.execute(request.sql, request.params)
                 return cur.fetchall()
         return fetch(conn, request.sql, request.params)
@@ -169,7 +167,7 @@ async def _ado(conn: AsyncConnection, request: Request) -> Any:
     """:func:`_do` on an ``AsyncConnection``."""
     if type(request) is Query:
         if request.named:
-            async with conn.cursor(row_factory=dict_row) as cur:
+            async with anamed_cursor(conn) as cur:
                 await cur.execute(request.sql, request.params)
                 return await cur.fetchall()
         acur = acursor_for(conn)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 import miniqueue
@@ -235,6 +236,24 @@ def test_a_bad_job_in_a_large_batch_inside_a_transaction_undoes_only_the_batch(d
 
 
 # --- inspection and repair: the same answers as Client ---------------------------------------------
+
+
+def test_list_jobs_on_your_connection_sees_your_open_transaction(dsn: str, client: Client) -> None:
+    async def main(a: AsyncClient) -> None:
+        own = await own_connection(dsn)
+        try:
+            own.adapters.register_loader("jsonb", TextLoader)  # a connection set up to load jsonb as text
+            async with own.transaction() as block:
+                job = await a.enqueue("welcome", {"user": "ada"}, conn=own)
+                assert await a.list_jobs() == []  # the pool's connections see nothing yet
+                [found] = await a.list_jobs(conn=own)
+                assert (found.id, found.payload, found.errors) == (job.id, {"user": "ada"}, ())
+                raise psycopg.Rollback(block)
+        finally:
+            await own.close()
+
+    using(dsn, main)
+    assert client.list_jobs() == []
 
 
 def test_every_inspection_and_repair_call_round_trips(dsn: str, conn: Connection, client: Client) -> None:

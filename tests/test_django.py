@@ -24,11 +24,37 @@ from psycopg.conninfo import conninfo_to_dict
 import miniqueue
 from miniqueue import Client
 from miniqueue.db import Connection
-from miniqueue.integrations.django import database_url, enqueue, enqueue_many, get_client, psycopg_connection
+from miniqueue.integrations.django import (
+    close_clients,
+    database_url,
+    enqueue,
+    enqueue_many,
+    get_client,
+    psycopg_connection,
+)
+from miniqueue.migrate import latest_version
 from miniqueue.testing import assert_enqueued, enqueued_jobs, run_jobs
 from tests.helpers import count, wait_until
 
 SETTINGS = "tests.django_project.settings"
+MANAGE = Path(__file__).resolve().parent / "django_project" / "manage.py"
+
+
+def manage(dsn: str, repo_root: Path, cwd: Path, *arguments: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the test project's ``manage.py`` on the database ``dsn``, to its end."""
+    environ = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS, "DJANGO_TEST_DSN": dsn,
+               "PYTHONPATH": str(repo_root), **env}  # fmt: skip
+    return subprocess.run([sys.executable, str(MANAGE), *arguments], env=environ, cwd=cwd, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def sessions(conn: Connection, dbname: str, application: str) -> int:
+    """How many sessions ``application`` has open on database ``dbname``."""
+    found = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s", [dbname, application]
+    ).fetchone()
+    assert found is not None
+    return int(found[0])
 
 
 @pytest.fixture(scope="session")
@@ -173,3 +199,72 @@ def test_manage_py_miniqueue_supervise(shop: Any, dsn: str, repo_root: Path, tmp
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     assert proc.returncode == 0, log.read_text()
+
+
+def test_manage_py_test_runs_the_testing_kit(django_project: str, conn: Connection, repo_root: Path,
+                                             tmp_path: Path) -> None:  # fmt: skip
+    """Django's test runner over the shop's tests (tests/django_project/shop/tests.py): its new
+    test database gets the queue's tables from ``migrate``; inside TestCase the assertions see
+    the jobs the test's uncommitted transaction enqueued; the TransactionTestCase runs them
+    through get_client()'s pool; and the test database is dropped at the end."""
+    test_database = f"test_{conninfo_to_dict(django_project)['dbname']}"
+    done = manage(django_project, repo_root, tmp_path, "test", "tests.django_project.shop", "--noinput", "-v", "2")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Applied miniqueue's migrations 001-" in output
+    assert "Ran 4 tests" in output and "\nOK" in output, output
+    assert "being accessed by other users" not in output, output
+    found = conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", [test_database]).fetchone()
+    assert found == (0,), f"{test_database} was left behind"
+
+
+def test_manage_py_migrate_creates_the_queue_tables(fresh_database: str, repo_root: Path, tmp_path: Path) -> None:
+    def queue_version() -> int | None:
+        with psycopg.connect(fresh_database) as fresh:
+            if fresh.execute("SELECT to_regclass('public.miniqueue_migrations')").fetchone() == (None,):
+                return None
+            found = fresh.execute("SELECT max(version) FROM miniqueue_migrations").fetchone()
+            return None if found is None else found[0]
+
+    kept_off = manage(fresh_database, repo_root, tmp_path, "migrate", DJANGO_TEST_NO_QUEUE_MIGRATE="1")
+    assert kept_off.returncode == 0, kept_off.stderr
+    assert queue_version() is None  # the router said no
+
+    first = manage(fresh_database, repo_root, tmp_path, "migrate")
+    assert first.returncode == 0, first.stderr
+    assert f"Applied miniqueue's migrations 001-{latest_version():03d} to 'default'" in first.stdout
+    assert queue_version() == latest_version()
+    again = manage(fresh_database, repo_root, tmp_path, "migrate")
+    assert again.returncode == 0, again.stderr
+    assert "miniqueue" not in again.stdout  # nothing pending, nothing said
+
+
+def test_the_kit_reads_what_an_open_transaction_enqueued(shop: Any, client: Client) -> None:
+    """As inside django.test.TestCase: the jobs are in Django's transaction, not committed."""
+    from tests.django_project.shop.tasks import app
+    from tests.django_project.shop.views import place_order
+
+    with transaction.atomic():
+        job_id = place_order(9)  # a savepoint inside the outer block
+        [job] = assert_enqueued(get_client(), task="send_receipt", payload={"order": 9}, queue="mail", count=1)
+        assert job.id == job_id and job.payload == {"order": 9}  # decoded, though Django loads jsonb as text
+        assert enqueued_jobs(client) == []  # a connection of another pool sees nothing yet
+        with pytest.raises(miniqueue.ConfigError, match=rf"job\(s\) \[{job_id}\].*TransactionTestCase"):
+            run_jobs(app, get_client())
+        transaction.set_rollback(True)
+    assert enqueued_jobs(get_client()) == []
+
+
+def test_a_connection_to_no_database_closes_the_pools(shop: Any, conn: Connection, django_project: str) -> None:
+    """Django connects to no database to create or drop a test database: get_client()'s pools
+    close first, so that no idle connection keeps the test database from being dropped."""
+    dbname = str(conninfo_to_dict(django_project)["dbname"])
+    close_clients()  # what earlier tests left idle
+    wait_until(lambda: sessions(conn, dbname, "miniqueue:django") == 0, what="earlier tests' connections to close")
+    client = get_client()
+    client.list_jobs()  # opens one of the pool's connections
+    assert sessions(conn, dbname, "miniqueue:django") == 1
+    with connection._nodb_cursor() as cursor:  # what the test runner's create and drop use
+        cursor.execute("SELECT 1")
+    wait_until(lambda: sessions(conn, dbname, "miniqueue:django") == 0, what="the pool's connection to close")
+    assert get_client() is not client

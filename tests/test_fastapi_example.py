@@ -4,6 +4,13 @@
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +22,8 @@ from miniqueue import Client
 from miniqueue.db import Connection
 from miniqueue.testing import run_jobs
 
-from .helpers import count, row
+from .helpers import count, row, wait_until
+from .supervised import free_port
 
 
 @pytest.fixture
@@ -59,6 +67,92 @@ def test_the_endpoint_enqueues_in_its_own_transaction(example: ModuleType, conn:
     for email in ("ada@example.com", "cy@example.com"):
         found = user(conn, email)
         assert found is not None and found[2] is not None, f"{email} was not welcomed"
+
+
+def test_signing_up_twice_answers_409(example: ModuleType, conn: Connection) -> None:
+    with TestClient(example.api) as http:
+        first = http.post("/signups", json={"email": "ada@example.com"})
+        assert first.status_code == 201, first.text
+        again = http.post("/signups", json={"email": "ada@example.com"})
+        assert again.status_code == 409, again.text
+        assert again.json() == {"detail": "'ada@example.com' has already signed up"}
+        assert count(conn) == 1  # no second welcome
+        assert user(conn, "ada@example.com") == (first.json()["user"], 0, None)
+
+        # The pool's connection is fine after the refusal, and a referral still counts once.
+        referred = http.post("/signups", json={"email": "bob@example.com", "referrer": "ada@example.com"})
+        assert referred.status_code == 201, referred.text
+        assert count(conn) == 2 and user(conn, "ada@example.com") == (first.json()["user"], 1, None)
+
+
+def post(url: str, body: dict[str, str]) -> tuple[int, dict[str, object]]:
+    """A real HTTP POST of JSON; the status and the decoded answer."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def listening(url: str, server: subprocess.Popen[bytes], log: Path) -> bool:
+    assert server.poll() is None, f"uvicorn exited with {server.returncode}:\n{log.read_text()}"
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+def stop(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to the process's group; its exit status (SIGKILL after 20 s)."""
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        return process.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        raise
+
+
+def test_served_as_the_docstring_says(dsn: str, conn: Connection, repo_root: Path, tmp_path: Path) -> None:
+    """The documented commands, run from the repository root: ``uvicorn examples.fastapi_app:api``
+    (on a free port rather than 8000) and ``miniqueue-supervise --app examples.fastapi_app:tasks``."""
+    code = (repo_root / "examples" / "fastapi_app.py").read_text()
+    readme = (repo_root / "README.md").read_text()
+    for command in ("uvicorn examples.fastapi_app:api", "miniqueue-supervise --app examples.fastapi_app:tasks"):
+        assert command in code and command in readme, command
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(repo_root)}
+    port = free_port()
+    conn.execute("DROP TABLE IF EXISTS users")
+    with (tmp_path / "uvicorn.log").open("wb") as out:
+        server = subprocess.Popen(
+            [str(bin_dir / "uvicorn"), "examples.fastapi_app:api", "--port", str(port)],
+            env=env, cwd=repo_root, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+    with (tmp_path / "supervise.log").open("wb") as out:
+        workers = subprocess.Popen(
+            [str(bin_dir / "miniqueue-supervise"), "--app", "examples.fastapi_app:tasks", "--workers", "1"],
+            env=env, cwd=repo_root, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: listening(f"{base}/docs", server, tmp_path / "uvicorn.log"), timeout=30, what="uvicorn")
+        status, created = post(f"{base}/signups", {"email": "ada@example.com"})
+        assert status == 201, created
+        assert post(f"{base}/signups", {"email": "ada@example.com"}) == (
+            409, {"detail": "'ada@example.com' has already signed up"},
+        )  # fmt: skip
+        wait_until(lambda: (user(conn, "ada@example.com") or (0, 0, None))[2], timeout=30, what="the welcome")
+        assert row(conn, int(str(created["job"])))["state"] == "completed"
+    finally:
+        served, supervised = stop(server), stop(workers)
+        conn.execute("DROP TABLE IF EXISTS users")
+    # uvicorn shuts down (the lifespan closes the pool), then re-raises the SIGTERM it caught.
+    served_log = (tmp_path / "uvicorn.log").read_text()
+    assert served == -signal.SIGTERM and "Application shutdown complete." in served_log, served_log
+    assert supervised == 0, (tmp_path / "supervise.log").read_text()
 
 
 def test_the_readme_shows_the_example_as_it_is(repo_root: Path) -> None:

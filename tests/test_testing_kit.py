@@ -13,6 +13,7 @@ from unittest.mock import ANY
 
 import psycopg
 import pytest
+from psycopg.types.string import TextLoader
 
 import miniqueue
 from miniqueue import Client, State
@@ -219,6 +220,19 @@ def test_assertions_read_the_rows(client: Client) -> None:
     assert "job 1: task='send' queue='mail' state=available payload={'n': 1, 'to': 'a@example.com'}" in message
     with pytest.raises(AssertionError, match="expected 1 job"):
         assert_enqueued(client, task="send", count=1)
+
+
+def test_assertions_read_an_open_transaction_on_conn(client: Client, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as own, own.transaction() as block:
+        own.adapters.register_loader("jsonb", TextLoader)  # as Django's connections load jsonb
+        job = client.enqueue("welcome", {"user": "ada"}, conn=own)
+        assert enqueued_jobs(client) == []  # not committed: the pool's connections see nothing
+        [found] = assert_enqueued(client, task="welcome", payload={"user": "ada"}, conn=own)
+        assert (found.id, found.payload, found.errors) == (job.id, {"user": "ada"}, ())
+        with pytest.raises(AssertionError, match=r"found 1\nstored jobs:\n  job \d+: task='welcome' .*'ada'"):
+            assert_enqueued(client, task="welcome", count=2, conn=own)
+        raise psycopg.Rollback(block)  # leaves the block, rolled back
+    assert enqueued_jobs(client) == []
 
 
 def test_database_helpers_create_clean_and_drop(server_dsn: str) -> None:

@@ -9,7 +9,10 @@ miniqueue must not add fixtures, or start servers, in test suites that did not a
 The functions work without pytest too (unittest, Django's test runner): :func:`run_jobs` runs
 the queued jobs through a real worker and returns a :class:`RunResult`;
 :func:`assert_enqueued` and :func:`enqueued_jobs` read the stored rows; the
-``*_database`` functions make and empty test databases.
+``*_database`` functions make and empty test databases. Given the Django integration's
+``get_client()``, the assertions read on Django's connection, so inside
+``django.test.TestCase`` they see the jobs the test's transaction enqueued; ``run_jobs`` needs
+committed jobs (``TransactionTestCase``).
 """
 
 from .assertions import assert_enqueued, enqueued_jobs

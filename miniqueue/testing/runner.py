@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from psycopg.conninfo import make_conninfo
+from psycopg.pq import TransactionStatus
 
 from ..app import App
 from ..client import Client
@@ -26,6 +27,7 @@ from ..errors import ConfigError
 from ..job import JobRecord, State
 from ..retry import Backoff
 from ..worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerHooks
+from .assertions import reading_connection
 
 #: How a failed attempt is retried during a run: ``"immediate"`` runs it again at once (its
 #: backoff is 0), until it completes, fails or is dead; ``"later"`` leaves it scheduled.
@@ -38,6 +40,8 @@ _POLL_SECONDS = 0.02
 _SHUTDOWN_SECONDS = 1.0
 #: How long the worker's thread may take to end once asked to stop.
 _STOP_SECONDS = 10.0
+#: How many of the newest available jobs the look for uncommitted ones compares.
+_UNCOMMITTED_LOOK = 1000
 
 
 class RunTimeout(AssertionError):
@@ -150,7 +154,10 @@ def run_jobs(
 
     Raises :class:`RunTimeout` (an AssertionError carrying the result) if jobs are still due or
     running after ``timeout`` seconds; an error that stops the worker itself (a database that
-    is not migrated, say) is raised here.
+    is not migrated, say) is raised here. The worker sees committed jobs only: given the Django
+    integration's client inside ``django.test.TestCase`` (whose transaction never commits), a
+    job the test enqueued raises ConfigError naming ``TransactionTestCase``, rather than a run
+    that finds nothing to do.
     """
     if retries not in ("immediate", "later"):
         raise ConfigError(f"retries {retries!r} is invalid: use 'immediate' or 'later'")
@@ -186,6 +193,13 @@ class _Run:
         self.queues = set(self.worker.queues) - paused
 
     def run(self) -> RunResult:
+        uncommitted = self._uncommitted()
+        if uncommitted:
+            raise ConfigError(
+                f"run_jobs: job(s) {uncommitted} are in a transaction still open on Django's connection, where "
+                "the worker's connections cannot see them (django.test.TestCase runs each test in one, never "
+                "committed): run jobs in a django.test.TransactionTestCase, whose writes commit"
+            )
         thread = threading.Thread(target=self._work, name="miniqueue-run-jobs", daemon=True)
         deadline = time.monotonic() + self.timeout
         thread.start()
@@ -240,6 +254,20 @@ class _Run:
         self.started.pop(job.id, None)
         self.runs.append(JobRun(job.id, job.task, job.queue, job.attempt, outcome.kind, outcome.error,
                                 outcome.delay, outcome.duration))  # fmt: skip
+
+    def _uncommitted(self) -> list[int]:
+        """Jobs of the run's queues that are available on the connection the code under test
+        writes on (Django's, for the integration's client) and not to the worker: enqueued in
+        a transaction that is still open there."""
+        own = reading_connection(self.client)
+        if own is None or own.info.transaction_status == TransactionStatus.IDLE:
+            return []
+        there = self.client.list_jobs(state=State.AVAILABLE, limit=_UNCOMMITTED_LOOK, conn=own)
+        seen_there = {job.id for job in there if job.queue in self.queues}
+        if not seen_there:
+            return []
+        committed = {job.id for job in self.client.list_jobs(state=State.AVAILABLE, limit=_UNCOMMITTED_LOOK)}
+        return sorted(seen_there - committed)
 
     def _idle(self) -> bool:
         """No job in the run's queues is due now or running. (A job's state leaves ``running``

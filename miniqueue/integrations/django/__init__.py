@@ -19,6 +19,11 @@ Then, in a view::
 Outside an atomic block Django's connection is in autocommit mode, and the job is stored at
 once. It needs Django 4.2+ on psycopg 3 (``django.db.backends.postgresql`` with ``psycopg``
 installed): the job's ``INSERT`` runs on the psycopg connection under Django's.
+
+``manage.py migrate`` applies miniqueue's pending migrations to ``MINIQUEUE['DATABASE']``
+before the project's own (so the test runner's new test database has the queue's tables),
+and the test runner's teardown drops its test database with no connection of this module's
+left on it (see :func:`close_clients`).
 """
 
 from __future__ import annotations
@@ -33,20 +38,25 @@ import psycopg
 from django.conf import settings
 from django.db import connections
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import ConnectionPool
 
 from ...client import Client
 from ...db import Connection, check_schema, create_pool
 from ...errors import ConfigError
 from ...job import EnqueueResult, JobSpec
+from ...migrate import Migration, apply_migrations
 
 __all__ = [
     "MiniqueueSettings",
+    "close_clients",
     "database_url",
     "enqueue",
     "enqueue_many",
     "get_client",
     "get_settings",
+    "migrate",
     "psycopg_connection",
+    "reading_connection",
 ]
 
 T = TypeVar("T")
@@ -119,6 +129,8 @@ def psycopg_connection(using: str | None = None) -> Connection:
 
 
 _clients: dict[tuple[Any, ...], Client] = {}
+# Each client's pool, which the client borrows (Client(pool) leaves a pool it was given open).
+_pools: dict[tuple[Any, ...], ConnectionPool[Connection]] = {}
 _clients_lock = threading.Lock()
 
 
@@ -139,9 +151,49 @@ def get_client() -> Client:
         with _clients_lock:
             client = _clients.get(key)
             if client is None:
-                pool = create_pool(database_url(), purpose="django", schema=chosen.schema, min_size=0, max_size=2)
+                pool = _pools[key] = create_pool(
+                    database_url(), purpose="django", schema=chosen.schema, min_size=0, max_size=2
+                )
                 client = _clients[key] = Client(pool, schema=chosen.schema)
     return client
+
+
+def close_clients() -> None:
+    """Close the pools of every :class:`Client` :func:`get_client` made in this process, and
+    forget them (the next call makes a new one).
+
+    Called for you when Django connects to no particular database, which it does to create or
+    drop a test database: a pooled connection left open on the test database would make the
+    test runner's ``DROP DATABASE`` fail ("is being accessed by other users") and leave the
+    database behind. Call it yourself where a process must let go of its connections.
+    """
+    with _clients_lock:
+        pools = list(_pools.values())
+        _clients.clear()
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+def reading_connection(client: Client) -> Connection | None:
+    """Django's psycopg connection (this thread's) to the database ``client`` serves, if
+    ``client`` is one :func:`get_client` made; else None.
+
+    Reading there sees what the current transaction wrote: inside ``django.test.TestCase``
+    (a transaction per test, never committed), the jobs the test enqueued. miniqueue's testing
+    assertions read through it.
+    """
+    with _clients_lock:
+        aliases = [key[1].database for key, known in _clients.items() if known is client]
+    return psycopg_connection(aliases[0]) if aliases else None
+
+
+def migrate(using: str | None = None) -> list[Migration]:
+    """Apply miniqueue's pending migrations on Django's connection ``using`` (default
+    ``MINIQUEUE['DATABASE']``) into ``MINIQUEUE['SCHEMA']``; return those applied.
+    ``manage.py migrate`` calls it (see :mod:`miniqueue.integrations.django.apps`)."""
+    chosen = get_settings()
+    return apply_migrations(psycopg_connection(using or chosen.database), chosen.schema)
 
 
 def enqueue(task: str, payload: Any = None, *, using: str | None = None, **options: Any) -> EnqueueResult:
