@@ -23,7 +23,7 @@ from miniqueue.reaper import Reaper, ReaperConfig
 from miniqueue.store import Store
 
 from . import test_worker
-from .helpers import count, expire_lease, row, wait_until
+from .helpers import count, expire_lease, make_due, row, wait_until
 from .running import StartWorker
 from .supervised import Fleet, StartSupervisor
 
@@ -223,6 +223,7 @@ def test_lease_lost_cancels_the_coroutine_and_its_outcome_is_discarded(
     assert started.wait(10)
     expire_lease(conn, job_id)
     Reaper(dsn).run_once()
+    make_due(conn, job_id)  # its retry delay passed
     (lease,) = store.claim(conn, ["default"], "other-worker", 30, 1)
     store.complete(conn, job_id, "other-worker", lease.attempt)
     wait_until(lambda: stops.seen, what="the coroutine cancelled")

@@ -20,8 +20,10 @@ built by hand: leases of one key held at once, and a dependent claimed before it
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,10 +46,17 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
     form: list[str], tmp_path: Path, repo_root: Path
 ) -> None:
     result_file = tmp_path / "chaos.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "chaos", *form, "--workdir", str(tmp_path / "run"), "--json", str(result_file)],
-        cwd=repo_root, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    # The run's embedded server keeps its data in a folder of its own, outside pytest's shared
+    # temporary folder: another pytest on the machine may reset that folder's permissions, and
+    # the server (running as its own user) would lose its data directory mid-run.
+    workdir = Path(tempfile.mkdtemp(prefix="miniqueue-chaos-test-"))
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "chaos", *form, "--workdir", str(workdir / "run"), "--json", str(result_file)],
+            cwd=repo_root, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     assert run.returncode == 0, f"chaos run failed:\n{run.stdout}\n--- stderr (tail)\n{run.stderr[-6000:]}"
     result = json.loads(result_file.read_text())
     assert result["options"]["async_handlers"] is ("--async" in form)

@@ -18,7 +18,7 @@ from miniqueue.reaper import Reaper
 from miniqueue.store import Store
 from miniqueue.worker import Worker, WorkerConfig
 
-from .helpers import count, expire_lease, row, wait_until
+from .helpers import count, expire_lease, make_due, row, wait_until
 from .running import FAST, Running, StartWorker, worker_starter
 
 
@@ -209,6 +209,7 @@ def test_lease_lost_mid_handler_is_signalled_and_its_completion_rejected(
     # Take the job away from the worker: expire it, recover it, and complete it elsewhere.
     expire_lease(conn, job_id)
     Reaper(dsn).run_once()
+    make_due(conn, job_id)  # its retry delay passed
     (lease,) = store.claim(conn, ["default"], "other-worker", 30, 1)
     store.complete(conn, job_id, "other-worker", lease.attempt)
     wait_until(lambda: reasons, what="the first handler told its lease was lost")
