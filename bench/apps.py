@@ -7,6 +7,7 @@ handler opens its own, lazily, in the worker process that runs it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -71,16 +72,30 @@ def burn(n: int) -> int:
 
 
 fairness_app = App()
-SHORT_TASK, LONG_TASK = "bench.short", "bench.long"
+#: The same app with one ``async def`` task more, on the same queue: its workers run a thread
+#: pool and an event loop. The fairness rows enqueue no job of it; only the app differs.
+fairness_mixed_app = App()
+SHORT_TASK, LONG_TASK, ASYNC_TASK = "bench.short", "bench.long", "bench.async"
+#: How long a long job runs unless its payload says otherwise (``seconds``).
+LONG_SECONDS = 5.0
 
 
+@fairness_mixed_app.task(SHORT_TASK, queue=QUEUE)
 @fairness_app.task(SHORT_TASK, queue=QUEUE)
 def short(job: Job) -> None:
     """About a millisecond of waiting, as a quick call to another service would take."""
     time.sleep(0.001)
 
 
+@fairness_mixed_app.task(LONG_TASK, queue=QUEUE)
 @fairness_app.task(LONG_TASK, queue=QUEUE)
 def long(job: Job) -> None:
-    """Five seconds: long enough that a short job stuck behind it is plainly unfair."""
-    time.sleep(5.0)
+    """Five seconds (``payload["seconds"]`` if given): long enough that a short job stuck behind
+    it is plainly unfair."""
+    time.sleep(float(job.payload.get("seconds", LONG_SECONDS)))
+
+
+@fairness_mixed_app.task(ASYNC_TASK, queue=QUEUE)
+async def short_async(job: Job) -> None:
+    """The mixed app's coroutine task: the same millisecond, awaited."""
+    await asyncio.sleep(0.001)

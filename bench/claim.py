@@ -12,11 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-
 from miniqueue import State
 from miniqueue.db import connect
-from miniqueue.store import Store
+from miniqueue.store import Store, _columns
 
 from .database import QUEUE, count_in_state, seed_jobs, settle
 from .measure import Laps, Sample, WorkerReport, combine
@@ -73,24 +71,48 @@ def claim_worker(spec: ClaimSpec, gate: Gate) -> WorkerReport:
         return laps.report()
 
 
+def floor_statement(store: Store, worker_id: str, batch: int) -> tuple[str, dict[str, Any]]:
+    """The statement a worker's claim loop sends (``Store.complete_and_claim``) and the claim's
+    parameters, as the store builds them (``Store._claim_query``, which ``complete_and_claim``
+    calls) for a worker of one queue whose jobs have no limits: its cursor over the limited
+    jobs stays empty and it goes upwards (``after=[]``, not ``descending``: the defaults)."""
+    return store._claim_query([QUEUE], worker_id, LEASE_SECONDS, batch, combined=True, after=(), descending=False)
+
+
+def floor_params(claim_params: dict[str, Any], held: list[tuple[int, int]]) -> dict[str, Any]:
+    """The claim's parameters with the completions of the ``(id, attempt)`` leases ``held``, as
+    ``complete_and_claim`` sends them: ids and attempts in id order, and no results."""
+    ids, attempts = _columns(held)
+    return {**claim_params, "ids": ids, "attempts": attempts, "results": []}
+
+
 def floor_worker(spec: ClaimSpec, gate: Gate) -> WorkerReport:
-    """Worker: the store's own claim and batch-complete SQL text, issued by a bare psycopg loop."""
+    """Worker: the SQL floor under the worker's claim loop, a bare psycopg loop sending the very
+    statement a worker sends, with the parameters it sends (:func:`floor_statement`): the
+    completions of the batch it holds ride with the claim of the next one, one round trip and one
+    commit per batch. The connection has the worker's session settings (``miniqueue.db.connect``:
+    search_path, ``jit=off``, the JSON decoder). Left out is the API around the statement: no
+    ``Lease`` objects, no handler dispatch, no error translation.
+    """
     store, worker_id = Store(), f"bench-floor-{os.getpid()}"
-    claim_sql, complete_sql = store._claim_one, store._complete  # only the rendered SQL text
-    claim_params: dict[str, Any] = {"worker": worker_id, "lease": LEASE_SECONDS, "limit": spec.batch, "queue": QUEUE}
-    with psycopg.connect(spec.dsn, autocommit=True) as conn:
+    statement, claim_params = floor_statement(store, worker_id, spec.batch)
+    with connect(spec.dsn, purpose="bench-floor") as conn:
+        held: list[tuple[int, int]] = []
+        attempt: int | None = None
         laps = Laps(gate.wait())
         while True:
             began = time.perf_counter()
-            cur = conn.execute(claim_sql, claim_params)
+            cur = conn.execute(statement, floor_params(claim_params, held))
             rows = cur.fetchall()
-            if not rows:
-                break
-            attempt = [column.name for column in cur.description or ()].index("attempt")
-            leases = {"ids": [r[0] for r in rows], "attempts": [r[attempt] for r in rows], "worker": worker_id}
-            conn.execute(complete_sql, leases)
-            laps.record(began, len(rows))
-        return laps.report()
+            if attempt is None:  # the leases' columns follow the completed ids (see _COMPLETE_AND_CLAIM)
+                attempt = [column.name for column in cur.description or ()].index("attempt")
+            completed = len(rows[0][0] or ()) if rows else 0
+            if completed != len(held):
+                raise RuntimeError(f"completed {completed} of the {len(held)} jobs this worker held")
+            held = [(row[1], row[attempt]) for row in rows if row[1] is not None]
+            laps.record(began, len(held))
+            if not held:
+                return laps.report()
 
 
 BENCHMARKS: list[Benchmark] = [
@@ -107,7 +129,7 @@ BENCHMARKS: list[Benchmark] = [
     *[
         Benchmark(
             f"floor-claim-{n}",
-            f"SQL floor: claim {BATCH} + complete",
+            f"SQL floor: the worker's complete + claim {BATCH}, one statement",
             n,
             functools.partial(claim_and_complete, batch=BATCH, floor=True),
         )

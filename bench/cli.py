@@ -8,11 +8,11 @@ import click
 
 from . import cpu
 from .measure import Sample
-from .plans import QUEUED_JOBS, check_plans
+from .plans import QUEUED_JOBS, TINY_QUEUED_JOBS, check_plans
 from .registry import Benchmark, select
 from .report import render_checks, render_table, write_json
 from .server import describe_machine, server_dsn
-from .suite import BENCHMARKS, Progress, run_suite
+from .suite import BENCHMARKS, TINY_JOBS, Progress, run_suite
 from .targets import cpu_ratios, evaluate, render_cpu_table, render_verdicts
 
 LEGEND = (
@@ -40,9 +40,8 @@ LEGEND = (
 @click.option(
     "--jobs",
     type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    help="Jobs per run for the enqueue and per-job claim rows; batch-claim rows use five times as many.",
+    help="Jobs per run for the enqueue and per-job claim rows; batch-claim rows use five times as many. "
+    f"[default: 10,000; {TINY_JOBS} with --tiny]",
 )
 @click.option(
     "--plan-check/--no-plan-check",
@@ -50,10 +49,25 @@ LEGEND = (
     show_default=True,
     help=f"EXPLAIN the claim, complete_many and enqueue_many at {QUEUED_JOBS:,} queued jobs.",
 )
+@click.option(
+    "--tiny",
+    is_flag=True,
+    help="Run every chosen row once at a tiny size, only to see that it runs: the figures mean nothing.",
+)
 @click.option("--list", "list_only", is_flag=True, help="List the rows and exit.")
-def main(database_url: str | None, runs: int, only: str | None, jobs: int, plan_check: bool, list_only: bool) -> None:
+def main(
+    database_url: str | None,
+    runs: int,
+    only: str | None,
+    jobs: int | None,
+    plan_check: bool,
+    tiny: bool,
+    list_only: bool,
+) -> None:
     """Benchmark miniqueue against a real PostgreSQL and print one table of medians."""
     chosen = _choose(only)
+    jobs = jobs or (TINY_JOBS if tiny else 10_000)
+    runs = 1 if tiny else runs
     if list_only:
         for b in chosen:
             click.echo(f"{b.name:30} {b.operation} ({b.workers} worker{'s' if b.workers > 1 else ''})")
@@ -61,16 +75,19 @@ def main(database_url: str | None, runs: int, only: str | None, jobs: int, plan_
     with server_dsn(database_url) as (dsn, server):
         machine = describe_machine(dsn, server)
         click.echo(f"miniqueue bench: {machine.header()}", err=True)
-        rows = run_suite(dsn, chosen, runs=runs, jobs=jobs, progress=_progress(runs))
-        checks = check_plans(dsn) if plan_check else []
-    ratios, verdicts, calibration = cpu_ratios(rows), evaluate(rows), cpu.calibrated()
+        rows = run_suite(dsn, chosen, runs=runs, jobs=jobs, progress=_progress(runs), tiny=tiny)
+        checks = check_plans(dsn, tiny=tiny) if plan_check else []
+    # A tiny run's figures mean nothing: no target is set against them.
+    ratios, verdicts, calibration = cpu_ratios(rows), [] if tiny else evaluate(rows), cpu.calibrated()
     extra = {
         "cpu_calibration": dataclasses.asdict(calibration) if calibration else None,
         "cpu_ratios": {r.row.benchmark.name: r.ratio for r in ratios},
         "targets": [dataclasses.asdict(v) for v in verdicts],
     }
-    path = write_json(machine, {"runs": runs, "jobs": jobs, "only": only}, rows, checks, extra)
+    path = write_json(machine, {"runs": runs, "jobs": jobs, "only": only, "tiny": tiny}, rows, checks, extra)
     click.echo(f"\nminiqueue bench: {machine.header()}")
+    if tiny:
+        click.echo("TINY RUN: every row once at a tiny size, to see that it runs. The figures mean nothing.")
     click.echo(f"Medians of {runs} run{'s' if runs > 1 else ''}. {LEGEND}\n")
     click.echo(render_table(rows))
     if ratios:
@@ -78,7 +95,7 @@ def main(database_url: str | None, runs: int, only: str | None, jobs: int, plan_
     if verdicts:
         click.echo("\n" + render_verdicts(verdicts))
     if checks:
-        click.echo("\n" + render_checks(checks, QUEUED_JOBS))
+        click.echo("\n" + render_checks(checks, TINY_QUEUED_JOBS if tiny else QUEUED_JOBS))
     click.echo(f"\nJSON: {path}")
 
 

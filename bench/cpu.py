@@ -27,6 +27,7 @@ from .supervised import SuperviseOptions
 
 CPU_APP = "bench.apps:cpu_app"
 JOBS = 200
+TINY_JOBS = 10
 TARGET_MS = 20.0
 _MIN_TIMING_SECONDS = 0.05  # time at least this much work when calibrating
 _REPEATS = 7
@@ -74,7 +75,7 @@ def _median_seconds(n: int) -> float:
 def cpu_bound(ctx: Context, *, concurrency: int) -> Sample:
     """``ctx.workers`` processes of ``concurrency`` handler threads run JOBS calibrated loops."""
     loop = calibration().loop
-    jobs = [JobSpec(CPU_TASK, {"n": loop, "i": i}, queue=QUEUE) for i in range(JOBS)]
+    jobs = [JobSpec(CPU_TASK, {"n": loop, "i": i}, queue=QUEUE) for i in range(ctx.sized(JOBS, TINY_JOBS))]
     return drain_through_supervisor(ctx.dsn, SuperviseOptions(CPU_APP, ctx.workers, concurrency=concurrency), jobs)
 
 

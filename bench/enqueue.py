@@ -6,12 +6,15 @@ import functools
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from miniqueue import Client, JobSpec
+from miniqueue.db import connect
 from miniqueue.store import Store
+from miniqueue.validation import validate
 
 from .database import QUEUE, TASK, payload, settle
 from .measure import Laps, Sample, WorkerReport, combine
@@ -90,20 +93,26 @@ def enqueue_many_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
         return laps.report()
 
 
+def floor_statement(store: Store) -> tuple[str, dict[str, Any]]:
+    """The statement ``Client.enqueue`` sends for a job of ours (no limits, no parents) and its
+    parameters, as the store builds them (``Store._job_params``) from the validated job, with
+    NOTIFY and tracing off (no trace context); only the payload changes from job to job."""
+    job = validate(JobSpec(TASK, payload(0), queue=QUEUE))
+    statement = store._enqueue_limited if job.scopes else store._enqueue  # only the rendered SQL text
+    return statement, store._job_params(job, notify=True, trace_context=None)
+
+
 def floor_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
-    """Worker: the SQL floor, the store's enqueue SQL text with the parameters it sends, one
-    ``conn.execute`` per job: no validation, no pool, no API."""
-    store = Store()
-    params: dict[str, object] = {
-        "queue": QUEUE, "task": TASK, "priority": 0, "max_attempts": 5, "run_at": None, "delay": 0.0, "key": None,
-        "notify": True, "channel": store.channel,
-    }  # fmt: skip
-    with psycopg.connect(spec.dsn, autocommit=True) as conn:
+    """Worker: the SQL floor, the store's enqueue statement with the parameters it sends
+    (:func:`floor_statement`), one ``conn.execute`` per job on a connection with the client's
+    session settings (``miniqueue.db.connect``): no validation, no pool, no API."""
+    statement, params = floor_statement(Store())
+    with connect(spec.dsn, purpose="bench-floor") as conn:
         laps = Laps(gate.wait())
         for n in range(spec.jobs):
             began = time.perf_counter()
             params["payload"] = json.dumps(payload(n), separators=(",", ":"))
-            conn.execute(store._enqueue, params).fetchall()  # only the rendered SQL text
+            conn.execute(statement, params).fetchall()
             laps.record(began, 1)
         return laps.report()
 

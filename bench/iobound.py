@@ -7,8 +7,8 @@
 
 At most 200 / 0.05 s = 4,000 jobs/s either way; what the rows show is how close each gets, and
 at what CPU cost. Both drain --jobs jobs enqueued in one transaction, timed like the drain
-rows (commit to last completion on the database clock; every job must complete on its first
-attempt).
+rows (commit to last completion on the database clock; every job must complete on its first charged
+attempt, see ``bench.drain.RAN_ONCE``).
 
 The worker runs as ``python -m bench.iobound async|sync`` (a :class:`~miniqueue.Worker` in a
 process of its own, what a supervised worker runs minus its reports), not under

@@ -24,6 +24,7 @@ from .supervised import SuperviseOptions, supervised
 
 LATENCY_APP = "bench.apps:latency_app"
 JOBS = 300
+TINY_JOBS = 10
 SPACING_SECONDS = 0.02
 POLL_INTERVAL = 1.0
 WAIT_TIMEOUT_SECONDS = 60.0
@@ -39,6 +40,7 @@ _STATES = "SELECT state, count(*) FROM miniqueue_jobs WHERE id = ANY(%(ids)s) GR
 
 def enqueue_to_start(ctx: Context, *, poll_only: bool) -> Sample:
     """JOBS jobs enqueued 20 ms apart; p50/p99 of enqueue (created_at) to handler start."""
+    count = ctx.sized(JOBS, TINY_JOBS)
     with connect(ctx.dsn, purpose="bench-latency") as conn:
         conn.execute(LATENCY_TABLE_DDL)
     settle(ctx.dsn)
@@ -51,7 +53,7 @@ def enqueue_to_start(ctx: Context, *, poll_only: bool) -> Sample:
         _wait_started(conn, [client.enqueue(LATENCY_TASK, {"n": -1}, queue=QUEUE).id])  # warm-up
         ids: list[int] = []
         began = time.monotonic()
-        for n in range(JOBS):
+        for n in range(count):
             time.sleep(max(0.0, began + n * SPACING_SECONDS - time.monotonic()))
             ids.append(client.enqueue(LATENCY_TASK, {"n": n}, queue=QUEUE).id)
         seconds = time.monotonic() - began

@@ -22,7 +22,7 @@ from miniqueue import JobSpec
 from miniqueue.db import Connection, connect
 
 from .database import QUEUE, TASK, payload, settle
-from .drain import DRAIN_SCALE, NOOP_APP, drain_through_supervisor, enqueue_in_one_transaction
+from .drain import DRAIN_SCALE, NOOP_APP, RAN_ONCE, drain_through_supervisor, enqueue_in_one_transaction
 from .measure import Sample
 from .registry import Benchmark, Context
 from .supervised import SuperviseOptions, supervised
@@ -30,13 +30,17 @@ from .supervised import SuperviseOptions, supervised
 KEYS = 5000
 OTHERS, OTHER_KEYS, HOT_JOBS = 10_000, 1000, 10_000
 RATE, RATE_JOBS, WINDOW_START, WINDOW_SECONDS = 200.0, 4000, 2.0, 10.0
+# A tiny run (see Context.sized): a few keys, a short backlog and a short window.
+TINY_KEYS = 10
+TINY_OTHERS, TINY_OTHER_KEYS, TINY_HOT_JOBS = 100, 10, 100
+TINY_RATE_JOBS, TINY_WINDOW_START, TINY_WINDOW_SECONDS = 200, 0.2, 0.5
 POLL_SECONDS = 0.01
 TIMEOUT_SECONDS = 600.0
 
-_OTHERS_DONE = """
+_OTHERS_DONE = f"""
 SELECT count(*), extract(epoch FROM max(completed_at) - %(committed)s::timestamptz)::float8
   FROM miniqueue_jobs
- WHERE state = 'completed' AND attempt = 1 AND limits[1] LIKE 'concurrency bench.noop other-%%'
+ WHERE {RAN_ONCE} AND limits[1] LIKE 'concurrency bench.noop other-%%'
 """
 _IN_WINDOW = """
 SELECT count(*) FROM miniqueue_jobs
@@ -49,8 +53,8 @@ _SINCE = "SELECT extract(epoch FROM clock_timestamp() - %s::timestamptz)::float8
 
 def keyed_drain(ctx: Context) -> Sample:
     """5 x --jobs no-op jobs over 5,000 keys of limit 1, with the supervisor's defaults."""
-    count = ctx.jobs * DRAIN_SCALE
-    jobs = [JobSpec(TASK, payload(n), queue=QUEUE, concurrency_key=f"k{n % KEYS}") for n in range(count)]
+    count, keys = ctx.jobs * DRAIN_SCALE, ctx.sized(KEYS, TINY_KEYS)
+    jobs = [JobSpec(TASK, payload(n), queue=QUEUE, concurrency_key=f"k{n % keys}") for n in range(count)]
     return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), jobs)
 
 
@@ -61,42 +65,45 @@ def others(ctx: Context) -> Sample:
 
 def others_behind_a_hot_key(ctx: Context) -> Sample:
     """The other keys' jobs, enqueued after 10,000 jobs of one hot key."""
-    return _time_others(ctx, hot=HOT_JOBS)
+    return _time_others(ctx, hot=ctx.sized(HOT_JOBS, TINY_HOT_JOBS))
 
 
 def _time_others(ctx: Context, hot: int) -> Sample:
+    others, keys = ctx.sized(OTHERS, TINY_OTHERS), ctx.sized(OTHER_KEYS, TINY_OTHER_KEYS)
     jobs = [JobSpec(TASK, payload(n), queue=QUEUE, concurrency_key="hot") for n in range(hot)]
-    jobs += [JobSpec(TASK, payload(n), queue=QUEUE, concurrency_key=f"other-{n % OTHER_KEYS}") for n in range(OTHERS)]
+    jobs += [JobSpec(TASK, payload(n), queue=QUEUE, concurrency_key=f"other-{n % keys}") for n in range(others)]
     settle(ctx.dsn)
     with supervised(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers)), connect(ctx.dsn, purpose="bench") as conn:
         committed = enqueue_in_one_transaction(ctx.dsn, conn, jobs)
-        seconds = _poll(lambda: _others_done(conn, committed))
-    return Sample(jobs=OTHERS, seconds=seconds, p50_ms=None, p99_ms=None, rss_mb=None)
+        seconds = _poll(lambda: _others_done(conn, committed, others))
+    return Sample(jobs=others, seconds=seconds, p50_ms=None, p99_ms=None, rss_mb=None)
 
 
-def _others_done(conn: Connection, committed: object) -> float | None:
+def _others_done(conn: Connection, committed: object, others: int) -> float | None:
     row = conn.execute(_OTHERS_DONE, {"committed": committed}).fetchone()
     assert row is not None
-    return float(row[1]) if row[0] == OTHERS else None
+    return float(row[1]) if row[0] == others else None
 
 
 def rate_limited(ctx: Context) -> Sample:
     """Jobs limited to 200/s: how many complete in a 10 s window."""
-    jobs = [JobSpec(TASK, payload(n), queue=QUEUE, rate_limit=f"{RATE:g}/s") for n in range(RATE_JOBS)]
+    count = ctx.sized(RATE_JOBS, TINY_RATE_JOBS)
+    start, seconds = ctx.sized(WINDOW_START, TINY_WINDOW_START), ctx.sized(WINDOW_SECONDS, TINY_WINDOW_SECONDS)
+    jobs = [JobSpec(TASK, payload(n), queue=QUEUE, rate_limit=f"{RATE:g}/s") for n in range(count)]
     settle(ctx.dsn)
     with supervised(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers)), connect(ctx.dsn, purpose="bench") as conn:
         committed = enqueue_in_one_transaction(ctx.dsn, conn, jobs)
-        window_end = WINDOW_START + WINDOW_SECONDS
+        window_end = start + seconds
 
         def window_over() -> float | None:
             row = conn.execute(_SINCE, [committed]).fetchone()
             return 1.0 if row is not None and float(row[0]) > window_end + 0.5 else None
 
         _poll(window_over)
-        params = {"committed": committed, "start": WINDOW_START, "seconds": WINDOW_SECONDS}
+        params = {"committed": committed, "start": start, "seconds": seconds}
         row = conn.execute(_IN_WINDOW, params).fetchone()
     assert row is not None
-    return Sample(jobs=int(row[0]), seconds=WINDOW_SECONDS, p50_ms=None, p99_ms=None, rss_mb=None)
+    return Sample(jobs=int(row[0]), seconds=seconds, p50_ms=None, p99_ms=None, rss_mb=None)
 
 
 def _poll(done: Callable[[], float | None]) -> float:

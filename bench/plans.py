@@ -28,6 +28,8 @@ QUEUED_JOBS = 50_000
 CLAIM_BATCH = 100
 COMPLETE_BATCH = 100
 ENQUEUE_MANY_BATCH = 10_000
+# A tiny run (--tiny): the same checks on a few hundred jobs, only to see that they run.
+TINY_QUEUED_JOBS, TINY_ENQUEUE_MANY_BATCH = 500, 100
 CLAIM_INDEX = "idx_miniqueue_jobs_claim"
 _SORT_NODE = re.compile(r"(^|->\s+)(Incremental )?Sort\s+\(")
 _JOIN_FILTER_REMOVED = re.compile(r"Rows Removed by Join Filter: (\d+)")
@@ -68,19 +70,20 @@ class ExplainingStore(Store):
         self._rows(conn, request.sql, dict(request.params or {}))
 
 
-def check_plans(server_dsn: str) -> list[PlanCheck]:
-    """Fill a scratch queue with 50,000 jobs and check the claim, batch-complete and enqueue_many plans."""
+def check_plans(server_dsn: str, *, tiny: bool = False) -> list[PlanCheck]:
+    """Fill a scratch queue with 50,000 jobs (500 if ``tiny``) and check the claim, batch-complete
+    and enqueue_many plans."""
     with scratch_database(server_dsn, "plans") as dsn, connect(dsn, purpose="bench-plans") as conn:
         # Keep the statistics the migration left until we ANALYZE on purpose.
         conn.execute("ALTER TABLE miniqueue_jobs SET (autovacuum_enabled = false)")
-        seed_jobs(dsn, QUEUED_JOBS)
+        seed_jobs(dsn, TINY_QUEUED_JOBS if tiny else QUEUED_JOBS)
         checks = [check_claim(conn, "statistics from the migration only")]
         conn.execute("ANALYZE miniqueue_jobs")
         return [
             *checks,
             check_claim(conn, "after ANALYZE"),
             check_complete_many(conn, COMPLETE_BATCH),
-            check_enqueue_many(conn, ENQUEUE_MANY_BATCH),
+            check_enqueue_many(conn, TINY_ENQUEUE_MANY_BATCH if tiny else ENQUEUE_MANY_BATCH),
         ]
 
 

@@ -5,18 +5,31 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .measure import Sample
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Context:
     """What one run of a benchmark gets: a freshly migrated database of its own, the job count
-    (``--jobs``) and the number of worker processes its row names."""
+    (``--jobs``) and the number of worker processes its row names.
+
+    ``tiny`` (``--tiny``) asks for a run that only shows the row still runs: every count and
+    duration the row fixes itself (a backlog, a seed of history, a number of timed jobs, a
+    window) shrinks to a few, through :meth:`sized`; what the row runs does not change.
+    """
 
     dsn: str
     jobs: int
     workers: int
+    tiny: bool = False
+
+    def sized(self, full: T, tiny: T) -> T:
+        """``full`` when measuring, ``tiny`` in a tiny run."""
+        return tiny if self.tiny else full
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ API would take minutes, and these rows stand for history, not for the enqueue pa
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,8 @@ FINISHED = 10_000_000
 AVAILABLE = 100_000
 BACKLOG = 1_000_000
 REPEATS = 5
+# A tiny run (see Context.sized): enough rows for every statement to find some.
+TINY_FINISHED, TINY_AVAILABLE, TINY_BACKLOG, TINY_REPEATS = 2_000, 200, 500, 1
 
 _SEED_FINISHED = """
 INSERT INTO miniqueue_jobs (queue, task, payload, state, attempt, max_attempts, attempt_budget, scheduled_at,
@@ -53,22 +56,32 @@ def seed_finished(dsn: str, count: int) -> None:
 
 
 def scale_reads(ctx: Context) -> Sample:
-    seed_finished(ctx.dsn, FINISHED)
-    seed_jobs(ctx.dsn, AVAILABLE)
+    finished, available = ctx.sized(FINISHED, TINY_FINISHED), ctx.sized(AVAILABLE, TINY_AVAILABLE)
+    repeats = ctx.sized(REPEATS, TINY_REPEATS)
+    seed_finished(ctx.dsn, finished)
+    seed_jobs(ctx.dsn, available)
     settle(ctx.dsn)
-    stats_ms = [_timed_stats(ctx.dsn) for _ in range(REPEATS)]
-    port = 19187
+    stats_ms = [_timed_stats(ctx.dsn) for _ in range(repeats)]
+    port = _free_port()
     options = SuperviseOptions(NOOP_APP, 1, extra=("--queues", "idle", "--metrics-port", str(port),
                                                     "--metrics-interval", "1"))  # fmt: skip
     with supervised(ctx.dsn, options):
         _wait_for_gauges(port)
-        scrape_ms = [_timed_get(f"http://127.0.0.1:{port}/metrics") for _ in range(REPEATS)]
-    overview_ms = _timed_overview(ctx.dsn)
+        scrape_ms = [_timed_get(f"http://127.0.0.1:{port}/metrics") for _ in range(repeats)]
+    overview_ms = _timed_overview(ctx.dsn, repeats)
     return Sample(
-        jobs=FINISHED + AVAILABLE, seconds=statistics.median(stats_ms) / 1000, p50_ms=percentile(stats_ms, 50),
+        jobs=finished + available, seconds=statistics.median(stats_ms) / 1000, p50_ms=percentile(stats_ms, 50),
         p99_ms=percentile(stats_ms, 99), rss_mb=None, scrape_ms=statistics.median(scrape_ms),
         overview_ms=statistics.median(overview_ms),
     )  # fmt: skip
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for the supervisor's /metrics)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _timed_stats(dsn: str) -> float:
@@ -95,14 +108,14 @@ def _wait_for_gauges(port: int) -> None:
     raise RuntimeError("the supervisor never served the queue gauges")
 
 
-def _timed_overview(dsn: str) -> list[float]:
+def _timed_overview(dsn: str, repeats: int) -> list[float]:
     from starlette.testclient import TestClient
 
     from miniqueue.web.server import create_app
 
     with Client(dsn) as client, TestClient(create_app(client), base_url="http://localhost") as browser:
         timings = []
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             started = time.perf_counter()
             assert browser.get("/").status_code == 200
             timings.append((time.perf_counter() - started) * 1000)
@@ -110,12 +123,12 @@ def _timed_overview(dsn: str) -> list[float]:
 
 
 def drain_backlog(ctx: Context) -> Sample:
-    jobs = [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(BACKLOG)]
+    jobs = [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.sized(BACKLOG, TINY_BACKLOG))]
     return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), jobs)
 
 
 def drain_pruning(ctx: Context) -> Sample:
-    seed_finished(ctx.dsn, FINISHED)
+    seed_finished(ctx.dsn, ctx.sized(FINISHED, TINY_FINISHED))
     jobs = [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.jobs * 5)]
     # The reaper prunes at start and every second: it is deleting old rows throughout the drain.
     options = SuperviseOptions(NOOP_APP, ctx.workers, extra=("--reaper-interval", "1"))

@@ -28,11 +28,21 @@ BENCHMARKS: list[Benchmark] = [
 
 Progress = Callable[[int, Benchmark, Sample], None]
 
+#: ``--jobs`` of a tiny run (``--tiny``): a few batches of the batch-claim rows.
+TINY_JOBS = 50
+
 
 def run_suite(
-    server_dsn: str, benchmarks: Sequence[Benchmark], *, runs: int, jobs: int, progress: Progress
+    server_dsn: str,
+    benchmarks: Sequence[Benchmark],
+    *,
+    runs: int,
+    jobs: int,
+    progress: Progress,
+    tiny: bool = False,
 ) -> list[RowResult]:
     """Run every benchmark ``runs`` times, each time in a fresh database; return the samples.
+    ``tiny`` runs each at a tiny size (see :class:`Context`), only to see that it runs.
 
     The runs are interleaved (all rows once, then all rows again) so that a slow spell of the
     machine, a checkpoint or another tenant spreads over the rows instead of hitting one.
@@ -40,9 +50,14 @@ def run_suite(
     samples: dict[str, list[Sample]] = {b.name: [] for b in benchmarks}
     for run in range(1, runs + 1):
         for benchmark in benchmarks:
-            with scratch_database(server_dsn, benchmark.name) as dsn:
-                sample = benchmark.run(Context(dsn=dsn, jobs=jobs, workers=benchmark.workers))
+            sample = run_once(server_dsn, benchmark, jobs=jobs, tiny=tiny)
             sample = dataclasses.replace(sample, load_1m=load_average())
             samples[benchmark.name].append(sample)
             progress(run, benchmark, sample)
     return [RowResult(b, samples[b.name]) for b in benchmarks]
+
+
+def run_once(server_dsn: str, benchmark: Benchmark, *, jobs: int, tiny: bool = False) -> Sample:
+    """One run of one row, in a database created for it and dropped afterwards."""
+    with scratch_database(server_dsn, benchmark.name) as dsn:
+        return benchmark.run(Context(dsn=dsn, jobs=jobs, workers=benchmark.workers, tiny=tiny))
