@@ -257,18 +257,20 @@ def _callables(handler: Handler) -> tuple[object, ...]:
     return (handler, getattr(handler, "__call__", None))  # noqa: B004 (the method itself)
 
 
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback of an import error without the import machinery's own frames, so the
-    file and line that raised come first."""
+def _where(exc: BaseException) -> str:
+    """Where an import error was raised in the app's own code, as `` (at FILE:LINE)``: the
+    innermost frame outside the import machinery, or nothing (a module that does not exist)."""
     frames = [
         frame for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith("<frozen importlib") and frame.filename != __file__
+        if not frame.filename.startswith("<frozen ") and frame.filename not in (importlib.__file__, __file__)
     ]  # fmt: skip
-    return "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames)).rstrip()
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def load_app(reference: str) -> App:
-    """Import ``module:attribute`` and return the App it names, or raise AppLoadError."""
+    """Import ``module:attribute`` and return the App it names, or raise AppLoadError, whose
+    message is one line naming the reference and why it failed (where, for an error the app's
+    own code raised)."""
     module_name, sep, attribute = reference.partition(":")
     if not sep or not module_name or not attribute:
         raise AppLoadError(
@@ -278,10 +280,10 @@ def load_app(reference: str) -> App:
         sys.path.insert(0, "")  # like `python -m`, let the current directory's modules be found
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # a broken module can raise anything at import; report it whole
+    except Exception as exc:  # a broken module can raise anything at import
+        reason = " ".join(str(exc).split())  # one line, whatever the module raised
         raise AppLoadError(
-            f"cannot import module {module_name!r} for app {reference!r}: {type(exc).__name__}: {exc}\n"
-            f"{_user_traceback(exc)}"
+            f"cannot import module {module_name!r} for app {reference!r}: {type(exc).__name__}: {reason}{_where(exc)}"
         ) from exc
     try:
         app = getattr(module, attribute)

@@ -237,7 +237,7 @@ class AsyncClient(BaseClient):
         return await self._run(self.store.queue_limits_steps())
 
     async def limit_waits(self, limit: int = 100) -> list[LimitWait]:
-        """The limits jobs are waiting on (see :meth:`miniqueue.Client.limit_waits`)."""
+        """The limits jobs are waiting on or hold slots of (see :meth:`miniqueue.Client.limit_waits`)."""
         return await self._run(self.store.limit_waits_steps(limit))
 
     async def enable_schedule(self, name: str, *, app: App | None = None) -> None:

@@ -1,4 +1,5 @@
-"""What a forked child does: reset what it inherited, boot, run a worker or the reaper, and exit.
+"""What a forked child does: reset what it inherited, boot, run a worker or the reaper (or only
+check that the app loads), and exit.
 
 Every child ends with ``os._exit()`` so it never returns into the supervisor's stack, never
 runs the parent's atexit handlers, and never touches a connection the parent opened (it has
@@ -22,7 +23,7 @@ from . import reports
 from .app import App, load_app
 from .context import Job
 from .db import Connection, connect
-from .errors import DatabaseUnavailable, MiniqueueError
+from .errors import AppLoadError, DatabaseUnavailable, MiniqueueError
 from .inflight import InflightBoard
 from .process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_title
 from .reaper import Reaper, ReaperConfig
@@ -62,7 +63,7 @@ def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
     """The body of a forked child. Never returns."""
     code = 1
     try:
-        _reset_after_fork(spec, close_fds)
+        _reset_after_fork(spec.name, close_fds)
         code = _run_worker(spec) if spec.worker else _run_reaper(spec)
     except BaseException:  # anything at all: report it, then leave without unwinding into the parent's code
         reports.write(spec.report_fd, [reports.Error(traceback.format_exc(limit=8).strip())])
@@ -72,7 +73,25 @@ def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
         os._exit(code)
 
 
-def _reset_after_fork(spec: ChildSpec, close_fds: list[int]) -> None:
+def run_app_check(app_ref: str, error_fd: int, close_fds: list[int]) -> None:
+    """The body of the child the supervisor forks, before any other, to import the app once:
+    writes why it cannot load (one line) to ``error_fd`` and exits non-zero, or exits 0. Never
+    returns."""
+    code = 0
+    try:
+        _reset_after_fork("app-check", close_fds)
+        load_app(app_ref)
+    except BaseException as exc:  # anything at all: report it, then leave without unwinding into the parent's code
+        reason = str(exc) if isinstance(exc, AppLoadError) else f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(OSError):
+            os.write(error_fd, reason.encode(errors="replace"))
+        code = EXIT_BOOT_ERROR
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _reset_after_fork(name: str, close_fds: list[int]) -> None:
     signal.set_wakeup_fd(-1)
     for sig in SUPERVISOR_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
@@ -83,8 +102,8 @@ def _reset_after_fork(spec: ChildSpec, close_fds: list[int]) -> None:
     die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # the supervisor died before prctl took effect
         os._exit(0)
-    set_label(spec.name)
-    set_title(f"{spec.name} booting")
+    set_label(name)
+    set_title(f"{name} booting")
 
 
 def _run_worker(spec: ChildSpec) -> int:
@@ -158,7 +177,7 @@ def _read_gauges(spec: ChildSpec, schema: str) -> None:
             if conn is None:
                 conn = connect(spec.dsn, purpose="gauges", schema=schema, connect_timeout=5)
             stats = store.queue_stats(conn)
-            waits = [reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES)]
+            waits = [reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting]
             reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), *waits, reports.GaugesSent(True)])
         except MiniqueueError as exc:
             log.warning("cannot read the queue gauges: %s", exc)

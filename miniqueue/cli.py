@@ -7,6 +7,7 @@ in ``./.miniqueue/pgdata`` (or ``$MINIQUEUE_DATA_DIR``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -18,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import click
@@ -27,7 +28,7 @@ from . import embedded
 from .app import load_app
 from .client import Client
 from .db import check_dsn, check_schema, mask_dsn
-from .errors import InvalidInput, MiniqueueError
+from .errors import AppLoadError, InvalidInput, MiniqueueError
 from .health import probe_database, probe_url
 from .job import JobRecord, QueueStats, State
 from .migrate import run_migrations
@@ -95,24 +96,64 @@ def resolve_database(url: str | None, announce: Callable[[str], None] | None = N
 
 
 class BadInput(click.ClickException):
-    """A value broke a rule (nothing was stored): one line, and exit 2 as for click's own usage errors."""
+    """A value broke a rule (nothing was stored), or the command line is wrong: one line, exit 2."""
 
     exit_code = 2
 
 
 def friendly_errors(command: F) -> F:
-    """Report miniqueue errors as one line, never a traceback: exit 2 for bad input, else 1."""
+    """Report miniqueue errors as one line, never a traceback: exit 2 for bad input (an app that
+    does not load included), else 1."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except InvalidInput as exc:
+        except (InvalidInput, AppLoadError) as exc:
             raise BadInput(str(exc)) from exc
         except MiniqueueError as exc:
             raise click.ClickException(str(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+# Since click 8.2, a group given no command raises this to show its help: that stays as it is.
+_SHOWS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+@contextlib.contextmanager
+def usage_in_one_line() -> Iterator[None]:
+    """Turn click's usage errors (a bad option value, a missing argument, an unknown option or
+    command) into one line that names the problem and where the help is, exit 2, instead of
+    click's usage block."""
+    try:
+        yield
+    except click.UsageError as exc:
+        if isinstance(exc, _SHOWS_HELP):
+            raise
+        message = " ".join(exc.format_message().splitlines()).rstrip(".")
+        if exc.ctx is not None:
+            message += f" (see '{exc.ctx.command_path} --help')"
+        raise BadInput(message) from exc
+
+
+class OneLineCommand(click.Command):
+    """A command whose usage errors are one line (see :func:`usage_in_one_line`), including
+    those of its subcommands when it is a group."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        with usage_in_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with usage_in_one_line():
+            return super().invoke(ctx)
+
+
+class OneLineGroup(OneLineCommand, click.Group):
+    """:class:`OneLineCommand` for a group: ``miniqueue`` itself."""
 
 
 class JsonText(click.ParamType):  # type: ignore[type-arg]
@@ -153,7 +194,7 @@ def _json_default(value: object) -> object:
     return str(value)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="miniqueue")
 def main() -> None:
     """miniqueue: a PostgreSQL-backed job queue.
@@ -270,6 +311,10 @@ def jobs() -> None:
     """Inspect jobs."""
 
 
+#: A line of `jobs list`: id, state, queue, task, attempt, created, last error or parents.
+_JOB_LINE = "{:>10}  {:<9}  {:<16} {:<24} {:>9}  {:<19}  {}"
+
+
 @jobs.command("list")
 @click.option("--queue")
 @click.option("--state", type=click.Choice([s.value for s in State]))
@@ -288,17 +333,17 @@ def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int
     if as_json:
         click.echo(to_json([_job_dict(job) for job in found]))
         return
+    click.echo(_JOB_LINE.format("ID", "STATE", "QUEUE", "TASK", "ATTEMPT", "CREATED", "LAST ERROR OR PARENTS").rstrip())
     for job in found:
         note = (job.last_error or "").strip().splitlines()[-1:] or [""]
         if job.state is State.WAITING:
             note = [f"waiting on {job.pending_parents} of {len(job.parents)} parents: {_ids(job.parents)}"]
-        click.echo(
-            f"{job.id:>10}  {job.state.value:<9}  {job.queue:<16} {job.task:<24} "
-            f"attempt {job.attempt}/{job.max_attempts}  {job.created_at:%Y-%m-%d %H:%M:%S}  {note[0][:80]}"
-        )
+        fields = (job.id, job.state.value, job.queue, job.task, f"{job.attempt}/{job.max_attempts}",
+                  f"{job.created_at:%Y-%m-%d %H:%M:%S}", note[0][:80])  # fmt: skip
+        click.echo(_JOB_LINE.format(*fields).rstrip())
 
 
-def _ids(ids: tuple[int, ...], shown: int = 10) -> str:
+def _ids(ids: Sequence[int], shown: int = 10) -> str:
     """Job ids for one line: the first ``shown``, then how many more."""
     more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
     return ", ".join(map(str, ids[:shown])) + more
@@ -530,24 +575,26 @@ def list_queues(as_json: bool, database_url: str | None) -> None:
 @main.command("limits")
 @click.option("--json", "as_json", is_flag=True, help="Print the limits as a JSON array.")
 @click.option("--limit", "count", type=click.IntRange(1, 10_000), default=100, show_default=True,
-              help="Show at most this many limits (those with the most jobs waiting).")  # fmt: skip
+              help="Show at most this many limits (those with the most jobs waiting, then slots held).")  # fmt: skip
 @database_option
 @friendly_errors
 def limits(as_json: bool, count: int, database_url: str | None) -> None:
-    """The limits jobs wait on: for each, the due jobs that name it, and its slots held or
-    tokens left (see the README's "Limits")."""
+    """The limits jobs wait on or hold slots of: for each, the due jobs that name it, and its
+    slots held and by which jobs, or its tokens left (see the README's "Limits")."""
     with open_client(database_url) as client:
         waits = client.limit_waits(count)
     if as_json:
         click.echo(to_json([w._asdict() for w in waits]))
         return
     if not waits:
-        click.echo("no job is waiting on a limit")
+        click.echo("no job is waiting on a limit or holding a slot")
         return
     click.echo(f"{'LIMIT':<48} {'WAITING':>8}  STATE")
     for w in waits:
         if w.max_running is not None:
             state = f"{w.held or 0}/{w.max_running} slots held"
+            if w.holders:
+                state += f" by job{'s' if len(w.holders) > 1 else ''} {_ids(w.holders)}"
         elif w.rate is not None:
             state = f"{w.rate:g}/s, {w.tokens or 0:.1f} tokens left"
         else:
@@ -678,7 +725,9 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
     return click.option(f"--{name}", type=float, default=default, show_default=True, help="Seconds.")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIQUEUE"})
+@click.command(
+    cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIQUEUE"}
+)
 @click.option("--app", "app_ref", required=True, help="The app to run, as module:attribute.")
 @click.option("--workers", type=int, default=os.cpu_count() or 1, show_default=True, help="Worker processes.")
 @click.option("--queues", help="Comma-separated queues to claim from (default: every queue of the app's tasks).")

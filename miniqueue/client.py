@@ -576,8 +576,9 @@ class Client(BaseClient):
         return self._run(self.store.queue_limits_steps())
 
     def limit_waits(self, limit: int = 100) -> list[LimitWait]:
-        """The limits jobs are waiting on, most waiting first: for each, how many due jobs name it
-        (for a queue's cap, every due job of the queue) and its slots held or tokens left."""
+        """The limits jobs are waiting on or hold slots of, most waiting first: for each, how many
+        due jobs name it (for a queue's cap, every due job of the queue), and its slots held and
+        the jobs holding them, or its tokens left."""
         return self._run(self.store.limit_waits_steps(limit))
 
     def enable_schedule(self, name: str, *, app: App | None = None) -> None:

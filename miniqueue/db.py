@@ -40,7 +40,22 @@ _URL_DELIMITERS_RE = re.compile(r"[/@:?#,&=\s]")
 _QUOTED_RE = re.compile(r'"([^"]*)"')
 _URL_PREFIXES = ("postgresql://", "postgres://")
 _DSN_FORMS = "use postgresql://user:password@host:port/dbname, or key=value pairs such as 'host=... dbname=...'"
-_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]*")
+#: The longest name PostgreSQL takes, in bytes (NAMEDATALEN - 1): a longer identifier is cut, a
+#: longer LISTEN/NOTIFY channel name refused.
+MAX_NAME_BYTES = 63
+#: The LISTEN/NOTIFY channels of a schema's queue: its new jobs (payload: the queue), and its
+#: finished jobs that someone waits for (payload: the job id).
+QUEUE_CHANNEL = "miniqueue_{schema}"
+FINISHED_CHANNEL = "miniqueue_{schema}_finished"
+#: Every name miniqueue derives from a schema's, the schema's own first.
+_SCHEMA_NAMES = ("{schema}", QUEUE_CHANNEL, FINISHED_CHANNEL)
+#: The longest schema name for which every derived name fits.
+MAX_SCHEMA_LENGTH = MAX_NAME_BYTES - max(len(name.format(schema="")) for name in _SCHEMA_NAMES)
+# Schema names PostgreSQL keeps for itself: CREATE SCHEMA refuses the prefix (pg_catalog, pg_temp
+# and pg_toast have it), and information_schema is its own too.
+_RESERVED_PREFIX = "pg_"
+_RESERVED_SCHEMAS = frozenset({"information_schema"})
 
 #: Set to 1 when DATABASE_URL (or a Client's DSN) reaches PostgreSQL through PgBouncer, or a
 #: pooler like it, in transaction mode.
@@ -232,12 +247,22 @@ def check_dsn(dsn: str) -> dict[str, str]:
 
 
 def check_schema(schema: str) -> str:
-    """Return ``schema`` if it is a plain lower-case SQL identifier, else raise ConfigError."""
+    """Return ``schema`` if PostgreSQL takes it, and every name derived from it (see
+    :data:`MAX_SCHEMA_LENGTH`), else raise ConfigError naming the problem."""
     if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
-        raise ConfigError(
-            f"schema name {schema!r} is invalid: use 1-63 characters of a-z, 0-9 or '_', not starting with a digit"
-        )
-    return schema
+        problem = f"use 1-{MAX_SCHEMA_LENGTH} characters of a-z, 0-9 or '_', not starting with a digit"
+    elif len(schema) > MAX_SCHEMA_LENGTH:
+        longest = max(_SCHEMA_NAMES, key=len)
+        problem = (f"it is {len(schema)} characters long, and at most {MAX_SCHEMA_LENGTH} keep the names miniqueue "
+                   f"derives from it within PostgreSQL's {MAX_NAME_BYTES} bytes ({longest.format(schema='<schema>')!r} "
+                   f"would be {len(longest.format(schema=schema))})")  # fmt: skip
+    elif schema.startswith(_RESERVED_PREFIX):
+        problem = f"PostgreSQL reserves names starting with {_RESERVED_PREFIX!r} for its system schemas"
+    elif schema in _RESERVED_SCHEMAS:
+        problem = "it is PostgreSQL's own schema"
+    else:
+        return schema
+    raise ConfigError(f"schema name {schema!r} is invalid: {problem}")
 
 
 def behind_pooler() -> bool:

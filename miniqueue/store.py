@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from .db import Connection, check_schema, cursor_for, translate_errors
+from .db import FINISHED_CHANNEL, QUEUE_CHANNEL, Connection, check_schema, cursor_for, translate_errors
 from .errors import InvalidInput, InvalidTransition, JobNotFound, LeaseLost
 from .job import (
     CANCELLABLE_STATES,
@@ -799,10 +799,11 @@ ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running
 """
 _QUEUE_LIMITS = "SELECT name, max_running FROM {queues} WHERE max_running IS NOT NULL ORDER BY name"
 
-# Each limit with jobs waiting on it: due, available jobs that name it (or, for a queue's cap,
-# every due job of the queue), its limit, and the slots held or tokens left. Read from the
-# limited jobs' index and the claim index of capped queues: its cost grows with the jobs
-# waiting on limits, never with finished rows.
+# Each limit with jobs waiting on it or a slot held: due, available jobs that name it (or, for a
+# queue's cap, every due job of the queue), its limit, the jobs holding its slots (running at the
+# attempt that took the slot) and the tokens left. Read from the limited jobs' index, the claim
+# index of capped queues and the expired-lease index (running jobs, one per busy handler): its
+# cost grows with the jobs waiting on limits and the jobs running, never with finished rows.
 _LIMIT_WAITS = """
 WITH waiting AS (
     SELECT s.scope, count(*) AS waiting
@@ -816,14 +817,23 @@ WITH waiting AS (
            + (SELECT count(*) FROM {jobs} j
                WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = q.name AND j.scheduled_at <= now())
       FROM {queues} q WHERE q.max_running IS NOT NULL
+    UNION ALL
+    SELECT DISTINCT s.scope, 0
+      FROM {jobs} j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
+     WHERE j.state = 'running' AND j.lease_expires_at IS NOT NULL AND j.limits IS NOT NULL
+), scopes AS (
+    SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
 )
-SELECT w.scope, w.waiting, l.max_running, l.rate,
-       (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-          JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt) AS held,
-       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens
-  FROM waiting w LEFT JOIN {limits} l USING (scope)
- WHERE w.waiting > 0
- ORDER BY w.waiting DESC, w.scope
+SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
+       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
+       h.holders
+  FROM scopes w LEFT JOIN {limits} l USING (scope)
+ CROSS JOIN LATERAL (
+       SELECT ARRAY(SELECT h.id FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                      JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                     ORDER BY h.id) AS holders) h
+ WHERE w.waiting > 0 OR cardinality(h.holders) > 0
+ ORDER BY w.waiting DESC, cardinality(h.holders) DESC, w.scope
  LIMIT %(limit)s
 """
 
@@ -986,9 +996,9 @@ class Failure:
 
 
 class LimitWait(NamedTuple):
-    """Jobs waiting on one limit: its scope name, how many wait, and its state (a concurrency
-    limit's ``max_running`` and slots ``held``, or a rate limit's ``rate`` per second and
-    ``tokens`` left)."""
+    """One limit that jobs wait on or hold slots of: its scope name, how many due jobs wait, and
+    its state (a concurrency limit's ``max_running``, slots ``held`` and the ids of the jobs
+    holding them, ``holders``; or a rate limit's ``rate`` per second and ``tokens`` left)."""
 
     scope: str
     waiting: int
@@ -996,6 +1006,7 @@ class LimitWait(NamedTuple):
     rate: float | None
     held: int | None
     tokens: float | None
+    holders: list[int]
 
 
 class JobsChurn(NamedTuple):
@@ -1036,9 +1047,9 @@ class Store:
 
     def __init__(self, schema: str = "public") -> None:
         self.schema = check_schema(schema)
-        self.channel = f"miniqueue_{schema}"
+        self.channel = QUEUE_CHANNEL.format(schema=schema)
         #: Where the statements that finish a job someone waits for notify (payload: the job id).
-        self.finished_channel = f"miniqueue_{schema}_finished"
+        self.finished_channel = FINISHED_CHANNEL.format(schema=schema)
         jobs = sql.Identifier(schema, "miniqueue_jobs")
         self.table_name = jobs.as_string()
         names: dict[str, sql.Composable] = {
@@ -1857,7 +1868,8 @@ class Store:
         return {row[0]: row[1] for row in rows}
 
     def limit_waits(self, conn: Connection, limit: int = 100) -> list[LimitWait]:
-        """The limits that jobs wait on, most waiting first (at most ``limit``)."""
+        """The limits that jobs wait on or hold slots of, most waiting first, then most held (at
+        most ``limit``)."""
         return run(conn, self.limit_waits_steps(limit))
 
     def limit_waits_steps(self, limit: int = 100) -> Steps[list[LimitWait]]:

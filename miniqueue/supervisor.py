@@ -1,6 +1,7 @@
 """The prefork supervisor behind ``miniqueue-supervise``: the arbiter.
 
-It forks N worker processes and one reaper, then runs a loop that ticks at least once a second:
+It has a child of its own check that the app loads, forks N worker processes and one reaper, then
+runs a loop that ticks at least once a second:
 act on recorded signals → read children's reports → reap dead children with ``waitpid`` (and
 return the jobs a dead worker held) → kill stale ones → spawn missing ones. Each concern lives
 in a module of its own: :mod:`~miniqueue.signals` (handlers that only record),
@@ -30,10 +31,10 @@ import psutil
 from . import reports
 from .app import App, load_app
 from .capacity import check_database
-from .child import ChildSpec, run_child
+from .child import ChildSpec, run_app_check, run_child
 from .children import Child
 from .db import check_schema, mask_dsn
-from .errors import ConfigError
+from .errors import AppLoadError, ConfigError
 from .inflight import InflightBoard
 from .probes import Probes
 from .process import EXIT_BOOT_ERROR, describe_exit, host_name, set_title, signal_name
@@ -127,9 +128,11 @@ class Supervisor:
         set_title("supervisor")
         self.signals.install()  # first: a TERM during start-up must stop us cleanly, not kill us
         check_database(self.config, self.store)
+        self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
         if self.config.preload:
             self.app = load_app(self.config.app_ref)
-        self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
+        else:
+            self.check_app()
         if self.config.metrics_port is not None:
             self.probes = Probes(self.config.metrics_host, self.config.metrics_port)
         log.info("supervisor starting %d worker(s) and a reaper for %s on %s", self.config.workers,
@@ -147,6 +150,35 @@ class Supervisor:
             return EXIT_BOOT_ERROR
         log.info("supervisor stopped")
         return 0
+
+    def check_app(self) -> None:
+        """Raise AppLoadError if the app does not load, before any worker is forked: a child of
+        its own imports it once, so that the supervisor itself never does (workers that HUP
+        starts import the code deployed since). A signal to stop meanwhile ends the check."""
+        read_fd, write_fd = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            run_app_check(self.config.app_ref, write_fd, [read_fd, *self.signals.filenos()])
+        os.close(write_fd)
+        said = b""
+        try:
+            while not self.stopping:
+                readable, _, _ = select.select([read_fd, self.signals.wake_r], [], [])
+                if self.signals.wake_r in readable:
+                    self.handle_signals()
+                if read_fd in readable:
+                    if not (chunk := os.read(read_fd, 65536)):
+                        break
+                    said += chunk
+            if self.stopping:
+                self.kill(pid, signal.SIGKILL)
+        finally:
+            os.close(read_fd)
+            _, status = os.waitpid(pid, 0)
+        if status and not self.stopping:
+            raise AppLoadError(said.decode(errors="replace").strip() or f"the app check {describe_exit(status)}")
 
     def tick(self) -> None:
         self.notifier.watchdog()

@@ -83,15 +83,11 @@ def bad_input(result: Result, *fragments: str) -> str:
 
 
 def usage_error(result: Result, *fragments: str) -> str:
-    """A usage error: exit 2, the usage, and one ``Error:`` line naming ``fragments``."""
-    assert "Traceback" not in result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
-    assert len(errors) == 1, result.output
-    for fragment in fragments:
-        assert fragment in errors[0]
-    return errors[0]
+    """A usage error: exit 2 and one line, ``Error: ...``, naming ``fragments`` and the command's
+    ``--help`` (never click's usage block)."""
+    line = error_line(result, *fragments, code=2)
+    assert line.endswith(" --help')"), line
+    return line
 
 
 def claim(store: Store, conn: Connection, queue: str = "default") -> int:
@@ -305,13 +301,17 @@ def test_jobs_list_is_newest_first_and_its_json_matches_the_rows(
         assert dt.datetime.fromisoformat(job["scheduled_at"]) == stored["scheduled_at"]
         assert len(job["errors"]) == len(stored["errors"])
 
-    lines = ok(cli("jobs", "list")).splitlines()
+    header, *lines = ok(cli("jobs", "list")).splitlines()
+    assert header.split() == ["ID", "STATE", "QUEUE", "TASK", "ATTEMPT", "CREATED", "LAST", "ERROR", "OR", "PARENTS"]
     assert len(lines) == 7
     for line, job in zip(lines, found, strict=True):
         fields = line.split()
-        assert fields[:4] == [str(job["id"]), job["state"], job["queue"], job["task"]]
-        assert f"attempt {job['attempt']}/{job['max_attempts']}" in line
+        assert fields[:5] == [str(job["id"]), job["state"], job["queue"], job["task"],
+                              f"{job['attempt']}/{job['max_attempts']}"]  # fmt: skip
+        assert header.index("STATE") == line.index(job["state"]), "each column under its header"
+        assert header.index("TASK") == line.index(job["task"])
     assert lines[2].rstrip().endswith("boom in beta")  # the dead job shows its last error
+    assert ok(cli("jobs", "list", "--queue", "nope")).splitlines() == [header.rstrip()], "the header alone"
 
 
 @pytest.mark.parametrize(
@@ -644,12 +644,67 @@ def test_periodic_list_shows_each_schedule_and_its_state(cli: Invoke, periodic_t
 
 def test_periodic_list_needs_a_loadable_app(cli: Invoke) -> None:
     usage_error(cli("periodic", "list"), "Missing option '--app'")
-    broken = cli("periodic", "list", "--app", "tests.no_such_module:app")
-    # An app that fails to import is shown with its own traceback (the import's frames), but as
-    # the command's error message, never click's crash.
-    assert isinstance(broken.exception, SystemExit) and broken.exit_code == 1, broken.output
-    assert broken.output.startswith("Error: cannot import module 'tests.no_such_module'")
-    error_line(cli("periodic", "list", "--app", "nocolon"), "app reference 'nocolon' is invalid")
+    bad_input(cli("periodic", "list", "--app", "nocolon"), "app reference 'nocolon' is invalid")
+    bad_input(cli("periodic", "list", "--app", "tests.test_cli:NOPE"),
+              "module 'tests.test_cli' has no attribute 'NOPE'")  # fmt: skip
+
+
+#: Each way an --app can fail to load, and what its one line says (where, for an error the app's own code raised).
+BAD_APPS = {
+    "a typo in the module": ("tests.apss.supervised:app", "ModuleNotFoundError: No module named 'tests.apss'"),
+    "a module that raises": ("tests.apps.broken:app", "RuntimeError: this app is broken on purpose (at "),
+}
+
+
+@pytest.mark.parametrize("command", [["periodic", "list"], ["periodic", "enable", "x"], ["web"]], ids=" ".join)
+@pytest.mark.parametrize(("app", "message"), list(BAD_APPS.values()), ids=list(BAD_APPS))
+def test_an_app_that_does_not_load_is_one_line_and_exit_2(
+    cli: Invoke, command: list[str], app: str, message: str
+) -> None:
+    module = app.split(":")[0]
+    line = bad_input(cli(*command, "--app", app), f"cannot import module '{module}' for app '{app}'", message)
+    assert "^" not in line and "importlib" not in line
+    if "broken" in app:
+        assert line.endswith("tests/apps/broken.py:3)"), "the file and line that raised"
+
+
+# --- usage errors ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["enqueue", "t", "--priority", "abc"],
+         "Error: Invalid value for '--priority': 'abc' is not a valid integer (see 'miniqueue enqueue --help')"),
+        (["enqueue", "t", "--prioritty", "3"],
+         "Error: No such option '--prioritty'. Did you mean '--priority'? (see 'miniqueue enqueue --help')"),
+        (["enqueue"], "Error: Missing argument 'TASK' (see 'miniqueue enqueue --help')"),
+        (["nosuch"], "Error: No such command 'nosuch' (see 'miniqueue --help')"),
+        (["--nosuch"], "Error: No such option '--nosuch' (see 'miniqueue --help')"),
+        (["queues", "limit", "mail"],
+         "Error: give either MAX_RUNNING or --remove (see 'miniqueue queues limit --help')"),
+    ],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_naming_the_problem_and_the_help(args: list[str], line: str) -> None:
+    result = CliRunner().invoke(main, args, prog_name="miniqueue", env={"DATABASE_URL": "postgresql://unused/db"})
+    assert (result.exit_code, result.output) == (2, line + "\n")
+
+
+def test_a_usage_error_of_miniqueue_supervise_is_one_line(repo_root: Path) -> None:
+    """The supervisor's own entry point, as an operator runs it."""
+    code = "from miniqueue.cli import supervise_main; supervise_main()"
+    result = subprocess.run([sys.executable, "-c", code, "--app", "a:b", "--workers", "x"],
+                            capture_output=True, text=True, cwd=repo_root, timeout=60)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "Error: Invalid value for '--workers': 'x' is not a valid integer (see 'miniqueue-supervise --help')\n"
+    )
+
+
+def test_a_group_without_a_command_still_shows_its_help() -> None:
+    result = CliRunner().invoke(main, ["queues"], prog_name="miniqueue")
+    assert "Usage: miniqueue queues [OPTIONS] COMMAND [ARGS]..." in result.output
+    assert "Pause, resume and cap queues." in result.output
 
 
 # --- the database URL -------------------------------------------------------------------------------

@@ -411,18 +411,49 @@ def test_the_cli_caps_a_queue_and_shows_what_waits_on_limits(
     client.enqueue_many([JobSpec("t", {"i": i}, queue="mail", concurrency_key="A") for i in range(4)])
     result = cli(dsn, "queues", "limit", "mail", "2")
     assert (result.exit_code, result.output) == (0, "queue mail: at most 2 running\n")
-    claim(store, conn, queues=("mail",))
     listed = json.loads(cli(dsn, "queues", "list", "--json").output)
     assert listed == [{"queue": "mail", "paused": False, "max_running": 2}]
+    (running,) = claim(store, conn, queues=("mail",))
     waits = json.loads(cli(dsn, "limits", "--json").output)
     assert waits == [
-        {"scope": "concurrency t A", "waiting": 3, "max_running": 1, "rate": None, "held": 1, "tokens": None},
-        {"scope": "queue mail", "waiting": 3, "max_running": 2, "rate": None, "held": 1, "tokens": None},
-    ]
+        {"scope": "concurrency t A", "waiting": 3, "max_running": 1, "rate": None, "held": 1, "tokens": None,
+         "holders": [running.id]},
+        {"scope": "queue mail", "waiting": 3, "max_running": 2, "rate": None, "held": 1, "tokens": None,
+         "holders": [running.id]},
+    ]  # fmt: skip
     text = cli(dsn, "limits").output
-    assert "concurrency t A" in text and "1/1 slots held" in text
+    assert "concurrency t A" in text and f"1/1 slots held by job {running.id}" in text
     assert cli(dsn, "queues", "limit", "mail", "--remove").output == "queue mail: no cap\n"
     assert client.queue_limits() == {}
+
+
+def test_the_cli_shows_the_slots_running_jobs_hold_with_no_job_waiting(
+    dsn: str, client: Client, store: Store, conn: Connection
+) -> None:
+    client.enqueue_many([JobSpec("t", {"i": i}, queue="mail", concurrency_key="A", max_concurrent=3) for i in range(2)])
+    client.enqueue("t", {}, queue="mail", rate_limit="5/s")
+    client.limit_queue("mail", 4)
+    leases = claim(store, conn, queues=("mail",))
+    holders = ids([lease for lease in leases if row(conn, lease.id)["limits"] != ["rate t"]])
+    assert len(leases) == 3 and count(conn, "state = 'available'") == 0, "every job running, none waiting"
+
+    waits = json.loads(cli(dsn, "limits", "--json").output)
+    assert [(w["scope"], w["waiting"], w["max_running"], w["held"], w["holders"]) for w in waits] == [
+        ("queue mail", 0, 4, 3, ids(leases)),
+        ("concurrency t A", 0, 3, 2, holders),
+    ], "a rate limit holds no slot: it is listed only while jobs wait on it"
+    result = cli(dsn, "limits")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"{'LIMIT':<48} {'WAITING':>8}  STATE",
+        f"{'queue mail':<48} {0:>8}  3/4 slots held by jobs {', '.join(map(str, ids(leases)))}",
+        f"{'concurrency t A':<48} {0:>8}  2/3 slots held by jobs {', '.join(map(str, holders))}",
+    ]
+
+    for lease in leases:  # a finished job's slot is free at once, though the claim prunes its holder later
+        store.complete(conn, lease.id, "w", lease.attempt)
+    assert json.loads(cli(dsn, "limits", "--json").output) == []
+    assert cli(dsn, "limits").output == "no job is waiting on a limit or holding a slot\n"
 
 
 @pytest.mark.parametrize(

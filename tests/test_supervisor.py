@@ -277,18 +277,50 @@ def test_a_handler_past_its_hard_timeout_is_killed_and_charged(
     assert error.startswith(f"worker process killed: job {job_id} (stuck) exceeded its 0.5s timeout")
 
 
-def test_a_bad_app_exits_non_zero_with_the_import_error(supervise: StartSupervisor) -> None:
+@pytest.mark.parametrize("preload", [[], ["--preload"]], ids=["checked in a child", "preloaded"])
+@pytest.mark.parametrize(
+    ("app", "error"),
+    [
+        ("tests.apss.supervised:app", "Error: cannot import module 'tests.apss.supervised' for app "
+         "'tests.apss.supervised:app': ModuleNotFoundError: No module named 'tests.apss'"),
+        ("tests.apps.broken:app", "Error: cannot import module 'tests.apps.broken' for app 'tests.apps.broken:app': "
+         "RuntimeError: this app is broken on purpose (at "),
+        ("tests.apps.supervised:ap", "Error: module 'tests.apps.supervised' has no attribute 'ap' "
+         "(app 'tests.apps.supervised:ap')"),
+    ],
+    ids=["a typo in the module", "a module that raises", "a typo in the attribute"],
+)  # fmt: skip
+def test_an_app_that_does_not_load_stops_the_supervisor_before_any_fork(
+    supervise: StartSupervisor, app: str, error: str, preload: list[str]
+) -> None:
+    sup = supervise(*preload, app=app, workers=2)
+    assert sup.proc.wait(30) == 2
+    [line] = sup.output().splitlines()  # no child spawned, no traceback: the one line
+    assert line.startswith(error), line
+
+
+def test_a_broken_app_says_where_it_broke(supervise: StartSupervisor) -> None:
     sup = supervise(app="tests.apps.broken:app", workers=2)
+    assert sup.proc.wait(30) == 2
+    assert sup.output().rstrip().endswith("tests/apps/broken.py:3)")
+
+
+def test_children_that_keep_failing_to_boot_stop_the_supervisor(supervise: StartSupervisor) -> None:
+    sup = supervise(app="tests.apps.loads_only_in_the_check:app", workers=2)
     assert sup.proc.wait(30) == 3
-    assert "this app is broken on purpose" in sup.output()
-    assert 'tests/apps/broken.py", line 3, in <module>' in sup.output()  # where it broke
-    assert "failed to boot 3 times in a row" in sup.output()
+    output = sup.output()
+    assert "failed to boot 3 times in a row" in output
+    assert re.search(r"this app fails in (worker-\d|reaper) on purpose", output), output
 
 
-def test_a_missing_module_exits_non_zero_with_preload(supervise: StartSupervisor) -> None:
-    sup = supervise("--preload", app="tests.apps.nope:app", workers=1)
-    assert sup.proc.wait(30) == 1
-    assert "cannot import module 'tests.apps.nope'" in sup.output()
+def test_a_stop_during_the_app_check_ends_it(supervise: StartSupervisor) -> None:
+    sup = supervise(app="tests.apps.never_loads:app", workers=1)
+    check = wait_until(lambda: [pid for pid, title in sup.titles().items() if "app-check" in title],
+                       what="the app check running")  # fmt: skip
+    sup.proc.send_signal(signal.SIGTERM)
+    assert sup.proc.wait(30) == 0
+    assert not psutil.pid_exists(check[0]) or psutil.Process(check[0]).status() == psutil.STATUS_ZOMBIE
+    assert "spawned" not in sup.output()
 
 
 def test_two_supervisors_share_the_work_without_duplicates(

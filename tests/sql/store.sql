@@ -1788,14 +1788,23 @@ WITH waiting AS (
            + (SELECT count(*) FROM "public"."miniqueue_jobs" j
                WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = q.name AND j.scheduled_at <= now())
       FROM "public"."miniqueue_queues" q WHERE q.max_running IS NOT NULL
+    UNION ALL
+    SELECT DISTINCT s.scope, 0
+      FROM "public"."miniqueue_jobs" j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
+     WHERE j.state = 'running' AND j.lease_expires_at IS NOT NULL AND j.limits IS NOT NULL
+), scopes AS (
+    SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
 )
-SELECT w.scope, w.waiting, l.max_running, l.rate,
-       (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-          JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt) AS held,
-       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens
-  FROM waiting w LEFT JOIN "public"."miniqueue_limits" l USING (scope)
- WHERE w.waiting > 0
- ORDER BY w.waiting DESC, w.scope
+SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
+       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
+       h.holders
+  FROM scopes w LEFT JOIN "public"."miniqueue_limits" l USING (scope)
+ CROSS JOIN LATERAL (
+       SELECT ARRAY(SELECT h.id FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                      JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                     ORDER BY h.id) AS holders) h
+ WHERE w.waiting > 0 OR cardinality(h.holders) > 0
+ ORDER BY w.waiting DESC, cardinality(h.holders) DESC, w.scope
  LIMIT %(limit)s;
 
 -- _known_queues
