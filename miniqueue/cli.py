@@ -338,7 +338,7 @@ def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int
         note = (job.last_error or "").strip().splitlines()[-1:] or [""]
         if job.state is State.WAITING:
             note = [f"waiting on {job.pending_parents} of {len(job.parents)} parents: {_ids(job.parents)}"]
-        fields = (job.id, job.state.value, job.queue, job.task, f"{job.attempt}/{job.max_attempts}",
+        fields = (job.id, job.state.value, job.queue, job.task, f"{job.charged_attempts}/{job.attempt_budget}",
                   f"{job.created_at:%Y-%m-%d %H:%M:%S}", note[0][:80])  # fmt: skip
         click.echo(_JOB_LINE.format(*fields).rstrip())
 
@@ -363,16 +363,20 @@ def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
         click.echo(to_json(fields))
         return
     history = fields.pop("errors")
+    # Attempts as people read them, charged of the budget (the attempt number is a fencing token).
+    fields = {key: value for key, value in fields.items() if key not in ("max_attempts", "attempt_budget")}
+    fields["attempt"] = job.describe_attempts().removeprefix("attempt ")
     for key, value in fields.items():
         shown = to_json(value) if key in ("payload", "result", "parents", "dependents") else value
         click.echo(f"{key:>16}: {shown}")
-    for entry in history:
-        click.echo(f"--- attempt {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
+    for entry in history:  # each entry names the run it ended (the attempt number at the time)
+        click.echo(f"--- run {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
 
 
 def _job_dict(job: JobRecord) -> dict[str, Any]:
     fields = {k: v for k, v in job.__dict__.items() if k != "errors"}
     fields["state"] = job.state.value
+    fields["charged_attempts"] = job.charged_attempts
     fields["errors"] = [e.__dict__ for e in job.errors]
     return fields
 

@@ -25,7 +25,7 @@ from miniqueue.cli import main
 from miniqueue.context import Job
 from miniqueue.db import Connection
 from miniqueue.logs import JsonFormatter
-from miniqueue.store import Store
+from miniqueue.store import Release, Store
 from miniqueue.worker import Worker, WorkerConfig
 
 from .helpers import count, row, wait_until
@@ -307,7 +307,7 @@ def test_jobs_list_is_newest_first_and_its_json_matches_the_rows(
     for line, job in zip(lines, found, strict=True):
         fields = line.split()
         assert fields[:5] == [str(job["id"]), job["state"], job["queue"], job["task"],
-                              f"{job['attempt']}/{job['max_attempts']}"]  # fmt: skip
+                              f"{job['charged_attempts']}/{job['attempt_budget']}"]  # fmt: skip
         assert header.index("STATE") == line.index(job["state"]), "each column under its header"
         assert header.index("TASK") == line.index(job["task"])
     assert lines[2].rstrip().endswith("boom in beta")  # the dead job shows its last error
@@ -382,8 +382,9 @@ def test_jobs_show_prints_every_field_and_the_error_history(
 
     text = ok(cli("jobs", "show", str(job_id)))
     assert f"id: {job_id}" in text and "state: available" in text and 'payload: {"user": 42}' in text
-    assert "--- attempt 1 at " in text and f" on {W}\nTraceback ...\nValueError: failure 1" in text
-    assert text.index("--- attempt 1") < text.index("--- attempt 2")
+    assert "attempt: 2 of 3\n" in text, "charged of the budget"
+    assert "--- run 1 at " in text and f" on {W}\nTraceback ...\nValueError: failure 1" in text
+    assert text.index("--- run 1") < text.index("--- run 2")
     assert text.rstrip().endswith("ValueError: failure 2")
 
 
@@ -1026,3 +1027,20 @@ def test_the_json_log_time_is_utc_with_its_zone() -> None:
     logged = dt.datetime.fromisoformat(entry["time"].replace("Z", "+00:00"))
     assert logged.utcoffset() == dt.timedelta(0)
     assert abs(logged.timestamp() - record.created) < 0.001
+
+
+def test_jobs_list_and_show_read_attempts_as_charged_of_the_budget(
+    cli: Invoke, client: Client, store: Store, conn: Connection
+) -> None:
+    """Runs handed back uncharged move the attempt number (a fencing token) but charge nothing:
+    what an operator reads is charged of the budget, and the runs."""
+    job_id = client.enqueue("t", queue="q", max_attempts=5).id
+    for run in (1, 2, 3):
+        claim(store, conn, "q")
+        store.release(conn, W, [Release(job_id, run, "handed back unstarted")])
+    claim(store, conn, "q")
+    store.record_failure(conn, job_id, W, 4, "boom", 0)
+    assert (row(conn, job_id)["attempt"], row(conn, job_id)["max_attempts"]) == (4, 8)
+    [line] = ok(cli("jobs", "list")).splitlines()[1:]
+    assert line.split()[4] == "1/5"
+    assert "attempt: 1 of 5, 4 runs\n" in ok(cli("jobs", "show", str(job_id)))
