@@ -127,8 +127,11 @@ def _job_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
 # -- executions and their causes ---------------------------------------------------------------------
 
 
-#: How a job handed back by a worker whose every thread was busy past its prefetch budget begins.
-PREFETCH_HAND_BACK = "handed back unstarted: every handler thread"
+#: How a job handed back by a worker whose every handler of the job's kind (threads, or the
+#: event loop's coroutines) was busy past its prefetch budget begins.
+PREFETCH_HAND_BACK = tuple(
+    f"handed back unstarted: every {kind} of its worker" for kind in ("handler thread", "async handler", "handler")
+)
 
 
 def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
@@ -138,7 +141,7 @@ def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
 
     - handed back unstarted by a worker that stopped, or interrupted by a requested stop
       (``... attempt not charged``): a worker told to stop (its supervisor killed or stopped);
-    - handed back unstarted because every handler thread was busy past the prefetch budget:
+    - handed back unstarted because every handler of its kind was busy past the prefetch budget:
       no fault, the prefetch doing its job (no handler ran, so nothing ran twice);
     - ``worker process died: SIGKILL`` (released by the supervisor, charged or, for a job that
       was not running, handed back): a kill of that very pid;
@@ -338,7 +341,7 @@ def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
             own = ev.lease(job, attempt, pid=stop.pid)
             done = ev.completing_attempt(job)
             takeover = own is not None and own.end_state not in (None, "completed")
-            logged = _discarded_in_log(run.logs, stop.pid, job, attempt)
+            logged = _discarded_in_log(run.logs, stop.pid, job)
             entry = {
                 "job": job,
                 "attempt": attempt,
@@ -369,8 +372,11 @@ def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
     ]
 
 
-def _discarded_in_log(logs: str, pid: int, job: int, attempt: int) -> bool:
-    pattern = rf"\[worker-\d+ {pid}\] WARNING [\w.]+: job {job} \([^)]*\) attempt {attempt}/\d+: outcome discarded"
+def _discarded_in_log(logs: str, pid: int, job: int) -> bool:
+    """Whether worker ``pid`` logged discarding its outcome of ``job``. The line reads attempts
+    as charged of the budget (``attempt 1 of 5, 3 runs``), not by the attempt number: one
+    process holds one lease of a job at a time, so its pid and the job name the attempt."""
+    pattern = rf"\[worker-\d+ {pid}\] WARNING [\w.]+: job {job} \([^)]*\) attempt \d+ of \d+[^:]*: outcome discarded"
     return re.search(pattern, logs) is not None
 
 

@@ -286,7 +286,7 @@ def test_cli_and_dashboard_show_parents_dependents_and_results(client: Client, c
 
     listed = run(dsn, "jobs", "list", "--state", "waiting")
     assert listed.exit_code == 0, listed.output
-    [line] = listed.stdout.strip().splitlines()
+    _header, line = listed.stdout.strip().splitlines()
     assert line.split()[:2] == [str(waiting), "waiting"] and f"waiting on 1 of 1 parents: {other}" in line
     shown = run(dsn, "jobs", "show", str(parent)).stdout
     assert 'result: {"name": "caf\\u00e9", "rows": 3}' in shown and f"dependents: [{child}]" in shown
