@@ -426,9 +426,9 @@ def test_a_worker_that_dies_after_it_was_ready_has_its_cause_logged(
         sup = fleet.start("--schema", schema, workers=1)
         sup.wait_ready(1)
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))  # under the worker's feet
-        cause = "reported: miniqueue.errors.SchemaOutOfDate: the miniqueue tables are missing"
-        wait_until(lambda: cause in sup.output(), what="the worker's own error in the supervisor's log")
-        assert re.search(r"worker-1 \(pid \d+\) exited with code 1\n.*worker-1 \(pid \d+\) reported: ", sup.output())
+        cause = (r"worker-1 \(pid (\d+)\) exited with code 1\n.* worker-1 \(pid \1\) reported: "
+                 r"miniqueue\.errors\.SchemaOutOfDate: the miniqueue tables are missing")
+        wait_until(lambda: re.search(cause, sup.output()), what="the worker's own error in the supervisor's log")
     finally:
         fleet.stop_all()
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
