@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniqueue import State
-from miniqueue.db import connect
-from miniqueue.store import Store, _columns
+from miniqueue.core.db import connect
+from miniqueue.store.store import Store, _columns
 
 from .database import QUEUE, count_in_state, seed_jobs, settle
 from .measure import Laps, Sample, WorkerReport, combine

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from miniqueue import Client, JobSpec
-from miniqueue.db import Connection, connect
+from miniqueue.core.db import Connection, connect
 
 from .database import QUEUE, TASK, payload, settle
 from .measure import Sample

@@ -12,9 +12,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from miniqueue import Client, JobSpec
-from miniqueue.db import connect
-from miniqueue.store import Store
-from miniqueue.validation import validate
+from miniqueue.core.db import connect
+from miniqueue.core.validation import validate
+from miniqueue.store.store import Store
 
 from .database import QUEUE, TASK, payload, settle
 from .measure import Laps, Sample, WorkerReport, combine

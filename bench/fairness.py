@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 
 from miniqueue import JobSpec
-from miniqueue.db import connect
+from miniqueue.core.db import connect
 
 from .apps import LONG_SECONDS, LONG_TASK, SHORT_TASK
 from .database import QUEUE, payload, settle

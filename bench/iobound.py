@@ -33,7 +33,7 @@ from typing import Literal
 import psutil
 
 from miniqueue import App, Job, JobSpec, Worker, WorkerConfig
-from miniqueue.db import Connection, connect
+from miniqueue.core.db import Connection, connect
 
 from .database import QUEUE, settle
 from .drain import _LAST_ID, _check_outcome, enqueue_in_one_transaction, wait_drained

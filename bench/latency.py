@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from miniqueue import Client
-from miniqueue.db import Connection, connect
+from miniqueue.core.db import Connection, connect
 
 from .apps import LATENCY_TABLE_DDL, LATENCY_TASK
 from .database import QUEUE, settle

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from miniqueue import JobSpec
-from miniqueue.db import Connection, connect
+from miniqueue.core.db import Connection, connect
 
 from .database import QUEUE, TASK, payload, settle
 from .drain import DRAIN_SCALE, NOOP_APP, RAN_ONCE, drain_through_supervisor, enqueue_in_one_transaction

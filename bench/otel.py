@@ -111,7 +111,7 @@ def _run(mode: str, dsn: str, jobs: int) -> dict[str, float]:
     """One run in this (fresh) process: set the mode up, enqueue, drain."""
     provider = _set_up(mode)
     from miniqueue import App, Client, Worker, WorkerConfig
-    from miniqueue.db import connect
+    from miniqueue.core.db import connect
 
     app = App()
     app.task("noop")(lambda job: None)
@@ -153,10 +153,10 @@ def _micro(runs: int, calls: int = 20_000) -> int:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from miniqueue.context import Job
-    from miniqueue.job import EnqueueResult, JobSpec, Lease
-    from miniqueue.tracing import Tracing
-    from miniqueue.worker import Outcome, WorkerHooks
+    from miniqueue.core.records import EnqueueResult, JobSpec, Lease
+    from miniqueue.observability.tracing import Tracing
+    from miniqueue.tasks.job import Job
+    from miniqueue.worker.worker import Outcome, WorkerHooks
 
     batch = TracerProvider()
     batch.add_span_processor(BatchSpanProcessor(_discard()))

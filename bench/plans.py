@@ -17,10 +17,10 @@ from typing import Any
 import psycopg
 
 from miniqueue import JobSpec
-from miniqueue.db import Connection, connect
-from miniqueue.steps import Query, Steps
-from miniqueue.store import Store
-from miniqueue.validation import validate
+from miniqueue.core.db import Connection, connect
+from miniqueue.core.steps import Query, Steps
+from miniqueue.core.validation import validate
+from miniqueue.store.store import Store
 
 from .database import QUEUE, TASK, payload, scratch_database, seed_jobs
 

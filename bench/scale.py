@@ -23,8 +23,8 @@ import time
 import urllib.request
 
 from miniqueue import Client, JobSpec
-from miniqueue.db import connect
-from miniqueue.store import Store
+from miniqueue.core.db import connect
+from miniqueue.store.store import Store
 
 from .database import QUEUE, TASK, payload, seed_jobs, settle
 from .drain import NOOP_APP, drain_through_supervisor

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from miniqueue import embedded
-from miniqueue.db import mask_dsn
+from miniqueue.core.db import mask_dsn
 
 SETTINGS = ("fsync", "synchronous_commit", "shared_buffers", "jit", "max_connections")
 

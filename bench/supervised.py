@@ -1,6 +1,6 @@
 """A real ``miniqueue-supervise`` for the supervised rows: started, waited for, measured, stopped.
 
-The supervisor is ``miniqueue.harness``'s: ``python -m miniqueue.cli supervise`` from the
+The supervisor is ``harness``'s: ``python -m miniqueue.cli supervise`` from the
 repository root (so ``bench.apps`` imports), with ``DATABASE_URL`` set to the run's scratch
 database, in a session of its own. A run starts only once every worker is idle and waiting: the
 supervisor sent READY=1, every worker's title says ``idle``, and the database shows each
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from miniqueue.db import Connection, connect
-from miniqueue.harness import WORKER_TITLE, SupervisorFailed, SupervisorProcess
+from harness import WORKER_TITLE, SupervisorFailed, SupervisorProcess
+from miniqueue.core.db import Connection, connect
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_SECONDS = 120.0  # eight workers booting on two busy cores

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 
 from miniqueue import Client, JobSpec
-from miniqueue.db import Connection, connect
-from miniqueue.store import Store
+from miniqueue.core.db import Connection, connect
+from miniqueue.store.store import Store
 
 from .database import QUEUE, TASK, payload, settle
 from .drain import NOOP_APP, RAN_ONCE

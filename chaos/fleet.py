@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from miniqueue.harness import SupervisorFailed
+from harness import SupervisorFailed
 
 from .options import Options
 from .processes import Supervisor, Tracker, reap_adopted

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from miniqueue.harness import SupervisorProcess
+from harness import SupervisorProcess
 
 from .options import Options
 from .server import code_env
@@ -67,7 +67,7 @@ class Child:
 
 
 class Supervisor(SupervisorProcess):
-    """One ``miniqueue-supervise`` (started by ``miniqueue.harness``) in its own session, its
+    """One ``miniqueue-supervise`` (started by ``harness``) in its own session, its
     output in a file, run from the code snapshot ``code``."""
 
     def __init__(self, number: int, dsn: str, options: Options, logdir: Path, code: Path) -> None:

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from miniqueue import embedded
-from miniqueue.db import mask_dsn
+from miniqueue.core.db import mask_dsn
 
 from . import schema
 

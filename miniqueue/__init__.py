@@ -8,11 +8,10 @@ Everything else (the store, the supervisor and its children, the wire protocol b
 is internal and may change; run the supervisor with the ``miniqueue-supervise`` command.
 """
 
-from .app import App
-from .asyncclient import AsyncClient
-from .client import Client
-from .context import Job, PermanentError, Snooze
-from .errors import (
+from .client.asyncclient import AsyncClient
+from .client.client import Client
+from .core.backoff import Backoff, default_backoff, exponential_backoff
+from .core.errors import (
     AppLoadError,
     ConfigError,
     DatabaseUnavailable,
@@ -27,11 +26,12 @@ from .errors import (
     SchemaOutOfDate,
     WaitTimeout,
 )
-from .job import AttemptError, EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
-from .migrate import run_migrations
-from .reaper import Reaper, ReaperConfig
-from .retry import Backoff, default_backoff, exponential_backoff
-from .worker import Worker, WorkerConfig
+from .core.records import AttemptError, EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from .maintenance.reaper import Reaper, ReaperConfig
+from .store.migrate import run_migrations
+from .tasks.app import App
+from .tasks.job import Job, PermanentError, Snooze
+from .worker.worker import Worker, WorkerConfig
 
 __version__ = "0.1.0"
 

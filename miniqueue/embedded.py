@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import ConfigError
+from .core.errors import ConfigError
 
 DATA_DIR_ENV = "MINIQUEUE_DATA_DIR"
 DEFAULT_DATA_DIR = Path(".miniqueue") / "pgdata"

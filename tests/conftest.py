@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from miniqueue import Client
-from miniqueue.db import Connection, connect
-from miniqueue.store import Store
+from miniqueue.core.db import Connection, connect
+from miniqueue.store.store import Store
 from miniqueue.testing import database as testing_db
 
 

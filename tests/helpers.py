@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 
 T = TypeVar("T")
 

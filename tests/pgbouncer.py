@@ -22,7 +22,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from miniqueue import App
-from miniqueue.context import Job
+from miniqueue.tasks.job import Job
 
 from .helpers import wait_until
 from .supervised import free_port

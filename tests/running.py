@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from miniqueue.app import App
-from miniqueue.worker import Worker, WorkerConfig
+from miniqueue.tasks.app import App
+from miniqueue.worker.worker import Worker, WorkerConfig
 
 #: Short leases and intervals so tests stay fast.
 FAST = WorkerConfig(lease_seconds=2.0, heartbeat_seconds=0.5, poll_interval=0.2, shutdown_timeout=5.0)

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import psutil
 
-from miniqueue.harness import SupervisorProcess
+from harness import SupervisorProcess
 
 from .helpers import wait_until
 
@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 class Supervised:
-    """A running miniqueue-supervise (see ``miniqueue.harness``); its stdout and stderr go to
+    """A running miniqueue-supervise (see ``harness``); its stdout and stderr go to
     files in ``folder``. Without ``dsn`` it uses the embedded server (or ``env``'s DATABASE_URL)."""
 
     def __init__(

@@ -31,8 +31,8 @@ from miniqueue import (
     MiniqueueError,
     State,
 )
-from miniqueue.db import AsyncPooledConnection, Connection, connect
-from miniqueue.store import Store
+from miniqueue.core.db import AsyncPooledConnection, Connection, connect
+from miniqueue.store.store import Store
 
 from .helpers import count, row
 

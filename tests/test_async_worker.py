@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from miniqueue import Client, LeaseLost
-from miniqueue.app import App
-from miniqueue.context import Job, PermanentError, Snooze
-from miniqueue.db import Connection
-from miniqueue.errors import ConfigError
-from miniqueue.reaper import Reaper, ReaperConfig
-from miniqueue.store import Store
+from miniqueue.core.db import Connection
+from miniqueue.core.errors import ConfigError
+from miniqueue.maintenance.reaper import Reaper, ReaperConfig
+from miniqueue.store.store import Store
+from miniqueue.tasks.app import App
+from miniqueue.tasks.job import Job, PermanentError, Snooze
 
 from . import test_worker
 from .helpers import count, expire_lease, make_due, row, wait_until

@@ -34,10 +34,10 @@ from bench.report import RowResult, render_table
 from bench.suite import BENCHMARKS, TINY_JOBS, run_once
 from bench.targets import cpu_ratios, evaluate, render_cpu_table, render_verdicts
 from miniqueue import Client, JobSpec, State
-from miniqueue.db import Connection
-from miniqueue.steps import Query, _do
-from miniqueue.store import Store
-from miniqueue.worker import Worker
+from miniqueue.core.db import Connection
+from miniqueue.core.steps import Query, _do
+from miniqueue.store.store import Store
+from miniqueue.worker.worker import Worker
 
 from .helpers import wait_until
 from .running import FAST, Running

@@ -21,12 +21,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from miniqueue import App, Client, InvalidInput, State
-from miniqueue.cli import main
-from miniqueue.context import Job
-from miniqueue.db import Connection
-from miniqueue.logs import JsonFormatter
-from miniqueue.store import Release, Store
-from miniqueue.worker import Worker, WorkerConfig
+from miniqueue.cli.main import main
+from miniqueue.core.db import Connection
+from miniqueue.observability.logs import JsonFormatter
+from miniqueue.store.store import Release, Store
+from miniqueue.tasks.job import Job
+from miniqueue.worker.worker import Worker, WorkerConfig
 
 from .helpers import count, row, wait_until
 

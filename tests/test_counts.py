@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from miniqueue import Client, JobSpec, Reaper, ReaperConfig, State
-from miniqueue import reaper as reaper_module
-from miniqueue.db import Connection
-from miniqueue.store import Failure, Store
+from miniqueue.core.db import Connection
+from miniqueue.maintenance import reaper as reaper_module
+from miniqueue.store.store import Failure, Store
 
 W = "test-host:1:counts"
 

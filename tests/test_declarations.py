@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 import miniqueue
 from miniqueue import AsyncClient, Client, JobSpec
-from miniqueue.cli import main
-from miniqueue.db import Connection
+from miniqueue.cli.main import main
+from miniqueue.core.db import Connection
 from miniqueue.testing import run_jobs
 from tests.helpers import row
 
@@ -177,8 +177,8 @@ def test_an_undeclared_task_goes_to_the_default_queue_with_a_warning(
 
 
 def test_a_periodic_job_keeps_its_tasks_limits(client: Client, conn: Connection, dsn: str) -> None:
-    from miniqueue.periodic import schedule_due
-    from miniqueue.store import Store
+    from miniqueue.maintenance.scheduler import schedule_due
+    from miniqueue.store.store import Store
 
     app = orders_app()
     app.periodic("* * * * *", task="call_partner", name="ping", catch_up="latest")

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from miniqueue import Client, InvalidInput, JobSpec, PermanentError, State
-from miniqueue.app import App
-from miniqueue.context import Job
-from miniqueue.db import Connection, connect
-from miniqueue.store import Store
+from miniqueue.core.db import Connection, connect
+from miniqueue.store.store import Store
+from miniqueue.tasks.app import App
+from miniqueue.tasks.job import Job
 from miniqueue.web import create_app
 
 from .helpers import count, expire_lease, row, wait_until

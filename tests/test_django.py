@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 import miniqueue
 from miniqueue import Client
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 from miniqueue.integrations.django import (
     close_clients,
     database_url,
@@ -32,7 +32,7 @@ from miniqueue.integrations.django import (
     get_client,
     psycopg_connection,
 )
-from miniqueue.migrate import latest_version
+from miniqueue.store.migrate import latest_version
 from miniqueue.testing import assert_enqueued, enqueued_jobs, run_jobs
 from tests.helpers import count, wait_until
 

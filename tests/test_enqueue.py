@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from miniqueue import Client, EnqueueResult, InvalidInput, JobNotFound, JobSpec, QueueCount, State
-from miniqueue.db import Connection, PooledConnection, connect
-from miniqueue.store import Store
+from miniqueue.core.db import Connection, PooledConnection, connect
+from miniqueue.store.store import Store
 
 from .helpers import count, row, wait_until
 

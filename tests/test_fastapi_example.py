@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from miniqueue import Client
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 from miniqueue.testing import run_jobs
 
 from .helpers import count, row, wait_until

@@ -1,4 +1,4 @@
-"""miniqueue.harness, which every process test, the benchmarks and the chaos harness start
+"""harness, which every process test, the benchmarks and the chaos harness start
 supervisors with: ready when the supervisor says READY=1, a clear failure with the log's tail
 otherwise, nothing left behind after a stop."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from miniqueue.harness import SupervisorFailed, SupervisorProcess
+from harness import SupervisorFailed, SupervisorProcess
 
 from .helpers import wait_until
 from .supervised import FAST

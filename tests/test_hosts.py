@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from miniqueue import Client, JobSpec
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 
 from .helpers import count, wait_until
 from .supervised import FAST, Supervised

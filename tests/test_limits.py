@@ -11,14 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 from miniqueue import App, Client, InvalidInput, JobSpec
-from miniqueue import worker as worker_module
-from miniqueue.child import goes_down
-from miniqueue.cli import main
-from miniqueue.context import Job
-from miniqueue.db import Connection
-from miniqueue.job import Lease, State
-from miniqueue.store import Release, Store
-from miniqueue.worker import Worker, WorkerConfig
+from miniqueue.cli.main import main
+from miniqueue.core.db import Connection
+from miniqueue.core.records import Lease, State
+from miniqueue.store.store import Release, Store
+from miniqueue.supervise.child import goes_down
+from miniqueue.tasks.job import Job
+from miniqueue.worker import worker as worker_module
+from miniqueue.worker.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, row, wait_until
 from .running import Running

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from miniqueue import Client, JobSpec
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 
 from .helpers import count, wait_until
 from .supervised import FAST, Fleet, StartSupervisor, Supervised, free_port

@@ -15,10 +15,10 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from miniqueue import JobSpec, SchemaOutOfDate, run_migrations
-from miniqueue.db import Connection, connect
-from miniqueue.migrate import check_schema_version, latest_version, load_migrations
-from miniqueue.store import Store
-from miniqueue.validation import validate
+from miniqueue.core.db import Connection, connect
+from miniqueue.core.validation import validate
+from miniqueue.store.migrate import check_schema_version, latest_version, load_migrations
+from miniqueue.store.store import Store
 
 SHIPPED = [(m.version, m.name) for m in load_migrations()]
 

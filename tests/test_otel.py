@@ -26,10 +26,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from miniqueue import App, Client, InvalidInput, JobSpec, PermanentError, Snooze, tracing
-from miniqueue.context import Job
-from miniqueue.db import Connection
-from miniqueue.errors import ConfigError
+from miniqueue import App, Client, InvalidInput, JobSpec, PermanentError, Snooze
+from miniqueue.core.db import Connection
+from miniqueue.core.errors import ConfigError
+from miniqueue.observability import tracing
+from miniqueue.tasks.job import Job
 from miniqueue.testing import run_jobs
 
 from . import test_worker
@@ -228,7 +229,7 @@ def test_a_failed_enqueue_ends_its_span_in_error(spans: Spans, traced_client: Cl
         traced_client.enqueue_many([JobSpec("t"), JobSpec("t", payload=float("nan"))])
     failed = spans.named("send t")[2]
     assert failed.status.status_code == StatusCode.ERROR
-    assert failed.attributes is not None and failed.attributes["error.type"] == "miniqueue.errors.InvalidInput"
+    assert failed.attributes is not None and failed.attributes["error.type"] == "miniqueue.InvalidInput"
     assert [event.name for event in failed.events] == ["exception"]
 
 
@@ -544,8 +545,8 @@ def test_without_opentelemetry_installed_nothing_is_traced(dsn: str, repo_root: 
         sys.modules["opentelemetry"] = None  # as if the package were not installed
 
         import miniqueue
-        from miniqueue import tracing
-        from miniqueue.errors import ConfigError
+        from miniqueue.observability import tracing
+        from miniqueue.core.errors import ConfigError
         from miniqueue.testing import run_jobs
 
         app = miniqueue.App()

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from miniqueue import App, ConfigError, MiniqueueError, Reaper, ReaperConfig
-from miniqueue.context import Job
-from miniqueue.db import Connection, connect
-from miniqueue.periodic import Periodic, schedule_due
-from miniqueue.store import Store
+from miniqueue.core.db import Connection, connect
+from miniqueue.maintenance.scheduler import schedule_due
+from miniqueue.store.store import Store
+from miniqueue.tasks.job import Job
+from miniqueue.tasks.periodic import Periodic
 
 from .helpers import count, row, wait_until
 from .supervised import FAST, Supervised

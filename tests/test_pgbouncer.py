@@ -20,11 +20,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from miniqueue import Client, DatabaseUnavailable, JobSpec
-from miniqueue.app import App
-from miniqueue.db import POOLER_ENV, Connection, behind_pooler
-from miniqueue.errors import ConfigError
-from miniqueue.migrate import check_schema_version, load_migrations, run_migrations
-from miniqueue.worker import Worker, WorkerConfig
+from miniqueue.core.db import POOLER_ENV, Connection, behind_pooler
+from miniqueue.core.errors import ConfigError
+from miniqueue.store.migrate import check_schema_version, load_migrations, run_migrations
+from miniqueue.tasks.app import App
+from miniqueue.worker.worker import Worker, WorkerConfig
 
 from .helpers import count, row, wait_until
 from .pgbouncer import PGBOUNCER, POOL_SIZE, PgBouncer

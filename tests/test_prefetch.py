@@ -9,11 +9,11 @@ import threading
 import pytest
 
 from miniqueue import Client
-from miniqueue.app import App
-from miniqueue.context import Job
-from miniqueue.db import Connection
-from miniqueue.errors import ConfigError
-from miniqueue.prefetch import AUTO_CAP, PrefetchPolicy, parse_prefetch
+from miniqueue.core.db import Connection
+from miniqueue.core.errors import ConfigError
+from miniqueue.tasks.app import App
+from miniqueue.tasks.job import Job
+from miniqueue.worker.prefetch import AUTO_CAP, PrefetchPolicy, parse_prefetch
 
 from .helpers import count, row, wait_until
 from .running import StartWorker

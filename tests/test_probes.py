@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from miniqueue import Client
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 
 from .helpers import row, wait_until
 from .supervised import FAST, Supervised, free_port

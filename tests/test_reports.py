@@ -9,12 +9,24 @@ import os
 
 import pytest
 
-from miniqueue import App, reports
-from miniqueue.child import ChildSpec, _Progress
-from miniqueue.context import Job
-from miniqueue.job import Lease
-from miniqueue.reports import DURATION_BUCKETS, LINE_LIMIT, Beat, Done, End, Error, Reader, Ready, Start, Tally
-from miniqueue.worker import Outcome
+from miniqueue import App
+from miniqueue.core.records import Lease
+from miniqueue.supervise import reports
+from miniqueue.supervise.child import ChildSpec, _Progress
+from miniqueue.supervise.reports import (
+    DURATION_BUCKETS,
+    LINE_LIMIT,
+    Beat,
+    Done,
+    End,
+    Error,
+    Reader,
+    Ready,
+    Start,
+    Tally,
+)
+from miniqueue.tasks.job import Job
+from miniqueue.worker.worker import Outcome
 
 
 def tally_of(*seconds: float) -> Tally:

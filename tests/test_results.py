@@ -17,12 +17,12 @@ from miniqueue import (
     PermanentError,
     WaitTimeout,
 )
-from miniqueue.app import App
-from miniqueue.context import Job
-from miniqueue.db import Connection, connect
-from miniqueue.steps import run
-from miniqueue.store import Store
-from miniqueue.validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result
+from miniqueue.core.db import Connection, connect
+from miniqueue.core.steps import run
+from miniqueue.core.validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result
+from miniqueue.store.store import Store
+from miniqueue.tasks.app import App
+from miniqueue.tasks.job import Job
 
 from .helpers import row, wait_until
 from .running import StartWorker, worker_starter

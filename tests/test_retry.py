@@ -9,10 +9,10 @@ import random
 import pytest
 
 from miniqueue import App, JobSpec, default_backoff, exponential_backoff
-from miniqueue.db import Connection
-from miniqueue.retry import backoff_ceiling
-from miniqueue.store import Failure, Store
-from miniqueue.validation import validate
+from miniqueue.core.backoff import backoff_ceiling
+from miniqueue.core.db import Connection
+from miniqueue.core.validation import validate
+from miniqueue.store.store import Failure, Store
 
 from .helpers import expire_lease
 

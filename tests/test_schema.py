@@ -15,11 +15,11 @@ import pytest
 from psycopg import sql
 
 from miniqueue import App, Client, ConfigError, Job, State
-from miniqueue.db import MAX_SCHEMA_LENGTH, Connection, check_schema, connect
-from miniqueue.reaper import ReaperConfig
-from miniqueue.store import Store
-from miniqueue.supervisor import SupervisorConfig
-from miniqueue.worker import Worker, WorkerConfig
+from miniqueue.core.db import MAX_SCHEMA_LENGTH, Connection, check_schema, connect
+from miniqueue.maintenance.reaper import ReaperConfig
+from miniqueue.store.store import Store
+from miniqueue.supervise.config import SupervisorConfig
+from miniqueue.worker.worker import Worker, WorkerConfig
 
 from .helpers import wait_until
 from .running import FAST, Running

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from miniqueue.context import Job
-from miniqueue.job import Lease
-from miniqueue.slots import Slots
+from miniqueue.core.records import Lease
+from miniqueue.tasks.job import Job
+from miniqueue.worker.slots import Slots
 
 NOW = dt.datetime.now(dt.timezone.utc)
 

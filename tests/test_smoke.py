@@ -3,7 +3,7 @@ import subprocess
 import sys
 
 from miniqueue import Client
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 
 from .helpers import row
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from miniqueue.db import Connection
-from miniqueue.job import Lease
-from miniqueue.store import Store
+from miniqueue.core.db import Connection
+from miniqueue.core.records import Lease
+from miniqueue.store.store import Store
 
 SNAPSHOT = Path(__file__).parent / "sql" / "store.sql"
 #: Set to 1 to rewrite the snapshot after changing a statement (then read the diff).

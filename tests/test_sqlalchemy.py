@@ -13,7 +13,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import miniqueue
 from miniqueue import Client, JobSpec
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 from miniqueue.integrations.sqlalchemy import enqueue, enqueue_many, psycopg_connection
 from miniqueue.testing import assert_enqueued, enqueued_jobs, run_jobs
 from tests.helpers import count

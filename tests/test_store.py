@@ -13,11 +13,11 @@ import psycopg
 import pytest
 
 from miniqueue import Client, InvalidInput, InvalidTransition, JobNotFound, JobSpec, LeaseLost, State
-from miniqueue.context import Job
-from miniqueue.db import Connection, connect
-from miniqueue.job import Lease, QueueCount
-from miniqueue.store import Failure, Release, Store
-from miniqueue.validation import validate
+from miniqueue.core.db import Connection, connect
+from miniqueue.core.records import Lease, QueueCount
+from miniqueue.core.validation import validate
+from miniqueue.store.store import Failure, Release, Store
+from miniqueue.tasks.job import Job
 
 from .helpers import count, expire_lease, make_due, row
 

@@ -19,8 +19,8 @@ import pytest
 from psycopg import sql
 
 from miniqueue import Client, JobSpec
-from miniqueue.db import Connection
-from miniqueue.migrate import run_migrations
+from miniqueue.core.db import Connection
+from miniqueue.store.migrate import run_migrations
 
 from .helpers import count, row, wait_until
 from .supervised import Fleet, StartSupervisor, Supervised
@@ -427,7 +427,7 @@ def test_a_worker_that_dies_after_it_was_ready_has_its_cause_logged(
         sup.wait_ready(1)
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))  # under the worker's feet
         cause = (r"worker-1 \(pid (\d+)\) exited with code 1\n.* worker-1 \(pid \1\) reported: "
-                 r"miniqueue\.errors\.SchemaOutOfDate: the miniqueue tables are missing")
+                 r"miniqueue\.SchemaOutOfDate: the miniqueue tables are missing")
         wait_until(lambda: re.search(cause, sup.output()), what="the worker's own error in the supervisor's log")
     finally:
         fleet.stop_all()

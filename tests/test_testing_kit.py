@@ -17,7 +17,7 @@ from psycopg.types.string import TextLoader
 
 import miniqueue
 from miniqueue import Client, State
-from miniqueue.db import Connection
+from miniqueue.core.db import Connection
 from miniqueue.testing import (
     RunTimeout,
     assert_enqueued,

@@ -15,11 +15,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from miniqueue import Client, JobSpec, State
-from miniqueue.db import connect
-from miniqueue.reaper import Reaper, ReaperConfig
-from miniqueue.store import JobsChurn, Store
+from miniqueue.core.db import connect
+from miniqueue.maintenance.reaper import Reaper, ReaperConfig
+from miniqueue.maintenance.vacuum import Vacuum
+from miniqueue.store.store import JobsChurn, Store
 from miniqueue.testing import database as testing_db
-from miniqueue.vacuum import Vacuum
 
 from .helpers import wait_until
 

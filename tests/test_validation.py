@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from miniqueue import Client, ConfigError, DatabaseUnavailable, InvalidInput, JobSpec
-from miniqueue.db import Connection, check_dsn, mask_dsn, translate_errors
-from miniqueue.store import Store
-from miniqueue.validation import encode_payload
+from miniqueue.core.db import Connection, check_dsn, mask_dsn, translate_errors
+from miniqueue.core.validation import encode_payload
+from miniqueue.store.store import Store
 
 from .helpers import count, row
 

@@ -20,9 +20,9 @@ from starlette.testclient import TestClient
 from starlette.types import ASGIApp
 
 from miniqueue import App, Client, ConfigError, JobSpec, State
-from miniqueue.db import Connection
-from miniqueue.job import ProcessInfo
-from miniqueue.store import Store
+from miniqueue.core.db import Connection
+from miniqueue.core.records import ProcessInfo
+from miniqueue.store.store import Store
 from miniqueue.web import create_app, redact_keys
 
 from .helpers import count, row, wait_until

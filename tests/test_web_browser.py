@@ -20,9 +20,9 @@ import pytest
 import uvicorn
 
 from miniqueue import App, Client, JobSpec, Worker, WorkerConfig
-from miniqueue.db import Connection
-from miniqueue.job import ProcessInfo
-from miniqueue.store import Store
+from miniqueue.core.db import Connection
+from miniqueue.core.records import ProcessInfo
+from miniqueue.store.store import Store
 from miniqueue.web import create_app, redact_keys
 
 from .helpers import row, wait_until

@@ -20,8 +20,8 @@ from psycopg.conninfo import make_conninfo
 from starlette.testclient import TestClient
 
 from miniqueue import Client, ConfigError
-from miniqueue.db import Connection
-from miniqueue.store import Store
+from miniqueue.core.db import Connection
+from miniqueue.store.store import Store
 from miniqueue.web import create_app
 from miniqueue.web.logins import FREE_FAILURES, LOGIN_IDLE, LoginThrottle, client_key
 from miniqueue.web.security import LOCAL_HOSTS

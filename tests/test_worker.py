@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from miniqueue import Client, LeaseLost, State
-from miniqueue.app import App
-from miniqueue.context import Job, PermanentError, Snooze
-from miniqueue.db import Connection
-from miniqueue.reaper import Reaper
-from miniqueue.store import Store
-from miniqueue.worker import Worker, WorkerConfig
+from miniqueue.core.db import Connection
+from miniqueue.maintenance.reaper import Reaper
+from miniqueue.store.store import Store
+from miniqueue.tasks.app import App
+from miniqueue.tasks.job import Job, PermanentError, Snooze
+from miniqueue.worker.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, make_due, row, wait_until
 from .running import FAST, Running, StartWorker, worker_starter
@@ -457,7 +457,7 @@ def test_worker_rejects_a_heartbeat_not_below_the_lease(dsn: str) -> None:
 
 
 def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Connection, dsn: str, effects: None) -> None:
-    from miniqueue.db import create_pool
+    from miniqueue.core.db import create_pool
 
     app = App()
 

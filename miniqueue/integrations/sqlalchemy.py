@@ -24,10 +24,10 @@ import psycopg
 from sqlalchemy.engine import Connection as SAConnection
 from sqlalchemy.orm import Session
 
-from ..client import Client
-from ..db import Connection
-from ..errors import ConfigError
-from ..job import EnqueueResult, JobSpec
+from ..client.client import Client
+from ..core.db import Connection
+from ..core.errors import ConfigError
+from ..core.records import EnqueueResult, JobSpec
 
 __all__ = ["enqueue", "enqueue_many", "psycopg_connection"]
 

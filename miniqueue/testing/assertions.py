@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..client import Client
-from ..db import Connection
-from ..job import JobRecord, State
+from ..client.client import Client
+from ..core.db import Connection
+from ..core.records import JobRecord, State
 
 #: How many stored jobs an assertion's failure message lists.
 _SHOWN = 20

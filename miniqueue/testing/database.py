@@ -23,8 +23,8 @@ from pathlib import Path
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ..db import connect
-from ..migrate import run_migrations
+from ..core.db import connect
+from ..store.migrate import run_migrations
 
 #: The server tests use when set (any database on it: each session creates its own).
 TEST_DATABASE_ENV = "TEST_DATABASE_URL"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ..client import Client
+from ..client.client import Client
 from .database import clean_database, server_dsn, temporary_database
 
 

@@ -20,13 +20,14 @@ from typing import Literal
 from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 
-from ..app import App
-from ..client import Client
-from ..context import Job
-from ..errors import ConfigError
-from ..job import JobRecord, State
-from ..retry import Backoff
-from ..worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerHooks
+from ..client.client import Client
+from ..core.backoff import Backoff
+from ..core.errors import ConfigError
+from ..core.records import JobRecord, State
+from ..tasks.app import App
+from ..tasks.job import Job
+from ..worker.outcomes import Outcome, OutcomeKind, WorkerHooks
+from ..worker.worker import Worker, WorkerConfig
 from .assertions import reading_connection
 
 #: How a failed attempt is retried during a run: ``"immediate"`` runs it again at once (its

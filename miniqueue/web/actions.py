@@ -10,11 +10,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from ..client import Client
-from ..db import Connection
-from ..errors import InvalidInput, MiniqueueError
-from ..store import Store
-from ..validation import check_queue_name, check_task_name
+from ..client.client import Client
+from ..core.db import Connection
+from ..core.errors import InvalidInput, MiniqueueError
+from ..core.validation import check_queue_name, check_task_name
+from ..store.store import Store
 from .dashboard import Dashboard
 from .filters import parse_id
 from .jobactions import Preview, Target, action_named, apply, apply_to_ids, preview

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from ..app import App
-from ..client import Client
-from ..db import Connection
-from ..store import Store
+from ..client.client import Client
+from ..core.db import Connection
+from ..store.store import Store
+from ..tasks.app import App
 from . import present
 from .security import actor, audit_log, csrf_token, printable
 

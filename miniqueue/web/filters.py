@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from ..errors import InvalidInput
-from ..job import State
+from ..core.errors import InvalidInput
+from ..core.records import State
 
 MAX_TEXT = 200
 MAX_ID = 2**63 - 1  # job ids are BIGINT

@@ -14,10 +14,10 @@ from typing import Any
 
 from starlette.datastructures import ImmutableMultiDict
 
-from ..db import Connection
-from ..errors import InvalidInput, InvalidTransition, JobNotFound
-from ..job import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
-from ..store import Store
+from ..core.db import Connection
+from ..core.errors import InvalidInput, InvalidTransition, JobNotFound
+from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
+from ..store.store import Store
 from .filters import JobFilter, parse_id
 
 BATCH = 1000

@@ -12,12 +12,12 @@ from dataclasses import dataclass, replace
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..client import Client
-from ..db import Connection
-from ..errors import InvalidInput
-from ..job import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobRecord, ProcessInfo, QueueStats, State
-from ..periodic import Periodic
-from ..store import LimitWait, Store
+from ..client.client import Client
+from ..core.db import Connection
+from ..core.errors import InvalidInput
+from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobRecord, ProcessInfo, QueueStats, State
+from ..store.store import LimitWait, Store
+from ..tasks.periodic import Periodic
 from . import present
 from .dashboard import Dashboard
 from .filters import JobFilter, parse_id

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..job import JobRecord, State
+from ..core.records import JobRecord, State
 
 Redact = Callable[[Any], Any]
 FAILED_STATES = (State.FAILED, State.DEAD)

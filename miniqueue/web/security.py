@@ -31,7 +31,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .logins import LoginThrottle
 
 Auth = Callable[[Request], "bool | Awaitable[bool]"]

@@ -16,9 +16,8 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..app import App, load_app
-from ..client import Client
-from ..errors import (
+from ..client.client import Client
+from ..core.errors import (
     ConfigError,
     DatabaseUnavailable,
     InvalidInput,
@@ -27,7 +26,8 @@ from ..errors import (
     MiniqueueError,
     SchemaOutOfDate,
 )
-from ..logs import configure_logging
+from ..observability.logs import configure_logging
+from ..tasks.app import App, load_app
 from .actions import Actions
 from .dashboard import HERE, Dashboard, Database
 from .logins import LoginThrottle

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from miniqueue import App
-from miniqueue.context import Job
+from miniqueue.tasks.job import Job
 
 app = App()
 _conn: psycopg.AsyncConnection[Any] | None = None

@@ -2,7 +2,7 @@
 reaper, as a module whose import depends on the process would."""
 
 from miniqueue import App
-from miniqueue.process import label
+from miniqueue.core.process import label
 
 if label() != "app-check":
     raise RuntimeError(f"this app fails in {label()} on purpose")

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from miniqueue import App
-from miniqueue.context import Job
+from miniqueue.tasks.job import Job
 
 app = App()
 _conn: psycopg.Connection[Any] | None = None

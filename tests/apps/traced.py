@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from miniqueue import App
-from miniqueue.context import Job
+from miniqueue.tasks.job import Job
 
 
 class ToFile(SpanExporter):

@@ -40,11 +40,11 @@ from django.db import connections
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
-from ...client import Client
-from ...db import Connection, check_schema, create_pool
-from ...errors import ConfigError
-from ...job import EnqueueResult, JobSpec
-from ...migrate import Migration, apply_migrations
+from ...client.client import Client
+from ...core.db import Connection, check_schema, create_pool
+from ...core.errors import ConfigError
+from ...core.records import EnqueueResult, JobSpec
+from ...store.migrate import Migration, apply_migrations
 
 __all__ = [
     "MiniqueueSettings",

@@ -41,7 +41,7 @@ class Command(BaseCommand):
 
 def run_cli(arguments: list[str], *, prog_name: str) -> int:
     """Run miniqueue's command line with Django's database; return its exit status."""
-    from miniqueue.cli import main
+    from miniqueue.cli.main import main
 
     chosen = get_settings()
     if arguments[:1] == ["supervise"] and chosen.app and not any(a.split("=")[0] == "--app" for a in arguments):

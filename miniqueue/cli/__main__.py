@@ -1,0 +1,5 @@
+"""``python -m miniqueue.cli``: the ``miniqueue`` command."""
+
+from .main import main
+
+main()

@@ -1,0 +1,175 @@
+"""The reaper: returns expired leases to the queue, prunes finished jobs, and (given an app)
+enqueues the app's periodic jobs as their slots come due.
+
+It is the backstop for workers that vanish without anyone noticing (a lost host, a killed
+process whose supervisor died too). Recovery is one conditional UPDATE per batch that
+re-checks the expiry in the same statement. Pruning deletes finished jobs past their
+retention period, oldest first, in small batches so that it never holds long locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ..core.db import Connection, connect
+from ..core.errors import ConfigError, DatabaseUnavailable
+from ..core.records import State
+from ..store.store import Store
+from ..tasks.app import App
+from .scheduler import schedule_due
+from .vacuum import Vacuum
+
+#: The longest a pass spends pruning before it goes back to recovering leases (seconds).
+PRUNE_SLICE = 1.0
+
+log = logging.getLogger("miniqueue.reaper")
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+@dataclass(frozen=True)
+class ReaperConfig:
+    """How often the reaper runs and what it keeps. Durations are in seconds.
+
+    Finished jobs are kept ``completed_retention`` (completed and cancelled, default 24 h) or
+    ``failed_retention`` (dead and failed, default 7 days) after they finish; ``None``
+    keeps them forever. ``prune=False`` turns pruning off altogether. ``vacuum`` vacuums the
+    jobs table as claims churn it (see :mod:`miniqueue.vacuum`), on a connection of its own.
+    """
+
+    interval: float = 5.0
+    batch_size: int = 1000
+    prune: bool = True
+    completed_retention: float | None = DAY
+    failed_retention: float | None = 7 * DAY
+    schema: str = "public"
+    vacuum: bool = True
+
+    def validated(self) -> ReaperConfig:
+        if not self.interval > 0:
+            raise ConfigError(f"reaper interval {self.interval!r} is invalid: use a positive number of seconds")
+        if self.batch_size < 1:
+            raise ConfigError(f"reaper batch size {self.batch_size!r} is invalid: use 1 or more")
+        for name in ("completed_retention", "failed_retention"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} {value!r} is invalid: use a non-negative number of seconds, or None")
+        return self
+
+
+@dataclass
+class ReaperResult:
+    """What one pass did."""
+
+    recovered: int = 0
+    dead: int = 0
+    pruned: int = 0
+    scheduled: int = 0
+    #: Pruning stopped at its time slice with more to delete: the next pass should come at once.
+    more_to_prune: bool = False
+
+
+class Reaper:
+    """Recovers expired leases and prunes finished jobs, on a connection of its own."""
+
+    def __init__(self, dsn: str, config: ReaperConfig | None = None, *, app: App | None = None) -> None:
+        self.dsn = dsn
+        self.config = (config or ReaperConfig()).validated()
+        self.store = Store(self.config.schema)
+        self.schedules = list(app.schedules.values()) if app else []
+        self.specs = {s.name: app.task_spec(s.task, s.payload) for s in self.schedules} if app else {}
+        self._stopping = threading.Event()
+        self._conn: Connection | None = None
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the current pass (thread-safe)."""
+        self._stopping.set()
+
+    def run_once(self) -> ReaperResult:
+        """One pass: recover every expired lease, then prune, each in batches."""
+        result = ReaperResult()
+        if self._conn is None:
+            self._conn = connect(self.dsn, purpose="reaper", schema=self.config.schema)
+        while not self._stopping.is_set():
+            states = self.store.recover_expired_leases(self._conn, self.config.batch_size)
+            back = sorted(i for i, s in states.items() if s == State.AVAILABLE)
+            dead = sorted(i for i, s in states.items() if s == State.DEAD)
+            # Each is a failed attempt (its worker vanished), so each leaves a log line.
+            if back:
+                log.warning("lease expired without renewal (worker lost): job(s) %s available again, "
+                            "charged an attempt", ", ".join(map(str, back)))  # fmt: skip
+            if dead:
+                log.error("lease expired without renewal (worker lost): job(s) %s dead, no attempts left",
+                          ", ".join(map(str, dead)))  # fmt: skip
+            result.recovered += len(back)
+            result.dead += len(dead)
+            if len(states) < self.config.batch_size:
+                break
+        if self.config.prune:
+            result.pruned, result.more_to_prune = self._prune(self._conn)
+        result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))
+        self.store.trim_throughput(self._conn)
+        return result
+
+    def _prune(self, conn: Connection) -> tuple[int, bool]:
+        """Delete finished jobs past retention, in batches, for at most PRUNE_SLICE seconds: a
+        backlog of millions (retention just lowered, pruning just turned on) must not hold up
+        lease recovery and periodic scheduling, which come first in every pass; :meth:`run` then
+        rests as long before the next pass. Returns how many were deleted and whether more are due."""
+        deadline = time.monotonic() + PRUNE_SLICE
+        rules = [
+            ((State.COMPLETED, State.CANCELLED), self.config.completed_retention),
+            ((State.DEAD, State.FAILED), self.config.failed_retention),
+        ]
+        pruned = 0
+        for states, retention in rules:
+            if retention is None:
+                continue
+            while not self._stopping.is_set():
+                deleted = self.store.prune(conn, states, retention, self.config.batch_size)
+                pruned += deleted
+                if deleted < self.config.batch_size:
+                    break
+                if time.monotonic() >= deadline:
+                    return pruned, True
+        return pruned, False
+
+    def run(self) -> None:
+        """Run a pass every ``interval`` seconds until :meth:`stop`; database errors are retried."""
+        retention = (
+            "off"
+            if not self.config.prune
+            else (
+                f"{self.config.completed_retention}s completed/cancelled, {self.config.failed_retention}s dead/failed"
+            )
+        )
+        log.info("reaper started: every %gs; retention %s; %d periodic schedule(s); vacuum %s", self.config.interval,
+                 retention, len(self.schedules), "on" if self.config.vacuum else "off")  # fmt: skip
+        vacuum = None
+        if self.config.vacuum:
+            vacuum = threading.Thread(target=Vacuum(self.dsn, self.store, self._stopping).run, daemon=True)
+            vacuum.name = "miniqueue-vacuum"
+            vacuum.start()
+        while not self._stopping.is_set():
+            more = False
+            started = time.monotonic()
+            try:
+                more = self.run_once().more_to_prune
+            except DatabaseUnavailable as exc:
+                log.warning("reaper: %s; retrying", exc)
+                self.close()
+            # With more to prune, rest as long as the pass took before the next: pruning is
+            # maintenance, and on a small host it must leave the database's time to the jobs.
+            self._stopping.wait(min(time.monotonic() - started, self.config.interval) if more else self.config.interval)
+        if vacuum is not None:
+            vacuum.join(timeout=1.0)  # a VACUUM under way finishes on the server all the same
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()

@@ -1,0 +1,4 @@
+"""Tracing and logs.
+
+Rule: Imports ``core``, ``tasks`` and the worker's outcome vocabulary.
+"""

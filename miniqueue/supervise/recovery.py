@@ -1,0 +1,65 @@
+"""Returning the jobs of a worker the supervisor has reaped.
+
+Its holder is known dead (``waitpid`` said so), so its jobs may leave ``running`` at once
+instead of waiting for their leases to expire. Only a death nobody asked for (a crash, a kill
+from outside, a hard timeout, the memory ceiling) costs an attempt, and only to the jobs whose
+handler was running, as the worker's :class:`~miniqueue.inflight.InflightBoard` shows: the
+others (prefetched, or finished with the outcome not yet recorded) go back uncharged, as does
+everything a worker we asked to stop leaves behind. A worker that drained holds nothing; one
+that hit its shutdown timeout may hold a job whose handler returned after it stopped recording
+outcomes, so the database is always asked.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..core.db import connect
+from ..core.errors import MiniqueueError
+from ..core.records import State
+from ..store.store import Failure, Release, Store
+from .children import Child
+
+log = logging.getLogger("miniqueue.supervisor")
+
+
+def release_leases(dsn: str, store: Store, child: Child, how: str) -> None:
+    """Return every job the reaped worker ``child`` still held; ``how`` it ended
+    (``killed by SIGKILL``, ``exited with code 0``)."""
+    assert child.board is not None and child.worker_id is not None
+    running, asked = child.board.running(), child.board.was_stop_requested() or child.stop_reason is not None
+    child.board.close()
+    charged = bool(child.kill_reason) or not asked
+    died = child.kill_reason or f"worker process died: {how.removeprefix('killed by ')}"
+    # A kill on one job's account (its hard timeout) charges that job only.
+    culprits = set(running) if child.killed_for is None else {child.killed_for} & set(running)
+    try:
+        with connect(dsn, purpose="supervisor", schema=store.schema, connect_timeout=5) as conn:
+            held = store.leases_of(conn, child.worker_id)
+            # No backoff given: the task's, as its workers published it (the supervisor has no app).
+            failures = [Failure(i, a, f"{died} (pid {child.pid})") for i, a in held if charged and i in culprits]
+            releases = [Release(i, a, _note(child, running.get(i), died, charged))
+                        for i, a in held if not (charged and i in culprits)]  # fmt: skip
+            states = store.record_failures(conn, child.worker_id, failures)
+            released = store.release(conn, child.worker_id, releases)
+    except MiniqueueError as exc:
+        log.warning("could not release the leases of %s (%s); the reaper will recover them at expiry",
+                    child.slot, exc)  # fmt: skip
+        return
+    for job_id, state in sorted(states.items()):
+        level = logging.ERROR if state is State.DEAD else logging.WARNING
+        log.log(level, "job %d charged an attempt (%s): %s", job_id, state.value, died)
+    if released:
+        log.info("handed back %d job(s) of %s (pid %d) uncharged: %s", len(released), child.slot,
+                 child.pid, ", ".join(map(str, sorted(released))))  # fmt: skip
+
+
+def _note(child: Child, run: tuple[int, float] | None, died: str, charged: bool) -> str:
+    """The history entry of a job handed back uncharged."""
+    if charged and run is not None:  # a neighbour of the job a kill was for
+        return f"interrupted after {run[1]:.1f}s: {died} (pid {child.pid}); attempt not charged"
+    if charged:
+        return f"handed back: {died} (pid {child.pid}) while this job was not running; attempt not charged"
+    ran = f" after {run[1]:.1f}s" if run else ""
+    why = child.stop_reason or "the worker was asked to stop"
+    return f"interrupted{ran}: {why} (pid {child.pid}); attempt not charged"

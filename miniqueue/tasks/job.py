@@ -1,0 +1,246 @@
+"""What a handler sees: the :class:`Job` it runs, and the outcomes it can signal."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..core.db import Connection
+from ..core.records import Lease, charged_attempts, describe_attempts
+from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result
+
+
+class PermanentError(Exception):
+    """Raise from a handler to fail the job for good: state ``failed``, no retry."""
+
+    # Named by where users import it from, in tracebacks and error histories.
+    __module__ = "miniqueue"
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again after ``delay`` seconds without spending an attempt."""
+
+    __module__ = "miniqueue"
+
+    def __init__(self, delay: float | dt.timedelta = 0.0) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(f"snooze delay {delay!r} is invalid: use a non-negative number of seconds")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = seconds
+
+
+# Guards the lazy creation of a job's stop Event against a concurrent request_stop().
+_EVENT_LOCK = threading.Lock()
+
+#: Opens the transaction in which a job completes (see :meth:`Job.transaction`).
+TransactionFactory = Callable[["Job"], contextlib.AbstractContextManager[Connection]]
+#: The same for an async handler (see :meth:`Job.atransaction`).
+AsyncTransactionFactory = Callable[["Job"], contextlib.AbstractAsyncContextManager[AsyncConnection[Any]]]
+
+
+class Job:
+    """A claimed job, as passed to its handler.
+
+    Carries the job's fields and a way to learn that the handler should stop early:
+    :meth:`should_stop` turns true when the lease is lost (the job was recovered, cancelled
+    or claimed elsewhere), when the worker shuts down past its drain timeout, or when the
+    task's ``timeout`` passes. Stopping is cooperative for a ``def`` handler: one that ignores
+    it keeps running, but its outcome is discarded once the lease is lost. An ``async def``
+    handler is also cancelled (``asyncio.CancelledError`` at its next ``await``).
+    """
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        worker_id: str,
+        transaction: TransactionFactory | None = None,
+        atransaction: AsyncTransactionFactory | None = None,
+        max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        read_results: Callable[[Sequence[int]], list[tuple[int, Any]]] | None = None,
+    ) -> None:
+        self.id: int = lease.id
+        self.queue: str = lease.queue
+        self.task: str = lease.task
+        self.payload: Any = lease.payload
+        self.attempt: int = lease.attempt
+        self.max_attempts: int = lease.max_attempts
+        #: The attempts this job may be charged (``max_attempts`` as it was enqueued or requeued):
+        #: ``attempt`` counts every run, charged or not (see :attr:`charged_attempts`).
+        self.attempt_budget: int = lease.max_attempts if lease.attempt_budget is None else lease.attempt_budget
+        self.priority: int = lease.priority
+        self.scheduled_at: dt.datetime = lease.scheduled_at
+        self.created_at: dt.datetime = lease.created_at
+        #: The limits the job is subject to (see the README's "Limits"), or None.
+        self.limits: list[str] | None = lease.limits
+        #: The trace context of the span that enqueued the job (``{"traceparent": ...}``), or None
+        #: when it was enqueued without tracing (see :mod:`miniqueue.tracing`).
+        self.trace_context: dict[str, str] | None = lease.trace_context
+        self.worker_id = worker_id
+        #: When the handler was handed the job (``time.monotonic()``), for timeouts.
+        self.started_at = time.monotonic()
+        # The Event is made only if a handler waits on it: most jobs never do, and creating one
+        # per job was a measurable share of a no-op job's cost.
+        self._stop: threading.Event | None = None
+        self._stop_reason: str | None = None
+        self._on_stop: Callable[[str], None] | None = None
+        self._transaction = transaction
+        self._atransaction = atransaction
+        self.completed_in_transaction = False
+        #: The jobs this one waited for (empty for a job enqueued without ``depends_on``).
+        self.parents: tuple[int, ...] = tuple(lease.parents) if lease.parents else ()
+        self._parent_results: dict[int, Any] | None = None
+        self._read_results = read_results
+        self._max_result_bytes = max_result_bytes
+        #: The result set by :meth:`set_result`, as JSON text (None: none set).
+        self.result_json: str | None = None
+        #: This attempt's span while it runs (set by :mod:`miniqueue.tracing` when tracing is on).
+        self._trace: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.task} {self.describe_attempts()}>"
+
+    @property
+    def charged_attempts(self) -> int:
+        """The attempts charged so far against :attr:`attempt_budget`, this one included: runs
+        handed back uncharged (a stop, a prefetched job never started, a snooze) are not."""
+        return charged_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+
+    def describe_attempts(self) -> str:
+        """``attempt 2 of 5``, or ``attempt 2 of 5, 4 runs`` when some runs were not charged."""
+        return describe_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+
+    @property
+    def parent_results(self) -> dict[int, Any]:
+        """Each parent's result by parent id, in the order the parents were given (a parent
+        that returned nothing maps to None; one pruned since is missing).
+
+        Read from the database the first time it is asked for (one query), then kept.
+        """
+        if self._parent_results is None:
+            if not self.parents:
+                self._parent_results = {}
+            elif self._read_results is None:
+                raise RuntimeError(f"job {self.id}: its parents' results cannot be read outside a worker")
+            else:
+                self._parent_results = dict(self._read_results(self.parents))
+        return self._parent_results
+
+    @property
+    def parent_result(self) -> Any:
+        """The result of this job's only parent (a step of a chain reads its predecessor's).
+
+        Raises LookupError for a job that has no parent or several (use :attr:`parent_results`),
+        or whose parent was pruned before this job ran.
+        """
+        if len(self.parents) != 1:
+            raise LookupError(f"job {self.id} has {len(self.parents)} parents, not one: read job.parent_results")
+        results = self.parent_results
+        if self.parents[0] not in results:
+            raise LookupError(f"job {self.id}'s parent {self.parents[0]} no longer exists (pruned?)")
+        return results[self.parents[0]]
+
+    def set_result(self, value: Any) -> None:
+        """Set this job's result (JSON, by the payload's rules and size limit): what it stores
+        when it completes, unless the handler returns something else than None.
+
+        A handler that completes in :meth:`transaction` must use it, inside the block: the job
+        completes when the block ends, before the handler returns. A value that breaks the
+        rules raises InvalidInput here, which fails the attempt like any exception.
+        """
+        self.result_json = encode_result(value, max_bytes=self._max_result_bytes)
+
+    def should_stop(self) -> bool:
+        """True once the handler should wrap up (see :attr:`stop_reason`)."""
+        return self._stop_reason is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the handler should stop: ``"lease lost"``, ``"cancelled"``, ``"shutdown"``, ``"timeout"``."""
+        return self._stop_reason
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early if the job should stop; return :meth:`should_stop`.
+
+        For ``def`` handlers: in an ``async def`` one it would block the event loop (and every
+        coroutine on it); ``await asyncio.sleep(seconds)`` there, which is cancelled on a stop.
+        """
+        with _EVENT_LOCK:
+            if self._stop is None:
+                self._stop = threading.Event()
+                if self._stop_reason is not None:
+                    self._stop.set()
+        return self._stop.wait(seconds)
+
+    def request_stop(self, reason: str) -> None:
+        """Tell the handler to stop (called by the worker; the first reason given wins)."""
+        with _EVENT_LOCK:
+            if self._stop_reason is not None:
+                return
+            self._stop_reason = reason
+            if self._stop is not None:
+                self._stop.set()
+            on_stop = self._on_stop
+        if on_stop is not None:  # outside the lock: it may take a lock of its own
+            on_stop(reason)
+
+    def on_stop(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` once, when a stop is requested, or at once if it already was.
+
+        The worker cancels an async handler's task this way. One callback per job: a second
+        replaces the first.
+        """
+        with _EVENT_LOCK:
+            reason = self._stop_reason
+            if reason is None:
+                self._on_stop = callback
+        if reason is not None:
+            callback(reason)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A database transaction in which this job completes.
+
+        Do the handler's database work on the yielded connection. When the block ends without
+        an exception, the job's fenced completion runs inside the same transaction, then it
+        commits: the handler's writes and the completion happen together or not at all. If
+        the lease was lost, :class:`~miniqueue.errors.LeaseLost` is raised and everything
+        rolls back. Use it once per job, as the handler's last database step.
+        """
+        if self._transaction is None:
+            raise RuntimeError(
+                "job.transaction() is only available to 'def' handlers run by a miniqueue Worker "
+                "(an async handler uses 'async with job.atransaction()')"
+            )
+        with self._transaction(self) as conn:
+            yield conn
+        self.completed_in_transaction = True
+
+    def atransaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection[Any]]:
+        """:meth:`transaction` for an ``async def`` handler: ``async with job.atransaction() as conn``.
+
+        The yielded ``psycopg.AsyncConnection`` comes from a small pool of the worker's event
+        loop; the same contract holds: the handler's writes and the job's fenced completion
+        commit together, or :class:`~miniqueue.errors.LeaseLost` is raised and nothing does.
+        If the job's coroutine is cancelled inside the block (its lease was lost, it timed
+        out), the transaction rolls back.
+        """
+        if self._atransaction is None:  # raised here, not at `async with`, so a misuse is loud at once
+            raise RuntimeError(
+                "job.atransaction() is only available to async handlers run by a miniqueue Worker "
+                "(a 'def' handler uses job.transaction())"
+            )
+        return self._completing(self._atransaction)
+
+    @contextlib.asynccontextmanager
+    async def _completing(self, factory: AsyncTransactionFactory) -> AsyncIterator[AsyncConnection[Any]]:
+        async with factory(self) as conn:
+            yield conn
+        self.completed_in_transaction = True

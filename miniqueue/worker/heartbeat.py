@@ -1,0 +1,93 @@
+"""The heartbeat: renews every lease a worker holds, in one statement, on its own connection.
+
+A lease that is not renewed (the job was recovered, cancelled or claimed elsewhere) is reported
+through ``on_lost`` so the handler can be told to stop; its outcome will be discarded by the
+fenced completion anyway. The heartbeat runs every ``interval`` seconds (by default a third of
+the lease, so two renewals can fail before a lease expires) and ticks more often than that to
+enforce handler timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection
+
+from ..core.db import Connection, connect
+from ..core.errors import DatabaseUnavailable
+from ..core.records import State
+from ..store.store import Store
+
+log = logging.getLogger("miniqueue.heartbeat")
+
+#: How often the heartbeat thread wakes to check timeouts, at most.
+TICK_SECONDS = 0.25
+
+
+class Heartbeat:
+    """A thread that keeps a worker's leases alive."""
+
+    def __init__(
+        self,
+        dsn: str,
+        store: Store,
+        worker_id: str,
+        *,
+        lease_seconds: float,
+        interval: float,
+        leases: Callable[[], list[tuple[int, int]]],
+        on_lost: Callable[[dict[int, str]], None],
+        on_tick: Callable[[], None] = lambda: None,
+        on_renewed: Callable[[Collection[int], float], None] = lambda ids, sent_at: None,
+    ) -> None:
+        self.dsn, self.store, self.worker_id = dsn, store, worker_id
+        self.lease_seconds, self.interval = lease_seconds, interval
+        self.leases, self.on_lost, self.on_tick, self.on_renewed = leases, on_lost, on_tick, on_renewed
+        self._stopping = threading.Event()
+        self._conn: Connection | None = None
+        self._thread = threading.Thread(target=self._run, name="miniqueue-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_beat = time.monotonic() + self.interval
+        while not self._stopping.wait(min(TICK_SECONDS, self.interval)):
+            self.on_tick()
+            if time.monotonic() < next_beat:
+                continue
+            try:
+                self.beat()
+                next_beat = time.monotonic() + self.interval
+            except DatabaseUnavailable as exc:
+                # Retry at the next tick: the lease still has two intervals of slack.
+                log.warning("heartbeat failed (%s); retrying", exc)
+                self._close()
+        self._close()
+
+    def beat(self) -> None:
+        """Renew every held lease now; report those that were lost."""
+        held = self.leases()
+        if not held:
+            return
+        if self._conn is None:
+            self._conn = connect(self.dsn, purpose="heartbeat", schema=self.store.schema)
+        sent_at = time.monotonic()  # the renewed leases end no sooner than lease_seconds after this
+        renewed = self.store.renew_leases(self._conn, self.worker_id, held, self.lease_seconds)
+        self.on_renewed(renewed.keys(), sent_at)
+        lost = [job_id for job_id, _ in held if job_id not in renewed]
+        if lost:
+            states = self.store.states(self._conn, lost)
+            self.on_lost({i: "cancelled" if states.get(i) == State.CANCELLED else "lease lost" for i in lost})
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
