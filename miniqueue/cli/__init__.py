@@ -1,6 +1,12 @@
 """The ``miniqueue`` and ``miniqueue-supervise`` commands.
 
 Rule: May import every layer.
+
+``main`` assembles the ``miniqueue`` group from the commands of ``jobs``, ``queues``,
+``periodic``, ``admin`` and ``serve``; these share ``errors`` (one-line errors and exit
+statuses), ``database`` (``--database-url``/``--schema`` and the client on them), ``params``
+(the kinds of value options take) and ``output`` (``--json``). ``demo`` is the app ``miniqueue
+demo`` runs. ``tests/test_cli_surface.py`` pins every command's help and options.
 """
 
 from .main import main, supervise_main
