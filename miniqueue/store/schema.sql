@@ -1,0 +1,423 @@
+-- miniqueue's database schema, written out for reading: every table, column, constraint, index,
+-- storage and statistics setting and function that the migrations in `migrations/` leave behind,
+-- as of migration 020 (020_task_backoff.sql).
+--
+-- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
+-- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
+-- those files say why each change was made. tests/test_schema_file.py builds one database from
+-- this file and one from the migrations and fails unless the two catalogs describe the same
+-- schema, and unless the migration named above is the latest: a new migration must be written
+-- in here too.
+--
+-- Names are unqualified: the tables live in the queue's schema (`--schema`, `public` by default),
+-- and migrate runs with search_path pinned to that schema and then pg_catalog, which is what the
+-- functions' `SET search_path FROM CURRENT` records. Columns are listed in the order the tables
+-- have them (the order the migrations added them), which is the order `SELECT *` returns. The
+-- migrations create no triggers, views or types of their own.
+
+
+-- ================================================================================================
+-- miniqueue_jobs: the queue is this table, one row per job
+-- ================================================================================================
+
+CREATE TABLE miniqueue_jobs (
+    -- A BIGSERIAL: bigint fed by the sequence miniqueue_jobs_id_seq (start 1, increment 1,
+    -- cache 1), which the column owns. The test kit's clean-up restarts it at 1.
+    id               BIGSERIAL   PRIMARY KEY,
+    queue            TEXT        NOT NULL,
+    -- Unique among the jobs that have one, through the partial index
+    -- idx_miniqueue_jobs_idempotency_key below (not a UNIQUE constraint).
+    idempotency_key  TEXT,
+    payload          JSONB       NOT NULL,
+    -- One of the states valid_state allows: 'waiting' for parents, 'available', 'running', or
+    -- a terminal one. 'cancelled' is an operator's decision, distinct from 'failed' (the handler
+    -- said never retry) and 'dead' (attempts exhausted).
+    state            TEXT        NOT NULL DEFAULT 'available',
+    priority         SMALLINT    NOT NULL DEFAULT 0,
+    -- The fencing token: a worker's writes match (id, leased_by, attempt), so it never repeats
+    -- for a job. Requeueing raises max_attempts (by attempt_budget) instead of resetting it.
+    attempt          INT         NOT NULL DEFAULT 0,
+    max_attempts     INT         NOT NULL DEFAULT 5,
+    scheduled_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    lease_expires_at TIMESTAMPTZ,
+    leased_by        TEXT,
+    last_error       TEXT,
+    created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    completed_at     TIMESTAMPTZ,
+    -- The handler's name: jobs are dispatched by it. No default: every enqueue names one.
+    task             TEXT        NOT NULL,
+    -- Each failed attempt appends {"attempt", "at", "worker", "error"}, in the same UPDATE that
+    -- records the failure, so the history never disagrees with the state.
+    errors           JSONB       NOT NULL DEFAULT '[]'::jsonb,
+    -- When the job reached a terminal state, whichever it was: what retention prunes by.
+    finished_at      TIMESTAMPTZ,
+    -- The attempts the job was enqueued with; a requeue adds it to max_attempts.
+    attempt_budget   INT         NOT NULL,
+    -- The limit scopes the job is subject to (rows of miniqueue_limits); NULL for a job without
+    -- any, which the claim takes exactly as an unlimited one.
+    limits           TEXT[],
+    -- What the handler returned, written by the fenced statement that completes the job; NULL
+    -- when it returned None.
+    result           JSONB,
+    -- The job's parents (shown to operators, read by the claim to hand a handler their
+    -- results), and a parent's dependents, kept on the parent's row so that a dependent's
+    -- enqueue locks it and a completion that waited on that lock sees the new dependent.
+    parents          BIGINT[],
+    dependents       BIGINT[],
+    -- The parents not completed yet; the statement that takes it to 0 makes the job available.
+    pending_parents  INT         NOT NULL DEFAULT 0,
+    -- Someone waits for this job (Client.wait): finishing it sends a notification on the
+    -- finished-jobs channel. Jobs nobody waits for send none.
+    awaited          BOOLEAN     NOT NULL DEFAULT false,
+    -- The trace context of the span that enqueued the job ({"traceparent", "tracestate", and
+    -- baggage when there is some), so that each attempt's span joins the producer's trace (see
+    -- miniqueue.observability.tracing). NULL for jobs enqueued without tracing.
+    trace_context    JSONB,
+
+    CONSTRAINT valid_state
+        CHECK (state IN ('available', 'running', 'completed', 'failed', 'dead', 'cancelled', 'waiting')),
+    CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1)
+) WITH (
+    -- Each job is inserted, updated two or three times and deleted: vacuum and analyze the table
+    -- early and often (the defaults wait for 20% of the table), and leave room on each page for
+    -- updates that stay on their page. The reaper vacuums and analyzes it between autovacuum's
+    -- visits; migrate analyzes it once at creation, so claims never run on a plan chosen without
+    -- statistics.
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_analyze_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0,
+    fillfactor = 90
+);
+
+-- Planner statistics. The plans of the jobs table's statements turn on a few coarse facts (how
+-- many rows are available, in which queue, how many carry limits) that a small sample gives as
+-- well as the default one: target 10 (ANALYZE samples 300 rows per unit of the largest target).
+-- No plan reads a job's contents (payload, result, error history, last error, trace context), so
+-- none are collected for them: target 0.
+ALTER TABLE miniqueue_jobs
+    ALTER COLUMN id SET STATISTICS 10,
+    ALTER COLUMN queue SET STATISTICS 10,
+    ALTER COLUMN idempotency_key SET STATISTICS 10,
+    ALTER COLUMN payload SET STATISTICS 0,
+    ALTER COLUMN state SET STATISTICS 10,
+    ALTER COLUMN priority SET STATISTICS 10,
+    ALTER COLUMN attempt SET STATISTICS 10,
+    ALTER COLUMN max_attempts SET STATISTICS 10,
+    ALTER COLUMN scheduled_at SET STATISTICS 10,
+    ALTER COLUMN lease_expires_at SET STATISTICS 10,
+    ALTER COLUMN leased_by SET STATISTICS 10,
+    ALTER COLUMN last_error SET STATISTICS 0,
+    ALTER COLUMN created_at SET STATISTICS 10,
+    ALTER COLUMN completed_at SET STATISTICS 10,
+    ALTER COLUMN task SET STATISTICS 10,
+    ALTER COLUMN errors SET STATISTICS 0,
+    ALTER COLUMN finished_at SET STATISTICS 10,
+    ALTER COLUMN attempt_budget SET STATISTICS 10,
+    ALTER COLUMN limits SET STATISTICS 10,
+    ALTER COLUMN result SET STATISTICS 0,
+    ALTER COLUMN parents SET STATISTICS 10,
+    ALTER COLUMN dependents SET STATISTICS 10,
+    ALTER COLUMN pending_parents SET STATISTICS 10,
+    ALTER COLUMN awaited SET STATISTICS 10,
+    ALTER COLUMN trace_context SET STATISTICS 0;
+
+-- The claim index: available jobs without limits, in the claim's order (priority DESC,
+-- scheduled_at, id), so a claim reads the first entries instead of sorting. Partial, so its size
+-- never grows with finished rows, nor with a backlog held back by a limit.
+CREATE INDEX idx_miniqueue_jobs_claim
+    ON miniqueue_jobs (queue, priority DESC, scheduled_at, id)
+    WHERE state = 'available' AND limits IS NULL;
+
+-- Available jobs with limits, by their scopes, so that the claim steps from one group of scopes
+-- to the next (one probe per group) instead of reading a held-back group's backlog. Disjoint
+-- from the claim index: a query over every available job reads both.
+CREATE INDEX idx_miniqueue_jobs_limited
+    ON miniqueue_jobs (queue, limits, priority DESC, scheduled_at, id)
+    WHERE state = 'available' AND limits IS NOT NULL;
+
+-- The reaper's: running jobs by lease expiry, to find expired leases without a scan.
+CREATE INDEX idx_miniqueue_jobs_expired_leases
+    ON miniqueue_jobs (lease_expires_at)
+    WHERE state = 'running' AND lease_expires_at IS NOT NULL;
+
+-- Retention's: finished jobs by age, so the reaper prunes the oldest in small batches without
+-- scanning live ones.
+CREATE INDEX idx_miniqueue_jobs_finished
+    ON miniqueue_jobs (finished_at)
+    WHERE state IN ('completed', 'failed', 'dead', 'cancelled');
+
+-- Idempotency keys are unique. Partial: most jobs carry none, and a job without a key costs no
+-- index entry. Inserts name its predicate in
+-- ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL.
+CREATE UNIQUE INDEX idx_miniqueue_jobs_idempotency_key
+    ON miniqueue_jobs (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+-- Waiting jobs by queue, for stats and `jobs list --state waiting`: its size grows with the jobs
+-- blocked right now, never with finished rows.
+CREATE INDEX idx_miniqueue_jobs_waiting
+    ON miniqueue_jobs (queue)
+    WHERE state = 'waiting';
+
+
+-- miniqueue_settle: what the jobs that just finished mean for others. Called from a CTE of every
+-- statement that finishes jobs (complete, fail, record failures, recover, cancel, delete), and
+-- only when one of them has dependents or a waiter.
+--
+--   notify_ids        finished jobs someone waits for: one notification each on `channel`
+--   released          one entry per (completed parent, dependent): the dependent's
+--                     pending_parents goes down by the number of its entries, and it becomes
+--                     available (and its queue is notified on `queue_channel`) at 0
+--   cancel_children,  a dependent of a parent that ended failed, dead or cancelled (or was
+--   cancel_parents,   deleted unfinished), with that parent and how it ended: the dependent
+--   cancel_states     is cancelled with an error naming the parent, and so, in turn, are
+--                     its own waiting dependents
+--
+-- A function because a PL/pgSQL statement takes a fresh snapshot: a dependent enqueued while its
+-- parent's completion ran is not in the completion statement's snapshot, so an UPDATE in a plain
+-- CTE would miss it and leave it waiting forever. Cancelled dependents are counted in
+-- miniqueue_counts, like every other finished job (but not in miniqueue_finished_minutes).
+CREATE FUNCTION miniqueue_settle(
+    notify_ids BIGINT[], released BIGINT[], cancel_children BIGINT[], cancel_parents BIGINT[],
+    cancel_states TEXT[], channel TEXT, queue_channel TEXT
+) RETURNS INT
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+DECLARE
+    settled INT := 0;
+    n INT;
+    children BIGINT[] := coalesce(cancel_children, '{}');
+    parents BIGINT[] := cancel_parents;
+    states TEXT[] := cancel_states;
+    queues TEXT[];
+    waited BIGINT[];
+BEGIN
+    PERFORM pg_notify(channel, id::text) FROM unnest(notify_ids) AS u(id);
+
+    WITH released_jobs AS (
+        UPDATE miniqueue_jobs j
+           SET pending_parents = j.pending_parents - r.n,
+               state = CASE WHEN j.pending_parents - r.n <= 0 THEN 'available' ELSE 'waiting' END,
+               scheduled_at = CASE WHEN j.pending_parents - r.n <= 0 THEN greatest(j.scheduled_at, now())
+                                   ELSE j.scheduled_at END
+          FROM (SELECT child, count(*)::int AS n FROM unnest(released) AS u(child) GROUP BY child) r
+         WHERE j.id = r.child AND j.state = 'waiting'
+        RETURNING j.queue, j.state
+    )
+    SELECT array_agg(DISTINCT queue) FILTER (WHERE state = 'available'), count(*) INTO queues, n FROM released_jobs;
+    PERFORM pg_notify(queue_channel, q) FROM unnest(queues) AS u(q);
+    settled := settled + n;
+
+    -- Cancel dependents, then theirs, until none is left waiting on a cancelled job.
+    WHILE cardinality(children) > 0 LOOP
+        WITH cancelled AS (
+            UPDATE miniqueue_jobs j
+               SET state = 'cancelled', finished_at = now(), pending_parents = 0,
+                   last_error = c.reason,
+                   errors = j.errors || jsonb_build_array(jsonb_build_object(
+                       'attempt', j.attempt, 'at', now(), 'worker', NULL, 'error', c.reason))
+              FROM (SELECT DISTINCT ON (child) child, format('cancelled: its parent job %s %s', parent,
+                           CASE WHEN state = 'deleted' THEN 'was deleted unfinished' ELSE 'ended ' || state END) AS reason
+                      FROM unnest(children, parents, states) AS u(child, parent, state)
+                     ORDER BY child, parent) c
+             WHERE j.id = c.child AND j.state = 'waiting'
+            RETURNING j.id, j.queue, j.dependents, j.awaited
+        ), counted AS (
+            INSERT INTO miniqueue_counts AS k (queue, state, shard, count)
+            SELECT queue, 'cancelled', pg_backend_pid() % 64, count(*) FROM cancelled GROUP BY queue
+            ON CONFLICT (queue, state, shard) DO UPDATE SET count = k.count + excluded.count
+        )
+        SELECT coalesce(array_agg(d.child) FILTER (WHERE d.child IS NOT NULL), '{}'),
+               coalesce(array_agg(c.id) FILTER (WHERE d.child IS NOT NULL), '{}'),
+               coalesce(array_agg(DISTINCT c.id) FILTER (WHERE c.awaited), '{}'),
+               count(DISTINCT c.id)
+          INTO children, parents, waited, n
+          FROM cancelled c LEFT JOIN LATERAL unnest(c.dependents) AS d(child) ON true;
+        states := array_fill('cancelled'::text, ARRAY[cardinality(children)]);
+        PERFORM pg_notify(channel, id::text) FROM unnest(waited) AS u(id);
+        settled := settled + n;
+    END LOOP;
+    RETURN settled;
+END
+$$;
+
+
+-- ================================================================================================
+-- Counts of finished jobs, kept by the statements that finish them
+-- ================================================================================================
+
+-- Finished jobs per queue and terminal state, so that stats, /metrics and the dashboard need no
+-- count(*) over finished rows. The statements that finish, requeue, prune or delete jobs add to
+-- it (one upsert per statement, not per job), each to the row of its own shard (the backend's
+-- pid modulo 64) so that workers committing at once seldom wait on each other's row lock; a
+-- reader sums the shards. Available and running jobs are counted from their partial indexes.
+CREATE TABLE miniqueue_counts (
+    queue TEXT     NOT NULL,
+    state TEXT     NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled')),
+    shard SMALLINT NOT NULL,
+    count BIGINT   NOT NULL,
+    PRIMARY KEY (queue, state, shard)
+) WITH (
+    -- Small and updated on every batch: keep it vacuumed.
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 200
+);
+
+-- Jobs finished per minute, for the dashboard's throughput chart, counted the same way (one
+-- upsert per statement into its shard's row). These count finishing events: a job pruned,
+-- requeued or deleted later still finished in its minute (dependents that miniqueue_settle
+-- cancels are not among them). The reaper drops minutes older than two hours.
+CREATE TABLE miniqueue_finished_minutes (
+    minute TIMESTAMPTZ NOT NULL,
+    state  TEXT        NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled')),
+    shard  SMALLINT    NOT NULL,
+    count  BIGINT      NOT NULL,
+    PRIMARY KEY (minute, state, shard)
+) WITH (
+    -- Small and updated on every batch: keep it vacuumed.
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 200
+);
+
+
+-- ================================================================================================
+-- Limits, queues and tasks: what the claim and the producers read
+-- ================================================================================================
+
+-- Fleet-wide limits, enforced by the claim, one row per limit scope a job names in its `limits`:
+--   * a concurrency scope (max_running set) records the leases holding its slots, as parallel
+--     arrays of job id and attempt. A slot is held while that job is running at that attempt,
+--     so it is free as soon as the lease ends, with no statement to forget to run; the claim
+--     prunes ended holders when it next takes a slot of the scope.
+--   * a rate scope (rate set) is a token bucket: `tokens` as of `refilled_at`, refilled at
+--     `rate` per second up to `burst`.
+-- The claim locks the scope rows it needs (skipping those another claim holds) and takes slots
+-- and tokens in the same statement that leases the jobs.
+CREATE TABLE miniqueue_limits (
+    scope           TEXT        PRIMARY KEY,
+    max_running     INT         CHECK (max_running > 0),
+    rate            FLOAT8      CHECK (rate > 0),
+    burst           FLOAT8      CHECK (burst >= 1),
+    tokens          FLOAT8      NOT NULL DEFAULT 0,
+    refilled_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+    holder_ids      BIGINT[]    NOT NULL DEFAULT '{}',
+    holder_attempts INT[]       NOT NULL DEFAULT '{}',
+    -- A scope is either a concurrency scope or a rate scope, and a rate comes with its burst.
+    CONSTRAINT miniqueue_limits_check CHECK ((max_running IS NULL) <> (rate IS NULL)),
+    CONSTRAINT miniqueue_limits_check1 CHECK ((rate IS NULL) = (burst IS NULL))
+) WITH (
+    -- Rewritten on every limited claim: keep it vacuumed, and leave half of each page free so
+    -- that a rewrite stays on its page (a heap-only update, with no new index entry).
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 200,
+    fillfactor = 50
+);
+
+-- Queue settings. Absent row = not paused and no cap, so the claim's check is one primary-key
+-- probe and queues need no registration.
+CREATE TABLE miniqueue_queues (
+    name        TEXT        PRIMARY KEY,
+    -- A paused queue is claimed by no worker on any host, without stopping the workers.
+    paused      BOOLEAN     NOT NULL DEFAULT false,
+    updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- A fleet-wide cap on the queue's running jobs (`miniqueue queues limit`): its slots are the
+    -- concurrency scope 'queue:<name>' of miniqueue_limits.
+    max_running INT         CHECK (max_running > 0)
+);
+
+-- What each task declares, published by the workers of the apps that run against this database,
+-- so that a task's queue, priority, attempts, limits and backoff apply however its jobs are
+-- enqueued: a producer without the app (a Client, the CLI, an integration) fills what its caller
+-- left unset from here. One row per task; the latest worker to start with a changed declaration
+-- rewrites it (see the README's "Tasks and their options"). A key computed from each job's
+-- payload by a function of the app cannot be computed here: `*_computed` says so, and a producer
+-- without the app must pass the key itself.
+CREATE TABLE miniqueue_tasks (
+    task                     TEXT             PRIMARY KEY,
+    queue                    TEXT             NOT NULL,
+    priority                 SMALLINT         NOT NULL,
+    max_attempts             INT              NOT NULL CHECK (max_attempts > 0),
+    concurrency_key          TEXT,
+    concurrency_key_computed BOOLEAN          NOT NULL DEFAULT false,
+    max_concurrent           INT              CHECK (max_concurrent > 0),
+    rate_limit               TEXT,
+    rate_limit_key           TEXT,
+    rate_limit_key_computed  BOOLEAN          NOT NULL DEFAULT false,
+    published_at             TIMESTAMPTZ      NOT NULL DEFAULT now(),
+    -- The task's retry backoff, so that an attempt charged without the app (by the supervisor
+    -- or the reaper) waits the same delay as one its worker charges (see the README's "Who pays
+    -- an attempt"). NULL: the backoff is a function of the app's own, which only its workers
+    -- can apply; elsewhere the default backoff applies.
+    backoff_base             DOUBLE PRECISION CHECK (backoff_base > 0),
+    backoff_cap              DOUBLE PRECISION CHECK (backoff_cap > 0)
+);
+
+-- The delay before retrying `task` after its failed attempt `attempt` (1-based), in seconds:
+-- uniform in [0, min(cap, base * 2^attempt)], with the task's published base and cap, or the
+-- defaults given (those of miniqueue.core.backoff) for a task that published none.
+CREATE FUNCTION miniqueue_retry_delay(task TEXT, attempt INT, default_base DOUBLE PRECISION,
+                                      default_cap DOUBLE PRECISION) RETURNS DOUBLE PRECISION
+LANGUAGE sql VOLATILE SET search_path FROM CURRENT AS $$
+    SELECT random() * least(coalesce(max(t.backoff_cap), default_cap),
+                            coalesce(max(t.backoff_base), default_base) * 2.0 ^ least(greatest(attempt, 1), 64))
+      FROM miniqueue_tasks t WHERE t.task = miniqueue_retry_delay.task
+$$;
+
+-- The queues some worker has served, and when one last started serving each: a job waiting in a
+-- queue that no worker has ever served is shown as such (`miniqueue stats`, the dashboard).
+CREATE TABLE miniqueue_served_queues (
+    queue     TEXT        PRIMARY KEY,
+    served_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+
+-- ================================================================================================
+-- Periodic schedules and the process registry
+-- ================================================================================================
+
+-- The last cron slot enqueued for each periodic schedule. A scheduler claims a slot by advancing
+-- last_slot with a conditional upsert in the same transaction as the enqueue, so each slot is
+-- enqueued once however many schedulers (hosts) run, with no leader election; and the record
+-- outlives the pruning of the job it made.
+CREATE TABLE miniqueue_periodic (
+    name       TEXT        PRIMARY KEY,
+    last_slot  TIMESTAMPTZ NOT NULL,
+    enabled    BOOLEAN     NOT NULL DEFAULT true,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- Supervisors and their children, refreshed by each supervisor every few seconds, so that
+-- dashboards show every host's processes from the one place they all share. Rows not refreshed
+-- for a while belong to a supervisor that is gone.
+CREATE TABLE miniqueue_processes (
+    id           TEXT        PRIMARY KEY,   -- worker id, or host:pid of a supervisor or reaper
+    supervisor   TEXT        NOT NULL,      -- the supervisor's id (itself for a supervisor row)
+    kind         TEXT        NOT NULL CHECK (kind IN ('supervisor', 'worker', 'reaper')),
+    host         TEXT        NOT NULL,
+    pid          INT         NOT NULL,
+    title        TEXT        NOT NULL,
+    started_at   TIMESTAMPTZ NOT NULL,
+    last_seen    TIMESTAMPTZ NOT NULL DEFAULT now(),
+    rss_bytes    BIGINT,
+    jobs_done    BIGINT      NOT NULL DEFAULT 0,
+    restarts     INT         NOT NULL DEFAULT 0,
+    current_jobs BIGINT[]    NOT NULL DEFAULT '{}'
+);
+
+CREATE INDEX idx_miniqueue_processes_supervisor ON miniqueue_processes (supervisor);
+
+
+-- ================================================================================================
+-- miniqueue_migrations: the migrations applied
+-- ================================================================================================
+
+-- Created by `miniqueue migrate` itself (miniqueue.store.store), not by a migration file: one row
+-- per migration applied, which is how migrate knows what is pending and `check_schema_version`
+-- whether the schema is up to date. A database built from this file has it empty, so migrate
+-- would try to apply every migration to it (and fail on the first).
+CREATE TABLE miniqueue_migrations (
+    version    INT         PRIMARY KEY,
+    name       TEXT        NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
