@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from miniqueue import App, Client, InvalidInput, JobSpec, PermanentError, Snooze
 from miniqueue.core.db import Connection
 from miniqueue.core.errors import ConfigError
-from miniqueue.observability import tracing
+from miniqueue.observability import tracing  # its internals: the fixture below puts them back
 from miniqueue.tasks.job import Job
 from miniqueue.testing import run_jobs
 
@@ -545,7 +545,7 @@ def test_without_opentelemetry_installed_nothing_is_traced(dsn: str, repo_root: 
         sys.modules["opentelemetry"] = None  # as if the package were not installed
 
         import miniqueue
-        from miniqueue.observability import tracing
+        from miniqueue import tracing
         from miniqueue.core.errors import ConfigError
         from miniqueue.testing import run_jobs
 

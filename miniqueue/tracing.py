@@ -1,0 +1,7 @@
+"""OpenTelemetry tracing, as users reach it: ``miniqueue.tracing.enable()``, ``disable()`` and
+``current()`` (see the README's "Tracing"). The implementation is
+:mod:`miniqueue.observability.tracing`."""
+
+from .observability.tracing import ENV, HAVE_API, Tracing, current, disable, enable
+
+__all__ = ["ENV", "HAVE_API", "Tracing", "current", "disable", "enable"]
