@@ -176,17 +176,20 @@ class AsyncClient(BaseClient):
         dsn = self._dsn if self._dsn is not None else await _pool_dsn(self._pool)
         return await await_for(self.store, dsn, job_id, timeout)
 
-    async def get(self, job_id: int) -> JobRecord:
+    async def get(self, job_id: int, *, conn: AsyncConnection | None = None) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""
-        return await self._run(self._get_steps(job_id))
+        return await self._run(self._get_steps(job_id), conn)
 
     async def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""
         return await self._run(self.store.counts_steps())
 
-    async def queue_stats(self) -> list[QueueStats]:
-        """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases."""
-        return await self._run(self._queue_stats_steps())
+    async def queue_stats(
+        self, *, check_served: bool = True, conn: AsyncConnection | None = None
+    ) -> list[QueueStats]:
+        """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases
+        (see :meth:`miniqueue.Client.queue_stats`)."""
+        return await self._run(self._queue_stats_steps(check_served), conn)
 
     async def recount(self) -> None:
         """Recount finished jobs from the jobs table (see :meth:`miniqueue.Client.recount`)."""
@@ -216,13 +219,21 @@ class AsyncClient(BaseClient):
         """Cancel available or running jobs (see :meth:`miniqueue.Client.cancel`)."""
         return await self._run(self.store.cancel_steps(check_job_ids(job_ids)), conn)
 
-    async def pause_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
+    async def pause_queues(
+        self, names: Iterable[str], *, create: bool = False, conn: AsyncConnection | None = None
+    ) -> list[str]:
         """Stop every worker from claiming jobs of these queues (see :meth:`miniqueue.Client.pause_queues`)."""
-        return await self._run(self._set_paused_steps(names, True, create))
+        return await self._run(self._set_paused_steps(names, True, create), conn)
 
-    async def resume_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
+    async def resume_queues(
+        self, names: Iterable[str], *, create: bool = False, conn: AsyncConnection | None = None
+    ) -> list[str]:
         """Let workers claim jobs of these queues again (see :meth:`miniqueue.Client.resume_queues`)."""
-        return await self._run(self._set_paused_steps(names, False, create))
+        return await self._run(self._set_paused_steps(names, False, create), conn)
+
+    async def paused_queues(self, *, conn: AsyncConnection | None = None) -> list[str]:
+        """The queues paused now."""
+        return await self._run(self.store.paused_queues_steps(), conn)
 
     async def list_queues(self) -> dict[str, bool]:
         """Every queue that has jobs or is paused, in name order, and whether it is paused."""
@@ -232,29 +243,33 @@ class AsyncClient(BaseClient):
         """Cap the running jobs of queue ``name`` fleet-wide (see :meth:`miniqueue.Client.limit_queue`)."""
         await self._run(self._limit_queue_steps(name, max_running, create))
 
-    async def queue_limits(self) -> dict[str, int]:
+    async def queue_limits(self, *, conn: AsyncConnection | None = None) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
-        return await self._run(self.store.queue_limits_steps())
+        return await self._run(self.store.queue_limits_steps(), conn)
 
-    async def limit_waits(self, limit: int = 100) -> list[LimitWait]:
+    async def limit_waits(self, limit: int = 100, *, conn: AsyncConnection | None = None) -> list[LimitWait]:
         """The limits jobs are waiting on or hold slots of (see :meth:`miniqueue.Client.limit_waits`)."""
-        return await self._run(self.store.limit_waits_steps(limit))
+        return await self._run(self.store.limit_waits_steps(limit), conn)
 
-    async def enable_schedule(self, name: str, *, app: App | None = None) -> None:
+    async def enable_schedule(
+        self, name: str, *, app: App | None = None, create: bool = False, conn: AsyncConnection | None = None
+    ) -> None:
         """Enable periodic schedule ``name`` (see :meth:`miniqueue.Client.disable_schedule`)."""
-        await self._run(self._switch_schedule_steps(name, True, app))
+        await self._run(self._switch_schedule_steps(name, True, app, create), conn)
 
-    async def disable_schedule(self, name: str, *, app: App | None = None) -> None:
+    async def disable_schedule(
+        self, name: str, *, app: App | None = None, create: bool = False, conn: AsyncConnection | None = None
+    ) -> None:
         """Disable periodic schedule ``name`` (see :meth:`miniqueue.Client.disable_schedule`)."""
-        await self._run(self._switch_schedule_steps(name, False, app))
+        await self._run(self._switch_schedule_steps(name, False, app, create), conn)
 
-    async def periodic_state(self) -> dict[str, tuple[dt.datetime, bool]]:
+    async def periodic_state(self, *, conn: AsyncConnection | None = None) -> dict[str, tuple[dt.datetime, bool]]:
         """Each periodic schedule's last slot and whether it is enabled."""
-        return await self._run(self.store.periodic_state_steps())
+        return await self._run(self.store.periodic_state_steps(), conn)
 
-    async def now(self) -> dt.datetime:
+    async def now(self, *, conn: AsyncConnection | None = None) -> dt.datetime:
         """The database's clock (what schedules and delays are measured against)."""
-        return await self._run(self.store.now_steps())
+        return await self._run(self.store.now_steps(), conn)
 
 
 async def _pool_dsn(pool: AsyncConnectionPool[AsyncConnection]) -> str:

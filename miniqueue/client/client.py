@@ -44,13 +44,13 @@ from ..core.validation import (
     check_schedule_name,
     check_seconds,
     check_task_name,
-    check_text,
     declared,
     validate,
     validate_each,
 )
 from ..observability import tracing
 from ..store.store import LimitWait, Store
+from .inspection import Inspection, check_filters
 from .results import result_steps, wait_for
 
 if TYPE_CHECKING:
@@ -132,8 +132,10 @@ class BaseClient:
         yield from atomic(self.store.publish_tasks_steps(declarations))
         self._declarations = {**self._declarations, **{d.task: d for d in declarations}}
 
-    def _queue_stats_steps(self) -> Steps[list[QueueStats]]:
+    def _queue_stats_steps(self, check_served: bool) -> Steps[list[QueueStats]]:
         stats = yield from self.store.queue_stats_steps()
+        if not check_served:
+            return stats
         unserved = set((yield from self.store.unserved_queues_steps([q.queue for q in stats])))
         return [dataclasses.replace(q, served=False) if q.queue in unserved else q for q in stats]
 
@@ -271,7 +273,7 @@ class BaseClient:
         return self.store.get_steps(check_int_range("job id", job_id, JOB_ID_RANGE))
 
     def _list_jobs_steps(self, before_id: int | None, limit: int, filters: dict[str, Any]) -> Steps[list[JobRecord]]:
-        _check_filters(before_id=before_id, **filters)
+        check_filters(before_id=before_id, **filters)
         return self.store.list_jobs_steps(before_id=before_id, limit=limit, **filters)
 
     def _prune_steps(self, states: Iterable[State], older_than_seconds: float, batch_size: int) -> Steps[int]:
@@ -284,7 +286,7 @@ class BaseClient:
                 return deleted
 
     def _requeue_matching_steps(self, states: Iterable[State], queue: str | None, task: str | None) -> Steps[int]:
-        _check_filters(queue=queue, task=task)
+        check_filters(queue=queue, task=task)
         return self.store.requeue_matching_steps(states, queue=queue, task=task)
 
     def _list_queues_steps(self) -> Steps[dict[str, bool]]:
@@ -296,8 +298,10 @@ class BaseClient:
         chosen = list(dict.fromkeys(check_queue_name(name) for name in names))
         if not chosen:
             raise InvalidInput("no queue name given: name at least one queue")
-        # One transaction: with one unknown name among several, none is paused.
-        return atomic(self._set_paused_in_one(chosen, paused, create))
+        # One transaction: with one unknown name among several, none is paused. (One name
+        # that need not be known is one statement, which needs no transaction of its own.)
+        steps = self._set_paused_in_one(chosen, paused, create)
+        return steps if create and len(chosen) == 1 else atomic(steps)
 
     def _set_paused_in_one(self, chosen: list[str], paused: bool, create: bool) -> Steps[list[str]]:
         if not create:
@@ -320,21 +324,25 @@ class BaseClient:
             "(--create on the command line)"
         )
 
-    def _switch_schedule_steps(self, name: str, enabled: bool, app: App | None) -> Steps[None]:
+    def _switch_schedule_steps(self, name: str, enabled: bool, app: App | None, create: bool) -> Steps[None]:
         name = check_schedule_name(name)
         defined = set(app.schedules) if app is not None else set()
-        return atomic(self._switch_schedule_in_one(name, enabled, defined, app is not None))
+        steps = self._switch_schedule_in_one(name, enabled, defined, app is not None, create)
+        return steps if create else atomic(steps)  # (unchecked, it is one statement)
 
-    def _switch_schedule_in_one(self, name: str, enabled: bool, defined: set[str], has_app: bool) -> Steps[None]:
-        stored = yield from self.store.periodic_state_steps()
-        if name not in stored and name not in defined:
-            known = ", ".join(sorted({*stored, *defined})) or "none yet"
-            hint = "" if has_app else "; a schedule no scheduler has run yet needs the app that defines it"
-            raise InvalidInput(f"schedule {name!r} is unknown (known: {known}){hint}")
+    def _switch_schedule_in_one(
+        self, name: str, enabled: bool, defined: set[str], has_app: bool, create: bool
+    ) -> Steps[None]:
+        if not create:
+            stored = yield from self.store.periodic_state_steps()
+            if name not in stored and name not in defined:
+                known = ", ".join(sorted({*stored, *defined})) or "none yet"
+                hint = "" if has_app else "; a schedule no scheduler has run yet needs the app that defines it"
+                raise InvalidInput(f"schedule {name!r} is unknown (known: {known}){hint}")
         yield from self.store.set_periodic_enabled_steps(name, enabled)
 
 
-class Client(BaseClient):
+class Client(BaseClient, Inspection):
     """Enqueue and manage jobs.
 
     ``Client(dsn)`` opens a small connection pool of its own (close it with :meth:`close` or a
@@ -343,7 +351,9 @@ class Client(BaseClient):
 
     Every method that writes takes ``conn=``: pass your own psycopg connection to make the
     write part of your transaction; the job then exists only if your transaction commits, and
-    workers are notified at that commit.
+    workers are notified at that commit. The reads a view makes take it too, so that it reads
+    several things on one connection (the dashboard's pages do); the inspection calls it needs
+    beyond these are :class:`~miniqueue.client.inspection.Inspection`'s.
     """
 
     def __init__(
@@ -497,18 +507,19 @@ class Client(BaseClient):
         job_id, timeout = _check_wait(job_id, timeout)
         return wait_for(self.store, session_dsn(self._dsn, self._pool.conninfo), job_id, timeout)
 
-    def get(self, job_id: int) -> JobRecord:
+    def get(self, job_id: int, *, conn: Connection | None = None) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""
-        return self._run(self._get_steps(job_id))
+        return self._run(self._get_steps(job_id), conn)
 
     def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""
         return self._run(self.store.counts_steps())
 
-    def queue_stats(self, *, conn: Connection | None = None) -> list[QueueStats]:
+    def queue_stats(self, *, check_served: bool = True, conn: Connection | None = None) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired
-        leases, and whether any worker has ever served it."""
-        return self._run(self._queue_stats_steps(), conn)
+        leases, and whether any worker has ever served it (``check_served=False`` skips that
+        read, one statement: every queue then says served, unchecked)."""
+        return self._run(self._queue_stats_steps(check_served), conn)
 
     def recount(self) -> None:
         """Recount finished jobs from the jobs table, repairing counts that drifted (see the
@@ -547,20 +558,31 @@ class Client(BaseClient):
         """
         return self._run(self.store.cancel_steps(check_job_ids(job_ids)), conn)
 
+    def delete(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
+        """Delete jobs and their error history, except running ones (cancel them first); return
+        the ids deleted, in order. (Client only: the store deletes on a sync connection.)"""
+        ids = check_job_ids(job_ids)
+        with self.connection(conn) as c:
+            return self.store.delete(c, ids)
+
     # -- queues and schedules (operator calls) ---------------------------------------------------
 
-    def pause_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
+    def pause_queues(self, names: Iterable[str], *, create: bool = False, conn: Connection | None = None) -> list[str]:
         """Stop every worker, on every host, from claiming jobs of these queues; return them.
 
         A name that is not known (no job waiting or running in it, never paused or resumed)
         raises InvalidInput naming it, and nothing is paused: a typo must not leave a paused
         queue that nothing uses. ``create=True`` pauses such a queue anyway (before its first job).
         """
-        return self._run(self._set_paused_steps(names, True, create))
+        return self._run(self._set_paused_steps(names, True, create), conn)
 
-    def resume_queues(self, names: Iterable[str], *, create: bool = False) -> list[str]:
+    def resume_queues(self, names: Iterable[str], *, create: bool = False, conn: Connection | None = None) -> list[str]:
         """Let workers claim jobs of these queues again; return them (unknown names: as :meth:`pause_queues`)."""
-        return self._run(self._set_paused_steps(names, False, create))
+        return self._run(self._set_paused_steps(names, False, create), conn)
+
+    def paused_queues(self, *, conn: Connection | None = None) -> list[str]:
+        """The queues paused now."""
+        return self._run(self.store.paused_queues_steps(), conn)
 
     def list_queues(self) -> dict[str, bool]:
         """Every queue that has jobs or is paused, in name order, and whether it is paused."""
@@ -571,37 +593,42 @@ class Client(BaseClient):
         ``max_running``; None lifts the cap. Unknown names: as :meth:`pause_queues`."""
         self._run(self._limit_queue_steps(name, max_running, create))
 
-    def queue_limits(self) -> dict[str, int]:
+    def queue_limits(self, *, conn: Connection | None = None) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
-        return self._run(self.store.queue_limits_steps())
+        return self._run(self.store.queue_limits_steps(), conn)
 
-    def limit_waits(self, limit: int = 100) -> list[LimitWait]:
+    def limit_waits(self, limit: int = 100, *, conn: Connection | None = None) -> list[LimitWait]:
         """The limits jobs are waiting on or hold slots of, most waiting first: for each, how many
         due jobs name it (for a queue's cap, every due job of the queue), and its slots held and
         the jobs holding them, or its tokens left."""
-        return self._run(self.store.limit_waits_steps(limit))
+        return self._run(self.store.limit_waits_steps(limit), conn)
 
-    def enable_schedule(self, name: str, *, app: App | None = None) -> None:
+    def enable_schedule(
+        self, name: str, *, app: App | None = None, create: bool = False, conn: Connection | None = None
+    ) -> None:
         """Enable periodic schedule ``name`` (see :meth:`disable_schedule` for which names are known)."""
-        self._run(self._switch_schedule_steps(name, True, app))
+        self._run(self._switch_schedule_steps(name, True, app, create), conn)
 
-    def disable_schedule(self, name: str, *, app: App | None = None) -> None:
+    def disable_schedule(
+        self, name: str, *, app: App | None = None, create: bool = False, conn: Connection | None = None
+    ) -> None:
         """Disable periodic schedule ``name``: its slots are skipped until it is enabled again.
 
         The name must be known: a schedule some scheduler has run, or one of ``app``'s
         schedules (which may be switched before its first run). Otherwise InvalidInput names it
-        and the known ones, and nothing is stored.
+        and the known ones, and nothing is stored. ``create=True`` switches it without that
+        check (a schedule not run yet then starts so).
         """
-        self._run(self._switch_schedule_steps(name, False, app))
+        self._run(self._switch_schedule_steps(name, False, app, create), conn)
 
-    def periodic_state(self) -> dict[str, tuple[dt.datetime, bool]]:
+    def periodic_state(self, *, conn: Connection | None = None) -> dict[str, tuple[dt.datetime, bool]]:
         """Each periodic schedule a scheduler has run or an operator switched: its last slot and
         whether it is enabled."""
-        return self._run(self.store.periodic_state_steps())
+        return self._run(self.store.periodic_state_steps(), conn)
 
-    def now(self) -> dt.datetime:
+    def now(self, *, conn: Connection | None = None) -> dt.datetime:
         """The database's clock (what schedules and delays are measured against)."""
-        return self._run(self.store.now_steps())
+        return self._run(self.store.now_steps(), conn)
 
 
 def _each_indexed(steps: list[Steps[EnqueueResult]]) -> Steps[list[EnqueueResult]]:
@@ -626,25 +653,6 @@ def session_dsn(dsn: str | None, pool_conninfo: str | Callable[[], str]) -> str:
 def _check_wait(job_id: int, timeout: float) -> tuple[int, float]:
     """A wait's job id and timeout, checked."""
     return check_int_range("job id", job_id, JOB_ID_RANGE), check_seconds("wait timeout", timeout)
-
-
-def _check_filters(
-    *,
-    queue: str | None = None,
-    task: str | None = None,
-    search: str | None = None,
-    before_id: int | None = None,
-    **_: Any,
-) -> None:
-    """Reject a filter value that no stored job can match, before it reaches the database."""
-    if queue is not None:
-        check_queue_name(queue)
-    if task is not None:
-        check_task_name(task)
-    if search is not None:
-        check_text("search text", search)
-    if before_id is not None:
-        check_int_range("before id", before_id, JOB_ID_RANGE)
 
 
 class _Borrowed:

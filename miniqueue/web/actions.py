@@ -14,9 +14,8 @@ from ..client.client import Client
 from ..core.db import Connection
 from ..core.errors import InvalidInput, MiniqueueError
 from ..core.validation import check_queue_name, check_task_name
-from ..store.store import Store
 from .dashboard import Dashboard
-from .filters import parse_id
+from .filters import parse_id, stored_id
 from .jobactions import Preview, Target, action_named, apply, apply_to_ids, preview
 
 
@@ -34,8 +33,8 @@ class Actions:
         action = action_named(request.query_params.get("action", ""))
         target = Target.parse(request.query_params)
 
-        def load(_: Client, store: Store, conn: Connection) -> Preview:
-            return preview(store, conn, action, target)
+        def load(client: Client, conn: Connection) -> Preview:
+            return preview(client, conn, action, target)
 
         result = await self.dash.query(load)
         context = {"action": action, "target": target, "preview": result, "back": target.filter.query()}
@@ -50,8 +49,8 @@ class Actions:
             raise InvalidInput("the confirmed job count is missing: confirm the action first")
         expected = parse_id(str(form["expected"]), "confirmed job count")
 
-        def run(_: Client, store: Store, conn: Connection) -> list[int]:
-            return apply(store, conn, action, target, expected)
+        def run(client: Client, conn: Connection) -> list[int]:
+            return apply(client, conn, action, target, expected)
 
         scope = "" if target.ids is not None else f"filter=[{target.filter.describe()}]"
         try:
@@ -67,10 +66,10 @@ class Actions:
         action = action_named(request.path_params["action"])
         job_id = parse_id(str(request.path_params["job_id"]))
 
-        def run(_: Client, store: Store, conn: Connection) -> list[int]:
+        def run(client: Client, conn: Connection) -> list[int]:
             if action.name == "delete":
-                return apply_to_ids(store, conn, action, [job_id])
-            return action.run(store, conn, [job_id])
+                return apply_to_ids(client, conn, action, [job_id])
+            return action.run(client, conn, [stored_id(job_id)])
 
         try:
             done = await self.dash.query(run)
@@ -89,8 +88,9 @@ class Actions:
         if paused is None:
             raise InvalidInput(f"queue action {request.path_params['action']!r} is invalid: use pause or resume")
 
-        def run(_: Client, store: Store, conn: Connection) -> None:
-            store.set_queue_paused(conn, name, paused)
+        def run(client: Client, conn: Connection) -> None:
+            # create: a queue with no job yet can be paused ahead of its first one.
+            (client.pause_queues if paused else client.resume_queues)([name], create=True, conn=conn)
 
         await self.dash.query(run)
         verb = "pause" if paused else "resume"
@@ -107,8 +107,9 @@ class Actions:
         if enabled is None:
             raise InvalidInput(f"schedule action {verb!r} is invalid: use enable, disable or run")
 
-        def run(_: Client, store: Store, conn: Connection) -> None:
-            store.set_periodic_enabled(conn, name, enabled)
+        def run(client: Client, conn: Connection) -> None:
+            # create: no check that the name is known (the page lists the database's and the app's).
+            (client.enable_schedule if enabled else client.disable_schedule)(name, create=True, conn=conn)
 
         await self.dash.query(run)
         self.dash.audit(request, f"{verb}-schedule", 1, target=f"schedule={name}")
@@ -120,7 +121,7 @@ class Actions:
         if app is None or schedule is None:
             raise HTTPException(404, f"schedule {name!r} is not in this dashboard's app: pass app= to run it")
 
-        def run(client: Client, _: Store, conn: Connection) -> int:
+        def run(client: Client, conn: Connection) -> int:
             return app.enqueue(client, schedule.task, schedule.payload, conn=conn).id
 
         job_id = await self.dash.query(run)

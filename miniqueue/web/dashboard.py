@@ -15,7 +15,6 @@ from starlette.templating import Jinja2Templates
 
 from ..client.client import Client
 from ..core.db import Connection
-from ..store.store import Store
 from ..tasks.app import App
 from . import present
 from .security import actor, audit_log, csrf_token, printable
@@ -54,7 +53,7 @@ class Database:
 
 
 class Dashboard:
-    """Settings plus the helpers handlers use: :meth:`query` (blocking SQL off the event loop),
+    """Settings plus the helpers handlers use: :meth:`query` (the client's blocking calls off the event loop),
     :meth:`render` (a page, or only its live fragment) and :meth:`audit`."""
 
     def __init__(
@@ -73,13 +72,14 @@ class Dashboard:
         self.refresh_seconds = refresh_seconds
         self.templates = Jinja2Templates(env=_environment())
 
-    async def query(self, fn: Callable[[Client, Store, Connection], T]) -> T:
-        """Run ``fn(client, store, conn)`` on one pooled connection, in a worker thread."""
+    async def query(self, fn: Callable[[Client, Connection], T]) -> T:
+        """Run ``fn(client, conn)`` in a worker thread, ``conn`` one pooled connection that
+        ``fn`` passes to each of its client calls (``conn=conn``): a page's reads share it."""
 
         def call() -> T:
             client = self.database.client
             with client.connection() as conn:
-                return fn(client, client.store, conn)
+                return fn(client, conn)
 
         return await run_in_threadpool(call)
 

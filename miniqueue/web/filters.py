@@ -1,5 +1,5 @@
 """The job filter of the jobs page: parsed from a query string or form, rendered back into links,
-hidden fields and the store's keyword arguments."""
+hidden fields and the client's keyword arguments."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from ..core.errors import InvalidInput
+from ..client.inspection import check_filters
+from ..core.errors import InvalidInput, JobNotFound
 from ..core.records import State
+from ..core.validation import JOB_ID_RANGE
 
 MAX_TEXT = 200
 MAX_ID = 2**63 - 1  # job ids are BIGINT
@@ -24,6 +26,14 @@ def parse_id(text: str, what: str = "job id") -> int:
     if not _ID_RE.fullmatch(text) or int(text) > MAX_ID:
         raise InvalidInput(f"{what} {text[:40]!r} is invalid: use a whole number from 0 to {MAX_ID}")
     return int(text)
+
+
+def stored_id(job_id: int) -> int:
+    """``job_id`` if a job can have it, else JobNotFound: a page answers "not found" for any id
+    no job has, 0 included, where the client would refuse an id below 1 as invalid input."""
+    if job_id < JOB_ID_RANGE[0]:
+        raise JobNotFound(job_id)
+    return job_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +66,19 @@ class JobFilter:
             created_before=_time(params, "to"),
         )
 
-    def store_kwargs(self) -> dict[str, Any]:
-        """The filter as keyword arguments of ``Store.list_jobs`` / ``count_jobs`` / ``job_ids``."""
+    def client_kwargs(self) -> dict[str, Any]:
+        """The filter as keyword arguments of the client's ``list_jobs`` / ``count_jobs`` / ``job_ids``."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def matchable(self, before_id: int | None = None) -> bool:
+        """Whether a job can match (with ``before_id``, on a later page). The client refuses a
+        queue or task name that breaks the naming rules, or an id below 1, as invalid input;
+        the pages show that no job matches."""
+        try:
+            check_filters(before_id=before_id, **self.client_kwargs())
+        except InvalidInput:
+            return False
+        return True
 
     def with_state(self, state: State | None) -> JobFilter:
         return dataclasses.replace(self, state=state)

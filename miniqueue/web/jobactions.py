@@ -14,10 +14,10 @@ from typing import Any
 
 from starlette.datastructures import ImmutableMultiDict
 
+from ..client.client import Client
 from ..core.db import Connection
 from ..core.errors import InvalidInput, InvalidTransition, JobNotFound
 from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
-from ..store.store import Store
 from .filters import JobFilter, parse_id
 
 BATCH = 1000
@@ -27,22 +27,23 @@ RETRIES = 3
 
 @dataclass(frozen=True)
 class JobAction:
-    """An operator action on jobs: the states it applies to and the store call that does it."""
+    """An operator action on jobs: the states it applies to and the client call that does it."""
 
     name: str
     verb: str
     states: frozenset[State]
-    run: Callable[[Store, Connection, Sequence[int]], list[int]]
+    run: Callable[[Client, Connection, Sequence[int]], list[int]]
     warning: str = ""
 
 
 ACTIONS = {
-    "requeue": JobAction("requeue", "Requeue", REQUEUEABLE_STATES, Store.requeue,
+    "requeue": JobAction("requeue", "Requeue", REQUEUEABLE_STATES, lambda c, conn, ids: c.requeue(ids, conn=conn),
                          "They become available at once, with a fresh attempt budget."),
-    "cancel": JobAction("cancel", "Cancel", CANCELLABLE_STATES, Store.cancel,
+    "cancel": JobAction("cancel", "Cancel", CANCELLABLE_STATES, lambda c, conn, ids: c.cancel(ids, conn=conn),
                         "A running handler is told to stop at its next heartbeat; jobs waiting for them are "
                         "cancelled too."),
-    "delete": JobAction("delete", "Delete", frozenset(State) - {State.RUNNING}, Store.delete,
+    "delete": JobAction("delete", "Delete", frozenset(State) - {State.RUNNING},
+                        lambda c, conn, ids: c.delete(ids, conn=conn),
                         "Deleted jobs and their error history are gone for good."),
 }  # fmt: skip
 
@@ -93,11 +94,12 @@ class Preview:
     skipped: dict[str, int]
 
 
-def preview(store: Store, conn: Connection, action: JobAction, target: Target) -> Preview:
+def preview(client: Client, conn: Connection, action: JobAction, target: Target) -> Preview:
     """Count the jobs ``action`` would apply to now."""
     if target.ids is None:
-        return Preview(sum(store.count_jobs(conn, **f.store_kwargs()) for f in _state_filters(action, target)), {})
-    states = store.states(conn, target.ids)
+        counts = (client.count_jobs(conn=conn, **f.client_kwargs()) for f in _state_filters(action, target))
+        return Preview(sum(counts), {})
+    states = client.job_states(target.ids, conn=conn)
     skipped: dict[str, int] = {}
     for job_id in target.ids:
         state = states.get(job_id)
@@ -107,41 +109,44 @@ def preview(store: Store, conn: Connection, action: JobAction, target: Target) -
     return Preview(len(target.ids) - sum(skipped.values()), skipped)
 
 
-def apply(store: Store, conn: Connection, action: JobAction, target: Target, limit: int) -> list[int]:
+def apply(client: Client, conn: Connection, action: JobAction, target: Target, limit: int) -> list[int]:
     """Apply ``action`` to at most ``limit`` jobs of ``target`` that are in a state it applies to;
     return the ids it applied to."""
     if target.ids is not None:
-        return apply_to_ids(store, conn, action, list(target.ids)[:limit])
+        return apply_to_ids(client, conn, action, list(target.ids)[:limit])
     done: list[int] = []
     for flt in _state_filters(action, target):
         while len(done) < limit:
-            ids = store.job_ids(conn, limit=min(BATCH, limit - len(done)), **flt.store_kwargs())
+            ids = client.job_ids(limit=min(BATCH, limit - len(done)), conn=conn, **flt.client_kwargs())
             if not ids:
                 break
-            applied = apply_to_ids(store, conn, action, ids)
+            applied = apply_to_ids(client, conn, action, ids)
             done += applied
             if not applied:
                 break
     return done
 
 
-def apply_to_ids(store: Store, conn: Connection, action: JobAction, ids: list[int]) -> list[int]:
-    """Apply ``action`` to those of ``ids`` it applies to. Requeue and cancel are all-or-nothing
-    in the store, so a job that changed state since it was checked makes the store refuse the
-    batch: check again and retry."""
+def apply_to_ids(client: Client, conn: Connection, action: JobAction, ids: list[int]) -> list[int]:
+    """Apply ``action`` to those of ``ids`` it applies to. Requeue and cancel are all-or-nothing,
+    so a job that changed state since it was checked makes the client refuse the batch: check
+    again and retry."""
     for _ in range(RETRIES):
-        states = store.states(conn, ids)
+        states = client.job_states(ids, conn=conn)
         eligible = [i for i in ids if states.get(i) in action.states]
         if not eligible:
             return []
         try:
-            return list(action.run(store, conn, eligible))
+            return list(action.run(client, conn, eligible))
         except (InvalidTransition, JobNotFound):
             continue
     raise InvalidTransition(f"cannot {action.name} these jobs: they keep changing state; try again")
 
 
 def _state_filters(action: JobAction, target: Target) -> list[JobFilter]:
-    """The target's filter split into one filter per state the action applies to."""
+    """The target's filter split into one filter per state the action applies to; none when no
+    job can match it (see :meth:`JobFilter.matchable`)."""
+    if not target.filter.matchable():
+        return []
     wanted = {target.filter.state} if target.filter.state else set(State)
     return [target.filter.with_state(s) for s in sorted(action.states & wanted, key=lambda s: s.value)]

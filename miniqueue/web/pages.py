@@ -13,14 +13,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..client.client import Client
+from ..client.inspection import LimitWait
 from ..core.db import Connection
 from ..core.errors import InvalidInput
 from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobRecord, ProcessInfo, QueueStats, State
-from ..store.store import LimitWait, Store
 from ..tasks.periodic import Periodic
 from . import present
 from .dashboard import Dashboard
-from .filters import JobFilter, parse_id
+from .filters import JobFilter, parse_id, stored_id
 
 PAGE_SIZE = 50
 NOTICES = {
@@ -65,11 +65,11 @@ class Pages:
         self.dash = dash
 
     async def overview(self, request: Request) -> Response:
-        def load(client: Client, store: Store, conn: Connection) -> dict[str, object]:
-            now = store.now(conn)
+        def load(client: Client, conn: Connection) -> dict[str, object]:
+            now = client.now(conn=conn)
             stats = client.queue_stats(conn=conn)  # as `miniqueue stats`: with the queues no worker serves
-            chart = present.throughput_chart(store.throughput(conn), now)
-            paused = set(store.paused_queues(conn))
+            chart = present.throughput_chart(client.throughput(conn=conn), now)
+            paused = set(client.paused_queues(conn=conn))
             return {"now": now, "stats": stats, "paused": paused, "chart": chart, "totals": _totals(stats)}
 
         data = await self.dash.query(load)
@@ -83,9 +83,11 @@ class Pages:
             context = {"filter": JobFilter(), "error": str(exc), "jobs": [], "before_id": None, "next_before_id": None}
             return self.dash.render(request, "jobs.html", {**self._jobs_context(request), **context}, status=400)
 
-        def load(_: Client, store: Store, conn: Connection) -> tuple[list[JobRecord], dt.datetime]:
-            found = store.list_jobs(conn, before_id=before_id, limit=PAGE_SIZE + 1, **flt.store_kwargs())
-            return found, store.now(conn)
+        def load(client: Client, conn: Connection) -> tuple[list[JobRecord], dt.datetime]:
+            found = []
+            if flt.matchable(before_id):
+                found = client.list_jobs(before_id=before_id, limit=PAGE_SIZE + 1, conn=conn, **flt.client_kwargs())
+            return found, client.now(conn=conn)
 
         found, now = await self.dash.query(load)
         page = found[:PAGE_SIZE]
@@ -102,8 +104,8 @@ class Pages:
     async def job(self, request: Request) -> Response:
         job_id = parse_id(str(request.path_params["job_id"]))
 
-        def load(_: Client, store: Store, conn: Connection) -> tuple[JobRecord, dt.datetime]:
-            return store.get(conn, job_id), store.now(conn)
+        def load(client: Client, conn: Connection) -> tuple[JobRecord, dt.datetime]:
+            return client.get(stored_id(job_id), conn=conn), client.now(conn=conn)
 
         job, now = await self.dash.query(load)
         context = {
@@ -118,8 +120,8 @@ class Pages:
         return self.dash.render(request, "job.html", context, live="_job.html")
 
     async def workers(self, request: Request) -> Response:
-        def load(_: Client, store: Store, conn: Connection) -> tuple[list[ProcessInfo], dt.datetime]:
-            return store.processes(conn), store.now(conn)
+        def load(client: Client, conn: Connection) -> tuple[list[ProcessInfo], dt.datetime]:
+            return client.processes(conn=conn), client.now(conn=conn)
 
         processes, now = await self.dash.query(load)
         groups: dict[str, list[ProcessInfo]] = {}
@@ -129,8 +131,8 @@ class Pages:
         return self.dash.render(request, "workers.html", context, live="_workers.html")
 
     async def periodic(self, request: Request) -> Response:
-        def load(_: Client, store: Store, conn: Connection) -> tuple[dict[str, tuple[dt.datetime, bool]], dt.datetime]:
-            return store.periodic_state(conn), store.now(conn)
+        def load(client: Client, conn: Connection) -> tuple[dict[str, tuple[dt.datetime, bool]], dt.datetime]:
+            return client.periodic_state(conn=conn), client.now(conn=conn)
 
         state, now = await self.dash.query(load)
         schedules = self.dash.app.schedules if self.dash.app else {}
@@ -144,8 +146,10 @@ class Pages:
         return self.dash.render(request, "periodic.html", context)
 
     async def queues(self, request: Request) -> Response:
-        def load(_: Client, store: Store, conn: Connection) -> QueuesData:
-            return store.queue_stats(conn), store.paused_queues(conn), store.queue_limits(conn), store.limit_waits(conn)
+        def load(client: Client, conn: Connection) -> QueuesData:
+            # (Not whether a worker serves each queue: this page does not show it.)
+            stats = client.queue_stats(check_served=False, conn=conn)
+            return stats, client.paused_queues(conn=conn), client.queue_limits(conn=conn), client.limit_waits(conn=conn)
 
         stats, paused, caps, waits = await self.dash.query(load)
         by_name = {s.queue: s for s in stats}
