@@ -143,3 +143,19 @@ def test_claim_sql_is_read_as_written() -> None:
     """A statement of claim.sql is the text after its name and comment, up to the next one."""
     text = "-- header\n\n-- name: a\n-- what a does\nSELECT 1\n  FROM t \n\n-- name: b\n-- b\n--\nSELECT 2\n"
     assert load_statements(text) == {"a": "\nSELECT 1\n  FROM t \n", "b": "\nSELECT 2\n"}
+
+
+def test_the_store_names_the_arguments_of_the_functions_it_calls() -> None:
+    """Each call of a function of the migrations names every argument (the migrations' names:
+    013 for miniqueue_settle, 020 for miniqueue_retry_delay), so that it reads without them."""
+    text = rendered(Store("public"))
+    arguments = {
+        '"public"."miniqueue_settle"(': ["notify_ids", "released", "cancel_children", "cancel_parents",
+                                         "cancel_states", "channel", "queue_channel"],
+        '"public"."miniqueue_retry_delay"(': ["task", "attempt", "default_base", "default_cap"],
+    }  # fmt: skip
+    for function, names in arguments.items():
+        calls = text.count(function)
+        assert calls > 0
+        for name in names:
+            assert len(re.findall(rf"\b{name} => ", text)) == calls, f"{function} called without {name} => "

@@ -254,7 +254,8 @@ class Enqueuing(StoreBase):
         self, conn: Connection, job: NewJob, *, notify: bool = True, trace_context: str | None = None
     ) -> EnqueueResult:
         """Insert one validated job; a repeated idempotency key returns the first job's id.
-        ``trace_context`` is the JSON text of the enqueuing span's context (miniqueue.tracing)."""
+        ``trace_context`` is the JSON text of the enqueuing span's context (see
+        miniqueue.observability.tracing)."""
         return run(conn, self.enqueue_steps(job, notify=notify, trace_context=trace_context))
 
     def enqueue_steps(

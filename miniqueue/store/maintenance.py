@@ -26,7 +26,8 @@ WITH recovered AS (
 UPDATE {jobs}
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at
-                           ELSE now() + make_interval(secs => {retry_delay}(task, attempt, %(base)s, %(cap)s)) END,
+                           ELSE now() + make_interval(secs => {retry_delay}(task => task, attempt => attempt,
+                               default_base => %(base)s, default_cap => %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
                            leased_by, attempt_budget - (max_attempts - attempt), attempt_budget),
@@ -53,12 +54,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    {finished_channel}, {queue_channel})
+    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
  WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0
