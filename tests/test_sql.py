@@ -1,29 +1,43 @@
 """Every statement the store runs, as a reviewer reads it, and the one row shape mapped by
-position (the claim's) pinned to the Lease it fills."""
+position (the claim's) pinned to the Lease it fills; the parts written out in several statements
+kept identical, and the claim's forms different only where claim.sql says."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from miniqueue.core.db import Connection
 from miniqueue.core.records import Lease
+from miniqueue.store.claim import load_statements
 from miniqueue.store.store import Store
 
 SNAPSHOT = Path(__file__).parent / "sql" / "store.sql"
 #: Set to 1 to rewrite the snapshot after changing a statement (then read the diff).
 UPDATE = "MINIQUEUE_UPDATE_SQL_SNAPSHOT"
 
+CLAIMS = ["_claim_one", "_claim_many", "_claim_one_down", "_claim_many_down"]
+COMPLETE_AND_CLAIMS = ["_complete_and_claim_one", "_complete_and_claim_many", "_complete_and_claim_one_down",
+                       "_complete_and_claim_many_down"]  # fmt: skip
+# The statements that finish jobs (and count them, and settle them), and those that remove
+# finished ones (and count them off).
+FINISHING = ["_complete", "_record_failures", "_fail", "_recover", "_cancel", *COMPLETE_AND_CLAIMS]
+REMOVING = ["_requeue", "_prune", "_delete"]
+# The worker-side transitions, fenced; those that add to a job's error history.
+FENCED = ["_complete", "_renew", "_record_failures", "_fail", "_snooze", "_release", *COMPLETE_AND_CLAIMS]
+WITH_HISTORY = ["_record_failures", "_fail", "_release", "_recover"]
+
 
 def rendered(store: Store) -> str:
-    """Each statement's final text under its attribute name, in the order the store builds them."""
+    """Each statement's final text under its attribute name, in the order the store declares them."""
     parts = []
-    for name, value in vars(store).items():
+    for name in store.statement_names():
+        value = getattr(store, name)
         statements = value if isinstance(value, list) else [value]
         for i, text in enumerate(statements):
-            if isinstance(text, str) and name.startswith("_"):
-                label = f"{name}[{i}]" if isinstance(value, list) else name
-                parts.append(f"-- {label}\n{text.strip()};\n")
+            label = f"{name}[{i}]" if isinstance(value, list) else name
+            parts.append(f"-- {label}\n{text.strip()};\n")
     return "\n".join(parts)
 
 
@@ -50,3 +64,98 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         cur = conn.execute(query, params)
         assert cur.description is not None
         assert [column.name for column in cur.description][skip:] == list(Lease._fields)
+
+
+def _copies(store: Store, pattern: str, names: list[str]) -> dict[str, str]:
+    """Each named statement's one copy of a part (what ``pattern``'s group finds), with the CTE
+    it reads (``FROM <name>``) and the table alias ``j.`` left out."""
+    copies = {}
+    for name in names:
+        found = re.findall(pattern, getattr(store, name), re.DOTALL)
+        assert len(found) == 1, f"{name} has {len(found)} copies of {pattern!r}, not one"
+        copies[name] = re.sub(r"FROM \w+", "FROM <rows>", found[0]).replace("j.", "")
+    return copies
+
+
+def test_the_parts_written_in_several_statements_stay_identical() -> None:
+    store = Store("public")
+    parts = {
+        "counted": (r"counted AS \((.*?RETURNING 1)\)", FINISHING + REMOVING),
+        "per_minute": (r"per_minute AS \((.*?RETURNING 1)\)", FINISHING),
+        "settled": (r"settled AS \((.*?>= 0)\)", [*FINISHING, "_delete"]),
+        "the fence": (r"(AND state = 'running' AND leased_by = %\(worker\)s)", FENCED),
+        "the history entry": (r"(errors = \S*errors \|\| jsonb_build_array\(jsonb_build_object\(.*?'error', )",
+                              WITH_HISTORY),
+    }  # fmt: skip
+    for part, (pattern, names) in parts.items():
+        copies = _copies(store, pattern, names)
+        if part == "counted":  # a statement that removes finished jobs counts them off
+            assert all(("-count(*)" in copy) == (name in REMOVING) for name, copy in copies.items())
+            copies = {name: copy.replace("-count(*)", "count(*)") for name, copy in copies.items()}
+        assert len(set(copies.values())) == 1, f"the copies of {part} differ: {copies}"
+    for name in store.statement_names():  # and no other statement has one it should not
+        text = str(getattr(store, name))
+        assert ("counted AS (" in text) == (name in FINISHING + REMOVING), name
+        assert ("settled AS (" in text) == (name in [*FINISHING, "_delete"]), name
+
+
+def test_the_claims_forms_differ_only_where_claim_sql_says() -> None:
+    """Each form of the claim is the first (one queue, going up, alone) with the changes the
+    header of claim.sql describes, and no other."""
+    store = Store("public")
+    one: str = store._claim_one
+    fast = re.compile(r"fast AS MATERIALIZED \(.*?\),\nopen_queues", re.DOTALL)
+
+    def many(text: str) -> str:
+        text = fast.sub(lambda _: fast.findall(store._claim_many)[0], text)
+        text = text.replace("FROM (VALUES (%(queue)s::text)) AS q(name)", "FROM unnest(%(queues)b::text[]) AS q(name)")
+        return text.replace("(SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)", "true")
+
+    def down(text: str) -> str:
+        for cursor in ("%(after)s::text[]", "g.limits"):
+            text = text.replace(f"limits > {cursor}\n         ORDER BY limits LIMIT 1",
+                                f"limits < {cursor}\n         ORDER BY limits DESC LIMIT 1")  # fmt: skip
+        return text
+
+    completion = store._complete[len("\nWITH ") : store._complete.index("\nSELECT id FROM completed WHERE")]
+
+    def completing(text: str) -> str:
+        text = text.replace("WITH RECURSIVE \n", f"WITH RECURSIVE {completion}, \n")
+        text = text.replace("FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k",
+                            "FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k")  # fmt: skip
+        text = text.replace("AND NOT false)", "AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], "
+                            "%(attempts)b::int[]) AS c(id, attempt)\n                WHERE c.id = h.id AND "
+                            "c.attempt = h.attempt))")  # fmt: skip
+        return text.replace("SELECT * FROM claimed\n", "SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, "
+                            "c.*\n  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true\n"
+                            " WHERE (SELECT count(*) FROM settled) >= 0\n")  # fmt: skip
+
+    assert store._claim_many == many(one)
+    assert store._claim_one_down == down(one)
+    assert store._claim_many_down == many(down(one))
+    assert store._complete_and_claim_one == completing(one)
+    assert store._complete_and_claim_many == completing(many(one))
+    assert store._complete_and_claim_one_down == completing(down(one))
+    assert store._complete_and_claim_many_down == completing(many(down(one)))
+
+
+def test_claim_sql_is_read_as_written() -> None:
+    """A statement of claim.sql is the text after its name and comment, up to the next one."""
+    text = "-- header\n\n-- name: a\n-- what a does\nSELECT 1\n  FROM t \n\n-- name: b\n-- b\n--\nSELECT 2\n"
+    assert load_statements(text) == {"a": "\nSELECT 1\n  FROM t \n", "b": "\nSELECT 2\n"}
+
+
+def test_the_store_names_the_arguments_of_the_functions_it_calls() -> None:
+    """Each call of a function of the migrations names every argument (the migrations' names:
+    013 for miniqueue_settle, 020 for miniqueue_retry_delay), so that it reads without them."""
+    text = rendered(Store("public"))
+    arguments = {
+        '"public"."miniqueue_settle"(': ["notify_ids", "released", "cancel_children", "cancel_parents",
+                                         "cancel_states", "channel", "queue_channel"],
+        '"public"."miniqueue_retry_delay"(': ["task", "attempt", "default_base", "default_cap"],
+    }  # fmt: skip
+    for function, names in arguments.items():
+        calls = text.count(function)
+        assert calls > 0
+        for name in names:
+            assert len(re.findall(rf"\b{name} => ", text)) == calls, f"{function} called without {name} => "

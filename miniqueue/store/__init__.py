@@ -1,4 +1,9 @@
-"""The only code that runs SQL: the statements and the migrations.
+"""The only code that runs SQL: the statements (:class:`Store`, one module per concern beside
+it) and the migrations.
 
 Rule: Imports ``core`` only; never the worker, the client or the supervisor.
 """
+
+from .store import Store
+
+__all__ = ["Store"]

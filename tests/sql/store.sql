@@ -738,12 +738,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
@@ -905,12 +905,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
@@ -1076,12 +1076,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
@@ -1243,12 +1243,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
@@ -1414,12 +1414,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0;
@@ -1438,7 +1438,8 @@ UPDATE "public"."miniqueue_jobs" j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
                            ELSE now() + make_interval(secs => coalesce(
-                               f.backoff, "public"."miniqueue_retry_delay"(j.task, j.attempt, %(base)s, %(cap)s))) END,
+                               f.backoff, "public"."miniqueue_retry_delay"(task => j.task, attempt => j.attempt,
+                                   default_base => %(base)s, default_cap => %(cap)s))) END,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = f.error, errors = j.errors || jsonb_build_array(jsonb_build_object(
        'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', f.error)), lease_expires_at = NULL, leased_by = NULL
@@ -1460,12 +1461,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id, state FROM failed WHERE (SELECT count(*) FROM settled) >= 0;
@@ -1492,12 +1493,12 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM failed WHERE (SELECT count(*) FROM settled) >= 0;
@@ -1518,12 +1519,17 @@ UPDATE "public"."miniqueue_jobs" j
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s
 RETURNING j.id;
 
+-- _leases_of
+SELECT id, attempt FROM "public"."miniqueue_jobs"
+ WHERE state = 'running' AND leased_by = %(worker)s AND lease_expires_at IS NOT NULL;
+
 -- _recover
 WITH recovered AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at
-                           ELSE now() + make_interval(secs => "public"."miniqueue_retry_delay"(task, attempt, %(base)s, %(cap)s)) END,
+                           ELSE now() + make_interval(secs => "public"."miniqueue_retry_delay"(task => task, attempt => attempt,
+                               default_base => %(base)s, default_cap => %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
                            leased_by, attempt_budget - (max_attempts - attempt), attempt_budget),
@@ -1550,19 +1556,63 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0;
 
--- _leases_of
-SELECT id, attempt FROM "public"."miniqueue_jobs"
- WHERE state = 'running' AND leased_by = %(worker)s AND lease_expires_at IS NOT NULL;
+-- _recount[0]
+LOCK TABLE "public"."miniqueue_counts" IN EXCLUSIVE MODE;
+
+-- _recount[1]
+DELETE FROM "public"."miniqueue_counts";
+
+-- _recount[2]
+INSERT INTO "public"."miniqueue_counts" (queue, state, shard, count)
+SELECT queue, state, 0, count(*) FROM "public"."miniqueue_jobs"
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state;
+
+-- _trim_minutes
+DELETE FROM "public"."miniqueue_finished_minutes" WHERE minute < now() - interval '2 hours';
+
+-- _prune
+WITH pruned AS (
+    DELETE FROM "public"."miniqueue_jobs"
+     WHERE id = ANY(ARRAY(
+            SELECT id FROM "public"."miniqueue_jobs"
+             WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+               AND finished_at < now() - make_interval(secs => %(age)s)
+             LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING queue, state
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
+SELECT count(*) FROM pruned;
+
+-- _jobs_churn
+SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid) AS inserted,
+       pg_stat_get_tuples_updated(c.oid) AS updated, pg_stat_get_mod_since_analyze(c.oid) AS changed,
+       greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
+       greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
+       pg_has_role(c.relowner, 'USAGE') AS may_maintain
+  FROM pg_class c
+ WHERE c.oid = %(table)s::regclass;
+
+-- _vacuum_jobs
+VACUUM (SKIP_LOCKED, ANALYZE) "public"."miniqueue_jobs";
+
+-- _analyze_jobs
+ANALYZE (SKIP_LOCKED) "public"."miniqueue_jobs";
 
 -- _requeue
 WITH picked AS (
@@ -1607,15 +1657,39 @@ SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
+    notify_ids => ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0;
+
+-- _delete
+WITH deleted AS (
+    DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
+    RETURNING id, queue, state, dependents, awaited
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), unfinished AS (
+    SELECT id, 'deleted' AS state, dependents, awaited FROM deleted WHERE state IN ('available', 'waiting')
+), settled AS (
+SELECT "public"."miniqueue_settle"(
+    notify_ids => ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _states
 SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]);
@@ -1693,17 +1767,46 @@ SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS runni
        + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) > 0
  ORDER BY queue;
 
--- _recount[0]
-LOCK TABLE "public"."miniqueue_counts" IN EXCLUSIVE MODE;
+-- _parent_results
+SELECT p.id, p.result FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id
+ ORDER BY u.ord;
 
--- _recount[1]
-DELETE FROM "public"."miniqueue_counts";
+-- _limit_waits
+WITH waiting AS (
+    SELECT s.scope, count(*) AS waiting
+      FROM "public"."miniqueue_jobs" j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
+     WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.scheduled_at <= now()
+     GROUP BY s.scope
+    UNION ALL
+    SELECT 'queue ' || q.name,
+           (SELECT count(*) FROM "public"."miniqueue_jobs" j
+             WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = q.name AND j.scheduled_at <= now())
+           + (SELECT count(*) FROM "public"."miniqueue_jobs" j
+               WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = q.name AND j.scheduled_at <= now())
+      FROM "public"."miniqueue_queues" q WHERE q.max_running IS NOT NULL
+    UNION ALL
+    SELECT DISTINCT s.scope, 0
+      FROM "public"."miniqueue_jobs" j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
+     WHERE j.state = 'running' AND j.lease_expires_at IS NOT NULL AND j.limits IS NOT NULL
+), scopes AS (
+    SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
+)
+SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
+       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
+       h.holders
+  FROM scopes w LEFT JOIN "public"."miniqueue_limits" l USING (scope)
+ CROSS JOIN LATERAL (
+       SELECT ARRAY(SELECT h.id FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                      JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                     ORDER BY h.id) AS holders) h
+ WHERE w.waiting > 0 OR cardinality(h.holders) > 0
+ ORDER BY w.waiting DESC, cardinality(h.holders) DESC, w.scope
+ LIMIT %(limit)s;
 
--- _recount[2]
-INSERT INTO "public"."miniqueue_counts" (queue, state, shard, count)
-SELECT queue, state, 0, count(*) FROM "public"."miniqueue_jobs"
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
- GROUP BY queue, state;
+-- _throughput
+SELECT minute, state, sum(count)::bigint FROM "public"."miniqueue_finished_minutes"
+ WHERE minute > now() - interval '1 hour'
+ GROUP BY 1, 2 ORDER BY 1, 2;
 
 -- _periodic_state
 SELECT name, last_slot, enabled FROM "public"."miniqueue_periodic";
@@ -1753,10 +1856,6 @@ SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_com
 -- _unserved_queues
 SELECT q FROM unnest(%(queues)s::text[]) AS q WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_served_queues" s WHERE s.queue = q);
 
--- _parent_results
-SELECT p.id, p.result FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id
- ORDER BY u.ord;
-
 -- _set_paused
 INSERT INTO "public"."miniqueue_queues" (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
@@ -1774,38 +1873,6 @@ ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running;
 
 -- _queue_limits
 SELECT name, max_running FROM "public"."miniqueue_queues" WHERE max_running IS NOT NULL ORDER BY name;
-
--- _limit_waits
-WITH waiting AS (
-    SELECT s.scope, count(*) AS waiting
-      FROM "public"."miniqueue_jobs" j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
-     WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.scheduled_at <= now()
-     GROUP BY s.scope
-    UNION ALL
-    SELECT 'queue ' || q.name,
-           (SELECT count(*) FROM "public"."miniqueue_jobs" j
-             WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = q.name AND j.scheduled_at <= now())
-           + (SELECT count(*) FROM "public"."miniqueue_jobs" j
-               WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = q.name AND j.scheduled_at <= now())
-      FROM "public"."miniqueue_queues" q WHERE q.max_running IS NOT NULL
-    UNION ALL
-    SELECT DISTINCT s.scope, 0
-      FROM "public"."miniqueue_jobs" j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
-     WHERE j.state = 'running' AND j.lease_expires_at IS NOT NULL AND j.limits IS NOT NULL
-), scopes AS (
-    SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
-)
-SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
-       least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
-       h.holders
-  FROM scopes w LEFT JOIN "public"."miniqueue_limits" l USING (scope)
- CROSS JOIN LATERAL (
-       SELECT ARRAY(SELECT h.id FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                      JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                     ORDER BY h.id) AS holders) h
- WHERE w.waiting > 0 OR cardinality(h.holders) > 0
- ORDER BY w.waiting DESC, cardinality(h.holders) DESC, w.scope
- LIMIT %(limit)s;
 
 -- _known_queues
 SELECT q.name FROM unnest(%(names)s::text[]) AS q(name)
@@ -1838,38 +1905,6 @@ SELECT queue FROM waiting WHERE queue IS NOT NULL
  UNION SELECT queue FROM "public"."miniqueue_counts" WHERE count > 0
  ORDER BY 1 LIMIT %(limit)s;
 
--- _throughput
-SELECT minute, state, sum(count)::bigint FROM "public"."miniqueue_finished_minutes"
- WHERE minute > now() - interval '1 hour'
- GROUP BY 1, 2 ORDER BY 1, 2;
-
--- _trim_minutes
-DELETE FROM "public"."miniqueue_finished_minutes" WHERE minute < now() - interval '2 hours';
-
--- _delete
-WITH deleted AS (
-    DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
-    RETURNING id, queue, state, dependents, awaited
-), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), unfinished AS (
-    SELECT id, 'deleted' AS state, dependents, awaited FROM deleted WHERE state IN ('available', 'waiting')
-), settled AS (
-SELECT "public"."miniqueue_settle"(
-    ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
-    ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state = 'completed'),
-    ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    'miniqueue_public_finished', 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
-SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0;
-
 -- _upsert_processes
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(pids)s::int[], %(titles)s::text[],
@@ -1896,41 +1931,8 @@ SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes,
  WHERE last_seen > now() - make_interval(secs => %(max_age)s)
  ORDER BY host, supervisor, kind <> 'supervisor', kind, pid;
 
--- _prune
-WITH pruned AS (
-    DELETE FROM "public"."miniqueue_jobs"
-     WHERE id = ANY(ARRAY(
-            SELECT id FROM "public"."miniqueue_jobs"
-             WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
-               AND finished_at < now() - make_interval(secs => %(age)s)
-             LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-    RETURNING queue, state
-), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1)
-SELECT count(*) FROM pruned;
-
 -- _schema_version
 SELECT coalesce(max(version), 0) FROM "public"."miniqueue_migrations";
-
--- _jobs_churn
-SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid) AS inserted,
-       pg_stat_get_tuples_updated(c.oid) AS updated, pg_stat_get_mod_since_analyze(c.oid) AS changed,
-       greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
-       greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
-       pg_has_role(c.relowner, 'USAGE') AS may_maintain
-  FROM pg_class c
- WHERE c.oid = %(table)s::regclass;
-
--- _vacuum_jobs
-VACUUM (SKIP_LOCKED, ANALYZE) "public"."miniqueue_jobs";
-
--- _analyze_jobs
-ANALYZE (SKIP_LOCKED) "public"."miniqueue_jobs";
 
 -- _versions_table
 "public"."miniqueue_migrations";

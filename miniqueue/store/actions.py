@@ -1,0 +1,193 @@
+"""Operator actions: requeue, cancel and delete jobs (from the CLI, the dashboard or a client).
+
+Requeue and cancel apply to every id given or to none: one that does not exist, or is in a
+state the action does not take, rolls the whole action back with an error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..core.db import Connection
+from ..core.errors import InvalidInput, InvalidTransition, JobNotFound
+from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
+from ..core.steps import Query, Steps, atomic, run
+from .base import Statement
+from .inspection import Inspection
+
+# Requeue finished jobs by id or by filter, with a fresh attempt budget (attempt keeps counting).
+# `counted` takes them off the finished counts (as outcomes._COMPLETE counts them on, with
+# -count(*)); the minutes they finished in keep them.
+_REQUEUE = """
+WITH picked AS (
+    SELECT id, queue, state FROM {jobs}
+     WHERE state = ANY(%(states)s::text[])
+       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       FOR UPDATE
+), requeued AS (
+    UPDATE {jobs} j
+       SET state = 'available', scheduled_at = now(), max_attempts = j.attempt + j.attempt_budget,
+           finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
+      FROM picked p WHERE j.id = p.id
+    RETURNING j.id, p.queue, p.state
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM requeued
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
+SELECT id FROM requeued
+"""
+
+# Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat;
+# a waiting job's dependents are cancelled with it (`settled`). `counted`, `per_minute` and
+# `settled` as in outcomes._COMPLETE.
+_CANCEL = """
+WITH cancelled AS (
+UPDATE {jobs}
+   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0
+ WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
+RETURNING id, queue, state, dependents, awaited
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM cancelled
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0
+"""  # noqa: E501
+
+# Delete jobs that are not running. `counted` takes the finished ones off the counts (as
+# outcomes._COMPLETE counts them on, with -count(*)). The dependents of a job deleted before it
+# finished are cancelled (`settled` as in outcomes._COMPLETE, of `unfinished`): it will never
+# complete.
+_DELETE = """
+WITH deleted AS (
+    DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
+    RETURNING id, queue, state, dependents, awaited
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), unfinished AS (
+    SELECT id, 'deleted' AS state, dependents, awaited FROM deleted WHERE state IN ('available', 'waiting')
+), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0
+"""  # noqa: E501
+
+
+class OperatorActions(Inspection):
+    """What an operator does to jobs (an action that fails names the job's state, read as
+    :class:`~miniqueue.store.inspection.Inspection` reads it)."""
+
+    _requeue = Statement(_REQUEUE)
+    _cancel = Statement(_CANCEL)
+    _delete = Statement(_DELETE)
+
+    def requeue(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
+        """Make the given ``failed``, ``dead`` or ``cancelled`` jobs available now.
+
+        ``attempt`` is kept (it is the fencing token and must never repeat) and ``max_attempts``
+        is raised to ``attempt + <the attempts the job was enqueued with>``, so the job gets its
+        full budget again. Raises JobNotFound or InvalidTransition (naming the state) if any id
+        cannot be requeued; then nothing is requeued.
+        """
+        return run(conn, self.requeue_steps(job_ids))
+
+    def requeue_steps(self, job_ids: Sequence[int]) -> Steps[list[int]]:
+        """:meth:`requeue` as steps."""
+        return atomic(self._apply_to_all(job_ids, self._requeue, _requeue_filter(REQUEUEABLE_STATES), "requeue",
+                                         REQUEUEABLE_STATES))  # fmt: skip
+
+    def requeue_matching(
+        self, conn: Connection, states: Iterable[State], *, queue: str | None = None, task: str | None = None
+    ) -> int:
+        """Requeue every job in ``states`` (failed/dead/cancelled), optionally of one queue or task."""
+        return run(conn, self.requeue_matching_steps(states, queue=queue, task=task))
+
+    def requeue_matching_steps(
+        self, states: Iterable[State], *, queue: str | None = None, task: str | None = None
+    ) -> Steps[int]:
+        """:meth:`requeue_matching` as steps."""
+        chosen = {State(s) for s in states}
+        if not chosen or not chosen <= REQUEUEABLE_STATES:
+            raise InvalidInput(f"requeue states {sorted(s.value for s in chosen)} are invalid: choose among "
+                               "failed, dead, cancelled")  # fmt: skip
+        params = {**_requeue_filter(chosen), "ids": None, "queue": queue, "task": task}
+        rows: list[tuple[Any, ...]] = yield Query(self._requeue, params)
+        return len(rows)
+
+    def cancel(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
+        """Cancel the given ``available``, ``running`` or ``waiting`` jobs.
+
+        A running job's lease ends at once: its worker's next heartbeat or completion finds the
+        lease gone and tells the handler to stop; its outcome is discarded. Jobs waiting for a
+        cancelled job are cancelled too (and theirs), each with an error naming its parent.
+        Raises JobNotFound or InvalidTransition if any id cannot be cancelled; then nothing is
+        cancelled.
+        """
+        return run(conn, self.cancel_steps(job_ids))
+
+    def cancel_steps(self, job_ids: Sequence[int]) -> Steps[list[int]]:
+        """:meth:`cancel` as steps."""
+        return atomic(self._apply_to_all(job_ids, self._cancel, {}, "cancel", CANCELLABLE_STATES))
+
+    def _apply_to_all(
+        self, job_ids: Sequence[int], query: str, params: dict[str, Any], verb: str, allowed: frozenset[State]
+    ) -> Steps[list[int]]:
+        """Run ``query`` on every id (once each), and fail (rolling back) unless it applied to all."""
+        ids = list(dict.fromkeys(job_ids))
+        rows: list[tuple[Any, ...]] = yield Query(query, {**params, "ids": ids})
+        done = {row[0] for row in rows}
+        missing = [i for i in ids if i not in done]
+        if not missing:
+            return ids
+        found: list[tuple[Any, ...]] = yield Query(self._states, {"ids": missing})
+        states = {row[0]: row[1] for row in found}
+        for job_id in missing:
+            if job_id not in states:
+                raise JobNotFound(job_id)
+        job_id = missing[0]
+        names = ", ".join(sorted(s.value for s in allowed))
+        past = "cancelled" if verb == "cancel" else f"{verb}d"
+        raise InvalidTransition(f"cannot {verb} job {job_id}: it is {states[job_id]}; only {names} jobs can be {past}")
+
+    def delete(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
+        """Delete jobs that are not running; return the ids deleted (a running job is left alone:
+        cancel it first)."""
+        return sorted(row[0] for row in self._rows(conn, self._delete, {"ids": list(job_ids)}))
+
+
+def _requeue_filter(states: Iterable[State]) -> dict[str, Any]:
+    return {"states": sorted(s.value for s in states), "queue": None, "task": None}

@@ -1,0 +1,1323 @@
+-- The claim: lease up to %(limit)s available jobs, best first (priority, then scheduled time,
+-- then id), in each of the eight forms the store sends it: from one queue (`_one`) or several
+-- (`_many`); stepping up through the groups of limited jobs or down (`_down`); alone (`claim_`)
+-- or riding with the completion of a batch (`complete_and_claim_`).
+--
+-- miniqueue/store/claim.py loads each statement by the name on its `-- name:` line. What follows
+-- that line's comment, up to the next statement, is the text the store sends byte for byte (every
+-- line counts, a trailing space included), but for the names in braces: {jobs}, {limits} and
+-- {queues} become the schema's tables and, in the forms that complete, {counts},
+-- {finished_minutes}, {settle} and the two channels as in miniqueue/store/outcomes.py.
+-- tests/test_sql.py checks that the forms differ only where this header says.
+--
+-- How a claim works. Jobs without limits come through `fast`, an ordered scan of the claim index
+-- (their part of it: `limits IS NULL`). Jobs with limits, and every job of a queue with a cap on
+-- running jobs, go through admission, in the same statement (see migration 012 for the tables):
+--   open_queues  the queues claimed from that are not paused, each with its cap's scope if any;
+--   kept         the groups of the limited jobs the statement completes (in the forms that
+--                complete: `completed` below; none in a claim alone), looked at first: each has a
+--                slot this very statement frees, so no holder of it needs a look, and no probe has
+--                to find it. A worker stays with a key while it has jobs, and at least
+--                min(%(limit)s, 16) groups of every claim are left to the sweep below, so the keys
+--                no worker has yet still start;
+--   groups       step through the limited jobs' index one group of scopes at a time (one probe
+--                per group, from the worker's cursor %(after)s on, upwards or downwards: see
+--                "Up or down" below), so a group held back never costs its backlog;
+--   snapshot     this statement's snapshot, xids modulo 2^32 (see _TOUCHED below);
+--   looked       the groups taken into admission (a capped queue's jobs without limits first, as
+--                one more group, then the kept groups), each with its scope rows (its own and its
+--                queue's cap), locked, as of their latest version, and each row's room (see "Room"
+--                below). A group's room is its tightest scope's. Groups are looked at one by one,
+--                and only until %(groups)s are in (or %(scan)s were seen): a group with a scope row
+--                that has no room is passed over without a lock, and one whose scope row another
+--                claim has locked (or rewritten since this statement's snapshot: _TOUCHED) is
+--                passed over without waiting, so that two workers never queue on the same limit,
+--                nor deadlock, and a claim behind another's still fills up from the groups after it;
+--   scopes       each scope's room, when groups of the claim may share a scope (see "Sharing");
+--   limited      the best jobs of each group, as many as its room, locked. Looked for only once
+--                the scopes are locked (whose holders are current), they are seldom jobs another
+--                worker claimed after this statement's snapshot: locking one of those would hold
+--                up that worker's completion of it until this claim commits;
+--   need, blocked, admitted
+--                the limited jobs admitted in every scope they need: groups that share a scope
+--                take its room in job order;
+--   chosen       the best of the unlimited candidates and the admitted ones;
+--   taken        the chosen jobs' slots and tokens, recorded with the lease they belong to, and
+--                the holders that ended pruned. (A scope's new holders are listed in no particular
+--                order, ids and attempts aligned: ordering them took a sort per scope, a thousand
+--                small sorts in a claim of 1,000 keys.)
+--   claimed      the chosen jobs leased: running, leased to %(worker)s for %(lease)s seconds, their
+--                attempt one higher.
+-- A job held back stays available and spends no attempt.
+--
+-- Room. The room of a limit row `l` as of its latest version (the claim has it locked, or is
+-- about to), written twice in `looked`: whole tokens (the bucket refilled up to now), or slots
+-- not held. A limit of 1 with room has no holder left to keep, so the claim neither counts its
+-- room again nor looks up its ended holders when it takes its slot.
+--
+-- Held. Whether holder `h` (its job row `j` as this statement's snapshot shows it, or NULL) of
+-- limit row `l` still holds its slot, in the room and in `taken`. Read from the snapshot without
+-- a lock: a job's attempt only grows, so one seen at the holder's attempt and not running, or at a
+-- later attempt, has ended for good, and one seen at an earlier attempt was claimed after the
+-- snapshot, and holds. A holder the snapshot does not show at all was deleted (pruned, `jobs
+-- delete`), unless `l` was rewritten since the snapshot: then it may be a job enqueued and claimed
+-- meanwhile (by a worker that preferred it for its priority), held too. Erring toward "held" can
+-- only under-admit for a moment. A holder is not counted either if the statement frees its slot
+-- itself: `AND NOT false` in a claim alone; in the forms that complete, `AND NOT EXISTS` of the
+-- leases being completed (their slots are free whether the completion lands or finds the lease
+-- lost, since either way the job is no longer running at that attempt). Without this, a claim
+-- could not see the slots freed by the completions of its own statement.
+--
+-- _TOUCHED. Whether another transaction locked or rewrote limit row `l` after this statement's
+-- snapshot `t` was taken, or was still at it then: the row's xmax is a transaction the snapshot
+-- does not see (one running when it was taken, or one of the next 2^20 to start; xids compared
+-- modulo 2^32, as the server does), and not this one. Another claim is taking or has just taken
+-- that limit's room, so the claim passes over it as it passes over a row locked now. Locking such
+-- a row instead would have the server check the new version against the statement's conditions
+-- (EvalPlanQual), and setting that up costs ~0.1 ms a row in a statement this size: a claim that
+-- followed another through the same keys spent 300 ms doing it. A lock left by a transaction that
+-- ended before the snapshot is not a reason to pass over: such a row locks at once, version
+-- unchanged.
+--
+-- One queue or several (`fast`, `open_queues`). From one queue, `queue = %(queue)s` keeps the
+-- ordered scan of the claim index; a paused queue gives nothing, and a capped one gives its jobs
+-- to admission instead. From several, an ordered index scan per queue, merged (`queue = ANY(...)`
+-- would scan and sort every available row of every queue on each claim).
+--
+-- Sharing (`scopes`, `blocked`). Whether two groups of a claim may share a scope, so that their
+-- jobs must take its room in turn. In one queue, groups are distinct sets of scopes, so only a
+-- group of more than one (a key under a cap, a key and a rate limit) can share; most claims have
+-- none, and skip the ranking. Across queues, one key's jobs in two queues share it: `true`.
+--
+-- Up or down (`groups`). The two directions a claim steps through the groups in, from the
+-- caller's cursor: a worker goes round them one way (`limits > ... ORDER BY limits`), its
+-- neighbour the other way (`limits < ... ORDER BY limits DESC`). Two workers going the same way
+-- end up one behind the other, each claim passing over the groups the other's last claim just
+-- took (a probe and a look at the limit each: 2 groups seen per group taken, with 2 workers);
+-- going opposite ways they meet twice a round.
+--
+-- Completing and claiming in one statement: one round trip and one commit instead of two. The
+-- statement starts with `completed`, `counted`, `per_minute` and `settled`, as _COMPLETE in
+-- miniqueue/store/outcomes.py. The two updates touch disjoint rows (running and leased to us,
+-- versus available). A LEFT JOIN keeps the completed ids even when nothing is claimed; they ride
+-- on the first row only (repeating the array on every claimed row cost more than the claim).
+
+-- name: claim_one
+-- Claim from one queue, stepping up through the groups.
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM {jobs}
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT * FROM claimed
+
+-- name: claim_many
+-- Claim from several queues, stepping up through the groups.
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE true) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT * FROM claimed
+
+-- name: claim_one_down
+-- Claim from one queue, stepping down through the groups.
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM {jobs}
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT * FROM claimed
+
+-- name: claim_many_down
+-- Claim from several queues, stepping down through the groups.
+WITH RECURSIVE 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE true) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT * FROM claimed
+
+-- name: complete_and_claim_one
+-- Complete a batch and claim from one queue, stepping up through the groups.
+WITH RECURSIVE completed AS (
+UPDATE {jobs}
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited, limits
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM {jobs}
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0
+
+-- name: complete_and_claim_many
+-- Complete a batch and claim from several queues, stepping up through the groups.
+WITH RECURSIVE completed AS (
+UPDATE {jobs}
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited, limits
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
+         ORDER BY limits LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+         ORDER BY limits LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE true) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0
+
+-- name: complete_and_claim_one_down
+-- Complete a batch and claim from one queue, stepping down through the groups.
+WITH RECURSIVE completed AS (
+UPDATE {jobs}
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited, limits
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
+fast AS MATERIALIZED (
+    SELECT id, priority, scheduled_at, attempt FROM {jobs}
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
+     ORDER BY priority DESC, scheduled_at, id
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0
+
+-- name: complete_and_claim_many_down
+-- Complete a batch and claim from several queues, stepping down through the groups.
+WITH RECURSIVE completed AS (
+UPDATE {jobs}
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited, limits
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0), 
+fast AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+        SELECT id, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
+     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     LIMIT %(limit)s),
+open_queues AS MATERIALIZED (
+    SELECT q.name, p.max_running,
+           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+     WHERE NOT coalesce(p.paused, false)
+),
+kept AS MATERIALIZED (
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+),
+groups(queue, scope, limits, depth) AS (
+    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
+         ORDER BY limits DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
+        SELECT limits FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
+         ORDER BY limits DESC LIMIT 1) n
+     WHERE g.depth < %(scan)s
+),
+snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
+    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
+           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
+      FROM pg_current_snapshot() AS s
+),
+looked AS MATERIALIZED (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
+          FROM open_queues q WHERE q.max_running IS NOT NULL
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM kept
+        UNION ALL
+        SELECT queue, limits, limits || scope FROM groups r
+         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
+     CROSS JOIN snapshot t CROSS JOIN LATERAL (
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END END AS room
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt))::int
+     END > 0
+                   FOR UPDATE OF l SKIP LOCKED) x
+        OFFSET 0) s
+     WHERE cardinality(s.locked) = cardinality(g.scopes)
+     LIMIT %(groups)s
+),
+scopes AS MATERIALIZED (
+    SELECT DISTINCT ON (r.scope) r.scope, r.room
+      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
+     WHERE true
+),
+limited AS MATERIALIZED (
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
+           AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NOT NULL
+    UNION ALL
+    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT least(%(limit)s, g.room)
+           FOR UPDATE SKIP LOCKED) j
+     WHERE g.limits IS NULL
+),
+need AS (
+    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+),
+blocked AS MATERIALIZED (
+    SELECT DISTINCT r.id
+      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
+                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
+              FROM need n WHERE true) r
+      JOIN scopes m ON m.scope = r.scope
+     WHERE r.place > m.room
+),
+admitted AS (
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
+),
+chosen AS MATERIALIZED (
+    SELECT id, attempt, scopes
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+),
+taken AS (
+    UPDATE {limits} l
+       SET (holder_ids, holder_attempts) = (
+               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
+                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
+                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
+                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
+                WHERE c.id = h.id AND c.attempt = h.attempt)),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
+      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+     WHERE l.scope = t.scope
+),
+claimed AS (
+UPDATE {jobs}
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+       lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
+          limits, parents, trace_context, attempt_budget
+)
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0

@@ -1,0 +1,476 @@
+"""Enqueue: one job, one job waiting for others, a batch by one statement, a large batch by COPY.
+
+Every insert that makes a job due at once notifies the queue's channel in the same statement (or
+transaction), so the notification is delivered exactly when the job is there to claim.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from psycopg import sql
+
+from ..core.db import Connection, translate_errors
+from ..core.errors import InvalidInput
+from ..core.limits import Scope
+from ..core.records import REQUEUEABLE_STATES, EnqueueResult, State
+from ..core.steps import CopyIn, Query, Steps, atomic, run
+from ..core.validation import NewJob
+from .base import Statement, StoreBase
+
+# Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
+# NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
+_ENQUEUE = """
+WITH ins AS (
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[], %(trace)s::jsonb)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM {jobs}
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+"""
+
+# _ENQUEUE for a job with limits: the same statement also creates (or updates) the rows of the
+# job's scopes, so that the claim finds them (`scoped`). A new rate scope starts with one token,
+# so that its first job starts at once; a changed limit is updated (the latest enqueue's limit is
+# the one in force).
+_ENQUEUE_LIMITED = """
+WITH scoped AS (
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+),
+ins AS (
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[], %(trace)s::jsonb)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM {jobs}
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+"""
+
+# _ENQUEUE for a job with parents: inserted waiting for those not completed yet (`pending`).
+_ENQUEUE_WAITING = """
+WITH ins AS (
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, state, parents, pending_parents)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[], %(trace)s::jsonb,
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM {jobs}
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+"""
+
+# _ENQUEUE for a job with parents and limits (see the two above).
+_ENQUEUE_WAITING_LIMITED = """
+WITH scoped AS (
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+),
+ins AS (
+    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, state, parents, pending_parents)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+            %(limits)s::text[], %(trace)s::jsonb,
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at
+)
+SELECT id, false,
+       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins
+UNION ALL
+SELECT id, true, NULL FROM {jobs}
+ WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+"""
+
+# Lock a new job's parents (in id order, so concurrent enqueues never deadlock) and read their
+# states. A completion of one of them that is under way finishes first; one that starts later
+# waits for our commit and then reads the parent's dependents as we left them.
+_LOCK_PARENTS = "SELECT id, state FROM {jobs} WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE"
+
+# Record a new job on its parents' rows (which the parents' completions read).
+_LINK_DEPENDENT = """
+UPDATE {jobs} SET dependents = array_append(dependents, %(child)s::bigint) WHERE id = ANY(%(parents)s::bigint[])
+"""
+
+# Look up the job holding an idempotency key (when a concurrent insert won the race).
+_BY_IDEMPOTENCY_KEY = "SELECT id FROM {jobs} WHERE idempotency_key = %(key)s"
+
+# Insert many jobs in one statement. Ids are drawn up front so each input row can be matched
+# to its outcome (inserted, duplicate of an existing job, or duplicate within the batch).
+# A job's limits travel as one text, its scope names joined by U+001F (which no scope name holds).
+_ENQUEUE_MANY = """
+WITH src AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+      FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
+                  %(limits)b::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+), ins AS (
+    INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context)
+    SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
+           %(trace)s::jsonb
+      FROM src ORDER BY ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at, idempotency_key
+), notified AS (
+    SELECT pg_notify(%(channel)s, queue)
+      FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
+     WHERE %(notify)s
+)
+SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+  FROM src s
+  LEFT JOIN ins i ON i.id = s.id
+  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
+  LEFT JOIN {jobs} e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+ WHERE (SELECT count(*) FROM notified) >= 0
+ ORDER BY s.ord
+"""
+
+# _ENQUEUE_MANY for a batch with limits: `scoped` as in _ENQUEUE_LIMITED, for every scope the
+# batch names.
+_ENQUEUE_MANY_LIMITED = """
+WITH scoped AS (
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+),
+src AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+      FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
+                  %(limits)b::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+), ins AS (
+    INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context)
+    SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
+           %(trace)s::jsonb
+      FROM src ORDER BY ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, scheduled_at, idempotency_key
+), notified AS (
+    SELECT pg_notify(%(channel)s, queue)
+      FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
+     WHERE %(notify)s
+)
+SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+  FROM src s
+  LEFT JOIN ins i ON i.id = s.id
+  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
+  LEFT JOIN {jobs} e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+ WHERE (SELECT count(*) FROM notified) >= 0
+ ORDER BY s.ord
+"""
+
+# A large batch without idempotency keys goes by COPY: 25% faster than the statement above at
+# 10,000 jobs, though its four extra round trips make it slower below a few hundred. Its ids are
+# drawn first (to return them), with the transaction's now(): the database clock that every
+# job's scheduled_at counts from, exactly as the column default would.
+_DRAW_IDS = """
+SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
+                      FROM generate_series(1, %(count)s))
+"""
+
+# The COPY itself: a batch due at once leaves scheduled_at to its default; a traced batch (see
+# miniqueue.observability.tracing) sends its one trace context with every row.
+_COPY_DUE = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN"""
+_COPY_SCHEDULED = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN"""
+_COPY_DUE_TRACED = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN"""
+_COPY_SCHEDULED_TRACED = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN"""  # noqa: E501
+
+# Wake the workers of each queue the COPY gave a job due at once.
+_NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
+
+
+class Enqueuing(StoreBase):
+    """Inserting jobs."""
+
+    #: The smallest batch without idempotency keys worth sending by :meth:`copy_many`.
+    copy_threshold = 500
+
+    _enqueue = Statement(_ENQUEUE)
+    _enqueue_limited = Statement(_ENQUEUE_LIMITED)
+    _enqueue_waiting = Statement(_ENQUEUE_WAITING)
+    _enqueue_waiting_limited = Statement(_ENQUEUE_WAITING_LIMITED)
+    _lock_parents = Statement(_LOCK_PARENTS)
+    _link_dependent = Statement(_LINK_DEPENDENT)
+    _by_key = Statement(_BY_IDEMPOTENCY_KEY)
+    _enqueue_many = Statement(_ENQUEUE_MANY)
+    _enqueue_many_limited = Statement(_ENQUEUE_MANY_LIMITED)
+    _draw_ids = Statement(_DRAW_IDS)
+    _copy_due = Statement(_COPY_DUE)
+    _copy_scheduled = Statement(_COPY_SCHEDULED)
+    _copy_due_traced = Statement(_COPY_DUE_TRACED)
+    _copy_scheduled_traced = Statement(_COPY_SCHEDULED_TRACED)
+    _notify_queues = Statement(_NOTIFY_QUEUES)
+
+    def enqueue(
+        self, conn: Connection, job: NewJob, *, notify: bool = True, trace_context: str | None = None
+    ) -> EnqueueResult:
+        """Insert one validated job; a repeated idempotency key returns the first job's id.
+        ``trace_context`` is the JSON text of the enqueuing span's context (see
+        miniqueue.observability.tracing)."""
+        return run(conn, self.enqueue_steps(job, notify=notify, trace_context=trace_context))
+
+    def enqueue_steps(
+        self, job: NewJob, *, notify: bool = True, trace_context: str | None = None
+    ) -> Steps[EnqueueResult]:
+        """:meth:`enqueue` as steps."""
+        query = self._enqueue_limited if job.scopes else self._enqueue
+        rows: list[tuple[Any, ...]] = yield Query(query, self._job_params(job, notify, trace_context))
+        if rows:
+            return EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
+        # Another transaction inserted the same key while we waited on it; our statement's
+        # snapshot could not see that row, a new statement can.
+        rows = yield Query(self._by_key, {"key": job.idempotency_key})
+        return EnqueueResult(id=rows[0][0], duplicate=True)
+
+    def _job_params(self, job: NewJob, notify: bool, trace_context: str | None) -> dict[str, Any]:
+        """The parameters of _ENQUEUE for one job (and of its limits, for _ENQUEUE_LIMITED)."""
+        params = {
+            "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
+            "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
+            "key": job.idempotency_key, "notify": notify, "channel": self.channel,
+            "limits": [scope.name for scope in job.scopes] or None, "trace": trace_context,
+        }  # fmt: skip
+        return {**params, **_scope_columns(job.scopes)} if job.scopes else params
+
+    def enqueue_waiting(
+        self,
+        conn: Connection,
+        job: NewJob,
+        parents: Sequence[int],
+        *,
+        notify: bool = True,
+        trace_context: str | None = None,
+    ) -> EnqueueResult:
+        """Insert one validated job that runs only once every job of ``parents`` completed.
+
+        In one transaction (a savepoint inside the caller's): the parents are locked and read;
+        an id that does not exist, or names a job that already ended failed, dead or cancelled,
+        raises InvalidInput and nothing is stored. The job is ``waiting`` on the parents not
+        completed yet (``available`` at once if all are), and each parent's row lists it as a
+        dependent. Parents must exist before the job that names them, so every dependency
+        points to an older job and no cycle can form. A repeated idempotency key returns the
+        first job's id and links nothing (the first job keeps its own parents).
+        """
+        return run(conn, self.enqueue_waiting_steps(job, parents, notify=notify, trace_context=trace_context))
+
+    def enqueue_waiting_steps(
+        self, job: NewJob, parents: Sequence[int], *, notify: bool = True, trace_context: str | None = None
+    ) -> Steps[EnqueueResult]:
+        """:meth:`enqueue_waiting` as steps."""
+        return atomic(self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify, trace_context))
+
+    def _enqueue_waiting_in_one(
+        self, job: NewJob, ids: list[int], notify: bool, trace_context: str | None
+    ) -> Steps[EnqueueResult]:
+        locked: list[tuple[Any, ...]] = yield Query(self._lock_parents, {"ids": ids})
+        states = {row[0]: State(row[1]) for row in locked}
+        _check_parents(ids, states)
+        pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED)
+        params = {**self._job_params(job, notify and not pending, trace_context), "parents": ids, "pending": pending}
+        rows: list[tuple[Any, ...]] = yield Query(
+            self._enqueue_waiting_limited if job.scopes else self._enqueue_waiting, params
+        )
+        if not rows:  # the holder of its idempotency key committed while we waited on it
+            found: list[tuple[Any, ...]] = yield Query(self._by_key, {"key": job.idempotency_key})
+            return EnqueueResult(id=found[0][0], duplicate=True)
+        result = EnqueueResult(id=rows[0][0], duplicate=rows[0][1])
+        if not result.duplicate:
+            yield Query(self._link_dependent, {"child": result.id, "parents": ids})
+        return result
+
+    def enqueue_many(
+        self, conn: Connection, jobs: Sequence[NewJob], *, notify: bool = True, trace_context: str | None = None
+    ) -> list[EnqueueResult]:
+        """Insert many validated jobs in one statement; results are in input order. Every job
+        stores ``trace_context`` (see :meth:`enqueue`).
+
+        Idempotency keys are honoured against stored jobs and within the batch (the first
+        occurrence wins). A large batch without keys goes faster by :meth:`copy_many`.
+        """
+        return run(conn, self.enqueue_many_steps(jobs, notify=notify, trace_context=trace_context))
+
+    def enqueue_many_steps(
+        self, jobs: Sequence[NewJob], *, notify: bool = True, trace_context: str | None = None
+    ) -> Steps[list[EnqueueResult]]:
+        """:meth:`enqueue_many` as steps."""
+        if not jobs:
+            return []
+        keys = [j.idempotency_key for j in jobs]
+        limited = any(j.scopes for j in jobs)
+        run_ats = [j.run_at for j in jobs]
+        delays = [j.delay_seconds for j in jobs]
+        params = {
+            "table": self.table_name,
+            "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
+            "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            # A column every job leaves at its default goes as an empty array, which unnest()
+            # pads with NULLs: most batches schedule nothing and carry no keys.
+            "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
+            "keys": keys if any(keys) else [],
+            "limits": ["\x1f".join(scope.name for scope in j.scopes) or None for j in jobs] if limited else [],
+            "notify": notify, "channel": self.channel, "trace": trace_context,
+        }  # fmt: skip
+        if limited:
+            params.update(_scope_columns({scope.name: scope for j in jobs for scope in j.scopes}.values()))
+        query = self._enqueue_many_limited if limited else self._enqueue_many
+        rows: list[tuple[Any, ...]] = yield Query(query, params)
+        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in rows]
+        for i, result in enumerate(results):
+            if result.id is None:  # the holder of the key committed while we waited on it
+                held: list[tuple[Any, ...]] = yield Query(self._by_key, {"key": jobs[i].idempotency_key})
+                results[i] = EnqueueResult(id=held[0][0], duplicate=True)
+        return results
+
+    def copy_many(
+        self,
+        conn: Connection,
+        count: int,
+        jobs: Iterable[NewJob],
+        *,
+        scheduled: bool,
+        notify: bool = True,
+        trace_context: str | None = None,
+    ) -> list[EnqueueResult]:
+        """Insert ``count`` jobs without idempotency keys by COPY, in one transaction; results are
+        in input order. Each queue given a job that is due at once is notified.
+
+        ``jobs`` is consumed as the rows stream to the server, so a caller can check each job
+        as it goes (its checks then overlap the server's inserts): an exception from it aborts
+        the COPY and stores nothing. Unless ``scheduled`` (some job has a ``run_at`` or a
+        delay), scheduled_at is left to its default, now(): parsing 10,000 timestamps cost the
+        server a tenth of the COPY. Every job stores ``trace_context`` (see :meth:`enqueue`).
+        """
+        return run(conn, self.copy_many_steps(count, jobs, scheduled=scheduled, notify=notify,
+                                              trace_context=trace_context))  # fmt: skip
+
+    def copy_many_steps(
+        self, count: int, jobs: Iterable[NewJob], *, scheduled: bool, notify: bool = True,
+        trace_context: str | None = None,
+    ) -> Steps[list[EnqueueResult]]:  # fmt: skip
+        """:meth:`copy_many` as steps."""
+        return atomic(self._copy_many(count, jobs, scheduled, notify, trace_context))
+
+    def _copy_many(
+        self, count: int, jobs: Iterable[NewJob], scheduled: bool, notify: bool, trace_context: str | None
+    ) -> Steps[list[EnqueueResult]]:
+        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
+        [(now, ids)] = drawn
+        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
+        due: set[str] = set()
+        if trace_context is None:
+            statement = self._copy_scheduled if scheduled else self._copy_due
+        else:
+            statement = self._copy_scheduled_traced if scheduled else self._copy_due_traced
+        yield CopyIn(statement, _copy_rows(ids, jobs, now, scheduled, due, trace_context))
+        if notify and due:
+            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
+        return [EnqueueResult(id=job_id) for job_id in ids]
+
+    def listen(self, conn: Connection) -> None:
+        """Subscribe ``conn`` to this schema's enqueue notifications (payload: the queue name)."""
+        with translate_errors():
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+
+
+def _check_parents(ids: list[int], states: dict[int, State]) -> None:
+    """Reject parents that do not exist, or that ended without completing (a dependent of
+    theirs could never run)."""
+    if not ids:
+        raise InvalidInput("depends_on is empty: name at least one job, or leave it out")
+    missing = [job_id for job_id in ids if job_id not in states]
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise InvalidInput(f"depends_on names job(s) that do not exist: {shown}; a job can only depend on "
+                           "jobs enqueued before it")  # fmt: skip
+    ended = [(job_id, states[job_id]) for job_id in ids if states[job_id] in REQUEUEABLE_STATES]
+    if ended:
+        job_id, state = ended[0]
+        raise InvalidInput(f"depends_on names job {job_id}, which ended {state.value}: a job waiting for it would "
+                           "never run (requeue it first)")  # fmt: skip
+
+
+def _copy_rows(
+    ids: Sequence[int],
+    jobs: Iterable[NewJob],
+    now: dt.datetime,
+    scheduled: bool,
+    due: set[str],
+    trace_context: str | None,
+) -> Iterator[tuple[Any, ...]]:
+    """The COPY rows of :meth:`Enqueuing.copy_many`, made as they stream; adds to ``due`` each
+    queue given a job that is due at once. A traced batch sends its trace context with every row."""
+    for job_id, job in zip(ids, jobs, strict=True):
+        if job.idempotency_key is not None or job.scopes:
+            raise ValueError("copy_many() takes jobs without idempotency keys or limits: use enqueue_many()")
+        row: tuple[Any, ...] = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts,
+                                job.max_attempts)  # fmt: skip
+        if trace_context is not None:
+            row = (*row, trace_context)
+        if scheduled:
+            at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
+            yield (*row, at)
+        elif job.run_at is None and not job.delay_seconds:
+            at = now
+            yield row
+        else:
+            raise ValueError("copy_many() was given a scheduled job without scheduled=True")
+        if at <= now:
+            due.add(job.queue)
+
+
+def _scope_columns(scopes: Iterable[Scope]) -> dict[str, list[Any]]:
+    """The parameters of `scoped` (_ENQUEUE_LIMITED and the like): one array per column of the
+    scope rows."""
+    rows = list(scopes)
+    return {"scopes": [s.name for s in rows], "maxes": [s.max_running for s in rows],
+            "rates": [s.rate for s in rows], "bursts": [s.burst for s in rows]}  # fmt: skip

@@ -1,0 +1,212 @@
+"""Upkeep: what the reaper and the supervisor run so the queue stays sound and small. Expired
+leases recovered, finished jobs pruned, the per-minute counts trimmed, the finished counts
+recounted, the jobs table vacuumed, the server's connections counted."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from ..core.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
+from ..core.db import Connection, translate_errors
+from ..core.errors import InvalidInput
+from ..core.records import TERMINAL_STATES, State
+from ..core.steps import Atomic, Query, Steps, run
+from ..core.validation import check_seconds
+from .base import Statement, Statements, StoreBase
+
+# Return expired leases to the queue (or dead, when attempts are exhausted), as a failure would
+# (an entry in the error history as in outcomes._RECORD_FAILURES, the task's backoff from
+# miniqueue_retry_delay, migration 020). The outer WHERE re-checks the expiry in the same
+# statement, so a job completed or renewed between the scan and the update is left alone. Then
+# `counted`, `per_minute` and `settled` as in outcomes._COMPLETE, of the jobs now dead.
+_RECOVER_EXPIRED = """
+WITH recovered AS (
+UPDATE {jobs}
+   SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
+       scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at
+                           ELSE now() + make_interval(secs => {retry_delay}(task => task, attempt => attempt,
+                               default_base => %(base)s, default_cap => %(cap)s)) END,
+       finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
+       last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
+                           leased_by, attempt_budget - (max_attempts - attempt), attempt_budget),
+       errors = errors || jsonb_build_array(jsonb_build_object(
+       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', 'worker lost: lease expired without renewal')), lease_expires_at = NULL, leased_by = NULL
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM {jobs}
+         WHERE state = 'running' AND lease_expires_at < now()
+         ORDER BY lease_expires_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND state = 'running' AND lease_expires_at < now()
+RETURNING id, queue, state, dependents, awaited
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM recovered
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    released => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0
+"""  # noqa: E501
+
+# Recount the finished jobs from the table itself: the repair for counts that drifted (jobs
+# finished by workers of an older version during the migration that added the counts, or rows
+# changed by hand). It reads every finished row once; the lock makes statements that finish
+# jobs wait until it commits, so none is counted twice or missed.
+_RECOUNT = [
+    "LOCK TABLE {counts} IN EXCLUSIVE MODE",
+    "DELETE FROM {counts}",
+    """
+INSERT INTO {counts} (queue, state, shard, count)
+SELECT queue, state, 0, count(*) FROM {jobs}
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+""",
+]
+
+# The throughput's minutes the chart no longer shows (the reaper, every pass).
+_TRIM_MINUTES = "DELETE FROM {finished_minutes} WHERE minute < now() - interval '2 hours'"
+
+# Delete a batch of jobs that finished longer ago than `age` seconds. The literal state list
+# lets the planner use the partial finished_at index. `counted` takes them off the finished
+# counts (as outcomes._COMPLETE counts them on, with -count(*)); the minutes they finished in
+# keep them.
+_PRUNE = """
+WITH pruned AS (
+    DELETE FROM {jobs}
+     WHERE id = ANY(ARRAY(
+            SELECT id FROM {jobs}
+             WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+               AND finished_at < now() - make_interval(secs => %(age)s)
+             LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING queue, state
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
+SELECT count(*) FROM pruned
+"""
+
+# The jobs table's churn, for the reaper's upkeep (see miniqueue.maintenance.vacuum): live rows,
+# rows inserted and updated since the server's statistics began (a claim and a completion update
+# one each), rows changed since the planner's statistics were taken, when a vacuum and an analyze
+# last finished, and whether this role may vacuum and analyze the table (it owns it).
+_JOBS_CHURN = """
+SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid) AS inserted,
+       pg_stat_get_tuples_updated(c.oid) AS updated, pg_stat_get_mod_since_analyze(c.oid) AS changed,
+       greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
+       greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
+       pg_has_role(c.relowner, 'USAGE') AS may_maintain
+  FROM pg_class c
+ WHERE c.oid = %(table)s::regclass
+"""
+
+# SKIP_LOCKED: when autovacuum (or an operator) is already at it, there is nothing to add.
+_VACUUM_JOBS = "VACUUM (SKIP_LOCKED, ANALYZE) {jobs}"
+_ANALYZE_JOBS = "ANALYZE (SKIP_LOCKED) {jobs}"
+
+# How many connections the server allows, keeps for superusers, and has in use by clients.
+_CONNECTION_CAPACITY = """
+SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+"""
+
+
+class JobsChurn(NamedTuple):
+    """The jobs table's statistics as the server keeps them: ``live`` rows, rows ``inserted``
+    and ``updated`` since the statistics began, rows ``changed`` (inserted, updated or deleted)
+    since the planner's statistics were taken, when a vacuum and an analyze last finished
+    (``None``: never), and whether this role may vacuum and analyze the table."""
+
+    live: int
+    inserted: int
+    updated: int
+    changed: int
+    last_vacuum: dt.datetime | None
+    last_analyze: dt.datetime | None
+    may_maintain: bool
+
+
+class Maintenance(StoreBase):
+    """The queue's upkeep."""
+
+    _recover = Statement(_RECOVER_EXPIRED)
+    _recount = Statements(_RECOUNT)
+    _trim_minutes = Statement(_TRIM_MINUTES)
+    _prune = Statement(_PRUNE)
+    _jobs_churn = Statement(_JOBS_CHURN)
+    _vacuum_jobs = Statement(_VACUUM_JOBS)
+    _analyze_jobs = Statement(_ANALYZE_JOBS)
+
+    def recover_expired_leases(self, conn: Connection, limit: int = 1000) -> dict[int, State]:
+        """Return up to ``limit`` jobs whose lease expired to ``available`` (or ``dead`` when their
+        attempts are exhausted); return id → new state."""
+        params = {"limit": limit, "base": DEFAULT_BASE_SECONDS, "cap": DEFAULT_CAP_SECONDS}
+        return {row[0]: State(row[1]) for row in self._rows(conn, self._recover, params)}
+
+    def prune(self, conn: Connection, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> int:
+        """Delete up to ``limit`` jobs in ``states`` (terminal states only) that finished more than
+        ``older_than_seconds`` ago; return how many were deleted."""
+        return run(conn, self.prune_steps(states, older_than_seconds, limit))
+
+    def prune_steps(self, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> Steps[int]:
+        """:meth:`prune` as steps."""
+        chosen = sorted(State(s).value for s in states)
+        if not chosen or any(State(s) not in TERMINAL_STATES for s in chosen):
+            raise InvalidInput(f"prune states {chosen} are invalid: choose among completed, failed, dead, cancelled")
+        older_than_seconds = check_seconds("prune age", older_than_seconds)
+        params = {"states": chosen, "age": float(older_than_seconds), "limit": limit}
+        rows: list[tuple[Any, ...]] = yield Query(self._prune, params)
+        return int(rows[0][0])
+
+    def trim_throughput(self, conn: Connection) -> None:
+        """Drop the per-minute counts older than the chart shows (two hours)."""
+        with translate_errors():
+            conn.execute(self._trim_minutes)
+
+    def recount(self, conn: Connection) -> None:
+        """Recount finished jobs from the jobs table (see ``_RECOUNT``): O(table), for repair only."""
+        run(conn, self.recount_steps())
+
+    def recount_steps(self) -> Steps[None]:
+        """:meth:`recount` as steps."""
+        yield Atomic(_each(self._recount))
+
+    def jobs_churn(self, conn: Connection) -> JobsChurn:
+        """The jobs table's statistics, as the reaper's upkeep reads them (see :class:`JobsChurn`)."""
+        return JobsChurn(**self._named_rows(conn, self._jobs_churn, {"table": self.table_name})[0])
+
+    def vacuum_jobs(self, conn: Connection, *, analyze_only: bool = False) -> None:
+        """VACUUM and ANALYZE the jobs table (or only ANALYZE it), unless another vacuum or
+        analyze holds it. ``conn`` must be in autocommit."""
+        with translate_errors():
+            conn.execute(self._analyze_jobs if analyze_only else self._vacuum_jobs)
+
+    def connection_capacity(self, conn: Connection) -> tuple[int, int, int]:
+        """``(max_connections, superuser_reserved_connections, client connections in use)``."""
+        row = self._rows(conn, _CONNECTION_CAPACITY, {})[0]
+        return int(row[0]), int(row[1]), int(row[2])
+
+
+def _each(statements: Iterable[str]) -> Steps[None]:
+    for statement in statements:
+        yield Query(statement)
