@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from miniqueue import (
     Client,
@@ -238,3 +239,19 @@ def test_an_async_handler_returns_a_result(client: Client, conn: Connection, sta
 def test_encode_result_keeps_none_as_no_result() -> None:
     assert encode_result(None) is None
     assert encode_result(False) == "false" and encode_result(0) == "0" and encode_result("") == '""'
+
+
+def test_waiting_for_a_due_job_announces_it_again(client: Client, dsn: str) -> None:
+    """Marking a job awaited locks its row for a moment; a worker's claim that ran in that moment
+    passed over it (SKIP LOCKED) and spent its wake-up, so the mark announces a job that is due
+    now again on its queue's channel: it never waits for the next poll because of a waiter."""
+    store = Store()
+    due = client.enqueue("t", queue="q").id
+    later = client.enqueue("t", queue="later", delay=3600).id
+    with connect(dsn, purpose="test") as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.channel)))
+        with connect(dsn, purpose="test") as conn:
+            run(conn, store.await_job_steps(later))
+            run(conn, store.await_job_steps(due))
+        heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert heard == ["q"], "the due job's queue, and only it, was announced"

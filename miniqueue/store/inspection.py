@@ -31,10 +31,13 @@ _GET = """SELECT id, queue, task, payload, state, priority, attempt, max_attempt
 _RESULT = "SELECT state, result, last_error FROM {jobs} WHERE id = %(id)s"
 
 # Ask for a notification when a job finishes (see Inspection.await_job_steps): set only while it
-# has not.
+# has not. The update locks the job's row for a moment, and a worker's claim that runs meanwhile
+# passes over it (SKIP LOCKED), its wake-up spent: a job due now is announced again, at this
+# statement's commit, so that it never waits for the next poll because someone waits for it.
 _AWAIT = """
 UPDATE {jobs} SET awaited = true
  WHERE id = %(id)s AND NOT awaited AND state IN ('available', 'running', 'waiting')
+RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify({queue_channel}, queue) END
 """
 
 # A page of jobs (every column, as _GET), newest first, filtered (see job_filter: each condition

@@ -1704,7 +1704,8 @@ SELECT state, result, last_error FROM "public"."miniqueue_jobs" WHERE id = %(id)
 
 -- _await
 UPDATE "public"."miniqueue_jobs" SET awaited = true
- WHERE id = %(id)s AND NOT awaited AND state IN ('available', 'running', 'waiting');
+ WHERE id = %(id)s AND NOT awaited AND state IN ('available', 'running', 'waiting')
+RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify('miniqueue_public', queue) END;
 
 -- _list
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
