@@ -62,6 +62,8 @@ class Dispatcher:
         self.wake, self.worker_id, self.concurrency, self.kinds = wake, worker_id, concurrency, kinds
         self.transaction, self.atransaction, self.read_results = transaction, atransaction, read_results
         self.max_result_bytes = max_result_bytes
+        # The recorder's queue itself: a handler appends to it and reads its length per job.
+        self._queue = outcomes.queue
         self.hooks = WorkerHooks()
         self.threads: HandlerThreads | None = None
         self.aio: EventLoop | None = None
@@ -122,7 +124,7 @@ class Dispatcher:
         """Queue a finished handler's outcome for the claim loop; return the next ready job of
         the same kind, now started (None when there is none, or when stopping)."""
         self.slots.finish(job)
-        self.outcomes.add(job, outcome)
+        self._queue.append((job, outcome))
         self.claims.note_finished(job.limits)
         if self.stopping:
             self.wake.set()
@@ -130,7 +132,7 @@ class Dispatcher:
         next_job = self.slots.start_next(self.make_job, self.concurrency, run_async)
         # Wake the claim loop when a claim is due or this handler has nothing left to run;
         # not for every job (the loop records lone outcomes within OUTCOME_DELAY anyway).
-        if next_job is None or len(self.outcomes) >= self.claims.claim_batch:
+        if next_job is None or len(self._queue) >= self.claims.claim_batch:
             self.wake.set()
         if next_job is not None:
             self.hooks.on_job_start(next_job)

@@ -74,6 +74,8 @@ class OutcomeRecorder:
         #: Learns each handler's run time (``auto`` prefetch).
         self.prefetch = prefetch
         self.hooks = WorkerHooks()
+        #: Finished jobs and their outcomes, oldest first (the one deque for the worker's life:
+        #: the dispatcher appends to it directly).
         self.queue: collections.deque[tuple[Job, Outcome]] = collections.deque()
         #: Outcomes recorded (the worker's jobs done).
         self.jobs_done = 0
