@@ -15,9 +15,9 @@ from miniqueue.cli.main import main
 from miniqueue.core.db import Connection
 from miniqueue.core.records import Lease, State
 from miniqueue.store.store import Release, Store
-from miniqueue.supervise.child import goes_down
 from miniqueue.tasks.job import Job
-from miniqueue.worker import worker as worker_module
+from miniqueue.worker import claiming
+from miniqueue.worker.claiming import goes_down
 from miniqueue.worker.worker import Worker, WorkerConfig
 
 from .helpers import count, expire_lease, row, wait_until
@@ -101,13 +101,13 @@ def test_the_keys_a_claim_kept_do_not_move_the_workers_cursor(
     keys = [client.enqueue("t", {}, concurrency_key=f"k{i}").id for i in range(3)]
     k0, k1, k2 = leases = store.claim(conn, ["default"], "w", 30.0, 3)
     assert ids(leases) == keys
-    worker = Worker(App(), dsn, WorkerConfig(queues=("default",)))
-    worker._note_limited(leases, 3, set())
-    assert worker._limits_cursor == ["concurrency t k2"]
-    worker._note_limited([k0, k1], 2, {("concurrency t k1",)})
-    assert worker._limits_cursor == ["concurrency t k0"], "past the swept keys only"
-    worker._note_limited([k2], 1, {("concurrency t k2",)})
-    assert worker._limits_cursor == ["concurrency t k0"], "a claim of kept keys alone leaves it where it was"
+    policy = Worker(App(), dsn, WorkerConfig(queues=("default",)))._claims
+    policy.claimed(leases, 3, set(), now=0.0)
+    assert policy.cursor == ["concurrency t k2"]
+    policy.claimed([k0, k1], 2, {("concurrency t k1",)}, now=0.0)
+    assert policy.cursor == ["concurrency t k0"], "past the swept keys only"
+    policy.claimed([k2], 1, {("concurrency t k2",)}, now=0.0)
+    assert policy.cursor == ["concurrency t k0"], "a claim of kept keys alone leaves it where it was"
 
 
 def test_neighbouring_workers_go_round_the_keys_opposite_ways() -> None:
@@ -146,7 +146,7 @@ def test_a_finished_job_starts_its_keys_next_job_without_waiting_for_a_poll(
 ) -> None:
     # No notification announces a freed slot, and the polls here are a minute apart: only the
     # worker's own finished job can be the reason its key's next job is claimed.
-    monkeypatch.setattr(worker_module, "LIMITED_POLL_INTERVAL", 60.0)
+    monkeypatch.setattr(claiming, "LIMITED_POLL_INTERVAL", 60.0)
     app = App()
     app.task("t", concurrency_key="A")(lambda job: None)
     client.enqueue_many([app.task_spec("t", {"i": i}) for i in range(5)])

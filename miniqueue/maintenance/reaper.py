@@ -151,8 +151,7 @@ class Reaper:
                  retention, len(self.schedules), "on" if self.config.vacuum else "off")  # fmt: skip
         vacuum = None
         if self.config.vacuum:
-            vacuum = threading.Thread(target=Vacuum(self.dsn, self.store, self._stopping).run, daemon=True)
-            vacuum.name = "miniqueue-vacuum"
+            vacuum = Vacuum(self.dsn, self.store, self._stopping)
             vacuum.start()
         while not self._stopping.is_set():
             more = False

@@ -35,6 +35,7 @@ import psycopg
 
 from ..core.db import Connection, connect
 from ..core.errors import DatabaseUnavailable, MiniqueueError
+from ..core.service import Service
 from ..store.store import Store
 
 log = logging.getLogger("miniqueue.vacuum")
@@ -51,16 +52,19 @@ REST_FACTOR = 2.0
 ERROR_REST = 60.0
 
 
-class Vacuum:
+class Vacuum(Service):
     """Keeps the jobs table of ``store``'s schema vacuumed and analyzed until ``stopping`` is set
-    (upkeep is due at ``after_rows`` rows plus ``MAINTAIN_SCALE`` of the live ones)."""
+    (upkeep is due at ``after_rows`` rows plus ``MAINTAIN_SCALE`` of the live ones), on a thread
+    of its own once started (or on the caller's, through :meth:`run`)."""
+
+    log = log
 
     def __init__(
         self, dsn: str, store: Store, stopping: threading.Event, *, after_rows: int = MAINTAIN_AFTER_ROWS
     ) -> None:
+        super().__init__("miniqueue-vacuum", stopping=stopping)
         self.dsn = dsn
         self.store = store
-        self.stopping = stopping
         self.after_rows = after_rows
         self._conn: Connection | None = None
         #: The counts of rows updated at the last vacuum, and inserted and updated at the last

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from ..core.db import Connection, connect
 from ..core.errors import AppLoadError, DatabaseUnavailable, MiniqueueError
 from ..core.process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_title
+from ..core.service import Service
 from ..maintenance.reaper import Reaper, ReaperConfig
 from ..store.store import Store
 from ..tasks.app import App, load_app
 from ..tasks.job import Job
+from ..worker.claiming import goes_down
 from ..worker.inflight import InflightBoard
 from ..worker.outcomes import Outcome, WorkerHooks
 from ..worker.worker import Worker, WorkerConfig, new_worker_id
@@ -51,13 +53,6 @@ class ChildSpec:
     shutdown_timeout: float = 10.0
     board: InflightBoard | None = None  # a worker's running handlers, shared with the supervisor
     gauge_interval: float | None = None  # the reaper reads the queue gauges this often (for /metrics)
-
-
-def goes_down(slot: str) -> bool:
-    """Whether the worker in ``slot`` goes round limited jobs' groups downwards: every other
-    one does (worker-2, worker-4, ...), so that neighbours go opposite ways."""
-    number = slot.rpartition("-")[2]
-    return number.isdigit() and int(number) % 2 == 0
 
 
 def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
@@ -153,9 +148,7 @@ def _run_reaper(spec: ChildSpec) -> int:
     beat = [reports.Beat(None)]
     _start_reporter(spec, reaper.stop, beat=lambda: reports.write(spec.report_fd, beat), tick=lambda: None)
     if spec.gauge_interval is not None:
-        gauges = threading.Thread(target=_read_gauges, args=(spec, spec.reaper.schema), daemon=True)
-        gauges.name = "miniqueue-gauges"
-        gauges.start()
+        _Gauges(spec, spec.gauge_interval, spec.reaper.schema).start()
     set_title(spec.name)
     reports.write(spec.report_fd, [reports.Ready("-")])
     reaper.run()
@@ -166,28 +159,42 @@ def _run_reaper(spec: ChildSpec) -> int:
 LIMIT_GAUGES = 100
 
 
-def _read_gauges(spec: ChildSpec, schema: str) -> None:
-    """The reaper's second thread: every ``gauge_interval`` seconds, read the queue gauges on a
+class _Gauges(Service):
+    """The reaper's second thread: every ``interval`` seconds, read the queue gauges on a
     connection of its own and send them to the supervisor, which serves them on /metrics. A
-    scrape then never waits on the database, and the supervisor holds no connection for it."""
-    assert spec.gauge_interval is not None
-    store = Store(schema)
-    conn: Connection | None = None
-    while True:
-        try:
-            if conn is None:
-                conn = connect(spec.dsn, purpose="gauges", schema=schema, connect_timeout=5)
-            stats = store.queue_stats(conn)
-            waits = [reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting]
-            reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), *waits, reports.GaugesSent(True)])
-        except MiniqueueError as exc:
-            log.warning("cannot read the queue gauges: %s", exc)
-            reports.write(spec.report_fd, [reports.GaugesSent(False)])
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-            conn = None
-        time.sleep(spec.gauge_interval)
+    scrape then never waits on the database, and the supervisor holds no connection for it.
+    It runs until the process exits."""
+
+    log = log
+
+    def __init__(self, spec: ChildSpec, interval: float, schema: str) -> None:
+        super().__init__("miniqueue-gauges")
+        self.spec, self.interval, self.schema = spec, interval, schema
+
+    def run(self) -> None:
+        spec, schema = self.spec, self.schema
+        store = Store(schema)
+        conn: Connection | None = None
+        while True:
+            try:
+                if conn is None:
+                    conn = connect(spec.dsn, purpose="gauges", schema=schema, connect_timeout=5)
+                stats = store.queue_stats(conn)
+                waits = [reports.LimitGauge(w.scope, w.waiting)
+                         for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting]  # fmt: skip
+                reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), *waits, reports.GaugesSent(True)])
+            except MiniqueueError as exc:
+                log.warning("cannot read the queue gauges: %s", exc)
+                reports.write(spec.report_fd, [reports.GaugesSent(False)])
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                conn = None
+            if self.stopping.wait(self.interval):
+                break
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def _install_stop_signals(stop: Callable[[], None], board: InflightBoard | None = None) -> None:
@@ -214,14 +221,27 @@ def _start_reporter(
 ) -> None:
     """A thread that flushes batched reports every 0.1 s, beats every ``report_interval``
     seconds, and stops the child if the supervisor is gone."""
-    parent = os.getppid()
+    _Reporter(spec, stop, beat=beat, tick=tick).start()
 
-    def report() -> None:
+
+class _Reporter(Service):
+    """The body of :func:`_start_reporter`'s thread; it runs until the process exits."""
+
+    log = log
+
+    def __init__(
+        self, spec: ChildSpec, stop: Callable[[], None], *, beat: Callable[[], None], tick: Callable[[], None]
+    ) -> None:
+        super().__init__("miniqueue-reporter")
+        self.spec, self.stop_child, self.beat, self.tick = spec, stop, beat, tick
+        self.parent = os.getppid()
+
+    def run(self) -> None:
+        spec, parent = self.spec, self.parent
         orphaned_at: float | None = None
         next_beat = time.monotonic()
-        while True:
-            time.sleep(0.1)
-            tick()
+        while not self.stopping.wait(0.1):
+            self.tick()
             if time.monotonic() < next_beat:
                 continue
             next_beat = time.monotonic() + spec.report_interval
@@ -229,13 +249,11 @@ def _start_reporter(
                 if orphaned_at is None:
                     log.warning("the supervisor (pid %d) is gone: stopping", parent)
                     orphaned_at = time.monotonic()
-                    stop()
+                    self.stop_child()
                 elif time.monotonic() - orphaned_at > spec.shutdown_timeout + 2:
                     os._exit(0)
                 continue
-            beat()
-
-    threading.Thread(target=report, name="miniqueue-reporter", daemon=True).start()
+            self.beat()
 
 
 class _Progress:

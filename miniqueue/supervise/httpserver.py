@@ -19,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..core.service import Service
+
 log = logging.getLogger("miniqueue.http")
 
 #: A route returns (status, content type, body).
@@ -54,7 +56,7 @@ class TinyHTTPServer:
         self.closing = False
         self.sock = socket.create_server((host, port), reuse_port=False)
         self.address = self.sock.getsockname()
-        self.acceptor = threading.Thread(target=self.accept_forever, name="miniqueue-http", daemon=True)
+        self.acceptor = Service("miniqueue-http", target=self.accept_forever, log=log)
 
     def start(self) -> None:
         """Accept connections on a daemon thread from now on."""

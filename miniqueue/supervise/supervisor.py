@@ -7,10 +7,11 @@ return the jobs a dead worker held) → kill stale ones → spawn missing ones. 
 in a module of its own: :mod:`~miniqueue.signals` (handlers that only record),
 :mod:`~miniqueue.children` and :mod:`~miniqueue.reports` (what children say),
 :mod:`~miniqueue.recovery` (a dead worker's jobs), :mod:`~miniqueue.registry` (the process
-registry), :mod:`~miniqueue.probes` (``--metrics-port``) and :mod:`~miniqueue.child` (what a
-forked child does). It holds no database connection across ``fork()``: it opens one only to
-check the schema at start, to return a reaped worker's jobs and to refresh the registry, and
-closes it at once.
+registry), :mod:`~miniqueue.probes` (``--metrics-port``), :mod:`~miniqueue.child` (what a
+forked child does) and :mod:`~miniqueue.supervise.decisions` (when to restart a slot, which
+slot TTIN/TTOU adds or removes, which child to kill or retire: decided there, done here). It
+holds no database connection across ``fork()``: it opens one only to check the schema at
+start, to return a reaped worker's jobs and to refresh the registry, and closes it at once.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from ..store.store import Store
 from ..tasks.app import App, load_app
 from ..worker.inflight import InflightBoard
 from ..worker.worker import new_worker_id
-from . import reports
+from . import decisions, reports
 from .child import ChildSpec, run_app_check, run_child
 from .children import Child
 from .config import SupervisorConfig, check_database
+from .decisions import RestartBackoff
 from .probes import Probes
 from .recovery import release_leases
 from .registry import ProcessRegistry
@@ -47,8 +49,6 @@ from .systemd import Notifier
 log = logging.getLogger("miniqueue.supervisor")
 
 TICK_SECONDS = 1.0
-MAX_RESTART_DELAY = 10.0
-STABLE_AFTER_SECONDS = 10.0
 
 
 class Supervisor:
@@ -61,9 +61,7 @@ class Supervisor:
         self.children: dict[int, Child] = {}
         self.slots: dict[str, Child | None] = {}
         self.restart_at: dict[str, float] = {}
-        self.failures: dict[str, int] = {}
-        self.restarts: dict[str, int] = {}
-        self.boot_failures = 0
+        self.backoff = RestartBackoff(self.config.boot_failure_limit)
         self.fatal_error: str | None = None
         self.stopping: str | None = None  # None, "graceful" or "fast"
         self.stop_deadline = 0.0
@@ -145,7 +143,7 @@ class Supervisor:
             self.murder_workers()
             self.spawn_missing()
         if self.registry.due():
-            busy = self.registry.refresh(self.children.values(), self.restarts)
+            busy = self.registry.refresh(self.children.values(), self.backoff.restarts)
             workers = len(self.slots) - 1
             database = "up" if self.registry.db_ok else "DOWN"
             self.notifier.send(f"STATUS={workers} workers, {busy} jobs running, database {database}")
@@ -232,19 +230,19 @@ class Supervisor:
                 self.slots[slot] = None
 
     def resize(self, delta: int) -> None:
-        """TTIN/TTOU: one worker more or fewer (never fewer than one)."""
-        workers = sorted((s for s in self.slots if s != "reaper"), key=lambda s: int(s.split("-")[1]))
-        if delta > 0:
-            slot = f"worker-{int(workers[-1].split('-')[1]) + 1}"
-            self.slots[slot] = None
-            log.info("adding %s (now %d workers)", slot, len(workers) + 1)
-        elif len(workers) > 1:
-            slot = workers[-1]
-            child = self.slots.pop(slot)
-            self.restart_at.pop(slot, None)
+        """TTIN/TTOU: one worker more or fewer (never fewer than one; see :func:`decisions.resize`)."""
+        change = decisions.resize(self.slots, delta)
+        if change is None:
+            return
+        if change.add:
+            self.slots[change.slot] = None
+            log.info("adding %s (now %d workers)", change.slot, change.workers)
+        else:
+            child = self.slots.pop(change.slot)
+            self.restart_at.pop(change.slot, None)
             if child is not None:
                 self.retire(child, "removed by TTOU")
-            log.info("removing %s (now %d workers)", slot, len(workers) - 1)
+            log.info("removing %s (now %d workers)", change.slot, change.workers)
 
     def retire(self, child: Child, why: str, *, charge: bool = False) -> None:
         """Stop ``child`` gracefully. With ``charge``, a job it is made to abandon is charged an
@@ -318,7 +316,7 @@ class Supervisor:
         """Read what ``child`` said; act on what concerns more than the child itself."""
         for report in child.read():
             if isinstance(report, reports.Ready):
-                self.boot_failures = 0
+                self.backoff.booted()
                 log.info("%s (pid %d) ready", child.slot, child.pid)
             elif self.probes and isinstance(report, reports.Done):
                 self.probes.jobs_finished(report.queue, report.task, report.outcome, report.tally)
@@ -360,58 +358,32 @@ class Supervisor:
             self.schedule_restart(child, clean)
 
     def schedule_restart(self, child: Child, clean: bool) -> None:
-        if not child.ready and not self.stopping:
-            self.boot_failures += 1
-            if self.boot_failures >= self.config.boot_failure_limit:
-                detail = child.error or "no error was reported"
-                self.fatal_error = (f"{child.slot} failed to boot {self.boot_failures} times in a row; "
-                                    f"giving up. Last error:\n{detail}")  # fmt: skip
-                self.begin_stop("fast")
-                return
-        if not clean:
-            self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
-            if self.probes:
-                self.probes.restarted(child.kind)
-        lived = time.monotonic() - child.started
-        if clean or lived >= STABLE_AFTER_SECONDS:
-            self.failures[child.slot] = 0
-        else:
-            self.failures[child.slot] = self.failures.get(child.slot, 0) + 1
-        failures = self.failures[child.slot]
-        delay = 0.0 if failures == 0 else min(0.1 * 2 ** (failures - 1), MAX_RESTART_DELAY)
-        self.restart_at[child.slot] = time.monotonic() + delay
-        if delay:
-            log.info("restarting %s in %.1fs", child.slot, delay)
+        """When ``child``'s slot gets its next child (see :class:`decisions.RestartBackoff`), or
+        give up when children keep failing to boot."""
+        now = time.monotonic()
+        restart = self.backoff.exited(child, clean=clean, stopping=bool(self.stopping), now=now)
+        if restart.give_up is not None:
+            self.fatal_error = restart.give_up
+            self.begin_stop("fast")
+            return
+        if restart.counted and self.probes:
+            self.probes.restarted(child.kind)
+        self.restart_at[child.slot] = now + restart.delay
+        if restart.delay:
+            log.info("restarting %s in %.1fs", child.slot, restart.delay)
 
     def murder_workers(self) -> None:
         """Kill children that stopped reporting or hold a job past its hard timeout; recycle
-        workers over the memory limit."""
-        now = time.monotonic()
-        for child in list(self.children.values()):
-            if child.kill_reason and not child.retiring:
-                continue
-            silent = now - child.last_report
-            if silent > self.config.liveness_timeout:
-                self.murder(child, f"worker process killed: no report for {silent:.0f}s")
-                continue
-            for job_id, job in child.jobs.items():
-                if job.timeout is not None and now - job.started > job.timeout + self.config.timeout_grace:
-                    self.murder(child, f"worker process killed: job {job_id} ({job.task}) exceeded its "
-                                       f"{job.timeout:g}s timeout", killed_for=job_id)  # fmt: skip
-                    break
+        workers over the memory limit (see :func:`decisions.overdue`)."""
+        actions = decisions.overdue(
+            list(self.children.values()), time.monotonic(), liveness_timeout=self.config.liveness_timeout,
+            timeout_grace=self.config.timeout_grace, max_memory_mb=self.config.max_memory_mb, rss_mb=_rss_mb,
+        )  # fmt: skip
+        for action in actions:
+            if isinstance(action, decisions.Kill):
+                self.murder(action.child, action.reason, killed_for=action.killed_for)
             else:
-                self.check_memory(child)
-
-    def check_memory(self, child: Child) -> None:
-        limit = self.config.max_memory_mb
-        if limit is None or child.worker_id is None or child.retiring:
-            return
-        try:
-            rss_mb = psutil.Process(child.pid).memory_info().rss / 1_048_576
-        except psutil.Error:
-            return
-        if rss_mb > limit:
-            self.retire(child, f"RSS {rss_mb:.0f} MB is over --max-memory-per-child {limit:g} MB", charge=True)
+                self.retire(action.child, action.reason, charge=True)
 
     def murder(self, child: Child, reason: str, *, killed_for: int | None = None) -> None:
         """SIGKILL ``child``: the jobs its handlers ran are charged, or only ``killed_for`` when
@@ -425,3 +397,11 @@ class Supervisor:
     def kill(pid: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):  # already dead: waitpid will tell
             os.kill(pid, sig)
+
+
+def _rss_mb(pid: int) -> float | None:
+    """The resident memory of process ``pid`` in MB; None when it cannot be read (it died)."""
+    try:
+        return float(psutil.Process(pid).memory_info().rss) / 1_048_576
+    except psutil.Error:
+        return None

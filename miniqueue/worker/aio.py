@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -26,6 +25,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from ..core.db import create_async_pool
+from ..core.service import Service
 from ..core.steps import arun
 from ..store.store import Store
 from ..tasks.job import Job
@@ -41,24 +41,20 @@ T = TypeVar("T")
 POOL_MAX_SIZE = 10
 
 
-class EventLoop:
+class EventLoop(Service):
     """One asyncio event loop on a daemon thread, and the tasks it runs for the worker."""
 
+    log = log
+
     def __init__(self, name: str = "miniqueue-loop") -> None:
+        super().__init__(name)
         self.loop = asyncio.new_event_loop()
         # The loop keeps only weak references to its tasks: these keep them alive until done.
         self._tasks: set[asyncio.Task[None]] = set()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
+    def run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
-
-    def on_loop_thread(self) -> bool:
-        return threading.get_ident() == self._thread.ident
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` as a task of its own (on the loop's thread only)."""
@@ -76,14 +72,19 @@ class EventLoop:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the task is long gone
             self.loop.call_soon_threadsafe(task.cancel, message)
 
-    def stop(self, grace: float, *, before_stop: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
-        """Cancel the tasks still running, give them ``grace`` seconds to unwind, await
-        ``before_stop`` (closing the pool), then stop the loop and join its thread.
+    def stop(
+        self, timeout: float | None = None, *, before_stop: Callable[[], Coroutine[Any, Any, None]] | None = None
+    ) -> None:
+        """Cancel the tasks still running, give them ``timeout`` seconds (``stop_timeout`` when
+        None) to unwind, await ``before_stop`` (closing the pool), then stop the loop and join
+        its thread.
 
         A handler that blocks the loop (a ``time.sleep`` in ``async def``) keeps the thread
         busy: it is left behind as a daemon, as a stuck handler thread is."""
-        if not self._thread.is_alive():
+        if not self.is_alive():
             return
+        self.stopping.set()
+        grace = self.stop_timeout if timeout is None else timeout
         done = asyncio.run_coroutine_threadsafe(self._shutdown(grace, before_stop), self.loop)
         try:
             done.result(grace + 5.0)
@@ -92,8 +93,7 @@ class EventLoop:
         except Exception:  # closing the pool failed: the loop must stop anyway
             log.exception("error while stopping the event loop")
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(1.0)
-        if not self._thread.is_alive():
+        if self.join(1.0):
             self.loop.close()
 
     async def _shutdown(self, grace: float, before_stop: Callable[[], Coroutine[Any, Any, None]] | None) -> None:

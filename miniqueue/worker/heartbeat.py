@@ -10,13 +10,13 @@ enforce handler timeouts.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Collection
 
 from ..core.db import Connection, connect
 from ..core.errors import DatabaseUnavailable
 from ..core.records import State
+from ..core.service import Service
 from ..store.store import Store
 
 log = logging.getLogger("miniqueue.heartbeat")
@@ -25,8 +25,10 @@ log = logging.getLogger("miniqueue.heartbeat")
 TICK_SECONDS = 0.25
 
 
-class Heartbeat:
+class Heartbeat(Service):
     """A thread that keeps a worker's leases alive."""
+
+    log = log
 
     def __init__(
         self,
@@ -41,23 +43,15 @@ class Heartbeat:
         on_tick: Callable[[], None] = lambda: None,
         on_renewed: Callable[[Collection[int], float], None] = lambda ids, sent_at: None,
     ) -> None:
+        super().__init__("miniqueue-heartbeat")
         self.dsn, self.store, self.worker_id = dsn, store, worker_id
         self.lease_seconds, self.interval = lease_seconds, interval
         self.leases, self.on_lost, self.on_tick, self.on_renewed = leases, on_lost, on_tick, on_renewed
-        self._stopping = threading.Event()
         self._conn: Connection | None = None
-        self._thread = threading.Thread(target=self._run, name="miniqueue-heartbeat", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
+    def run(self) -> None:
         next_beat = time.monotonic() + self.interval
-        while not self._stopping.wait(min(TICK_SECONDS, self.interval)):
+        while not self.stopping.wait(min(TICK_SECONDS, self.interval)):
             self.on_tick()
             if time.monotonic() < next_beat:
                 continue

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Collection
 
 from ..core.db import Connection, behind_pooler, connect, mask_dsn
+from ..core.service import Service
 from ..store.store import Store
 
 log = logging.getLogger("miniqueue.notify")
@@ -45,8 +46,11 @@ def listener_for(
     return Listener(listen_url or dsn, store, queues, wake)
 
 
-class Listener:
+class Listener(Service):
     """A thread that calls ``wake()`` on each notification for one of ``queues``."""
+
+    stop_timeout = 2.0
+    log = log
 
     def __init__(
         self,
@@ -57,22 +61,14 @@ class Listener:
         *,
         max_backoff: float = 5.0,
     ) -> None:
+        super().__init__("miniqueue-listener")
         self.dsn, self.store, self.queues, self.wake = dsn, store, frozenset(queues), wake
         self.max_backoff = max_backoff
         self.connected = threading.Event()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="miniqueue-listener", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stopping.set()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
+    def run(self) -> None:
         delay = 0.1
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             try:
                 with connect(self.dsn, purpose="listen", schema=self.store.schema) as conn:
                     self._listen(conn)
@@ -82,14 +78,14 @@ class Listener:
                 log.warning(
                     "listener lost its connection to %s (%s); retrying in %.1fs", mask_dsn(self.dsn), exc, delay
                 )
-                self._stopping.wait(delay)
+                self.stopping.wait(delay)
                 delay = min(delay * 2, self.max_backoff)
 
     def _listen(self, conn: Connection) -> None:
         self.store.listen(conn)
         self.connected.set()
         self.wake()  # anything enqueued while we were not listening is found by one poll
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             for note in conn.notifies(timeout=0.5):
                 if note.payload in self.queues:
                     self.wake()

@@ -16,6 +16,22 @@ from dataclasses import dataclass, field
 from ..core.records import Lease
 from ..tasks.job import Job
 
+#: A claimed job starts only while its lease has at least this much left (the larger of the two,
+#: in seconds and as a share of the lease, but at most half the lease), judged on this
+#: process's monotonic clock from the claim or the last renewal: a worker that stalled
+#: (SIGSTOP, swap) past a prefetched job's lease never starts it beside the job's next holder,
+#: so limits hold for handlers too.
+START_MARGIN_SECONDS = 1.0
+START_MARGIN_SHARE = 0.1
+
+
+def start_deadline(sent_at: float, lease_seconds: float) -> float:
+    """Until when a lease claimed or renewed by a statement sent at ``sent_at`` (monotonic) may
+    start: it lasts ``lease_seconds`` from the database's ``now()``, which is later than
+    ``sent_at``; the margin keeps a job from starting just as its lease ends."""
+    margin = min(max(START_MARGIN_SECONDS, lease_seconds * START_MARGIN_SHARE), lease_seconds / 2)
+    return sent_at + lease_seconds - margin
+
 
 @dataclass
 class Slots:

@@ -1,0 +1,58 @@
+"""The claim loop's connection: its claims, completions, failures and hand-backs.
+
+Opened on first use, and then the app's task declarations are published (once per worker:
+producers without the app fill their jobs' options from them, see the README's "Tasks and
+their options"). Closed after a database error, and opened again by the next use. It also
+remembers how it plans the claim statement (see :meth:`ClaimConnection.plan_custom`), which a
+new connection has to be told again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from ..core.db import Connection, behind_pooler, connect
+from ..store.store import Store
+from ..tasks.app import App
+
+
+class ClaimConnection:
+    """One worker's claim connection to ``dsn``, publishing ``app``'s declarations for ``queues``."""
+
+    def __init__(self, dsn: str, store: Store, app: App, queues: Sequence[str], *, schema: str) -> None:
+        self.dsn, self.store, self.app, self.queues, self.schema = dsn, store, app, queues, schema
+        self._conn: Connection | None = None
+        self._published = False
+        # Whether the connection plans each statement for its parameters; None until the
+        # connection has been set either way.
+        self._custom_plans: bool | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None
+
+    def get(self) -> Connection:
+        """The connection, opened (and the tasks published) if need be; raises
+        DatabaseUnavailable if the database cannot be reached."""
+        if self._conn is None:
+            self._conn = connect(self.dsn, purpose="worker", schema=self.schema)
+            if not self._published:
+                self.store.publish_tasks(self._conn, self.app.declarations(), self.queues)
+                self._published = True
+        return self._conn
+
+    def plan_custom(self, wanted: bool) -> None:
+        """Plan each claim for its parameters (``wanted``), or keep PostgreSQL's generic plan;
+        set only when it changes. Behind a pooler nothing is prepared, so every plan is custom
+        already."""
+        if wanted != self._custom_plans and not behind_pooler():
+            self.store.set_custom_plans(self.get(), wanted)
+            self._custom_plans = wanted
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+            self._custom_plans = None

@@ -1,0 +1,128 @@
+"""Running one handler, ``def`` or ``async def``, and classifying what it did as an
+:class:`~miniqueue.worker.outcomes.Outcome`.
+
+Whatever a handler does (returns, raises, returns what cannot be stored, completes its job in
+its own transaction, asks to be snoozed) becomes an outcome here, on the thread or the event
+loop that ran it; recording the outcome is the claim loop's (see
+:mod:`miniqueue.worker.recording`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+import traceback
+
+from ..core.errors import InvalidInput, LeaseLost
+from ..core.validation import encode_result
+from ..tasks.app import App
+from ..tasks.job import Job, PermanentError, Snooze
+from .outcomes import Outcome, WorkerHooks
+
+log = logging.getLogger("miniqueue.worker")
+
+
+class Executor:
+    """Runs the handlers of ``app``'s tasks; a result larger than ``max_result_bytes`` of JSON
+    fails the attempt. ``hooks`` are told as each handler starts and ends."""
+
+    def __init__(self, app: App, *, max_result_bytes: int, hooks: WorkerHooks | None = None) -> None:
+        self.app = app
+        self.max_result_bytes = max_result_bytes
+        self.hooks = hooks or WorkerHooks()
+        self._unknown_tasks: set[str] = set()
+
+    def run(self, job: Job) -> Outcome:
+        """Run one ``def`` handler and classify what it did."""
+        task = self.app.tasks.get(job.task)
+        if task is None:
+            return Outcome("error", self._unknown_task(job.task))
+        try:
+            self.hooks.on_handler_start(job)
+            try:
+                returned = task.handler(job)
+            finally:
+                self.hooks.on_handler_end(job)
+            if inspect.isawaitable(returned):
+                raise TypeError(_not_awaited(returned, job.task))
+        except BaseException as exc:  # whatever the handler raises is its outcome
+            return _finished(job, exc)
+        return _finished(job, returned=returned, max_result_bytes=self.max_result_bytes)
+
+    async def run_async(self, job: Job) -> Outcome:
+        """Await one ``async def`` handler and classify what it did; cancelled (a stop request),
+        it raises CancelledError, which is its outcome like any other exception."""
+        handler = self.app.tasks[job.task].handler
+        try:
+            self.hooks.on_handler_start(job)
+            try:
+                returned = await handler(job)
+            finally:
+                self.hooks.on_handler_end(job)
+        except BaseException as exc:  # whatever the handler raises is its outcome
+            return _finished(job, exc)
+        return _finished(job, returned=returned, max_result_bytes=self.max_result_bytes)
+
+    def _unknown_task(self, task: str) -> str:
+        """The error of a job whose task this worker's app does not know; logged once per task."""
+        message = f"no handler is registered for task {task!r} in this worker's app"
+        if task not in self._unknown_tasks:
+            self._unknown_tasks.add(task)
+            log.error("%s (known: %s): its jobs fail and retry with backoff until they are dead", message,
+                      ", ".join(sorted(self.app.tasks)) or "none")  # fmt: skip
+        return message
+
+
+def _not_awaited(returned: object, task: str) -> str:
+    """The error of a ``def`` handler that returned an awaitable: it never ran, so it did not
+    complete (a bug in the app: the worker awaits only handlers defined with ``async def``)."""
+    if inspect.iscoroutine(returned):
+        returned.close()  # never awaited on purpose: close it so Python does not warn about it
+    return (f"the handler of task {task!r} returned {type(returned).__name__} instead of running: "
+            "the worker awaits only handlers defined with 'async def'")  # fmt: skip
+
+
+def _finished(
+    job: Job, exc: BaseException | None = None, *, returned: object = None, max_result_bytes: int = 0
+) -> Outcome:
+    """The outcome of a handler, ``def`` or ``async def``, that returned ``returned`` (``exc``
+    None) or raised ``exc``, with how long it ran. A return value that breaks the result rules
+    (not JSON, too large) fails the attempt: completing without it would lose it silently."""
+    if exc is not None:
+        outcome = _outcome_of(job, exc)
+    elif job.completed_in_transaction:
+        if returned is not None:
+            log.warning("job %d returned a value after job.transaction() completed it: not stored (call "
+                        "job.set_result() inside the block)", job.id)  # fmt: skip
+        outcome = Outcome("completed_in_transaction")
+    else:
+        outcome = _completed(job, returned, max_result_bytes)
+    outcome.duration = time.monotonic() - job.started_at
+    return outcome
+
+
+def _completed(job: Job, returned: object, max_result_bytes: int) -> Outcome:
+    """A handler returned: its result is what it returned, else what it set with set_result()."""
+    if returned is None:
+        return Outcome("completed", result=job.result_json)
+    try:
+        return Outcome("completed", result=encode_result(returned, max_bytes=max_result_bytes))
+    except InvalidInput as exc:
+        return Outcome("error", f"the handler of task {job.task!r} returned a value that cannot be stored as "
+                                f"its result: {exc}")  # fmt: skip
+
+
+def _outcome_of(job: Job, exc: BaseException) -> Outcome:
+    """Classify what a handler raised."""
+    if job.completed_in_transaction:
+        log.warning("job %d raised after its transaction committed; it stays completed: %r", job.id, exc)
+        return Outcome("completed_in_transaction")
+    if isinstance(exc, LeaseLost):
+        return Outcome("lease_lost", str(exc))
+    if isinstance(exc, Snooze):
+        return Outcome("snoozed", delay=exc.seconds)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
+    if isinstance(exc, PermanentError):
+        return Outcome("permanent", text, exception=exc)
+    return Outcome("error", text, exception=exc)

@@ -1,0 +1,168 @@
+"""Recording what became of a worker's jobs: the outcome queue the handlers fill and the claim
+loop empties into the database.
+
+A finished handler queues its job's outcome here and goes on to its next job; the claim loop
+records the queue in batches. Completions ride on one statement (with the next claim, when the
+loop has one to make: the caller sends that statement, see :meth:`OutcomeRecorder.flush`);
+failures, snoozes and permanent failures are recorded one by one, a failure with its task's
+backoff. Every write is fenced by the job's attempt, so a job whose lease was lost meanwhile
+is reported as such rather than recorded. An outcome leaves the queue only once the database
+has it: after a connection error the same batch is recorded again, and a completion that had
+committed before the connection dropped is recognised as such.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..core.backoff import default_backoff
+from ..core.db import Connection
+from ..core.errors import DatabaseUnavailable, LeaseLost
+from ..core.records import State
+from ..store.store import Failure, Store
+from ..tasks.app import App
+from ..tasks.job import Job
+from .outcomes import Outcome, WorkerHooks
+from .prefetch import PrefetchPolicy
+from .slots import Slots
+
+log = logging.getLogger("miniqueue.worker")
+
+#: Outcomes that leave a log line: every failed attempt, and every discarded outcome.
+LOGGED_OUTCOMES = frozenset({"retried", "dead", "failed", "lease_lost"})
+
+
+@dataclass
+class Batch:
+    """The outcomes queued when a flush began, and the completions among them."""
+
+    outcomes: list[tuple[Job, Outcome]]
+    #: (job id, attempt) of each completed job.
+    completions: list[tuple[int, int]]
+    #: The results of the completed jobs that have one, as JSON text.
+    results: dict[int, str]
+
+    @classmethod
+    def of(cls, outcomes: list[tuple[Job, Outcome]]) -> Batch:
+        completions = [(job.id, job.attempt) for job, outcome in outcomes if outcome.kind == "completed"]
+        results = {job.id: outcome.result for job, outcome in outcomes
+                   if outcome.kind == "completed" and outcome.result is not None}  # fmt: skip
+        return cls(outcomes, completions, results)
+
+    def kept(self) -> set[tuple[str, ...]]:
+        """The limit groups of the jobs completing: a claim sent with their completion looks at
+        those groups first (their slots free in the same statement)."""
+        return {tuple(job.limits) for job, outcome in self.outcomes if outcome.kind == "completed" and job.limits}
+
+
+#: Sends a batch's completions (and whatever else the statement carries) and returns the ids
+#: of the jobs it completed.
+Commit = Callable[[Batch], set[int]]
+
+
+class OutcomeRecorder:
+    """The outcomes of ``worker_id``'s finished handlers, waiting to be recorded, and their
+    recording. :meth:`add` is called from any handler thread; the rest from the claim loop."""
+
+    def __init__(self, app: App, store: Store, worker_id: str, slots: Slots, prefetch: PrefetchPolicy) -> None:
+        self.app, self.store, self.worker_id = app, store, worker_id
+        self.slots = slots
+        #: Learns each handler's run time (``auto`` prefetch).
+        self.prefetch = prefetch
+        self.hooks = WorkerHooks()
+        #: Finished jobs and their outcomes, oldest first (the one deque for the worker's life:
+        #: the dispatcher appends to it directly).
+        self.queue: collections.deque[tuple[Job, Outcome]] = collections.deque()
+        #: Outcomes recorded (the worker's jobs done).
+        self.jobs_done = 0
+        # A completion was under way when the connection dropped: it may have committed.
+        self._in_doubt = False
+
+    def add(self, job: Job, outcome: Outcome) -> None:
+        self.queue.append((job, outcome))
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def flush(self, conn: Connection, commit: Commit) -> None:
+        """Record the outcomes queued now. ``commit`` sends their completions (the claim loop
+        sends its claim in the same statement) and returns the jobs it completed; the rest are
+        recorded here, one by one, on ``conn``."""
+        batch = Batch.of(list(self.queue))
+        try:
+            completed = commit(batch)
+        except DatabaseUnavailable:
+            self._in_doubt = bool(batch.completions)  # the commit may have landed before the drop
+            raise
+        if self._in_doubt:
+            completed |= self._completed_before_the_drop(conn, batch.completions, completed)
+            self._in_doubt = False
+        for job, outcome in batch.outcomes:
+            self.prefetch.record(outcome.duration)
+            if outcome.kind == "completed" and job.id not in completed:
+                outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
+            elif outcome.kind in ("error", "permanent", "snoozed"):
+                outcome = self.record(conn, job, outcome)
+            if outcome.kind in LOGGED_OUTCOMES:
+                log_outcome(job, outcome)
+            self.queue.popleft()
+            self.slots.forget(job)
+            self.jobs_done += 1
+            self.hooks.on_job_end(job, outcome)
+
+    def _completed_before_the_drop(
+        self, conn: Connection, completions: list[tuple[int, int]], completed: set[int]
+    ) -> set[int]:
+        """After a connection dropped mid-completion, the retry matches nothing for jobs whose
+        completion had committed: find them (completed at our attempt; attempts never repeat)
+        so they are not reported as discarded."""
+        unmatched = [(job_id, attempt) for job_id, attempt in completions if job_id not in completed]
+        found = self.store.states_and_attempts(conn, [job_id for job_id, _ in unmatched])
+        return {job_id for job_id, attempt in unmatched if found.get(job_id) == (State.COMPLETED, attempt)}
+
+    def record(self, conn: Connection, job: Job, outcome: Outcome) -> Outcome:
+        """Record a failure (``retried`` after its task's backoff, or ``dead``), a permanent
+        failure (``failed``) or a snooze; LeaseLost turns it into ``lease_lost``."""
+        try:
+            if outcome.kind == "error":
+                task = self.app.tasks.get(job.task)
+                backoff = (task.backoff if task else default_backoff)(job.attempt)
+                failure = Failure(job.id, job.attempt, outcome.error or "", backoff)
+                state = self.store.record_failures(conn, self.worker_id, [failure]).get(job.id)
+                if state is None:
+                    raise LeaseLost(job.id, self.worker_id, job.attempt)
+                return dataclasses.replace(outcome, kind="dead" if state == State.DEAD else "retried", delay=backoff)
+            if outcome.kind == "permanent":
+                self.store.fail(conn, job.id, self.worker_id, job.attempt, outcome.error or "")
+                return dataclasses.replace(outcome, kind="failed")
+            self.store.snooze(conn, job.id, self.worker_id, job.attempt, outcome.delay)
+            return outcome
+        except LeaseLost as exc:
+            return dataclasses.replace(outcome, kind="lease_lost", error=str(exc))
+
+
+def log_outcome(job: Job, outcome: Outcome) -> None:
+    """One line per failed attempt: WARNING, with the error's last line for a retry and the whole
+    traceback when the job fails for good; ERROR when its attempts are exhausted. JSON logs
+    carry the same as fields (``job``)."""
+    error = outcome.error or ""
+    # attempt and max_attempts as people read them (charged, of the budget); run: the attempt
+    # number, which counts every run (see Job.describe_attempts).
+    fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.charged_attempts,
+              "max_attempts": job.attempt_budget, "run": job.attempt, "outcome": outcome.kind,
+              "error": error}  # fmt: skip
+    where = f"job {job.id} ({job.task} on {job.queue}) {job.describe_attempts()}"
+    extra = {"job": fields}
+    if outcome.kind == "retried":
+        summary = error.strip().rsplit("\n", 1)[-1]
+        log.warning("%s failed; retrying in %.1fs: %s", where, outcome.delay, summary, extra=extra)
+    elif outcome.kind == "dead":
+        log.error("%s failed; no attempts left, the job is dead:\n%s", where, error, extra=extra)
+    elif outcome.kind == "failed":
+        log.warning("%s failed permanently:\n%s", where, error, extra=extra)
+    else:
+        log.warning("%s: outcome discarded: %s", where, error or "the lease was lost", extra=extra)
