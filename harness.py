@@ -75,9 +75,13 @@ class SupervisorProcess:
             with log.open("ab") as err, (stdout or log).open("ab") as out:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "miniqueue.cli", "supervise", *args],
-                    env=child_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    env=child_env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
                     start_new_session=True,
-                )  # fmt: skip
+                )
         except BaseException:
             self._close_socket()
             raise

@@ -141,13 +141,17 @@ def _check_outcome(conn: Connection, committed_at: dt.datetime, jobs: int, befor
 
 
 BENCHMARKS: list[Benchmark] = [
-    *(Benchmark(f"drain-{n}-default", "supervise drain, no-op, defaults (no tuning flag)", n, drain_default)
-      for n in (1, 2, 4, 8)),
-    *(Benchmark(
-        f"drain-{n}",
-        f"supervise drain, no-op (--prefetch {PREFETCH} --concurrency {CONCURRENCY})",
-        n,
-        drain,
-    )
-    for n in (1, 2, 4, 8)),
+    *(
+        Benchmark(f"drain-{n}-default", "supervise drain, no-op, defaults (no tuning flag)", n, drain_default)
+        for n in (1, 2, 4, 8)
+    ),
+    *(
+        Benchmark(
+            f"drain-{n}",
+            f"supervise drain, no-op (--prefetch {PREFETCH} --concurrency {CONCURRENCY})",
+            n,
+            drain,
+        )
+        for n in (1, 2, 4, 8)
+    ),
 ]

@@ -61,23 +61,35 @@ def fairness(ctx: Context, *, app: str) -> Sample:
     shorts = sorted(float(ms) for task, ms in finished if task == SHORT_TASK)
     longs = sorted(float(ms) for task, ms in finished if task == LONG_TASK)
     if len(shorts) != short_jobs or len(longs) != LONG_JOBS:
-        raise RuntimeError(
-            f"{len(shorts)} short and {len(longs)} long jobs completed, of {short_jobs} and {LONG_JOBS}"
-        )
+        raise RuntimeError(f"{len(shorts)} short and {len(longs)} long jobs completed, of {short_jobs} and {LONG_JOBS}")
     return Sample(
-        jobs=short_jobs, seconds=shorts[-1] / 1000, p50_ms=percentile(shorts, 50), p99_ms=percentile(shorts, 99),
-        rss_mb=rss_mb, long_first_ms=longs[0],
-    )  # fmt: skip
+        jobs=short_jobs,
+        seconds=shorts[-1] / 1000,
+        p50_ms=percentile(shorts, 50),
+        p99_ms=percentile(shorts, 99),
+        rss_mb=rss_mb,
+        long_first_ms=longs[0],
+    )
 
 
 _JOBS = f"{SHORT_JOBS:,} x 1 ms jobs and {LONG_JOBS} x {LONG_SECONDS:g} s jobs, defaults"
 
 BENCHMARKS = [
-    Benchmark("fairness", f"{_JOBS}: short jobs' completion (ms)", WORKERS,
-              functools.partial(fairness, app=FAIRNESS_APP), throughput=False),
-    Benchmark("fairness-mixed", f"{_JOBS}, app with an async def task too: short jobs' completion (ms)", WORKERS,
-              functools.partial(fairness, app=FAIRNESS_MIXED_APP), throughput=False),
-]  # fmt: skip
+    Benchmark(
+        "fairness",
+        f"{_JOBS}: short jobs' completion (ms)",
+        WORKERS,
+        functools.partial(fairness, app=FAIRNESS_APP),
+        throughput=False,
+    ),
+    Benchmark(
+        "fairness-mixed",
+        f"{_JOBS}, app with an async def task too: short jobs' completion (ms)",
+        WORKERS,
+        functools.partial(fairness, app=FAIRNESS_MIXED_APP),
+        throughput=False,
+    ),
+]
 
 #: The rows the fairness targets are set against (bench/targets.py).
 ROWS = tuple(b.name for b in BENCHMARKS)

@@ -122,8 +122,9 @@ def _cpu_seconds(process: psutil.Process) -> float:
 
 def run_worker(kind: Kind) -> None:
     """The worker process: run until TERM (its handler only asks the worker to stop)."""
-    worker = Worker(async_app if kind == "async" else sync_app, os.environ["DATABASE_URL"],
-                    WorkerConfig(concurrency=CONCURRENCY))  # fmt: skip
+    worker = Worker(
+        async_app if kind == "async" else sync_app, os.environ["DATABASE_URL"], WorkerConfig(concurrency=CONCURRENCY)
+    )
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
     worker.run()
 

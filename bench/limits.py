@@ -119,8 +119,10 @@ def _poll(done: Callable[[], float | None]) -> float:
 
 
 BENCHMARKS: list[Benchmark] = [
-    *(Benchmark(f"limits-keys-{n}", f"supervise drain, no-op, {KEYS:,} keys of limit 1, defaults", n, keyed_drain)
-      for n in (2, 4)),
+    *(
+        Benchmark(f"limits-keys-{n}", f"supervise drain, no-op, {KEYS:,} keys of limit 1, defaults", n, keyed_drain)
+        for n in (2, 4)
+    ),
     Benchmark("limits-others-2", f"{OTHERS:,} jobs over {OTHER_KEYS:,} keys, alone, defaults", 2, others),
     Benchmark(
         "limits-hot-2", f"the same behind {HOT_JOBS:,} jobs of one hot key, defaults", 2, others_behind_a_hot_key

@@ -84,8 +84,11 @@ def _compare(database_url: str | None, jobs: int, runs: int, modes: list[str]) -
                 try:
                     done = subprocess.run(
                         [sys.executable, "-m", "bench.otel", "--child", mode, "--dsn", dsn, "--jobs", str(jobs)],
-                        capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": os.getcwd()},
-                    )  # fmt: skip
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                        env={**os.environ, "PYTHONPATH": os.getcwd()},
+                    )
                 finally:
                     testing_db.drop_database(server, dsn)
                 if done.returncode != 0:

@@ -125,6 +125,7 @@ def check_enqueue_many(conn: Connection, count: int) -> PlanCheck:
 
 def _subtree(plan: list[str], heading: str) -> list[str]:
     """The lines of the plan node (or CTE) whose line starts with ``heading``, children included."""
+
     def indent(line: str) -> int:
         return len(line) - len(line.lstrip())
 

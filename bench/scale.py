@@ -63,17 +63,22 @@ def scale_reads(ctx: Context) -> Sample:
     settle(ctx.dsn)
     stats_ms = [_timed_stats(ctx.dsn) for _ in range(repeats)]
     port = _free_port()
-    options = SuperviseOptions(NOOP_APP, 1, extra=("--queues", "idle", "--metrics-port", str(port),
-                                                    "--metrics-interval", "1"))  # fmt: skip
+    options = SuperviseOptions(
+        NOOP_APP, 1, extra=("--queues", "idle", "--metrics-port", str(port), "--metrics-interval", "1")
+    )
     with supervised(ctx.dsn, options):
         _wait_for_gauges(port)
         scrape_ms = [_timed_get(f"http://127.0.0.1:{port}/metrics") for _ in range(repeats)]
     overview_ms = _timed_overview(ctx.dsn, repeats)
     return Sample(
-        jobs=finished + available, seconds=statistics.median(stats_ms) / 1000, p50_ms=percentile(stats_ms, 50),
-        p99_ms=percentile(stats_ms, 99), rss_mb=None, scrape_ms=statistics.median(scrape_ms),
+        jobs=finished + available,
+        seconds=statistics.median(stats_ms) / 1000,
+        p50_ms=percentile(stats_ms, 50),
+        p99_ms=percentile(stats_ms, 99),
+        rss_mb=None,
+        scrape_ms=statistics.median(scrape_ms),
         overview_ms=statistics.median(overview_ms),
-    )  # fmt: skip
+    )
 
 
 def _free_port() -> int:
@@ -86,8 +91,13 @@ def _free_port() -> int:
 
 def _timed_stats(dsn: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "miniqueue.cli", "stats"], env={**os.environ, "DATABASE_URL": dsn},
-                   cwd=REPO_ROOT, check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "miniqueue.cli", "stats"],
+        env={**os.environ, "DATABASE_URL": dsn},
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+    )
     return (time.perf_counter() - started) * 1000
 
 
@@ -136,8 +146,13 @@ def drain_pruning(ctx: Context) -> Sample:
 
 
 BENCHMARKS = [
-    Benchmark("scale-reads", "stats / scrape / overview at 10M finished + 100k available (ms)", 1, scale_reads,
-              throughput=False),
+    Benchmark(
+        "scale-reads",
+        "stats / scrape / overview at 10M finished + 100k available (ms)",
+        1,
+        scale_reads,
+        throughput=False,
+    ),
     Benchmark("drain-backlog-2", "supervise drain, defaults, 1,000,000 queued", 2, drain_backlog),
     Benchmark("drain-pruning-2", "supervise drain, defaults, 50,000 while pruning 10M finished", 2, drain_pruning),
 ]

@@ -52,8 +52,11 @@ class SuperviseOptions:
 
     def argv(self) -> list[str]:
         flags = ["--app", self.app, "--workers", str(self.workers)]
-        for flag, value in (("--concurrency", self.concurrency), ("--prefetch", self.prefetch),
-                            ("--poll-interval", self.poll_interval)):  # fmt: skip
+        for flag, value in (
+            ("--concurrency", self.concurrency),
+            ("--prefetch", self.prefetch),
+            ("--poll-interval", self.poll_interval),
+        ):
             if value is not None:
                 flags += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         return [*flags, *(["--poll-only"] if self.poll_only else []), *self.extra]

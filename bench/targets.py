@@ -46,13 +46,22 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
         return max(found, key=lambda row: row.jobs_per_s) if found else None
 
     if drain := best("drain-"):
-        verdicts.append(_at_least("end-to-end drain, no-op jobs, best worker count", drain.jobs_per_s, 30_000,
-                                  _rate, drain.benchmark.name))  # fmt: skip
+        verdicts.append(
+            _at_least(
+                "end-to-end drain, no-op jobs, best worker count", drain.jobs_per_s, 30_000, _rate, drain.benchmark.name
+            )
+        )
     default, tuned = by_name.get("drain-2-default"), by_name.get("drain-2")
     if default and tuned and tuned.jobs_per_s:
-        verdicts.append(_at_least("default drain, 2 workers / --prefetch 1000 drain (same run)",
-                                  default.jobs_per_s / tuned.jobs_per_s, 0.9, lambda v: f"{v:.2f}x",
-                                  "drain-2-default / drain-2"))  # fmt: skip
+        verdicts.append(
+            _at_least(
+                "default drain, 2 workers / --prefetch 1000 drain (same run)",
+                default.jobs_per_s / tuned.jobs_per_s,
+                0.9,
+                lambda v: f"{v:.2f}x",
+                "drain-2-default / drain-2",
+            )
+        )
     for name in FAIRNESS_ROWS:  # the same target for an app of def handlers and for a mixed one
         if (fair := by_name.get(name)) is None:
             continue
@@ -60,12 +69,21 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
         if last is not None:
             verdicts.append(_at_most(f"{name}: the last short job completes", last * 1000, 1000.0, _ms, name))
         if last is not None and first_long is not None:
-            verdicts.append(_at_least(f"{name}: first long job's completion / last short job's",
-                                      first_long / (last * 1000), 1.0, lambda v: f"{v:.2f}x", name))  # fmt: skip
+            verdicts.append(
+                _at_least(
+                    f"{name}: first long job's completion / last short job's",
+                    first_long / (last * 1000),
+                    1.0,
+                    lambda v: f"{v:.2f}x",
+                    name,
+                )
+            )
     if (reads := by_name.get("scale-reads")) is not None:
-        for label, field, limit in (("miniqueue stats, end to end", "p50_ms", 300.0),
-                                    ("a /metrics scrape", "scrape_ms", 50.0),
-                                    ("the dashboard overview", "overview_ms", 300.0)):  # fmt: skip
+        for label, field, limit in (
+            ("miniqueue stats, end to end", "p50_ms", 300.0),
+            ("a /metrics scrape", "scrape_ms", 50.0),
+            ("the dashboard overview", "overview_ms", 300.0),
+        ):
             value = reads.median_of(field)
             if value is not None:
                 verdicts.append(_at_most(f"{label} at 10M finished rows", value, limit, _ms, "scale-reads"))
@@ -73,20 +91,40 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
     for name, share in (("drain-backlog-2", 0.9), ("drain-pruning-2", 0.8)):
         row = by_name.get(name)
         if row and base and base.jobs_per_s:
-            verdicts.append(_at_least(f"{name} / drain-2-default (same run)", row.jobs_per_s / base.jobs_per_s, share,
-                                      lambda v: f"{v:.2f}x", f"{name} / drain-2-default"))  # fmt: skip
+            verdicts.append(
+                _at_least(
+                    f"{name} / drain-2-default (same run)",
+                    row.jobs_per_s / base.jobs_per_s,
+                    share,
+                    lambda v: f"{v:.2f}x",
+                    f"{name} / drain-2-default",
+                )
+            )
     for workers in (2, 4):
         limited, unlimited = by_name.get(f"limits-keys-{workers}"), by_name.get(f"drain-{workers}-default")
         if limited and unlimited and unlimited.jobs_per_s:
-            verdicts.append(_at_least(f"limits-keys-{workers} / drain-{workers}-default (same run)",
-                                      limited.jobs_per_s / unlimited.jobs_per_s, 0.7, lambda v: f"{v:.2f}x",
-                                      f"limits-keys-{workers} / drain-{workers}-default"))  # fmt: skip
+            verdicts.append(
+                _at_least(
+                    f"limits-keys-{workers} / drain-{workers}-default (same run)",
+                    limited.jobs_per_s / unlimited.jobs_per_s,
+                    0.7,
+                    lambda v: f"{v:.2f}x",
+                    f"limits-keys-{workers} / drain-{workers}-default",
+                )
+            )
     if many := best("enqueue-many-"):
         verdicts.append(_at_least("enqueue_many", many.jobs_per_s, 60_000, _rate, many.benchmark.name))
     one, floor = by_name.get("enqueue"), by_name.get("floor-enqueue")
     if one and floor and floor.jobs_per_s:
-        verdicts.append(_at_least("one-by-one enqueue / SQL floor (within 20%)", one.jobs_per_s / floor.jobs_per_s,
-                                  0.8, lambda v: f"{v:.2f}x", "enqueue / floor-enqueue"))  # fmt: skip
+        verdicts.append(
+            _at_least(
+                "one-by-one enqueue / SQL floor (within 20%)",
+                one.jobs_per_s / floor.jobs_per_s,
+                0.8,
+                lambda v: f"{v:.2f}x",
+                "enqueue / floor-enqueue",
+            )
+        )
     if (notify := by_name.get("latency-notify")) is not None:
         for label, field, limit in (("p50", "p50_ms", 5.0), ("p99", "p99_ms", 50.0)):
             value = notify.median_of(field)
@@ -122,12 +160,18 @@ def render_cpu_table(ratios: Sequence[Ratio], calibration: Calibration | None) -
     for r in ratios:
         rates = [s.jobs_per_s for s in r.row.samples]
         cores, load = r.row.median_of("worker_cores"), r.row.median_of("load_1m")
-        cells.append((
-            r.row.benchmark.name, str(r.row.benchmark.workers), r.row.benchmark.operation,
-            f"{r.row.jobs_per_s:,.1f}", f"{min(rates):,.1f}-{max(rates):,.1f}",
-            "-" if r.ratio is None else f"{r.ratio:.2f}x",
-            "-" if cores is None else f"{cores:.2f}", "-" if load is None else f"{load:.1f}",
-        ))  # fmt: skip
+        cells.append(
+            (
+                r.row.benchmark.name,
+                str(r.row.benchmark.workers),
+                r.row.benchmark.operation,
+                f"{r.row.jobs_per_s:,.1f}",
+                f"{min(rates):,.1f}-{max(rates):,.1f}",
+                "-" if r.ratio is None else f"{r.ratio:.2f}x",
+                "-" if cores is None else f"{cores:.2f}",
+                "-" if load is None else f"{load:.1f}",
+            )
+        )
     table = markdown_table(columns, cells, frozenset(columns[3:]) | {"workers"})
     return (
         f"CPU-bound jobs ({work} per job), processes vs threads. 'worker cores' is the CPU time the "

@@ -61,8 +61,11 @@ def group(ctx: Context) -> Sample:
 def _run(ctx: Context, enqueue: _Enqueue, jobs: int) -> Sample:
     settle(ctx.dsn)
     options = SuperviseOptions(NOOP_APP, ctx.workers)
-    with supervised(ctx.dsn, options) as supervisor, Client(ctx.dsn) as client, \
-            connect(ctx.dsn, purpose="bench-workflow") as conn:  # fmt: skip
+    with (
+        supervised(ctx.dsn, options) as supervisor,
+        Client(ctx.dsn) as client,
+        connect(ctx.dsn, purpose="bench-workflow") as conn,
+    ):
         with conn.transaction():
             last = enqueue(client, conn)
         committed_at = _clock(conn)
@@ -89,6 +92,7 @@ def _check(conn: Connection, committed_at: dt.datetime, jobs: int) -> float:
         )
     return float(seconds)
 
+
 WAKES = 50
 TINY_WAKES = 3
 _COMPLETED_AT = "SELECT completed_at FROM miniqueue_jobs WHERE id = %s"
@@ -99,8 +103,11 @@ def wait_wake(ctx: Context) -> Sample:
     store = Store()
     latencies: list[float] = []
     wakes = ctx.sized(WAKES, TINY_WAKES)
-    with Client(ctx.dsn) as client, connect(ctx.dsn, purpose="bench-wait") as conn, \
-            connect(ctx.dsn, purpose="bench-waiter") as clock:  # fmt: skip
+    with (
+        Client(ctx.dsn) as client,
+        connect(ctx.dsn, purpose="bench-wait") as conn,
+        connect(ctx.dsn, purpose="bench-waiter") as clock,
+    ):
         for n in range(wakes):
             job_id = client.enqueue(TASK, payload(n), queue=QUEUE).id
             woke: list[dt.datetime] = []
@@ -113,8 +120,13 @@ def wait_wake(ctx: Context) -> Sample:
             row = conn.execute(_COMPLETED_AT, [job_id]).fetchone()
             assert row is not None and woke, "the waiter did not return"
             latencies.append((woke[0] - row[0]).total_seconds() * 1000)
-    return Sample(jobs=wakes, seconds=sum(latencies) / 1000, p50_ms=percentile(latencies, 50),
-                  p99_ms=percentile(latencies, 99), rss_mb=None)  # fmt: skip
+    return Sample(
+        jobs=wakes,
+        seconds=sum(latencies) / 1000,
+        p50_ms=percentile(latencies, 50),
+        p99_ms=percentile(latencies, 99),
+        rss_mb=None,
+    )
 
 
 def _wait_then_read_clock(client: Client, job_id: int, clock: Connection, woke: list[dt.datetime]) -> None:

@@ -23,13 +23,19 @@ from .workload import Workload
 def workflow_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> list[Row]:
     """The rows of the workflow rules, after a line saying what was enqueued."""
     dependents = sorted(workload.parents)
-    not_once = [_label(workload, j) + f": completed {len(ev.completions.get(j, []))} times"
-                for j in dependents if len(ev.completions.get(j, [])) != 1]  # fmt: skip
+    not_once = [
+        _label(workload, j) + f": completed {len(ev.completions.get(j, []))} times"
+        for j in dependents
+        if len(ev.completions.get(j, [])) != 1
+    ]
     released = _release_problems(ev, workload)
     early = _early_claims(ev, workload)
     reads = _wrong_reads(ev, workload)
-    lost = [f"{j} ({ev.states.get(j, ('missing', 0))[0]})" for j in _workflow_jobs(workload)
-            if ev.states.get(j, ("missing", 0))[0] != "completed"]  # fmt: skip
+    lost = [
+        f"{j} ({ev.states.get(j, ('missing', 0))[0]})"
+        for j in _workflow_jobs(workload)
+        if ev.states.get(j, ("missing", 0))[0] != "completed"
+    ]
     runs = collections.Counter(e.job for e in ev.executions if e.job in workload.parents)
     cut = collections.Counter(
         "dependents" if job in workload.parents else "parents"

@@ -359,8 +359,12 @@ def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
                 rejected_logged += logged
                 if done.pid == stop.pid or done.attempt == attempt:
                     bad.append(f"job {job}: the stopped worker's late completion (attempt {attempt}) stood")
-                elif (not logged and stop.resumed is not None and not _killed_after(run.faults, stop)
-                      and _ran(ev, job, attempt, stop.pid)):  # a prefetched job never started has no outcome
+                elif (
+                    not logged
+                    and stop.resumed is not None
+                    and not _killed_after(run.faults, stop)
+                    and _ran(ev, job, attempt, stop.pid)
+                ):  # a prefetched job never started has no outcome
                     bad.append(f"job {job}: no sign that pid {stop.pid}'s late outcome was discarded")
     data["stops"] = report
     held = sum(len(s.fault.leases) for s in run.stops)

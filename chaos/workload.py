@@ -108,9 +108,14 @@ class Draw:
         if key is not None and delay is not None:
             delay = self.rng.choice(self.bursts[key]) + self.rng.uniform(0, BURST_JITTER)
         spec = JobSpec(
-            TASK, {"effect": effect, "ms": sleep}, queue=QUEUE, delay=delay, max_attempts=options.max_attempts,
-            concurrency_key=key, max_concurrent=LIMIT_KEYS[key] if key is not None else None,
-        )  # fmt: skip
+            TASK,
+            {"effect": effect, "ms": sleep},
+            queue=QUEUE,
+            delay=delay,
+            max_attempts=options.max_attempts,
+            concurrency_key=key,
+            max_concurrent=LIMIT_KEYS[key] if key is not None else None,
+        )
         return Planned(spec, effect, sleep, key)
 
     def key(self) -> str | None:

@@ -64,8 +64,9 @@ class PgBouncer:
             shutil.chown(self.folder, owner)
             shutil.chown(config, owner)
             argv[1:1] = ["-u", owner]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"),
-                                     start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"), start_new_session=True
+        )
         try:
             wait_until(self._answers, timeout=10, what=f"pgbouncer on port {self.port} (log: {self.log})")
         except BaseException:

@@ -15,8 +15,18 @@ from harness import SupervisorProcess
 from .helpers import wait_until
 
 #: Short leases and intervals so process tests stay fast.
-FAST = ["--lease-duration", "5", "--heartbeat-interval", "1", "--poll-interval", "0.2", "--reaper-interval", "1",
-        "--shutdown-timeout", "5"]  # fmt: skip
+FAST = [
+    "--lease-duration",
+    "5",
+    "--heartbeat-interval",
+    "1",
+    "--poll-interval",
+    "0.2",
+    "--reaper-interval",
+    "1",
+    "--shutdown-timeout",
+    "5",
+]
 
 
 def free_port() -> int:
@@ -60,8 +70,11 @@ class Supervised:
     def wait_ready(self, workers: int, timeout: float = 20) -> None:
         """The supervisor sent READY=1, and ``workers`` workers and a reaper are running."""
         self.harness.wait_ready(timeout)
-        wait_until(lambda: len(self.workers()) == workers and self.reaper(), timeout=timeout,
-                   what=f"{workers} workers and a reaper")  # fmt: skip
+        wait_until(
+            lambda: len(self.workers()) == workers and self.reaper(),
+            timeout=timeout,
+            what=f"{workers} workers and a reaper",
+        )
 
     def stop(self) -> None:
         """At once: SIGKILL to the whole process group."""

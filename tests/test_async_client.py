@@ -73,8 +73,12 @@ def test_enqueue_stores_the_job_with_every_option(dsn: str, conn: Connection) ->
     stored = row(conn, now.id)
     assert now.duplicate is False
     assert (stored["task"], stored["payload"], stored["queue"], stored["priority"], stored["max_attempts"]) == (
-        "resize", {"image": 1}, "images", 7, 3,
-    )  # fmt: skip
+        "resize",
+        {"image": 1},
+        "images",
+        7,
+        3,
+    )
     assert stored["state"] == "available"
     assert row(conn, later.id)["scheduled_at"] == at
     assert row(conn, later.id)["payload"] == {}
@@ -93,10 +97,13 @@ def test_a_repeated_idempotency_key_returns_the_first_job(dsn: str, conn: Connec
     async def body(client: AsyncClient) -> list[EnqueueResult]:
         first = await client.enqueue("charge", {"amount": 10}, idempotency_key="order-1")
         again = await client.enqueue("charge", {"amount": 99}, queue="other", idempotency_key="order-1")
-        batch = await client.enqueue_many([
-            JobSpec("charge", idempotency_key="order-1"), JobSpec("charge", idempotency_key="order-2"),
-            JobSpec("charge", idempotency_key="order-2"),
-        ])  # fmt: skip
+        batch = await client.enqueue_many(
+            [
+                JobSpec("charge", idempotency_key="order-1"),
+                JobSpec("charge", idempotency_key="order-2"),
+                JobSpec("charge", idempotency_key="order-2"),
+            ]
+        )
         return [first, again, *batch]
 
     first, again, *batch = using(dsn, body)
@@ -152,8 +159,10 @@ def test_app_aenqueue_uses_the_tasks_defaults(dsn: str, conn: Connection) -> Non
 
     plain, override = using(dsn, body)
     assert (row(conn, plain.id)["queue"], row(conn, plain.id)["priority"], row(conn, plain.id)["max_attempts"]) == (
-        "images", 5, 2,
-    )  # fmt: skip
+        "images",
+        5,
+        2,
+    )
     assert row(conn, override.id)["priority"] == 9
     with pytest.raises(ConfigError, match="unknown enqueue options"):
         using(dsn, lambda client: app.aenqueue(client, "resize", colour="red"))
@@ -270,38 +279,58 @@ def test_every_inspection_and_repair_call_round_trips(dsn: str, conn: Connection
 
     async def reads(a: AsyncClient) -> list[Any]:
         return [
-            await a.get(ids[0]), await a.counts(), [s.queue for s in await a.queue_stats()],
-            await a.list_jobs(queue="reports", limit=2), await a.list_jobs(state="failed"),
-            await a.list_jobs(search='"n": 3'), await a.list_queues(), await a.periodic_state(),
-        ]  # fmt: skip
+            await a.get(ids[0]),
+            await a.counts(),
+            [s.queue for s in await a.queue_stats()],
+            await a.list_jobs(queue="reports", limit=2),
+            await a.list_jobs(state="failed"),
+            await a.list_jobs(search='"n": 3'),
+            await a.list_queues(),
+            await a.periodic_state(),
+        ]
 
     def sync_reads() -> list[Any]:
         return [
-            client.get(ids[0]), client.counts(), [s.queue for s in client.queue_stats()],
-            client.list_jobs(queue="reports", limit=2), client.list_jobs(state="failed"),
-            client.list_jobs(search='"n": 3'), client.list_queues(), client.periodic_state(),
-        ]  # fmt: skip
+            client.get(ids[0]),
+            client.counts(),
+            [s.queue for s in client.queue_stats()],
+            client.list_jobs(queue="reports", limit=2),
+            client.list_jobs(state="failed"),
+            client.list_jobs(search='"n": 3'),
+            client.list_queues(),
+            client.periodic_state(),
+        ]
 
     assert using(dsn, reads) == sync_reads()
     assert using(dsn, reads)[1] == [
-        miniqueue.QueueCount("misc", State.AVAILABLE, 1), miniqueue.QueueCount("reports", State.AVAILABLE, 2),
-        miniqueue.QueueCount("reports", State.COMPLETED, 1), miniqueue.QueueCount("reports", State.FAILED, 1),
-    ]  # fmt: skip
+        miniqueue.QueueCount("misc", State.AVAILABLE, 1),
+        miniqueue.QueueCount("reports", State.AVAILABLE, 2),
+        miniqueue.QueueCount("reports", State.COMPLETED, 1),
+        miniqueue.QueueCount("reports", State.FAILED, 1),
+    ]
 
     async def repairs(a: AsyncClient) -> list[Any]:
         clock = await a.now()
         changed = [
-            await a.cancel(ids), await a.requeue([ids[0]]),
+            await a.cancel(ids),
+            await a.requeue([ids[0]]),
             await a.requeue_matching([State.CANCELLED], queue="reports"),
-            await a.pause_queues(["reports", "misc"]), await a.list_queues(), await a.resume_queues(["misc"]),
+            await a.pause_queues(["reports", "misc"]),
+            await a.list_queues(),
+            await a.resume_queues(["misc"]),
             await a.pause_queues(["later"], create=True),
-        ]  # fmt: skip
+        ]
         await a.disable_schedule("hourly-report", app=app)
         schedules = await a.periodic_state()
         await a.enable_schedule("hourly-report")
         await a.recount()
-        return [clock, *changed, schedules, await a.counts(), await a.prune([State.COMPLETED, State.FAILED], 3600,
-                                                                             batch_size=1)]  # fmt: skip
+        return [
+            clock,
+            *changed,
+            schedules,
+            await a.counts(),
+            await a.prune([State.COMPLETED, State.FAILED], 3600, batch_size=1),
+        ]
 
     clock, cancelled, requeued, matching, paused, queues, resumed, created, schedules, counts, pruned = using(
         dsn, repairs
@@ -315,13 +344,16 @@ def test_every_inspection_and_repair_call_round_trips(dsn: str, conn: Connection
     assert schedules["hourly-report"][1] is False and client.periodic_state()["hourly-report"][1] is True
     assert pruned == 1, "only the completed job finished more than an hour ago"
     assert counts == [
-        miniqueue.QueueCount("misc", State.AVAILABLE, 1), miniqueue.QueueCount("reports", State.AVAILABLE, 2),
-        miniqueue.QueueCount("reports", State.COMPLETED, 1), miniqueue.QueueCount("reports", State.FAILED, 1),
-    ]  # fmt: skip
-    assert client.counts() == [
-        miniqueue.QueueCount("misc", State.AVAILABLE, 1), miniqueue.QueueCount("reports", State.AVAILABLE, 2),
+        miniqueue.QueueCount("misc", State.AVAILABLE, 1),
+        miniqueue.QueueCount("reports", State.AVAILABLE, 2),
+        miniqueue.QueueCount("reports", State.COMPLETED, 1),
         miniqueue.QueueCount("reports", State.FAILED, 1),
-    ]  # fmt: skip
+    ]
+    assert client.counts() == [
+        miniqueue.QueueCount("misc", State.AVAILABLE, 1),
+        miniqueue.QueueCount("reports", State.AVAILABLE, 2),
+        miniqueue.QueueCount("reports", State.FAILED, 1),
+    ]
 
 
 # --- bad input: the same errors as Client, and nothing stored --------------------------------------

@@ -97,8 +97,11 @@ def _runs(server_dsn: str, benchmark: Benchmark) -> None:
 def test_plan_checks_run(server_dsn: str) -> None:
     checks = check_plans(server_dsn, tiny=True)
     assert [check.label.split(",")[0] for check in checks] == [
-        "claim x100", "claim x100", "complete_many x100", "enqueue_many x100 with keys",
-    ]  # fmt: skip
+        "claim x100",
+        "claim x100",
+        "complete_many x100",
+        "enqueue_many x100 with keys",
+    ]
     assert all(check.plan for check in checks)
 
 

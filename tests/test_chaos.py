@@ -34,10 +34,39 @@ from chaos.evidence import Attempt, Evidence, Execution
 from chaos.options import LIMIT_KEYS
 from chaos.workload import CHAIN_STEP, Workload
 
-SHORT_FORM = ["--jobs", "300", "--workers", "4", "--duration", "30", "--kill-interval", "0.5", "1.5", "--seed", "1",
-              "--limits", "--workflow"]  # fmt: skip
-ASYNC_FORM = ["--jobs", "300", "--workers", "4", "--duration", "20", "--kill-interval", "0.5", "1.5", "--seed", "1",
-              "--limits", "--workflow", "--async", "--concurrency", "4"]  # fmt: skip
+SHORT_FORM = [
+    "--jobs",
+    "300",
+    "--workers",
+    "4",
+    "--duration",
+    "30",
+    "--kill-interval",
+    "0.5",
+    "1.5",
+    "--seed",
+    "1",
+    "--limits",
+    "--workflow",
+]
+ASYNC_FORM = [
+    "--jobs",
+    "300",
+    "--workers",
+    "4",
+    "--duration",
+    "20",
+    "--kill-interval",
+    "0.5",
+    "1.5",
+    "--seed",
+    "1",
+    "--limits",
+    "--workflow",
+    "--async",
+    "--concurrency",
+    "4",
+]
 
 
 @pytest.mark.timeout(150)
@@ -53,8 +82,11 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
     try:
         run = subprocess.run(
             [sys.executable, "-m", "chaos", *form, "--workdir", str(workdir / "run"), "--json", str(result_file)],
-            cwd=repo_root, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=repo_root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     assert run.returncode == 0, f"chaos run failed:\n{run.stdout}\n--- stderr (tail)\n{run.stderr[-6000:]}"
@@ -69,8 +101,14 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
     assert result["unexplained"] == []
     assert result["process_problems"] == []
     faults = result["faults"]
-    for scenario in ("kill-worker", "kill-reaper", "stop-worker", "terminate-backend", "kill-supervisor",
-                     "two-supervisors"):  # fmt: skip
+    for scenario in (
+        "kill-worker",
+        "kill-reaper",
+        "stop-worker",
+        "terminate-backend",
+        "kill-supervisor",
+        "two-supervisors",
+    ):
         assert faults.get(scenario, 0) >= 1, f"{scenario} was never injected: {faults}"
     assert faults.get("restart-postgres", 0) >= 2, f"expected a fast and an immediate restart: {faults}"
     assert any(stop["taken_over"] for stop in result["stops"]), f"no SIGSTOP outlived its lease: {result['stops']}"

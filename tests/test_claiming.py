@@ -218,8 +218,12 @@ def test_while_limited_jobs_flow_the_worker_polls_sooner_and_plans_for_the_param
 
 def test_every_other_supervised_worker_goes_down() -> None:
     assert [goes_down(slot) for slot in ("worker-1", "worker-2", "worker-7", "worker-12", "reaper")] == [
-        False, True, False, True, False,
-    ]  # fmt: skip
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
 
 
 def test_a_ready_lease_must_start_with_a_margin_before_it_ends() -> None:

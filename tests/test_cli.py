@@ -122,10 +122,29 @@ def states(conn: Connection) -> dict[int, str]:
 
 @pytest.mark.parametrize(
     "command",
-    [[], ["migrate"], ["enqueue"], ["stats"], ["jobs"], ["jobs", "list"], ["jobs", "show"], ["requeue"], ["cancel"],
-     ["prune"], ["periodic"], ["periodic", "list"], ["periodic", "enable"], ["periodic", "disable"], ["demo"],
-     ["supervise"], ["queues", "pause"], ["queues", "resume"], ["queues", "list"], ["healthcheck"]],
-)  # fmt: skip
+    [
+        [],
+        ["migrate"],
+        ["enqueue"],
+        ["stats"],
+        ["jobs"],
+        ["jobs", "list"],
+        ["jobs", "show"],
+        ["requeue"],
+        ["cancel"],
+        ["prune"],
+        ["periodic"],
+        ["periodic", "list"],
+        ["periodic", "enable"],
+        ["periodic", "disable"],
+        ["demo"],
+        ["supervise"],
+        ["queues", "pause"],
+        ["queues", "resume"],
+        ["queues", "list"],
+        ["healthcheck"],
+    ],
+)
 def test_every_command_has_help(command: list[str]) -> None:
     result = CliRunner().invoke(main, [*command, "--help"])
     assert ok(result).startswith("Usage: ")
@@ -149,14 +168,37 @@ def test_migrate_creates_the_schema_once_and_commands_before_it_say_to_run_it(fr
 
 
 def test_enqueue_with_every_option(cli: Invoke, conn: Connection) -> None:
-    out = ok(cli("enqueue", "send_email", "--queue", "emails", "--payload", '{"to": "ada@example.com"}',
-                 "--priority", "7", "--delay", "120", "--max-attempts", "3", "--idempotency-key", "welcome-ada",
-                 "--json"))  # fmt: skip
+    out = ok(
+        cli(
+            "enqueue",
+            "send_email",
+            "--queue",
+            "emails",
+            "--payload",
+            '{"to": "ada@example.com"}',
+            "--priority",
+            "7",
+            "--delay",
+            "120",
+            "--max-attempts",
+            "3",
+            "--idempotency-key",
+            "welcome-ada",
+            "--json",
+        )
+    )
     result = json.loads(out)
     assert result == {"id": result["id"], "duplicate": False}
     stored = row(conn, result["id"])
-    expected = {"task": "send_email", "queue": "emails", "payload": {"to": "ada@example.com"}, "priority": 7,
-                "max_attempts": 3, "idempotency_key": "welcome-ada", "state": "available"}  # fmt: skip
+    expected = {
+        "task": "send_email",
+        "queue": "emails",
+        "payload": {"to": "ada@example.com"},
+        "priority": 7,
+        "max_attempts": 3,
+        "idempotency_key": "welcome-ada",
+        "state": "available",
+    }
     assert {key: stored[key] for key in expected} == expected
     delay = (stored["scheduled_at"] - stored["created_at"]).total_seconds()
     assert 119 <= delay <= 121
@@ -175,8 +217,9 @@ def test_enqueue_a_duplicate_idempotency_key_reports_the_first_job(cli: Invoke, 
     again = ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--payload", '{"other": true}'))
     assert again == f"job {first['id']} already existed (same idempotency key)\n"
     assert json.loads(ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--json"))) == {
-        "id": first["id"], "duplicate": True
-    }  # fmt: skip
+        "id": first["id"],
+        "duplicate": True,
+    }
     assert count(conn) == 1
     assert row(conn, first["id"])["payload"] == {}
 
@@ -239,13 +282,25 @@ def test_stats_counts_states_the_oldest_waiting_job_and_expired_leases(
     assert set(stats) == {"emails", "reports"}
     emails, reports = stats["emails"], stats["reports"]
     assert {s.value: emails[s.value] for s in State} == {
-        "available": 3, "running": 0, "completed": 0, "failed": 0, "dead": 0, "cancelled": 0, "waiting": 0
-    }  # fmt: skip
+        "available": 3,
+        "running": 0,
+        "completed": 0,
+        "failed": 0,
+        "dead": 0,
+        "cancelled": 0,
+        "waiting": 0,
+    }
     assert emails["scheduled"] == 1 and emails["expired_leases"] == 0
     assert 3600 <= emails["oldest_available_seconds"] < 3700
     assert {s.value: reports[s.value] for s in State} == {
-        "available": 0, "running": 2, "completed": 1, "failed": 0, "dead": 1, "cancelled": 0, "waiting": 0
-    }  # fmt: skip
+        "available": 0,
+        "running": 2,
+        "completed": 1,
+        "failed": 0,
+        "dead": 1,
+        "cancelled": 0,
+        "waiting": 0,
+    }
     assert reports["expired_leases"] == 1 and reports["oldest_available_seconds"] is None
 
     # The JSON matches the table in the database ...
@@ -294,8 +349,18 @@ def test_jobs_list_is_newest_first_and_its_json_matches_the_rows(
     assert [j["id"] for j in found] == [7, 6, 5, 4, 3, 2, 1]
     for job in found:
         stored = row(conn, job["id"])
-        for key in ("queue", "task", "payload", "state", "priority", "attempt", "max_attempts", "idempotency_key",
-                    "leased_by", "last_error"):  # fmt: skip
+        for key in (
+            "queue",
+            "task",
+            "payload",
+            "state",
+            "priority",
+            "attempt",
+            "max_attempts",
+            "idempotency_key",
+            "leased_by",
+            "last_error",
+        ):
             assert job[key] == stored[key], key
         assert dt.datetime.fromisoformat(job["created_at"]) == stored["created_at"]
         assert dt.datetime.fromisoformat(job["scheduled_at"]) == stored["scheduled_at"]
@@ -306,8 +371,13 @@ def test_jobs_list_is_newest_first_and_its_json_matches_the_rows(
     assert len(lines) == 7
     for line, job in zip(lines, found, strict=True):
         fields = line.split()
-        assert fields[:5] == [str(job["id"]), job["state"], job["queue"], job["task"],
-                              f"{job['charged_attempts']}/{job['attempt_budget']}"]  # fmt: skip
+        assert fields[:5] == [
+            str(job["id"]),
+            job["state"],
+            job["queue"],
+            job["task"],
+            f"{job['charged_attempts']}/{job['attempt_budget']}",
+        ]
         assert header.index("STATE") == line.index(job["state"]), "each column under its header"
         assert header.index("TASK") == line.index(job["task"])
     assert lines[2].rstrip().endswith("boom in beta")  # the dead job shows its last error
@@ -371,12 +441,16 @@ def test_jobs_show_prints_every_field_and_the_error_history(
     shown = json.loads(ok(cli("jobs", "show", str(job_id), "--json")))
     assert shown["id"] == job_id and shown["state"] == "available" and shown["attempt"] == 2
     assert (shown["task"], shown["queue"], shown["payload"], shown["idempotency_key"]) == (
-        "flaky", "emails", {"user": 42}, "f-42"
-    )  # fmt: skip
+        "flaky",
+        "emails",
+        {"user": 42},
+        "f-42",
+    )
     assert shown["last_error"] == "Traceback ...\nValueError: failure 2"
     assert [(e["attempt"], e["worker"], e["error"]) for e in shown["errors"]] == [
-        (1, W, "Traceback ...\nValueError: failure 1"), (2, W, "Traceback ...\nValueError: failure 2")
-    ]  # fmt: skip
+        (1, W, "Traceback ...\nValueError: failure 1"),
+        (2, W, "Traceback ...\nValueError: failure 2"),
+    ]
     assert [e["at"] for e in shown["errors"]] == [e.at.isoformat() for e in client.get(job_id).errors]
     assert len(stored["errors"]) == 2
 
@@ -535,10 +609,14 @@ def aged_jobs(client: Client, store: Store, conn: Connection) -> dict[str, int]:
     """One job per state and age: finished two days ago, or one hour ago, or not finished."""
     jobs = {}
     for name, state, ago in [
-        ("completed_old", "completed", "2 days"), ("completed_young", "completed", "1 hour"),
-        ("cancelled_old", "cancelled", "2 days"), ("cancelled_young", "cancelled", "1 hour"),
-        ("dead_old", "dead", "2 days"), ("failed_old", "failed", "2 days"), ("dead_young", "dead", "1 hour"),
-    ]:  # fmt: skip
+        ("completed_old", "completed", "2 days"),
+        ("completed_young", "completed", "1 hour"),
+        ("cancelled_old", "cancelled", "2 days"),
+        ("cancelled_young", "cancelled", "1 hour"),
+        ("dead_old", "dead", "2 days"),
+        ("failed_old", "failed", "2 days"),
+        ("dead_young", "dead", "1 hour"),
+    ]:
         jobs[name] = client.enqueue("t").id
         finish(conn, jobs[name], state, ago)
     jobs["available"] = client.enqueue("t").id
@@ -570,8 +648,7 @@ def test_prune_only_the_chosen_states(cli: Invoke, conn: Connection, aged_jobs: 
     assert ok(cli("prune", "--older-than", "30m", "--state", "failed", "--state", "completed")).startswith(
         "deleted 3 job(s) (failed, completed)"
     )
-    assert remaining(conn, aged_jobs) == set(aged_jobs) - {"dead_old", "failed_old", "completed_old",
-                                                           "completed_young"}  # fmt: skip
+    assert remaining(conn, aged_jobs) == set(aged_jobs) - {"dead_old", "failed_old", "completed_old", "completed_young"}
 
 
 @pytest.mark.parametrize(("age", "deleted"), [("3d", 0), ("2w", 0), ("90000", 2), ("1500m", 2), ("59m", 4)])
@@ -646,8 +723,9 @@ def test_periodic_list_shows_each_schedule_and_its_state(cli: Invoke, periodic_t
 def test_periodic_list_needs_a_loadable_app(cli: Invoke) -> None:
     usage_error(cli("periodic", "list"), "Missing option '--app'")
     bad_input(cli("periodic", "list", "--app", "nocolon"), "app reference 'nocolon' is invalid")
-    bad_input(cli("periodic", "list", "--app", "tests.test_cli:NOPE"),
-              "module 'tests.test_cli' has no attribute 'NOPE'")  # fmt: skip
+    bad_input(
+        cli("periodic", "list", "--app", "tests.test_cli:NOPE"), "module 'tests.test_cli' has no attribute 'NOPE'"
+    )
 
 
 #: Each way an --app can fail to load, and what its one line says (where, for an error the app's own code raised).
@@ -675,17 +753,23 @@ def test_an_app_that_does_not_load_is_one_line_and_exit_2(
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["enqueue", "t", "--priority", "abc"],
-         "Error: Invalid value for '--priority': 'abc' is not a valid integer (see 'miniqueue enqueue --help')"),
-        (["enqueue", "t", "--prioritty", "3"],
-         "Error: No such option '--prioritty'. Did you mean '--priority'? (see 'miniqueue enqueue --help')"),
+        (
+            ["enqueue", "t", "--priority", "abc"],
+            "Error: Invalid value for '--priority': 'abc' is not a valid integer (see 'miniqueue enqueue --help')",
+        ),
+        (
+            ["enqueue", "t", "--prioritty", "3"],
+            "Error: No such option '--prioritty'. Did you mean '--priority'? (see 'miniqueue enqueue --help')",
+        ),
         (["enqueue"], "Error: Missing argument 'TASK' (see 'miniqueue enqueue --help')"),
         (["nosuch"], "Error: No such command 'nosuch' (see 'miniqueue --help')"),
         (["--nosuch"], "Error: No such option '--nosuch' (see 'miniqueue --help')"),
-        (["queues", "limit", "mail"],
-         "Error: give either MAX_RUNNING or --remove (see 'miniqueue queues limit --help')"),
+        (
+            ["queues", "limit", "mail"],
+            "Error: give either MAX_RUNNING or --remove (see 'miniqueue queues limit --help')",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_usage_error_is_one_line_naming_the_problem_and_the_help(args: list[str], line: str) -> None:
     result = CliRunner().invoke(main, args, prog_name="miniqueue", env={"DATABASE_URL": "postgresql://unused/db"})
     assert (result.exit_code, result.output) == (2, line + "\n")
@@ -694,8 +778,13 @@ def test_a_usage_error_is_one_line_naming_the_problem_and_the_help(args: list[st
 def test_a_usage_error_of_miniqueue_supervise_is_one_line(repo_root: Path) -> None:
     """The supervisor's own entry point, as an operator runs it."""
     code = "from miniqueue.cli import supervise_main; supervise_main()"
-    result = subprocess.run([sys.executable, "-c", code, "--app", "a:b", "--workers", "x"],
-                            capture_output=True, text=True, cwd=repo_root, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code, "--app", "a:b", "--workers", "x"],
+        capture_output=True,
+        text=True,
+        cwd=repo_root,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         "Error: Invalid value for '--workers': 'x' is not a valid integer (see 'miniqueue-supervise --help')\n"
@@ -710,8 +799,17 @@ def test_a_group_without_a_command_still_shows_its_help() -> None:
 
 # --- the database URL -------------------------------------------------------------------------------
 
-COMMANDS = [["migrate"], ["enqueue", "t"], ["stats"], ["jobs", "list"], ["jobs", "show", "1"], ["requeue", "1"],
-            ["cancel", "1"], ["prune", "--older-than", "1d"], ["periodic", "enable", "x"]]  # fmt: skip
+COMMANDS = [
+    ["migrate"],
+    ["enqueue", "t"],
+    ["stats"],
+    ["jobs", "list"],
+    ["jobs", "show", "1"],
+    ["requeue", "1"],
+    ["cancel", "1"],
+    ["prune", "--older-than", "1d"],
+    ["periodic", "enable", "x"],
+]
 
 
 BAD_URLS = {
@@ -869,8 +967,11 @@ def test_text_that_is_not_utf8_is_one_line_and_stores_nothing(
 def test_bytes_that_are_not_utf8_on_a_real_command_line(dsn: str, conn: Connection, repo_root: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "miniqueue.cli", "enqueue", "t", "--idempotency-key", b"key-\xff"],
-        env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, timeout=60,
-    )  # fmt: skip
+        env={**os.environ, "DATABASE_URL": dsn},
+        cwd=repo_root,
+        capture_output=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.decode().strip() == "Error: idempotency key 'key-\\udcff' is invalid: " + (
         "'\\udcff' is a lone surrogate, not valid Unicode"
@@ -927,7 +1028,7 @@ def test_known_queues_are_those_waiting_running_finished_or_already_set(
         {"queue": "busy", "paused": True, "max_running": None},
         {"queue": "finished", "paused": False, "max_running": None},
         {"queue": "waiting", "paused": True, "max_running": None},
-    ]  # fmt: skip
+    ]
 
 
 def test_resuming_an_unknown_queue_is_an_error_too(cli: Invoke, conn: Connection) -> None:
@@ -962,11 +1063,13 @@ def test_switching_an_unknown_schedule_names_it_and_the_known_ones(
     cli: Invoke, store: Store, periodic_table: Connection
 ) -> None:
     store.claim_periodic_slot(periodic_table, "morning-report", dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
-    line = bad_input(cli("periodic", "disable", "mornig-report"), "schedule 'mornig-report' is unknown",
-                     "known: morning-report")  # fmt: skip
+    line = bad_input(
+        cli("periodic", "disable", "mornig-report"), "schedule 'mornig-report' is unknown", "known: morning-report"
+    )
     assert "needs the app" in line
-    bad_input(cli("periodic", "enable", "nosuch", "--app", "tests.test_cli:PERIODIC_APP"),
-              "known: cleanup, morning-report")  # fmt: skip
+    bad_input(
+        cli("periodic", "enable", "nosuch", "--app", "tests.test_cli:PERIODIC_APP"), "known: cleanup, morning-report"
+    )
     rows = periodic_table.execute("SELECT name, enabled FROM miniqueue_periodic").fetchall()
     assert rows == [("morning-report", True)]
 

@@ -62,9 +62,7 @@ def _ids_by_state(conn: Connection) -> dict[tuple[int, str], int]:
     return {(int(i), s): int(i) for i, s in conn.execute("SELECT id, state FROM miniqueue_jobs").fetchall()}
 
 
-def test_recount_repairs_counts_changed_behind_the_stores_back(
-    client: Client, store: Store, conn: Connection
-) -> None:
+def test_recount_repairs_counts_changed_behind_the_stores_back(client: Client, store: Store, conn: Connection) -> None:
     client.enqueue_many([JobSpec("t", queue="a") for _ in range(5)])
     conn.execute("UPDATE miniqueue_jobs SET state = 'completed', finished_at = now() WHERE id <= 3")
     assert by_stats(store, conn) == {}
@@ -87,9 +85,13 @@ def test_stats_read_no_finished_row(client: Client, store: Store, conn: Connecti
     nodes = _plan_nodes(row[0][0]["Plan"])
     assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "miniqueue_jobs" for n in nodes)
     indexes = {n["Index Name"] for n in nodes if "Index Name" in n}
-    assert indexes and indexes <= {"idx_miniqueue_jobs_claim", "idx_miniqueue_jobs_limited",
-                                   "idx_miniqueue_jobs_expired_leases", "idx_miniqueue_jobs_waiting",
-                                   "miniqueue_counts_pkey"}, indexes  # fmt: skip
+    assert indexes and indexes <= {
+        "idx_miniqueue_jobs_claim",
+        "idx_miniqueue_jobs_limited",
+        "idx_miniqueue_jobs_expired_leases",
+        "idx_miniqueue_jobs_waiting",
+        "miniqueue_counts_pkey",
+    }, indexes
 
 
 def test_pruning_a_backlog_comes_in_slices_and_keeps_the_counts(
@@ -125,8 +127,10 @@ def test_throughput_counts_each_minutes_finished_jobs_and_old_minutes_are_trimme
     assert per_state(store, conn) == {State.COMPLETED: 3, State.FAILED: 2}
 
     # Minutes older than the chart shows are dropped by the reaper's pass.
-    conn.execute("INSERT INTO miniqueue_finished_minutes VALUES (date_trunc('minute', now()) - interval '3 hours', "
-                 "'completed', 0, 7)")  # fmt: skip
+    conn.execute(
+        "INSERT INTO miniqueue_finished_minutes VALUES (date_trunc('minute', now()) - interval '3 hours', "
+        "'completed', 0, 7)"
+    )
     Reaper(dsn, ReaperConfig(prune=False, vacuum=False)).run_once()
     kept = conn.execute("SELECT count(*) FROM miniqueue_finished_minutes WHERE minute < now() - interval '1 hour'")
     assert kept.fetchone() == (0,)

@@ -235,8 +235,10 @@ def _complete(dsn: str, store: Store, job_id: int, attempt: int) -> set[int]:
 
 
 def _blocked(conn: Connection) -> bool:
-    query = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:test-complete' "
-             "AND wait_event_type = 'Lock' AND datname = current_database()")  # fmt: skip
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:test-complete' "
+        "AND wait_event_type = 'Lock' AND datname = current_database()"
+    )
     found = conn.execute(query).fetchone()
     return found is not None and found[0] == 1
 
@@ -326,8 +328,11 @@ def test_a_callback_of_members_with_huge_results_runs_and_stalls_nothing(client:
     group = client.group([JobSpec("member") for _ in range(280)], then=JobSpec("callback"))
     ids = [m.id for m in group.members]
     # Completed members whose results are 1,000,000 characters each (stored compressed).
-    conn.execute("UPDATE miniqueue_jobs SET state = 'completed', result = to_jsonb(repeat('x', 1000000)),"
-                 " finished_at = now(), completed_at = now() WHERE id = ANY(%s)", [ids])  # fmt: skip
+    conn.execute(
+        "UPDATE miniqueue_jobs SET state = 'completed', result = to_jsonb(repeat('x', 1000000)),"
+        " finished_at = now(), completed_at = now() WHERE id = ANY(%s)",
+        [ids],
+    )
     conn.execute("UPDATE miniqueue_jobs SET state = 'available', pending_parents = 0 WHERE id = %s", [group.then.id])
     others = [client.enqueue("other").id for _ in range(20)]
     result = run_jobs(app, client, timeout=60)

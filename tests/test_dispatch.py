@@ -59,11 +59,20 @@ class Parts:
         self.wake = threading.Event()
         self.started: list[int] = []
         self.dispatcher = Dispatcher(
-            app=app, slots=self.slots, claims=self.claims, outcomes=self.outcomes,
-            executor=Executor(app, max_result_bytes=1000), wake=self.wake, worker_id="w", concurrency=concurrency,
-            kinds=kinds, transaction=no_transaction, atransaction=no_transaction, read_results=lambda ids: [],
+            app=app,
+            slots=self.slots,
+            claims=self.claims,
+            outcomes=self.outcomes,
+            executor=Executor(app, max_result_bytes=1000),
+            wake=self.wake,
+            worker_id="w",
+            concurrency=concurrency,
+            kinds=kinds,
+            transaction=no_transaction,
+            atransaction=no_transaction,
+            read_results=lambda ids: [],
             max_result_bytes=1000,
-        )  # fmt: skip
+        )
         self.dispatcher.hooks = WorkerHooks(on_job_start=lambda job: self.started.append(job.id))
         self.dispatcher.threads = HandlerThreads(concurrency, "test-handler")
 
@@ -152,8 +161,11 @@ def test_async_jobs_run_on_the_event_loop_each_as_a_task_of_its_own(loop: EventL
     wait_until(lambda: len(parts.outcomes) == 4, what="four async outcomes queued")
     assert threads == {"test-loop"}
     assert {job_id: outcome.result for job_id, outcome in parts.recorded().items()} == {
-        1: "10", 2: "20", 3: "30", 4: "40",
-    }  # fmt: skip
+        1: "10",
+        2: "20",
+        3: "30",
+        4: "40",
+    }
 
 
 def test_a_lost_lease_stops_its_handler_and_drops_an_unstarted_one() -> None:

@@ -42,10 +42,22 @@ MANAGE = Path(__file__).resolve().parent / "django_project" / "manage.py"
 
 def manage(dsn: str, repo_root: Path, cwd: Path, *arguments: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run the test project's ``manage.py`` on the database ``dsn``, to its end."""
-    environ = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS, "DJANGO_TEST_DSN": dsn,
-               "PYTHONPATH": str(repo_root), **env}  # fmt: skip
-    return subprocess.run([sys.executable, str(MANAGE), *arguments], env=environ, cwd=cwd, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    environ = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "DJANGO_TEST_DSN": dsn,
+        "PYTHONPATH": str(repo_root),
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, str(MANAGE), *arguments],
+        env=environ,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def sessions(conn: Connection, dbname: str, application: str) -> int:
@@ -183,8 +195,13 @@ def test_manage_py_miniqueue_supervise(shop: Any, dsn: str, repo_root: Path, tmp
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, str(manage), "miniqueue", "supervise", "--workers", "1", "--poll-interval", "0.1"],
-            env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-        )  # fmt: skip
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
     try:
         from tests.django_project.shop.views import place_order
 
@@ -201,8 +218,9 @@ def test_manage_py_miniqueue_supervise(shop: Any, dsn: str, repo_root: Path, tmp
     assert proc.returncode == 0, log.read_text()
 
 
-def test_manage_py_test_runs_the_testing_kit(django_project: str, conn: Connection, repo_root: Path,
-                                             tmp_path: Path) -> None:  # fmt: skip
+def test_manage_py_test_runs_the_testing_kit(
+    django_project: str, conn: Connection, repo_root: Path, tmp_path: Path
+) -> None:
     """Django's test runner over the shop's tests (tests/django_project/shop/tests.py): its new
     test database gets the queue's tables from ``migrate``; inside TestCase the assertions see
     the jobs the test's uncommitted transaction enqueued; the TransactionTestCase runs them

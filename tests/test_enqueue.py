@@ -157,7 +157,7 @@ AWKWARD_PAYLOADS = [
     {"tab": "a\tb", "newline": "a\nb", "cr": "a\rb", "backslash": "a\\b", "end-of-copy": "\\.", "nul-text": "\\u0000"},
     {"unicode": "ünïcødé ✓ 🚀", "ctrl": "\x01\x1f\x7f", "quote": '"', "big": 10**20, "float": 1e-300},
     ["\\N", "\\", None, "", "\\t"],
-]  # fmt: skip
+]
 
 
 def test_enqueue_many_stores_awkward_payloads_exactly(path: str, client: Client, conn: Connection) -> None:
@@ -171,8 +171,11 @@ def test_enqueue_many_notifies_each_queue_given_a_due_job_once(path: str, client
         client.store.listen(listener)
         specs = [JobSpec("t", queue="a", idempotency_key=key_for(path, n)) for n in range(3)]
         specs += [JobSpec("t", queue="b", delay=60, idempotency_key=key_for(path, 3))]
-        specs += [JobSpec("t", queue="c", run_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc),
-                          idempotency_key=key_for(path, 4))]  # fmt: skip
+        specs += [
+            JobSpec(
+                "t", queue="c", run_at=dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc), idempotency_key=key_for(path, 4)
+            )
+        ]
         client.enqueue_many(specs)
         client.enqueue("t", queue="d")  # a marker: notifications arrive in commit order
         heard = [n.payload for n in listener.notifies(timeout=10, stop_after=3)]

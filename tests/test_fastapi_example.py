@@ -47,8 +47,11 @@ def test_the_endpoint_enqueues_in_its_own_transaction(example: ModuleType, conn:
         ada = created.json()
         job = row(conn, ada["job"])
         assert (job["task"], job["queue"], job["payload"], job["state"]) == (
-            "send_welcome", "emails", {"user_id": ada["user"]}, "available",
-        )  # fmt: skip
+            "send_welcome",
+            "emails",
+            {"user_id": ada["user"]},
+            "available",
+        )
 
         # A referrer nobody has: the endpoint raises inside its transaction, so the user it
         # inserted and the job it enqueued are both rolled back.
@@ -129,21 +132,32 @@ def test_served_as_the_docstring_says(dsn: str, conn: Connection, repo_root: Pat
     with (tmp_path / "uvicorn.log").open("wb") as out:
         server = subprocess.Popen(
             [str(bin_dir / "uvicorn"), "examples.fastapi_app:api", "--port", str(port)],
-            env=env, cwd=repo_root, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-        )  # fmt: skip
+            env=env,
+            cwd=repo_root,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
     with (tmp_path / "supervise.log").open("wb") as out:
         workers = subprocess.Popen(
             [str(bin_dir / "miniqueue-supervise"), "--app", "examples.fastapi_app:tasks", "--workers", "1"],
-            env=env, cwd=repo_root, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-        )  # fmt: skip
+            env=env,
+            cwd=repo_root,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: listening(f"{base}/docs", server, tmp_path / "uvicorn.log"), timeout=30, what="uvicorn")
         status, created = post(f"{base}/signups", {"email": "ada@example.com"})
         assert status == 201, created
         assert post(f"{base}/signups", {"email": "ada@example.com"}) == (
-            409, {"detail": "'ada@example.com' has already signed up"},
-        )  # fmt: skip
+            409,
+            {"detail": "'ada@example.com' has already signed up"},
+        )
         wait_until(lambda: (user(conn, "ada@example.com") or (0, 0, None))[2], timeout=30, what="the welcome")
         assert row(conn, int(str(created["job"])))["state"] == "completed"
     finally:

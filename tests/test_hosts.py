@@ -34,12 +34,15 @@ def test_a_host_lost_whole_mid_run_loses_nothing(
     try:
         for supervised in hosts.values():
             supervised.wait_ready(2)
-        wait_until(lambda: conn.execute("SELECT count(DISTINCT host) FROM miniqueue_processes").fetchone() == (2,),
-                   what="both hosts in the process registry")  # fmt: skip
+        wait_until(
+            lambda: conn.execute("SELECT count(DISTINCT host) FROM miniqueue_processes").fetchone() == (2,),
+            what="both hosts in the process registry",
+        )
         client.enqueue_many([JobSpec("work", {"sleep_on": [1], "seconds": 0.05}) for _ in range(JOBS)])
         running_on_a = "state = 'running' AND leased_by LIKE 'host-a:%%'"
-        wait_until(lambda: count(conn, running_on_a) > 0 and count(conn, "state = 'completed'") >= 50,
-                   what="host-a mid-run")  # fmt: skip
+        wait_until(
+            lambda: count(conn, running_on_a) > 0 and count(conn, "state = 'completed'") >= 50, what="host-a mid-run"
+        )
         hosts["host-a"].stop()  # SIGKILL to the supervisor and every child: the host is gone
         wait_until(lambda: count(conn, "state = 'completed'") == JOBS, timeout=60, what="the survivor finished")
     finally:
@@ -49,10 +52,13 @@ def test_a_host_lost_whole_mid_run_loses_nothing(
     per_attempt = conn.execute("SELECT job_id, attempt, count(*) FROM executions GROUP BY 1, 2 HAVING count(*) > 1")
     assert per_attempt.fetchall() == [], "an attempt ran twice"
     # The jobs the lost host held: the survivor's reaper returned each at lease expiry.
-    recovered = {row[0] for row in conn.execute(
-        "SELECT id FROM miniqueue_jobs WHERE EXISTS"
-        " (SELECT 1 FROM jsonb_array_elements(errors) e WHERE e->>'error' LIKE 'worker lost%%')"
-    )}  # fmt: skip
+    recovered = {
+        row[0]
+        for row in conn.execute(
+            "SELECT id FROM miniqueue_jobs WHERE EXISTS"
+            " (SELECT 1 FROM jsonb_array_elements(errors) e WHERE e->>'error' LIKE 'worker lost%%')"
+        )
+    }
     assert recovered, "the kill found host-a holding jobs"
     rerun = {row[0] for row in conn.execute("SELECT job_id FROM executions GROUP BY 1 HAVING count(*) > 1")}
     assert rerun <= recovered, "a job ran again only because its host was lost"

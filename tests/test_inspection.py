@@ -44,9 +44,14 @@ def test_inspection_reads_give_the_store_s_answers(client: Client, store: Store,
     waiting = [client.enqueue("send_email", {"n": n}, queue="emails").id for n in range(3)]
     other = client.enqueue("build_report", queue="reports").id
     now = store.now(conn)
-    store.register_processes(conn, "web-7:4200", "web-7", [
-        ProcessInfo(id="web-7:4200", kind="supervisor", pid=4200, title="miniqueue-supervise", started_at=now),
-    ])  # fmt: skip
+    store.register_processes(
+        conn,
+        "web-7:4200",
+        "web-7",
+        [
+            ProcessInfo(id="web-7:4200", kind="supervisor", pid=4200, title="miniqueue-supervise", started_at=now),
+        ],
+    )
 
     assert client.throughput() == store.throughput(conn) and [s for _, s, _ in client.throughput()] == [State.FAILED]
     assert client.processes() == store.processes(conn) and [p.pid for p in client.processes()] == [4200]
@@ -127,12 +132,16 @@ def test_async_client_reads_on_your_connection(dsn: str, client: Client) -> None
                 await a.pause_queues(["emails"], conn=own)
                 await a.enable_schedule("nightly", create=True, conn=own)
                 return [
-                    (await a.get(job_id, conn=own)).id == job_id, await a.paused_queues(conn=own),
-                    await a.paused_queues(), [q.served for q in await a.queue_stats(conn=own)],
+                    (await a.get(job_id, conn=own)).id == job_id,
+                    await a.paused_queues(conn=own),
+                    await a.paused_queues(),
+                    [q.served for q in await a.queue_stats(conn=own)],
                     [q.served for q in await a.queue_stats(check_served=False, conn=own)],
-                    (await a.periodic_state(conn=own))["nightly"][1], await a.queue_limits(conn=own),
-                    await a.limit_waits(conn=own), await a.now(conn=own) == await a.now(conn=own),
-                ]  # fmt: skip
+                    (await a.periodic_state(conn=own))["nightly"][1],
+                    await a.queue_limits(conn=own),
+                    await a.limit_waits(conn=own),
+                    await a.now(conn=own) == await a.now(conn=own),
+                ]
         finally:
             await own.close()
 

@@ -112,8 +112,12 @@ def test_the_keys_a_claim_kept_do_not_move_the_workers_cursor(
 
 def test_neighbouring_workers_go_round_the_keys_opposite_ways() -> None:
     assert [goes_down(slot) for slot in ("worker-1", "worker-2", "worker-3", "worker-10", "reaper")] == [
-        False, True, False, True, False,
-    ]  # fmt: skip
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
 
 
 def test_a_keys_jobs_in_two_queues_share_its_limit_within_one_claim(
@@ -261,10 +265,12 @@ def test_limits_hold_with_many_workers(dsn: str, client: Client, conn: Connectio
         config = WorkerConfig(concurrency=4, lease_seconds=5.0, heartbeat_seconds=1.0, poll_interval=0.2)
         workers.append(Running(Worker(app, dsn, config)))
     wait_until(lambda: count(conn, "state = 'completed'") == 84, timeout=60, what="84 jobs completed")
-    overlap = dict(conn.execute("""
+    overlap = dict(
+        conn.execute("""
         SELECT a.key, max((SELECT count(*) FROM runs b
                             WHERE b.key = a.key AND b.started <= a.started AND b.ended > a.started))
-          FROM runs a GROUP BY a.key""").fetchall())  # fmt: skip
+          FROM runs a GROUP BY a.key""").fetchall()
+    )
     assert overlap == {"k0": 1, "k1": 1, "k2": 1, "k3": 1, "k4": 1, "wide": overlap["wide"]}
     assert 1 <= overlap["wide"] <= 3
     assert count(conn, "attempt <> 1") == 0
@@ -296,9 +302,7 @@ def test_a_queue_cap_counts_limited_jobs_too(client: Client, store: Store, conn:
     assert count(conn, "id = ANY(%s) AND state = 'available'", [keyed]) == 2
 
 
-def test_keys_in_a_capped_queue_share_its_cap_within_one_claim(
-    client: Client, store: Store, conn: Connection
-) -> None:
+def test_keys_in_a_capped_queue_share_its_cap_within_one_claim(client: Client, store: Store, conn: Connection) -> None:
     # Every key's group names the queue's cap too: the claim locks that row for the first key
     # and must still count it as its own for the next ones.
     keyed = [client.enqueue("t", {"i": i}, queue="q", concurrency_key=f"k{i}").id for i in range(5)]
@@ -338,8 +342,9 @@ def test_a_rate_bucket_refills_on_the_database_clock(client: Client, store: Stor
 
 def test_a_task_computes_its_key_from_the_payload(client: Client, conn: Connection) -> None:
     app = App()
-    app.task("export", concurrency_key=lambda p: f"customer-{p['customer']}", max_concurrent=2,
-             rate_limit="10/s")(lambda job: None)  # fmt: skip
+    app.task("export", concurrency_key=lambda p: f"customer-{p['customer']}", max_concurrent=2, rate_limit="10/s")(
+        lambda job: None
+    )
     job_id = app.enqueue(client, "export", {"customer": 42}).id
     assert row(conn, job_id)["limits"] == ["concurrency export customer-42", "rate export"]
     override = app.enqueue(client, "export", {"customer": 42}, concurrency_key="all", max_concurrent=1).id
@@ -416,11 +421,25 @@ def test_the_cli_caps_a_queue_and_shows_what_waits_on_limits(
     (running,) = claim(store, conn, queues=("mail",))
     waits = json.loads(cli(dsn, "limits", "--json").output)
     assert waits == [
-        {"scope": "concurrency t A", "waiting": 3, "max_running": 1, "rate": None, "held": 1, "tokens": None,
-         "holders": [running.id]},
-        {"scope": "queue mail", "waiting": 3, "max_running": 2, "rate": None, "held": 1, "tokens": None,
-         "holders": [running.id]},
-    ]  # fmt: skip
+        {
+            "scope": "concurrency t A",
+            "waiting": 3,
+            "max_running": 1,
+            "rate": None,
+            "held": 1,
+            "tokens": None,
+            "holders": [running.id],
+        },
+        {
+            "scope": "queue mail",
+            "waiting": 3,
+            "max_running": 2,
+            "rate": None,
+            "held": 1,
+            "tokens": None,
+            "holders": [running.id],
+        },
+    ]
     text = cli(dsn, "limits").output
     assert "concurrency t A" in text and f"1/1 slots held by job {running.id}" in text
     assert cli(dsn, "queues", "limit", "mail", "--remove").output == "queue mail: no cap\n"

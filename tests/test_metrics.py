@@ -112,9 +112,8 @@ def test_job_counters_durations_and_gauges_with_several_workers(
     outcomes = {
         dict(labels)["outcome"]: n
         for (name, labels), n in samples.items()
-        if name == "miniqueue_jobs_finished_total"
-        and dict(labels)["task"] == "ok"
-    }  # fmt: skip
+        if name == "miniqueue_jobs_finished_total" and dict(labels)["task"] == "ok"
+    }
     assert outcomes == {"completed": 12.0}
     assert finished(samples, "flaky", "boom", "retried") == 2
     assert finished(samples, "flaky", "boom", "dead") == 2
@@ -170,8 +169,10 @@ def test_queue_gauges_for_waiting_and_expired_jobs(
     # The gauges are the reaper's latest reading (every 0.2 s here), not a query at scrape time.
     samples = scrape_until(
         port,
-        lambda s: value(s, "miniqueue_jobs", queue="idle", state="running") == 2
-        and value(s, "miniqueue_jobs", queue="idle", state="available") == 3,
+        lambda s: (
+            value(s, "miniqueue_jobs", queue="idle", state="running") == 2
+            and value(s, "miniqueue_jobs", queue="idle", state="available") == 3
+        ),
         "a reading taken after the last change",
     )
     assert value(samples, "miniqueue_jobs", queue="idle", state="available") == 3
@@ -221,10 +222,24 @@ def test_a_metrics_port_in_use_is_one_clear_line(dsn: str, repo_root: Path) -> N
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "miniqueue.cli", "supervise", "--app", APP, "--workers", "1",
-             "--metrics-port", str(port)],
-            env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "miniqueue.cli",
+                "supervise",
+                "--app",
+                APP,
+                "--workers",
+                "1",
+                "--metrics-port",
+                str(port),
+            ],
+            env={**os.environ, "DATABASE_URL": dsn},
+            cwd=repo_root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr
     assert str(port) in result.stderr.strip().splitlines()[-1]
@@ -282,8 +297,14 @@ def test_json_logs_from_every_process_are_one_object_per_line(
     [dead] = [e for e in entries if e.get("job", {}).get("job_id") == failed]
     assert dead["level"] == "ERROR" and dead["process"] in ("worker-1", "worker-2")
     assert {k: v for k, v in dead["job"].items() if k != "error"} == {
-        "job_id": failed, "task": "boom", "queue": "flaky", "attempt": 1, "max_attempts": 1, "run": 1,
-        "outcome": "dead"}
+        "job_id": failed,
+        "task": "boom",
+        "queue": "flaky",
+        "attempt": 1,
+        "max_attempts": 1,
+        "run": 1,
+        "outcome": "dead",
+    }
     assert "Traceback" in dead["job"]["error"] and dead["job"]["error"] in dead["message"]
     assert messages[-1] == "supervisor stopped"
 

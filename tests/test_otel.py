@@ -138,10 +138,14 @@ def test_an_enqueue_inside_a_span_stores_its_producer_spans_context(
     assert parent_id(send) == span_id(request) and trace_id(send) == trace_id(request)
     assert stored_context(conn, job_id) == {"traceparent": traceparent(send)}
     assert dict(send.attributes or {}) == {
-        "messaging.system": "miniqueue", "messaging.operation.type": "send", "messaging.operation.name": "send",
-        "messaging.destination.name": "mail", "miniqueue.task": "send_receipt",
-        "messaging.message.id": str(job_id), "miniqueue.job.id": job_id,
-    }  # fmt: skip
+        "messaging.system": "miniqueue",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": "mail",
+        "miniqueue.task": "send_receipt",
+        "messaging.message.id": str(job_id),
+        "miniqueue.job.id": job_id,
+    }
     assert send.status.status_code == StatusCode.UNSET
 
 
@@ -158,8 +162,9 @@ def test_tracestate_and_baggage_travel_with_the_job(spans: Spans, traced_client:
     from opentelemetry import baggage, context
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-    remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
-                         trace_state=TraceState([("vendor", "opaque")]))  # fmt: skip
+    remote = SpanContext(
+        0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=TraceState([("vendor", "opaque")])
+    )
     ctx = baggage.set_baggage("tenant", "acme", trace.set_span_in_context(NonRecordingSpan(remote)))
     token = context.attach(ctx)
     try:
@@ -167,8 +172,11 @@ def test_tracestate_and_baggage_travel_with_the_job(spans: Spans, traced_client:
     finally:
         context.detach(token)
     stored = stored_context(conn, job_id)
-    assert stored == {"traceparent": traceparent(spans.one("send t")), "tracestate": "vendor=opaque",
-                      "baggage": "tenant=acme"}  # fmt: skip
+    assert stored == {
+        "traceparent": traceparent(spans.one("send t")),
+        "tracestate": "vendor=opaque",
+        "baggage": "tenant=acme",
+    }
     seen: list[Any] = []
     app = App()
     app.task("t")(lambda job: seen.append(baggage.get_baggage("tenant")))
@@ -261,11 +269,17 @@ def test_an_attempt_runs_in_a_consumer_span_child_of_and_linked_to_the_producer(
     attributes = dict(process.attributes or {})
     assert str(attributes.pop("messaging.client.id")).startswith("miniqueue-testing:"), "the worker id"
     assert attributes == {
-        "messaging.system": "miniqueue", "messaging.operation.type": "process",
-        "messaging.operation.name": "process", "messaging.destination.name": "mail",
-        "messaging.message.id": str(job_id), "miniqueue.job.id": job_id, "miniqueue.task": "greet",
-        "miniqueue.attempt": 1, "miniqueue.max_attempts": 5, "miniqueue.outcome": "completed",
-    }  # fmt: skip
+        "messaging.system": "miniqueue",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": "mail",
+        "messaging.message.id": str(job_id),
+        "miniqueue.job.id": job_id,
+        "miniqueue.task": "greet",
+        "miniqueue.attempt": 1,
+        "miniqueue.max_attempts": 5,
+        "miniqueue.outcome": "completed",
+    }
     assert process.status.status_code == StatusCode.UNSET
     assert process.start_time is not None and process.end_time is not None
     assert process.start_time <= process.end_time
@@ -493,8 +507,14 @@ def test_a_bad_environment_value_is_a_config_error(tracing_state: None, monkeypa
 def run_script(script: str, dsn: str, repo_root: Path) -> Any:
     env = {**os.environ, "DSN": dsn, "PYTHONPATH": str(repo_root)}
     env.pop(tracing.ENV, None)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -532,10 +552,15 @@ def test_tracing_is_automatic_with_a_global_tracer_provider(dsn: str, repo_root:
             "outcome": spans["process greet"].attributes["miniqueue.outcome"],
         }))
         """,
-        dsn, repo_root,
-    )  # fmt: skip
-    assert got == {"names": ["process greet", "request", "send greet"], "send_parent": True,
-                   "process_parent": True, "outcome": "completed"}  # fmt: skip
+        dsn,
+        repo_root,
+    )
+    assert got == {
+        "names": ["process greet", "request", "send greet"],
+        "send_parent": True,
+        "process_parent": True,
+        "outcome": "completed",
+    }
 
 
 def test_without_opentelemetry_installed_nothing_is_traced(dsn: str, repo_root: Path) -> None:
@@ -567,10 +592,17 @@ def test_without_opentelemetry_installed_nothing_is_traced(dsn: str, repo_root: 
                           "traced": traced, "refused": refused,
                           "otel_loaded": any(m.startswith("opentelemetry.") for m in sys.modules)}))
         """,
-        dsn, repo_root,
-    )  # fmt: skip
-    assert got == {"api": False, "current": True, "runs": 4, "traced": 0, "otel_loaded": False,
-                   "refused": "tracing needs opentelemetry-api: pip install 'miniqueue[otel]'"}  # fmt: skip
+        dsn,
+        repo_root,
+    )
+    assert got == {
+        "api": False,
+        "current": True,
+        "runs": 4,
+        "traced": 0,
+        "otel_loaded": False,
+        "refused": "tracing needs opentelemetry-api: pip install 'miniqueue[otel]'",
+    }
 
 
 def test_supervised_workers_export_their_spans_when_they_stop(

@@ -207,10 +207,12 @@ def test_two_schedules_of_one_task_get_their_own_slots(dsn: str, conn: Connectio
     assert len(run()) == 2
     found = conn.execute("SELECT idempotency_key, payload FROM miniqueue_jobs ORDER BY id").fetchall()
     assert sorted(found, key=lambda r: r[0]) == sorted(
-        [(key(slots["report"], "report"), {"kind": "daily"}),
-         (key(slots["report-late"], "report-late"), {"kind": "late"})],
+        [
+            (key(slots["report"], "report"), {"kind": "daily"}),
+            (key(slots["report-late"], "report-late"), {"kind": "late"}),
+        ],
         key=lambda r: r[0],
-    )  # fmt: skip
+    )
 
 
 def test_a_supervisors_reaper_enqueues_due_slots_and_its_workers_run_them(

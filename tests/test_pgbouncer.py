@@ -59,7 +59,6 @@ def executions(conn: Connection) -> None:
     conn.execute("TRUNCATE pooled_executions")
 
 
-
 @pytest.fixture
 def workers() -> Iterator[list[Running]]:
     started: list[Running] = []
@@ -189,7 +188,7 @@ def test_heartbeats_renew_the_lease_through_the_pooler(pooled: str, conn: Connec
 
 def test_migrations_through_the_pooler(
     fresh_database: str, bouncer: PgBouncer, monkeypatch: pytest.MonkeyPatch
-) -> None:  # fmt: skip
+) -> None:
     """Four migrators at once on an empty database, through 3 server connections: one applies
     every migration (in a schema of its own: nothing relies on the connection's search_path)."""
     monkeypatch.setenv(POOLER_ENV, "1")
@@ -261,12 +260,33 @@ def test_a_malformed_listen_url_is_refused() -> None:
 
 @pytest.mark.parametrize("listen", ["--listen-url", "--poll-only"])
 def test_supervised_drain_through_the_pooler(
-    listen: str, dsn: str, pooled: str, conn: Connection, bouncer: PgBouncer, executions: None,
-    repo_root: Path, tmp_path: Path,
-) -> None:  # fmt: skip
+    listen: str,
+    dsn: str,
+    pooled: str,
+    conn: Connection,
+    bouncer: PgBouncer,
+    executions: None,
+    repo_root: Path,
+    tmp_path: Path,
+) -> None:
     listen_args = ["--listen-url", dsn] if listen == "--listen-url" else ["--poll-only"]
-    argv = ["--app", "tests.pgbouncer:app", "--workers", "2", "--concurrency", "2", "--lease-duration", "5",
-            "--heartbeat-interval", "1", "--poll-interval", "0.2", "--reaper-interval", "1", *listen_args]  # fmt: skip
+    argv = [
+        "--app",
+        "tests.pgbouncer:app",
+        "--workers",
+        "2",
+        "--concurrency",
+        "2",
+        "--lease-duration",
+        "5",
+        "--heartbeat-interval",
+        "1",
+        "--poll-interval",
+        "0.2",
+        "--reaper-interval",
+        "1",
+        *listen_args,
+    ]
     supervisor = Supervised(pooled, argv, tmp_path / "supervisor", repo_root)
     try:
         supervisor.wait_ready(2)

@@ -59,7 +59,9 @@ def test_auto_is_stuck_only_when_every_thread_outlived_the_budget() -> None:
 
 
 def test_a_new_worker_claims_only_its_free_threads(
-    client: Client, conn: Connection, start_worker: StartWorker  # noqa: F811
+    client: Client,
+    conn: Connection,
+    start_worker: StartWorker,  # noqa: F811
 ) -> None:
     app = App()
     release = threading.Event()
@@ -76,7 +78,9 @@ def test_a_new_worker_claims_only_its_free_threads(
 
 
 def test_jobs_waiting_behind_a_long_job_are_handed_back_for_another_worker(
-    client: Client, conn: Connection, start_worker: StartWorker  # noqa: F811
+    client: Client,
+    conn: Connection,
+    start_worker: StartWorker,  # noqa: F811
 ) -> None:
     app = App()
     long_started, release = threading.Event(), threading.Event()
@@ -117,7 +121,10 @@ def test_jobs_waiting_behind_a_long_job_are_handed_back_for_another_worker(
 
 @pytest.mark.parametrize("slow_kind", ["def", "async def"])
 def test_in_an_app_of_both_kinds_a_job_waiting_behind_its_own_kind_goes_to_an_idle_worker(
-    client: Client, conn: Connection, start_worker: StartWorker, slow_kind: str  # noqa: F811
+    client: Client,
+    conn: Connection,
+    start_worker: StartWorker,  # noqa: F811
+    slow_kind: str,
 ) -> None:
     """Each kind of handler is judged alone: a worker whose one handler thread is busy holds no
     thread job back while its event loop idles (and the reverse), so an idle worker takes it."""

@@ -101,9 +101,13 @@ def supervised(dsn: str, tmp_path: Path, repo_root: Path, conn: Connection) -> I
     conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
     conn.execute("TRUNCATE miniqueue_processes")
     port = free_port()
-    sup = Supervised(dsn, ["--app", APP, "--workers", "2", "--metrics-port", str(port), "--metrics-interval", "0.2",
-                          *FAST],
-                     tmp_path / "supervisor", repo_root, env={**os.environ, "WATCHDOG_USEC": "1000000"})  # fmt: skip
+    sup = Supervised(
+        dsn,
+        ["--app", APP, "--workers", "2", "--metrics-port", str(port), "--metrics-interval", "0.2", *FAST],
+        tmp_path / "supervisor",
+        repo_root,
+        env={**os.environ, "WATCHDOG_USEC": "1000000"},
+    )
     sup.wait_ready(2)
     yield sup, port
     sup.stop()
@@ -158,8 +162,10 @@ def test_a_scrape_never_waits_on_the_database(supervised: tuple[Supervised, int]
     wait_until(lambda: "miniqueue_database_up 1.0" in get(port, "/metrics")[1], what="a first reading")
     with psycopg.connect(dsn) as locker:
         locker.execute("LOCK TABLE miniqueue_jobs IN ACCESS EXCLUSIVE MODE")
-        waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:gauges' " \
-                  "AND wait_event_type = 'Lock'"  # fmt: skip
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'miniqueue:gauges' "
+            "AND wait_event_type = 'Lock'"
+        )
         wait_until(lambda: conn.execute(waiting).fetchone() == (1,), what="the reaper's reading waiting on the lock")
         status, body = get(port, "/metrics")
         assert status == 200 and "miniqueue_processes" in body
@@ -204,8 +210,9 @@ def test_supervisor_registers_its_processes(supervised: tuple[Supervised, int], 
     def registered() -> list[tuple[str, int]]:
         return conn.execute("SELECT kind, pid FROM miniqueue_processes ORDER BY kind, pid").fetchall()
 
-    expected = sorted([("supervisor", sup.proc.pid), ("reaper", sup.reaper() or 0)] +
-                      [("worker", pid) for pid in sup.workers()])  # fmt: skip
+    expected = sorted(
+        [("supervisor", sup.proc.pid), ("reaper", sup.reaper() or 0)] + [("worker", pid) for pid in sup.workers()]
+    )
     wait_until(lambda: sorted(registered()) == expected, what=f"registry rows {expected}")
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(20) == 0
@@ -226,8 +233,11 @@ def test_registry_shows_running_jobs_and_counts_finished_ones(
     def workers() -> list[tuple[int, list[int]]]:
         return conn.execute("SELECT jobs_done, current_jobs FROM miniqueue_processes WHERE kind = 'worker'").fetchall()
 
-    wait_until(lambda: sorted(current for _, current in workers()) == [[], [long]], timeout=20,
-               what="the long job in the registry")  # fmt: skip
+    wait_until(
+        lambda: sorted(current for _, current in workers()) == [[], [long]],
+        timeout=20,
+        what="the long job in the registry",
+    )
     wait_until(lambda: sum(done for done, _ in workers()) == 25, timeout=20, what="25 jobs done")
     client.cancel([long])  # its heartbeat finds the lease gone and tells the handler to stop
     sup.proc.send_signal(signal.SIGTERM)
@@ -248,8 +258,13 @@ def test_healthcheck_command_exit_codes(supervised: tuple[Supervised, int], dsn:
     _, port = supervised
 
     def healthcheck(*args: str) -> int:
-        result = subprocess.run([sys.executable, "-m", "miniqueue.cli", "healthcheck", *args], capture_output=True,
-                                text=True, timeout=30, env={**os.environ, "DATABASE_URL": dsn})  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "miniqueue.cli", "healthcheck", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "DATABASE_URL": dsn},
+        )
         return result.returncode
 
     assert healthcheck() == 0

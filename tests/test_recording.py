@@ -77,8 +77,13 @@ def test_each_outcome_is_recorded_as_its_kind(app: App, client: Client, store: S
     recording.finished(jobs[ids[2]], Outcome("permanent", "PermanentError: no"))
     recording.finished(jobs[ids[3]], Outcome("snoozed", delay=30.0))
     recording.finished(jobs[last], Outcome("error", "ValueError: again"))
-    assert recording.flush() == {ids[0]: "completed", ids[1]: "retried", ids[2]: "failed", ids[3]: "snoozed",
-                                 last: "dead"}  # fmt: skip
+    assert recording.flush() == {
+        ids[0]: "completed",
+        ids[1]: "retried",
+        ids[2]: "failed",
+        ids[3]: "snoozed",
+        last: "dead",
+    }
     assert (row(conn, ids[0])["state"], row(conn, ids[0])["result"]) == ("completed", {"n": 1})
     retried = row(conn, ids[1])
     assert retried["state"] == "available"
@@ -155,11 +160,13 @@ def test_the_groups_of_the_jobs_completing_are_the_ones_a_claim_keeps() -> None:
         now = dt.datetime.now(dt.timezone.utc)
         return Job(Lease(job_id, "default", "t", {}, 0, 1, 5, now, now, now, limits), worker_id=WORKER)
 
-    batch = Batch.of([
-        (job(1, ["concurrency t A"]), Outcome("completed", result="1")),
-        (job(2, ["concurrency t B"]), Outcome("error", "x")),
-        (job(3, None), Outcome("completed")),
-    ])  # fmt: skip
+    batch = Batch.of(
+        [
+            (job(1, ["concurrency t A"]), Outcome("completed", result="1")),
+            (job(2, ["concurrency t B"]), Outcome("error", "x")),
+            (job(3, None), Outcome("completed")),
+        ]
+    )
     assert batch.completions == [(1, 1), (3, 1)]
     assert batch.results == {1: "1"}
     assert batch.kept() == {("concurrency t A",)}

@@ -39,15 +39,19 @@ def tally_of(*seconds: float) -> Tally:
 @pytest.mark.parametrize(
     "report",
     [
-        Beat(True), Beat(False), Beat(None),
-        Ready("host:4242:a1b2c3"), Ready("-"),
-        Start(12, 3, None, "send_email"), Start(12, 3, 0.5, "reports.nightly:v2"),
+        Beat(True),
+        Beat(False),
+        Beat(None),
+        Ready("host:4242:a1b2c3"),
+        Ready("-"),
+        Start(12, 3, None, "send_email"),
+        Start(12, 3, 0.5, "reports.nightly:v2"),
         End(9_223_372_036_854_775_807),
         Error("Traceback (most recent call last):\n  File \"app.py\", line 3\nKeyError: 'api_key'"),
         Error("a backslash \\n is not a newline, \\\\ nor a space \\s"),
         Error(""),
     ],
-)  # fmt: skip
+)
 def test_a_report_survives_its_line(report: reports.Report) -> None:
     line = reports.encode(report)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
@@ -61,8 +65,12 @@ def test_a_tally_survives_its_line_with_inclusive_bounds() -> None:
     assert (decoded.outcome, decoded.queue, decoded.task) == ("retried", "emails", "send welcome mail")
     assert decoded.tally.count == 5 and decoded.tally.seconds == pytest.approx(1e9 + 7.0021)
     assert dict(zip(DURATION_BUCKETS, decoded.tally.buckets, strict=True)) == {
-        **dict.fromkeys(DURATION_BUCKETS, 0), 0.001: 2, 0.005: 1, 10: 1, float("inf"): 1,
-    }  # fmt: skip
+        **dict.fromkeys(DURATION_BUCKETS, 0),
+        0.001: 2,
+        0.005: 1,
+        10: 1,
+        float("inf"): 1,
+    }
 
 
 @pytest.mark.parametrize("text", ["x" * 5000, "é" * 3000, "\\" * 4500, "a\nb " * 2000])

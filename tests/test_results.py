@@ -80,8 +80,11 @@ def test_results_round_trip_awkward_json(client: Client, conn: Connection, start
         assert row(conn, job_id)["result"] == value
     # Returning nothing stores no result (SQL NULL), unlike returning False or 0.
     assert client.result(silent) is None
-    stored = conn.execute("SELECT result IS NULL, count(*) FILTER (WHERE result = 'null') FROM miniqueue_jobs "
-                          "WHERE id = %s GROUP BY result", [silent]).fetchone()  # fmt: skip
+    stored = conn.execute(
+        "SELECT result IS NULL, count(*) FILTER (WHERE result = 'null') FROM miniqueue_jobs "
+        "WHERE id = %s GROUP BY result",
+        [silent],
+    ).fetchone()
     assert stored == (True, 0)
     assert conn.execute("SELECT result = 'false'::jsonb FROM miniqueue_jobs WHERE id = %s", [ids[3]]).fetchone() == (
         True,
@@ -178,8 +181,10 @@ def test_wait_times_out_cleanly(client: Client, conn: Connection) -> None:
     stored = row(conn, job_id)
     assert stored["state"] == "available" and stored["attempt"] == 0
     # The wait's own connection is closed.
-    gone = ("SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'miniqueue:wait' "
-            "AND datname = current_database()")
+    gone = (
+        "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'miniqueue:wait' "
+        "AND datname = current_database()"
+    )
     wait_until(lambda: conn.execute(gone).fetchone() == (True,), what="the wait's connection closed")
     with pytest.raises(WaitTimeout):
         client.wait(job_id, timeout=0)

@@ -98,12 +98,13 @@ def _charge_without_the_app(conn: Connection, how: str, tasks: list[str]) -> lis
             expire_lease(conn, job_id)
         store.recover_expired_leases(conn)
     delays = [
-        conn.execute("SELECT extract(epoch FROM scheduled_at - now())::float FROM miniqueue_jobs WHERE id = %s",
-                     [job_id]).fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "SELECT extract(epoch FROM scheduled_at - now())::float FROM miniqueue_jobs WHERE id = %s", [job_id]
+        ).fetchone()[0]  # type: ignore[index]
         for job_id in ids
     ]
     conn.execute("DELETE FROM miniqueue_jobs WHERE id = ANY(%s)", [ids])
-    return delays  # fmt: skip
+    return delays
 
 
 @pytest.mark.parametrize("how", ["crash", "expired lease"])

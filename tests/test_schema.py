@@ -73,16 +73,20 @@ SCHEMAS_POSTGRESQL_REFUSES = {
     "pg_temp": ("pg_temp", "PostgreSQL reserves names starting with 'pg_'"),
     "pg_catalog": ("pg_catalog", "PostgreSQL reserves names starting with 'pg_'"),
     "information_schema": ("information_schema", "it is PostgreSQL's own schema"),
-    "a channel name too long": ("q" * (MAX_SCHEMA_LENGTH + 1), f"it is {MAX_SCHEMA_LENGTH + 1} characters long, and at "
-                                f"most {MAX_SCHEMA_LENGTH} keep the names miniqueue derives from it within "
-                                "PostgreSQL's 63 bytes ('miniqueue_<schema>_finished' would be 64)"),
+    "a channel name too long": (
+        "q" * (MAX_SCHEMA_LENGTH + 1),
+        f"it is {MAX_SCHEMA_LENGTH + 1} characters long, and at "
+        f"most {MAX_SCHEMA_LENGTH} keep the names miniqueue derives from it within "
+        "PostgreSQL's 63 bytes ('miniqueue_<schema>_finished' would be 64)",
+    ),
     "an identifier too long": ("q" * 64, "it is 64 characters long"),
     "upper case": ("Tenant", f"use 1-{MAX_SCHEMA_LENGTH} characters of a-z, 0-9 or '_'"),
 }
 
 
-@pytest.mark.parametrize(("name", "problem"), list(SCHEMAS_POSTGRESQL_REFUSES.values()),
-                         ids=list(SCHEMAS_POSTGRESQL_REFUSES))  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "problem"), list(SCHEMAS_POSTGRESQL_REFUSES.values()), ids=list(SCHEMAS_POSTGRESQL_REFUSES)
+)
 def test_a_schema_postgresql_would_refuse_is_one_line_and_changes_nothing(
     cli: Invoke, conn: Connection, name: str, problem: str
 ) -> None:
@@ -133,9 +137,12 @@ def test_the_longest_schema_name_runs_a_job_end_to_end(
 
 def test_the_supervisors_schema_is_its_childrens() -> None:
     config = SupervisorConfig(
-        dsn="", app_ref="a:b", schema="tenant_a", worker=WorkerConfig(schema="public"),
+        dsn="",
+        app_ref="a:b",
+        schema="tenant_a",
+        worker=WorkerConfig(schema="public"),
         reaper=ReaperConfig(schema="other"),
-    )  # fmt: skip
+    )
     assert (config.worker.schema, config.reaper.schema) == ("tenant_a", "tenant_a")
 
 

@@ -18,8 +18,12 @@ SNAPSHOT = Path(__file__).parent / "sql" / "store.sql"
 UPDATE = "MINIQUEUE_UPDATE_SQL_SNAPSHOT"
 
 CLAIMS = ["_claim_one", "_claim_many", "_claim_one_down", "_claim_many_down"]
-COMPLETE_AND_CLAIMS = ["_complete_and_claim_one", "_complete_and_claim_many", "_complete_and_claim_one_down",
-                       "_complete_and_claim_many_down"]  # fmt: skip
+COMPLETE_AND_CLAIMS = [
+    "_complete_and_claim_one",
+    "_complete_and_claim_many",
+    "_complete_and_claim_one_down",
+    "_complete_and_claim_many_down",
+]
 # The statements that finish jobs (and count them, and settle them), and those that remove
 # finished ones (and count them off).
 FINISHING = ["_complete", "_record_failures", "_fail", "_recover", "_cancel", *COMPLETE_AND_CLAIMS]
@@ -57,10 +61,26 @@ def test_a_schema_qualifies_every_table() -> None:
 
 
 def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection) -> None:
-    params = {"worker": "w", "lease": 30.0, "limit": 1, "queue": "q", "queues": ["q", "r"], "ids": [], "attempts": [],
-              "after": [], "groups": 2, "scan": 68, "kept": 1, "results": []}
-    for query, skip in ((store._claim_one, 0), (store._claim_many, 0), (store._complete_and_claim_one, 1),
-                        (store._complete_and_claim_many, 1)):  # fmt: skip
+    params = {
+        "worker": "w",
+        "lease": 30.0,
+        "limit": 1,
+        "queue": "q",
+        "queues": ["q", "r"],
+        "ids": [],
+        "attempts": [],
+        "after": [],
+        "groups": 2,
+        "scan": 68,
+        "kept": 1,
+        "results": [],
+    }
+    for query, skip in (
+        (store._claim_one, 0),
+        (store._claim_many, 0),
+        (store._complete_and_claim_one, 1),
+        (store._complete_and_claim_many, 1),
+    ):
         cur = conn.execute(query, params)
         assert cur.description is not None
         assert [column.name for column in cur.description][skip:] == list(Lease._fields)
@@ -84,9 +104,11 @@ def test_the_parts_written_in_several_statements_stay_identical() -> None:
         "per_minute": (r"per_minute AS \((.*?RETURNING 1)\)", FINISHING),
         "settled": (r"settled AS \((.*?>= 0)\)", [*FINISHING, "_delete"]),
         "the fence": (r"(AND state = 'running' AND leased_by = %\(worker\)s)", FENCED),
-        "the history entry": (r"(errors = \S*errors \|\| jsonb_build_array\(jsonb_build_object\(.*?'error', )",
-                              WITH_HISTORY),
-    }  # fmt: skip
+        "the history entry": (
+            r"(errors = \S*errors \|\| jsonb_build_array\(jsonb_build_object\(.*?'error', )",
+            WITH_HISTORY,
+        ),
+    }
     for part, (pattern, names) in parts.items():
         copies = _copies(store, pattern, names)
         if part == "counted":  # a statement that removes finished jobs counts them off
@@ -113,22 +135,32 @@ def test_the_claims_forms_differ_only_where_claim_sql_says() -> None:
 
     def down(text: str) -> str:
         for cursor in ("%(after)s::text[]", "g.limits"):
-            text = text.replace(f"limits > {cursor}\n         ORDER BY limits LIMIT 1",
-                                f"limits < {cursor}\n         ORDER BY limits DESC LIMIT 1")  # fmt: skip
+            text = text.replace(
+                f"limits > {cursor}\n         ORDER BY limits LIMIT 1",
+                f"limits < {cursor}\n         ORDER BY limits DESC LIMIT 1",
+            )
         return text
 
     completion = store._complete[len("\nWITH ") : store._complete.index("\nSELECT id FROM completed WHERE")]
 
     def completing(text: str) -> str:
         text = text.replace("WITH RECURSIVE \n", f"WITH RECURSIVE {completion}, \n")
-        text = text.replace("FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k",
-                            "FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k")  # fmt: skip
-        text = text.replace("AND NOT false)", "AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], "
-                            "%(attempts)b::int[]) AS c(id, attempt)\n                WHERE c.id = h.id AND "
-                            "c.attempt = h.attempt))")  # fmt: skip
-        return text.replace("SELECT * FROM claimed\n", "SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, "
-                            "c.*\n  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true\n"
-                            " WHERE (SELECT count(*) FROM settled) >= 0\n")  # fmt: skip
+        text = text.replace(
+            "FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k",
+            "FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k",
+        )
+        text = text.replace(
+            "AND NOT false)",
+            "AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], "
+            "%(attempts)b::int[]) AS c(id, attempt)\n                WHERE c.id = h.id AND "
+            "c.attempt = h.attempt))",
+        )
+        return text.replace(
+            "SELECT * FROM claimed\n",
+            "SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, "
+            "c.*\n  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true\n"
+            " WHERE (SELECT count(*) FROM settled) >= 0\n",
+        )
 
     assert store._claim_many == many(one)
     assert store._claim_one_down == down(one)
@@ -150,10 +182,17 @@ def test_the_store_names_the_arguments_of_the_functions_it_calls() -> None:
     013 for miniqueue_settle, 020 for miniqueue_retry_delay), so that it reads without them."""
     text = rendered(Store("public"))
     arguments = {
-        '"public"."miniqueue_settle"(': ["notify_ids", "released", "cancel_children", "cancel_parents",
-                                         "cancel_states", "channel", "queue_channel"],
+        '"public"."miniqueue_settle"(': [
+            "notify_ids",
+            "released",
+            "cancel_children",
+            "cancel_parents",
+            "cancel_states",
+            "channel",
+            "queue_channel",
+        ],
         '"public"."miniqueue_retry_delay"(': ["task", "attempt", "default_base", "default_cap"],
-    }  # fmt: skip
+    }
     for function, names in arguments.items():
         calls = text.count(function)
         assert calls > 0

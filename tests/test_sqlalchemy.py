@@ -34,10 +34,14 @@ def sqlalchemy_url(dsn: str) -> URL:
     host = parts.get("host")
     socket = host is not None and host.startswith("/")
     return URL.create(
-        "postgresql+psycopg", username=parts.get("user"), password=parts.get("password"),
-        host=None if socket else host, port=int(parts["port"]) if "port" in parts else None,
-        database=parts.get("dbname"), query={"host": host} if socket and host else {},
-    )  # fmt: skip
+        "postgresql+psycopg",
+        username=parts.get("user"),
+        password=parts.get("password"),
+        host=None if socket else host,
+        port=int(parts["port"]) if "port" in parts else None,
+        database=parts.get("dbname"),
+        query={"host": host} if socket and host else {},
+    )
 
 
 @pytest.fixture

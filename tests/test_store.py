@@ -815,8 +815,9 @@ def test_copy_many_refuses_jobs_it_cannot_store_faithfully(store: Store, conn: C
     assert count(conn) == 0
     stored = store.copy_many(conn, 2, delayed, scheduled=True)
     assert [row(conn, r.id)["scheduled_at"] - row(conn, r.id)["created_at"] for r in stored] == [
-        dt.timedelta(0), dt.timedelta(seconds=60)
-    ]  # fmt: skip
+        dt.timedelta(0),
+        dt.timedelta(seconds=60),
+    ]
 
 
 def test_attempts_read_as_charged_of_the_budget_never_as_the_fencing_token(store: Store, conn: Connection) -> None:

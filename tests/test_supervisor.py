@@ -60,8 +60,12 @@ def test_spawns_named_workers_and_a_reaper(supervise: StartSupervisor) -> None:
     sup = supervise(workers=3)
     sup.wait_ready(3)
     titles = sorted(sup.titles().values())
-    assert titles == ["miniqueue reaper", "miniqueue worker-1 idle", "miniqueue worker-2 idle",
-                      "miniqueue worker-3 idle"]  # fmt: skip
+    assert titles == [
+        "miniqueue reaper",
+        "miniqueue worker-1 idle",
+        "miniqueue worker-2 idle",
+        "miniqueue worker-3 idle",
+    ]
     assert " ".join(sup.process.cmdline()).strip() == "miniqueue supervisor"
 
 
@@ -93,8 +97,9 @@ def test_a_crashed_workers_job_waits_its_tasks_own_backoff(
     pid = wait_until(lambda: held_by(conn, job_id), what="job running")
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: row(conn, job_id)["state"] == "available", what="the crash charged")
-    [waits] = conn.execute("SELECT scheduled_at - now() > interval '2 seconds' FROM miniqueue_jobs WHERE id = %s",
-                           [job_id]).fetchone() or [None]  # fmt: skip
+    [waits] = conn.execute(
+        "SELECT scheduled_at - now() > interval '2 seconds' FROM miniqueue_jobs WHERE id = %s", [job_id]
+    ).fetchone() or [None]
     assert waits, "retried within the default backoff's 2 s, not the task's days"
     assert row(conn, job_id)["errors"][0]["error"] == f"worker process died: SIGKILL (pid {pid})"
 
@@ -281,15 +286,23 @@ def test_a_handler_past_its_hard_timeout_is_killed_and_charged(
 @pytest.mark.parametrize(
     ("app", "error"),
     [
-        ("tests.apss.supervised:app", "Error: cannot import module 'tests.apss.supervised' for app "
-         "'tests.apss.supervised:app': ModuleNotFoundError: No module named 'tests.apss'"),
-        ("tests.apps.broken:app", "Error: cannot import module 'tests.apps.broken' for app 'tests.apps.broken:app': "
-         "RuntimeError: this app is broken on purpose (at "),
-        ("tests.apps.supervised:ap", "Error: module 'tests.apps.supervised' has no attribute 'ap' "
-         "(app 'tests.apps.supervised:ap')"),
+        (
+            "tests.apss.supervised:app",
+            "Error: cannot import module 'tests.apss.supervised' for app "
+            "'tests.apss.supervised:app': ModuleNotFoundError: No module named 'tests.apss'",
+        ),
+        (
+            "tests.apps.broken:app",
+            "Error: cannot import module 'tests.apps.broken' for app 'tests.apps.broken:app': "
+            "RuntimeError: this app is broken on purpose (at ",
+        ),
+        (
+            "tests.apps.supervised:ap",
+            "Error: module 'tests.apps.supervised' has no attribute 'ap' (app 'tests.apps.supervised:ap')",
+        ),
     ],
     ids=["a typo in the module", "a module that raises", "a typo in the attribute"],
-)  # fmt: skip
+)
 def test_an_app_that_does_not_load_stops_the_supervisor_before_any_fork(
     supervise: StartSupervisor, app: str, error: str, preload: list[str]
 ) -> None:
@@ -315,8 +328,9 @@ def test_children_that_keep_failing_to_boot_stop_the_supervisor(supervise: Start
 
 def test_a_stop_during_the_app_check_ends_it(supervise: StartSupervisor) -> None:
     sup = supervise(app="tests.apps.never_loads:app", workers=1)
-    check = wait_until(lambda: [pid for pid, title in sup.titles().items() if "app-check" in title],
-                       what="the app check running")  # fmt: skip
+    check = wait_until(
+        lambda: [pid for pid, title in sup.titles().items() if "app-check" in title], what="the app check running"
+    )
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(30) == 0
     assert not psutil.pid_exists(check[0]) or psutil.Process(check[0]).status() == psutil.STATUS_ZOMBIE
@@ -350,8 +364,12 @@ def test_two_supervisors_share_the_work_without_duplicates(
 def test_bad_options_get_one_clear_line(dsn: str, repo_root: Path, args: list[str], message: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "miniqueue.cli", "supervise", "--app", APP, *args],
-        env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        env={**os.environ, "DATABASE_URL": dsn},
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -360,12 +378,21 @@ def test_bad_options_get_one_clear_line(dsn: str, repo_root: Path, args: list[st
 def test_demo_prints_jobs_in_priority_order(dsn: str, repo_root: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "miniqueue.cli", "demo"],
-        env={**os.environ, "DATABASE_URL": dsn}, cwd=repo_root, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env={**os.environ, "DATABASE_URL": dsn},
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     processed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("processed")]
-    assert processed == ["process_payment", "generate_thumbnail", "sync_inventory", "send_welcome_email",
-                         "send_notification"]  # fmt: skip
+    assert processed == [
+        "process_payment",
+        "generate_thumbnail",
+        "sync_inventory",
+        "send_welcome_email",
+        "send_notification",
+    ]
 
 
 @pytest.fixture
@@ -390,8 +417,13 @@ def test_sigkill_mid_workflow_releases_each_dependent_once_after_its_parents(
         slow_step = {"sleep_on": [1, 2], "seconds": 5}
         members = [JobSpec("step", {"value": 1}) for _ in range(5)] + [JobSpec("step", {"value": 1, **slow_step})]
         group = client.group(members, then=JobSpec("step", {"value": 100}))
-        chain = client.chain([JobSpec("step", {"value": 1}), JobSpec("step", {"value": 10, **slow_step}),
-                              JobSpec("step", {"value": 100})])  # fmt: skip
+        chain = client.chain(
+            [
+                JobSpec("step", {"value": 1}),
+                JobSpec("step", {"value": 10, **slow_step}),
+                JobSpec("step", {"value": 100}),
+            ]
+        )
         for slow in (group.members[-1].id, chain[1].id):
             pid = wait_until(lambda: handler_started(conn, slow) and held_by(conn, slow), what="slow job running")  # noqa: B023
             os.kill(pid, signal.SIGKILL)
@@ -426,8 +458,10 @@ def test_a_worker_that_dies_after_it_was_ready_has_its_cause_logged(
         sup = fleet.start("--schema", schema, workers=1)
         sup.wait_ready(1)
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))  # under the worker's feet
-        cause = (r"worker-1 \(pid (\d+)\) exited with code 1\n.* worker-1 \(pid \1\) reported: "
-                 r"miniqueue\.SchemaOutOfDate: the miniqueue tables are missing")
+        cause = (
+            r"worker-1 \(pid (\d+)\) exited with code 1\n.* worker-1 \(pid \1\) reported: "
+            r"miniqueue\.SchemaOutOfDate: the miniqueue tables are missing"
+        )
         wait_until(lambda: re.search(cause, sup.output()), what="the worker's own error in the supervisor's log")
     finally:
         fleet.stop_all()

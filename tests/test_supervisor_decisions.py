@@ -10,11 +10,19 @@ from miniqueue.supervise.children import Child, RunningJob
 from miniqueue.supervise.decisions import Kill, Restart, RestartBackoff, Retire, overdue, resize
 
 
-def child(slot: str = "worker-1", *, started: float = 0.0, last_report: float = 0.0, ready: bool = True,
-          pid: int = 100, reaper: bool = False) -> Child:  # fmt: skip
+def child(
+    slot: str = "worker-1",
+    *,
+    started: float = 0.0,
+    last_report: float = 0.0,
+    ready: bool = True,
+    pid: int = 100,
+    reaper: bool = False,
+) -> Child:
     worker_id = None if reaper else f"host:{pid}:abc"
-    return Child(slot=slot, pid=pid, read_fd=-1, worker_id=worker_id, started=started, last_report=last_report,
-                 ready=ready)  # fmt: skip
+    return Child(
+        slot=slot, pid=pid, read_fd=-1, worker_id=worker_id, started=started, last_report=last_report, ready=ready
+    )
 
 
 # -- restarts ------------------------------------------------------------------------------------
@@ -100,11 +108,15 @@ LIVENESS, GRACE = 30.0, 5.0
 
 
 def check(
-    children: list[Child], now: float, *, max_memory_mb: float | None = None,
+    children: list[Child],
+    now: float,
+    *,
+    max_memory_mb: float | None = None,
     rss_mb: Callable[[int], float | None] = lambda pid: None,
-) -> list[Kill | Retire]:  # fmt: skip
-    return overdue(children, now, liveness_timeout=LIVENESS, timeout_grace=GRACE, max_memory_mb=max_memory_mb,
-                   rss_mb=rss_mb)  # fmt: skip
+) -> list[Kill | Retire]:
+    return overdue(
+        children, now, liveness_timeout=LIVENESS, timeout_grace=GRACE, max_memory_mb=max_memory_mb, rss_mb=rss_mb
+    )
 
 
 def test_a_job_past_its_timeout_and_grace_gets_its_worker_killed_on_its_account() -> None:

@@ -185,8 +185,12 @@ def test_a_handler_that_never_returns_fails_the_test_names_its_job_and_lets_the_
     args = ["-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "--basetemp", str(tmp_path / "tmp")]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *args, "test_hang.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
-    )  # fmt: skip (the process must end by itself: a timeout here is the failure)
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )  # the process must end by itself: a timeout here is the failure
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed" in done.stdout, done.stdout
     assert "RunTimeout: run_jobs: jobs still due or running after 2s" in done.stdout, done.stdout
@@ -295,7 +299,11 @@ def test_the_plugin_in_a_users_suite(tmp_path: Path, server_dsn: str, repo_root:
     args = ["-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "--basetemp", str(tmp_path / "tmp")]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *args, "test_user.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout

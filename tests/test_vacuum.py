@@ -56,8 +56,12 @@ def maintenance(dsn: str) -> tuple[int, int]:
 def wait_for_churn(dsn: str, *, updated: int = 0, changed: int = 0) -> None:
     """Poll until the server's statistics show the rows a finished connection wrote (each
     backend reports its counts when it goes idle or exits, a moment later)."""
-    wait_until(lambda: (seen := churn(dsn)).updated >= updated and seen.changed >= changed, timeout=20,
-               interval=0.05, what=f"statistics showing {updated} updated and {changed} changed rows")  # fmt: skip
+    wait_until(
+        lambda: (seen := churn(dsn)).updated >= updated and seen.changed >= changed,
+        timeout=20,
+        interval=0.05,
+        what=f"statistics showing {updated} updated and {changed} changed rows",
+    )
 
 
 def enqueue(dsn: str, jobs: int) -> None:

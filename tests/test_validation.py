@@ -103,9 +103,16 @@ def test_payload_nested_too_deeply(client: Client, conn: Connection) -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [{"a": [1, 2.5, True, None], "é": "ünïcødé ✓"}, {2: "int key", True: "bool key", None: "none key"},
-     "just a string", 7, [], {"nested": {"deeper": [{"x": -1e300}]}}, {"s": "tab\there\nnewline \\ back"}],
-)  # fmt: skip
+    [
+        {"a": [1, 2.5, True, None], "é": "ünïcødé ✓"},
+        {2: "int key", True: "bool key", None: "none key"},
+        "just a string",
+        7,
+        [],
+        {"nested": {"deeper": [{"x": -1e300}]}},
+        {"s": "tab\there\nnewline \\ back"},
+    ],
+)
 def test_payload_encoding_is_compact_json_as_json_dumps_writes_it(payload: Any) -> None:
     expected = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     assert encode_payload(payload) == expected
@@ -189,9 +196,15 @@ def test_run_at_and_delay_together(client: Client, conn: Connection) -> None:
 
 @pytest.mark.parametrize(
     ("delay", "shown"),
-    [(-1, "delay -1"), (-0.001, "delay -0.001"), (dt.timedelta(seconds=-5), "delay datetime.timedelta"),
-     (float("nan"), "delay nan"), (float("inf"), "delay inf"), (True, "delay True")],
-)  # fmt: skip
+    [
+        (-1, "delay -1"),
+        (-0.001, "delay -0.001"),
+        (dt.timedelta(seconds=-5), "delay datetime.timedelta"),
+        (float("nan"), "delay nan"),
+        (float("inf"), "delay inf"),
+        (True, "delay True"),
+    ],
+)
 def test_bad_delay(client: Client, conn: Connection, delay: Any, shown: str) -> None:
     rejected(client, conn, JobSpec("t", delay=delay), shown, "non-negative number of seconds")
 

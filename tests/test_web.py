@@ -109,8 +109,10 @@ def test_overview_shows_counts_oldest_wait_throughput_and_paused_queues(
     completed_job(client, store, conn)
     client.enqueue("send_email", queue="emails")
     client.enqueue("send_email", queue="emails", delay=3600)
-    conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() - interval '125 seconds' WHERE state = 'available' "
-                 "AND scheduled_at <= now()")  # fmt: skip
+    conn.execute(
+        "UPDATE miniqueue_jobs SET scheduled_at = now() - interval '125 seconds' WHERE state = 'available' "
+        "AND scheduled_at <= now()"
+    )
     store.set_queue_paused(conn, "emails", True)
 
     html = web.get("/").text
@@ -204,8 +206,9 @@ def test_job_detail_shows_redacted_payload_errors_workers_and_timeline(
     client: Client, store: Store, conn: Connection
 ) -> None:
     payload = {"to": "ada@example.com", "smtp": {"password": "hunter2"}}
-    job_id = dead_job(client, store, conn, "ValueError: first", "KeyError: 'second'", payload=payload,
-                      workers=(WORKER, OTHER_WORKER))  # fmt: skip
+    job_id = dead_job(
+        client, store, conn, "ValueError: first", "KeyError: 'second'", payload=payload, workers=(WORKER, OTHER_WORKER)
+    )
     with on_localhost(create_app(client, redact=redact_keys(["password"]))) as web:
         html = web.get(f"/jobs/{job_id}").text
     assert "ada@example.com" in html and "hunter2" not in html and "••••••" in html
@@ -235,12 +238,32 @@ def test_ids_out_of_range_or_not_ascii_digits_are_a_400(web: TestClient) -> None
 def test_workers_page_shows_the_process_registry(web: TestClient, store: Store, conn: Connection) -> None:
     now = store.now(conn)
     supervisor = "web-7:4200"
-    store.register_processes(conn, supervisor, "web-7", [
-        ProcessInfo(id=supervisor, kind="supervisor", pid=4200, title="miniqueue-supervise: 2 workers", started_at=now,
-                    rss_bytes=30 * 1024 * 1024),
-        ProcessInfo(id=WORKER, kind="worker", pid=4242, title="miniqueue worker: busy", started_at=now,
-                    rss_bytes=50 * 1024 * 1024, jobs_done=17, restarts=2, current_jobs=(991,)),
-    ])  # fmt: skip
+    store.register_processes(
+        conn,
+        supervisor,
+        "web-7",
+        [
+            ProcessInfo(
+                id=supervisor,
+                kind="supervisor",
+                pid=4200,
+                title="miniqueue-supervise: 2 workers",
+                started_at=now,
+                rss_bytes=30 * 1024 * 1024,
+            ),
+            ProcessInfo(
+                id=WORKER,
+                kind="worker",
+                pid=4242,
+                title="miniqueue worker: busy",
+                started_at=now,
+                rss_bytes=50 * 1024 * 1024,
+                jobs_done=17,
+                restarts=2,
+                current_jobs=(991,),
+            ),
+        ],
+    )
     html = web.get("/workers").text
     assert "miniqueue-supervise: 2 workers" in html and "miniqueue worker: busy" in html
     worker_row = html[html.index("miniqueue worker: busy") :].split("</tr>")[0]
@@ -302,8 +325,9 @@ def test_act_on_a_selection_counts_only_the_jobs_it_applies_to(
     assert "Requeue 2 jobs?" in page and "1 completed job" in page
     assert 'name="expected" value="2"' in page and 'name="state" value="dead"' in page
     caplog.set_level(logging.INFO, logger=AUDIT)
-    response = post(web, "/jobs/action", action="requeue", ids=[str(i) for i in [*dead, done]], expected="2",
-                    state="dead")  # fmt: skip
+    response = post(
+        web, "/jobs/action", action="requeue", ids=[str(i) for i in [*dead, done]], expected="2", state="dead"
+    )
     assert response.headers["location"] == "/jobs?state=dead&done=requeue&n=2"
     assert [row(conn, i)["state"] for i in [*dead, done]] == ["available", "available", "completed"]
     assert audit_lines(caplog) == [
@@ -418,7 +442,11 @@ def test_periodic_enable_disable_and_run_now(
         job_id = int(response.headers["location"].split("/")[-1].split("?")[0])
         job = row(conn, job_id)
         assert (job["task"], job["queue"], job["payload"], job["max_attempts"]) == (
-            "send_digest", "emails", {"kind": "hourly"}, 3)  # fmt: skip
+            "send_digest",
+            "emails",
+            {"kind": "hourly"},
+            3,
+        )
         assert post(web, "/periodic/nope/run").status_code == 404
     assert audit_lines(caplog) == [
         "user=anonymous@testclient action=disable-schedule schedule=hourly-digest count=1 outcome=ok",
@@ -550,8 +578,11 @@ def test_mounted_under_a_prefix_inside_another_app(client: Client, store: Store,
         assert f'href="/admin/queue/jobs/{job_id}"' in page and 'href="/admin/queue/static/style.css"' in page
         assert 'data-live="/admin/queue/jobs?partial=1"' in page
         assert web.get("/admin/queue/static/live.js").status_code == 200
-        response = web.post(f"/admin/queue/jobs/{job_id}/requeue", data={"csrf_token": web.cookies["miniqueue_csrf"]},
-                            follow_redirects=False)  # fmt: skip
+        response = web.post(
+            f"/admin/queue/jobs/{job_id}/requeue",
+            data={"csrf_token": web.cookies["miniqueue_csrf"]},
+            follow_redirects=False,
+        )
         assert response.headers["location"] == f"/admin/queue/jobs/{job_id}?done=requeue&n=1"
     assert row(conn, job_id)["state"] == "available"
 

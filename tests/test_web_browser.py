@@ -72,8 +72,13 @@ def page(browser: Browser, server: str) -> Iterator[Page]:
 
 def demo_app() -> App:
     app = App()
-    for task, queue in [("send_email", "emails"), ("build_report", "reports"), ("resize_image", "images"),
-                        ("deliver_webhook", "webhooks"), ("make_thumbnail", "thumbnails")]:  # fmt: skip
+    for task, queue in [
+        ("send_email", "emails"),
+        ("build_report", "reports"),
+        ("resize_image", "images"),
+        ("deliver_webhook", "webhooks"),
+        ("make_thumbnail", "thumbnails"),
+    ]:
         app.task(task, queue=queue)(lambda job: None)
     app.periodic("*/15 * * * *", task="build_report", payload={"kind": "quarter-hourly"}, name="report-digest")
     app.periodic("0 3 * * *", task="send_email", payload={"template": "nightly-summary"}, name="nightly-summary")
@@ -114,8 +119,10 @@ def fail_job(store: Store, conn: Connection, queue: str, errors: list[str]) -> i
 
 def seed(client: Client, store: Store, conn: Connection) -> list[int]:
     """A realistic hour: completed jobs spread over it, a few dead ones, some waiting; returns the dead ids."""
-    specs = [JobSpec("send_email", {"to": f"user{i}@example.com", "api_token": "tok-secret"}, queue="emails")
-             for i in range(260)]  # fmt: skip
+    specs = [
+        JobSpec("send_email", {"to": f"user{i}@example.com", "api_token": "tok-secret"}, queue="emails")
+        for i in range(260)
+    ]
     specs += [JobSpec("build_report", {"month": i % 12 + 1}, queue="reports") for i in range(90)]
     client.enqueue_many(specs)
     store.publish_tasks(conn, [], ["emails", "reports", "images"])  # as the app's workers do when they start
@@ -123,21 +130,32 @@ def seed(client: Client, store: Store, conn: Connection) -> list[int]:
         leases = store.claim(conn, [queue], WORKER_ID, 30, n)
         store.complete_many(conn, WORKER_ID, [(lease.id, lease.attempt) for lease in leases])
     # Spread the finishes over the hour, busier lately, as a chart would look in production.
-    conn.execute("UPDATE miniqueue_jobs SET finished_at = now() - floor(power((id * 7919 % 1000) / 1000.0, 1.5) * 59) "
-                 "* interval '1 minute' WHERE state = 'completed'")  # fmt: skip
+    conn.execute(
+        "UPDATE miniqueue_jobs SET finished_at = now() - floor(power((id * 7919 % 1000) / 1000.0, 1.5) * 59) "
+        "* interval '1 minute' WHERE state = 'completed'"
+    )
     dead = []
     for queue in ("emails", "emails", "reports"):
         task = "send_email" if queue == "emails" else "build_report"
         payload = {"to": "ops@example.com", "smtp_password": "hunter2"}
         job_id = client.enqueue(task, payload, queue=queue, priority=10, max_attempts=2).id
-        fail_job(store, conn, queue, ["smtplib.SMTPServerDisconnected: Connection unexpectedly closed",
-                                      "TimeoutError: SMTP server did not answer within 30s"])  # fmt: skip
+        fail_job(
+            store,
+            conn,
+            queue,
+            [
+                "smtplib.SMTPServerDisconnected: Connection unexpectedly closed",
+                "TimeoutError: SMTP server did not answer within 30s",
+            ],
+        )
         dead.append(job_id)
     client.enqueue_many([JobSpec("resize_image", {"path": f"uploads/{i}.jpg"}, queue="images") for i in range(14)])
     client.enqueue("build_report", {"month": 6}, queue="reports", delay=3600)
     store.claim(conn, ["images"], WORKER_ID, 30, 2)
-    conn.execute("UPDATE miniqueue_jobs SET created_at = now() - interval '252 seconds', scheduled_at = "
-                 "now() - interval '252 seconds' WHERE queue = 'images' AND state = 'available'")  # fmt: skip
+    conn.execute(
+        "UPDATE miniqueue_jobs SET created_at = now() - interval '252 seconds', scheduled_at = "
+        "now() - interval '252 seconds' WHERE queue = 'images' AND state = 'available'"
+    )
     return dead
 
 
@@ -200,8 +218,11 @@ def test_pausing_a_queue_stops_a_real_worker_claiming_from_it(
     from playwright.sync_api import expect
 
     seed(client, store, conn)  # other queues, for a realistic screenshot
-    worker = Worker(demo_app(), dsn, WorkerConfig(queues=["webhooks", "thumbnails"], lease_seconds=5,
-                                                  poll_interval=0.1, shutdown_timeout=5))  # fmt: skip
+    worker = Worker(
+        demo_app(),
+        dsn,
+        WorkerConfig(queues=["webhooks", "thumbnails"], lease_seconds=5, poll_interval=0.1, shutdown_timeout=5),
+    )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
@@ -241,14 +262,35 @@ def test_workers_and_periodic_pages(page: Page, server: str, store: Store, conn:
 
     now = store.now(conn)
     hour: Any = now.replace(minute=0, second=0, microsecond=0)
-    processes = [ProcessInfo(id="app-1:31300", kind="supervisor", pid=31300, title="miniqueue-supervise: 3 workers",
-                             started_at=hour, rss_bytes=41 * 2**20)]  # fmt: skip
-    processes += [ProcessInfo(id=f"app-1:{31336 + i}:9f2c1{i}", kind="worker", pid=31336 + i, started_at=hour,
-                              title=f"miniqueue worker {i}: {'busy' if i else 'idle'}", rss_bytes=(88 + i) * 2**20,
-                              jobs_done=1200 + 37 * i, restarts=i // 2, current_jobs=(1001 + i,) if i else ())
-                  for i in range(3)]  # fmt: skip
-    processes.append(ProcessInfo(id="app-1:31340", kind="reaper", pid=31340, title="miniqueue reaper",
-                                 started_at=hour, rss_bytes=36 * 2**20))  # fmt: skip
+    processes = [
+        ProcessInfo(
+            id="app-1:31300",
+            kind="supervisor",
+            pid=31300,
+            title="miniqueue-supervise: 3 workers",
+            started_at=hour,
+            rss_bytes=41 * 2**20,
+        )
+    ]
+    processes += [
+        ProcessInfo(
+            id=f"app-1:{31336 + i}:9f2c1{i}",
+            kind="worker",
+            pid=31336 + i,
+            started_at=hour,
+            title=f"miniqueue worker {i}: {'busy' if i else 'idle'}",
+            rss_bytes=(88 + i) * 2**20,
+            jobs_done=1200 + 37 * i,
+            restarts=i // 2,
+            current_jobs=(1001 + i,) if i else (),
+        )
+        for i in range(3)
+    ]
+    processes.append(
+        ProcessInfo(
+            id="app-1:31340", kind="reaper", pid=31340, title="miniqueue reaper", started_at=hour, rss_bytes=36 * 2**20
+        )
+    )
     store.register_processes(conn, "app-1:31300", "app-1", processes)
     store.set_periodic_enabled(conn, "nightly-summary", False)
 

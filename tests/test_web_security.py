@@ -115,8 +115,13 @@ def test_bad_allowed_hosts_fail_when_the_app_is_created(client: Client, hosts: l
 
 def test_serve_answers_for_localhost_the_address_it_listens_on_and_the_names_given() -> None:
     assert served_hosts("127.0.0.1") == ["localhost", "127.0.0.1", "::1"]
-    assert served_hosts("10.1.2.3", ["dash.example.com"]) == ["localhost", "127.0.0.1", "::1", "10.1.2.3",
-                                                              "dash.example.com"]  # fmt: skip
+    assert served_hosts("10.1.2.3", ["dash.example.com"]) == [
+        "localhost",
+        "127.0.0.1",
+        "::1",
+        "10.1.2.3",
+        "dash.example.com",
+    ]
     assert served_hosts("0.0.0.0") == served_hosts("::") == ["localhost", "127.0.0.1", "::1"]
 
 
@@ -131,8 +136,18 @@ def web_env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "dash.example.com"])
 def test_miniqueue_web_refuses_to_listen_beyond_loopback_without_authentication(dsn: str, host: str) -> None:
-    command = [sys.executable, "-m", "miniqueue.cli", "web", "--host", host, "--port", str(free_port()),
-               "--database-url", dsn]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "miniqueue.cli",
+        "web",
+        "--host",
+        host,
+        "--port",
+        str(free_port()),
+        "--database-url",
+        dsn,
+    ]
     # Today's refusal comes before anything is bound; a server that starts instead hits the timeout.
     result = subprocess.run(command, env=web_env(), capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
@@ -161,8 +176,18 @@ def test_listening_beyond_loopback_needs_authentication_or_the_unsafe_flag(monke
 def web_process(dsn: str, tmp_path: Path) -> Iterator[WebProcess]:
     """``miniqueue web`` on a free port, given a DSN with a password on its command line."""
     port, stderr = free_port(), tmp_path / "stderr.log"
-    command = [sys.executable, "-m", "miniqueue.cli", "web", "--port", str(port), "--allowed-host", "dash.example",
-               "--database-url", make_conninfo(dsn, password=PASSWORD)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "miniqueue.cli",
+        "web",
+        "--port",
+        str(port),
+        "--allowed-host",
+        "dash.example",
+        "--database-url",
+        make_conninfo(dsn, password=PASSWORD),
+    ]
     with stderr.open("wb") as log:
         server = subprocess.Popen(command, env=web_env(), stdout=log, stderr=log, start_new_session=True)
     try:
@@ -239,8 +264,12 @@ def test_logins_and_failed_logins_are_audited_without_the_password(
     assert PASSWORD not in caplog.text and "guess" not in caplog.text
     records = [r for r in caplog.records if r.name == AUDIT]
     assert records[-1].audit == {  # type: ignore[attr-defined]
-        "user": "alice@10.0.0.7", "action": "login", "failures": 2, "outcome": "ok", "retry_after": 0,
-    }  # fmt: skip
+        "user": "alice@10.0.0.7",
+        "action": "login",
+        "failures": 2,
+        "outcome": "ok",
+        "retry_after": 0,
+    }
 
 
 @pytest.mark.usefixtures("basic_auth")
@@ -259,8 +288,9 @@ def test_repeated_failed_logins_are_answered_429_with_retry_after(
     assert "too many failed logins" in refused.text
     assert neighbour.get("/jobs", auth=("alice", PASSWORD)).status_code == 200  # per client address
     assert login_lines(caplog)[FREE_FAILURES - 1] == (
-        "WARNING", f"user=alice@203.0.113.9 action=login failures={FREE_FAILURES} outcome=failed retry_after=1"
-    )  # fmt: skip
+        "WARNING",
+        f"user=alice@203.0.113.9 action=login failures={FREE_FAILURES} outcome=failed retry_after=1",
+    )
 
 
 @pytest.mark.usefixtures("basic_auth")

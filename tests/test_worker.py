@@ -378,14 +378,23 @@ def test_every_failed_attempt_leaves_a_log_line(
     lines = {(r.job["job_id"], r.job["attempt"]): r for r in caplog.records if hasattr(r, "job")}
     retried, dead, failed = lines[(flaky_id, 1)], lines[(flaky_id, 2)], lines[(refuse_id, 1)]
     assert retried.levelno == logging.WARNING
-    assert retried.message == (f"job {flaky_id} (flaky on default) attempt 1 of 2 failed; retrying in 0.0s: "
-                               "ValueError: bad input on attempt 1")  # fmt: skip
+    assert retried.message == (
+        f"job {flaky_id} (flaky on default) attempt 1 of 2 failed; retrying in 0.0s: ValueError: bad input on attempt 1"
+    )
     assert dead.levelno == logging.ERROR and "the job is dead" in dead.message
     assert "Traceback" in dead.message and "ValueError: bad input on attempt 2" in dead.message
     assert failed.levelno == logging.WARNING and "failed permanently" in failed.message
     assert "miniqueue.PermanentError: card declined" in failed.message  # named as users import it
-    assert dead.job == {"job_id": flaky_id, "task": "flaky", "queue": "default", "attempt": 2, "max_attempts": 2,
-                        "run": 2, "outcome": "dead", "error": row(conn, flaky_id)["last_error"]}  # fmt: skip
+    assert dead.job == {
+        "job_id": flaky_id,
+        "task": "flaky",
+        "queue": "default",
+        "attempt": 2,
+        "max_attempts": 2,
+        "run": 2,
+        "outcome": "dead",
+        "error": row(conn, flaky_id)["last_error"],
+    }
 
 
 def test_a_handler_returning_an_awaitable_fails_its_attempt(

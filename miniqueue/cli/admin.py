@@ -34,8 +34,13 @@ def migrate(database_url: str | None) -> None:
 
 @click.command()
 @click.option("--older-than", type=Duration(), required=True, help="Only jobs finished longer ago (e.g. 7d).")
-@click.option("--state", "states", multiple=True, type=click.Choice(["completed", "cancelled", "failed", "dead"]),
-              help="States to prune (repeatable; default: completed and cancelled).")  # fmt: skip
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["completed", "cancelled", "failed", "dead"]),
+    help="States to prune (repeatable; default: completed and cancelled).",
+)
 @database_option
 @friendly_errors
 def prune(older_than: float, states: tuple[str, ...], database_url: str | None) -> None:

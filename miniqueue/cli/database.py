@@ -73,7 +73,9 @@ def resolve_database(url: str | None, announce: Callable[[str], None] | None = N
         return url
     uri = embedded.start()
     run_migrations(uri, current_schema())
-    message = (f"using the embedded PostgreSQL in {embedded.data_dir()}; it runs while this command does and "
-               f"keeps its data for the next one (to look inside meanwhile: psql '{uri}')")  # fmt: skip
+    message = (
+        f"using the embedded PostgreSQL in {embedded.data_dir()}; it runs while this command does and "
+        f"keeps its data for the next one (to look inside meanwhile: psql '{uri}')"
+    )
     (announce or functools.partial(click.echo, err=True))(message)
     return uri

@@ -20,8 +20,10 @@ DEMO_JOBS = [
 
 
 def _report(job: Job) -> None:
-    print(f"processed {job.task:<20} priority {job.priority:>2}  job {job.id}  attempt {job.attempt}  "
-          f"pid {os.getpid()}", flush=True)  # fmt: skip
+    print(
+        f"processed {job.task:<20} priority {job.priority:>2}  job {job.id}  attempt {job.attempt}  pid {os.getpid()}",
+        flush=True,
+    )
 
 
 for _name, _priority in DEMO_JOBS:

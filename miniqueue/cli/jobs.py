@@ -79,12 +79,20 @@ _JOB_LINE = "{:>10}  {:<9}  {:<16} {:<24} {:>9}  {:<19}  {}"
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON array, newest first.")
 @database_option
 @friendly_errors
-def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int, before_id: int | None,
-              as_json: bool, database_url: str | None) -> None:  # fmt: skip
+def list_jobs(
+    queue: str | None,
+    state: str | None,
+    task: str | None,
+    limit: int,
+    before_id: int | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
     """Jobs matching the filters, newest first (a waiting job: the parents it waits for)."""
     with open_client(database_url) as client:
-        found = client.list_jobs(state=State(state) if state else None, queue=queue, task=task,
-                                 before_id=before_id, limit=limit)  # fmt: skip
+        found = client.list_jobs(
+            state=State(state) if state else None, queue=queue, task=task, before_id=before_id, limit=limit
+        )
     if as_json:
         click.echo(to_json([_job_dict(job) for job in found]))
         return
@@ -93,8 +101,15 @@ def list_jobs(queue: str | None, state: str | None, task: str | None, limit: int
         note = (job.last_error or "").strip().splitlines()[-1:] or [""]
         if job.state is State.WAITING:
             note = [f"waiting on {job.pending_parents} of {len(job.parents)} parents: {ids_line(job.parents)}"]
-        fields = (job.id, job.state.value, job.queue, job.task, f"{job.charged_attempts}/{job.attempt_budget}",
-                  f"{job.created_at:%Y-%m-%d %H:%M:%S}", note[0][:80])  # fmt: skip
+        fields = (
+            job.id,
+            job.state.value,
+            job.queue,
+            job.task,
+            f"{job.charged_attempts}/{job.attempt_budget}",
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+            note[0][:80],
+        )
         click.echo(_JOB_LINE.format(*fields).rstrip())
 
 

@@ -26,8 +26,10 @@ def list_periodic(app_ref: str, database_url: str | None) -> None:
         now = client.now()
     for name, schedule in sorted(app.schedules.items()):
         last, enabled = state.get(name, (None, True))
-        click.echo(f"{name:<24} {schedule.cron:<16} task {schedule.task:<20} {'enabled ' if enabled else 'disabled'} "
-                   f"last {last or '-'}  next {schedule.next_slot(now)}")  # fmt: skip
+        click.echo(
+            f"{name:<24} {schedule.cron:<16} task {schedule.task:<20} {'enabled ' if enabled else 'disabled'} "
+            f"last {last or '-'}  next {schedule.next_slot(now)}"
+        )
 
 
 schedule_app_option = click.option(

@@ -15,9 +15,10 @@ from .output import ids_line, to_json
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as a JSON array, one object per queue.")
 @click.option(
-    "--recount", is_flag=True,
+    "--recount",
+    is_flag=True,
     help="First recount finished jobs from the table (a repair after migrating with workers running; reads every row).",
-)  # fmt: skip
+)
 @database_option
 @friendly_errors
 def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
@@ -45,14 +46,22 @@ def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
         )
     for q in queues:
         if q.stranded:
-            click.echo(f"note: no worker has ever served queue {q.queue!r}, where {q.stranded} job(s) wait "
-                       "(see the README's \"Tasks and their options\")", err=True)  # fmt: skip
+            click.echo(
+                f"note: no worker has ever served queue {q.queue!r}, where {q.stranded} job(s) wait "
+                '(see the README\'s "Tasks and their options")',
+                err=True,
+            )
 
 
 def _stats_dict(q: QueueStats) -> dict[str, Any]:
-    return {"queue": q.queue, **{s.value: n for s, n in q.counts.items()}, "scheduled": q.scheduled,
-            "oldest_available_seconds": q.oldest_available_seconds, "expired_leases": q.expired_leases,
-            "served": q.served}  # fmt: skip
+    return {
+        "queue": q.queue,
+        **{s.value: n for s, n in q.counts.items()},
+        "scheduled": q.scheduled,
+        "oldest_available_seconds": q.oldest_available_seconds,
+        "expired_leases": q.expired_leases,
+        "served": q.served,
+    }
 
 
 @click.group()
@@ -129,8 +138,14 @@ def list_queues(as_json: bool, database_url: str | None) -> None:
 
 @click.command("limits")
 @click.option("--json", "as_json", is_flag=True, help="Print the limits as a JSON array.")
-@click.option("--limit", "count", type=click.IntRange(1, 10_000), default=100, show_default=True,
-              help="Show at most this many limits (those with the most jobs waiting, then slots held).")  # fmt: skip
+@click.option(
+    "--limit",
+    "count",
+    type=click.IntRange(1, 10_000),
+    default=100,
+    show_default=True,
+    help="Show at most this many limits (those with the most jobs waiting, then slots held).",
+)
 @database_option
 @friendly_errors
 def limits(as_json: bool, count: int, database_url: str | None) -> None:

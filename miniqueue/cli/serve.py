@@ -90,9 +90,12 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option("--workers", type=int, default=os.cpu_count() or 1, show_default=True, help="Worker processes.")
 @click.option("--queues", help="Comma-separated queues to claim from (default: every queue of the app's tasks).")
 @click.option(
-    "--concurrency", type=int, default=1, show_default=True,
+    "--concurrency",
+    type=int,
+    default=1,
+    show_default=True,
     help="Per worker: handler threads for def tasks, and coroutines for async def tasks (each up to this).",
-)  # fmt: skip
+)
 @click.option(
     "--prefetch",
     default="auto",
@@ -113,9 +116,11 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @_seconds("reaper-interval", 5.0)
 @_seconds("shutdown-timeout", 10.0)
 @click.option(
-    "--vacuum/--no-vacuum", default=True, show_default=True,
+    "--vacuum/--no-vacuum",
+    default=True,
+    show_default=True,
     help="The reaper vacuums the jobs table as claims churn it, between autovacuum's visits.",
-)  # fmt: skip
+)
 @click.option("--max-jobs-per-child", type=int, help="Recycle a worker after this many jobs.")
 @click.option("--max-memory-per-child", type=float, help="Recycle a worker whose RSS passes this many MB.")
 @click.option("--preload", is_flag=True, help="Import the app once before forking (copy-on-write).")
@@ -132,9 +137,12 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.option(
-    "--metrics-interval", type=float, default=5.0, show_default=True,
+    "--metrics-interval",
+    type=float,
+    default=5.0,
+    show_default=True,
     help="Seconds between the reaper's readings of the queue gauges that /metrics serves.",
-)  # fmt: skip
+)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option(
     "--log-level",

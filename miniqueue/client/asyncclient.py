@@ -124,10 +124,20 @@ class AsyncClient(BaseClient):
     ) -> EnqueueResult:
         """Enqueue one job and return its id (see :meth:`miniqueue.Client.enqueue`)."""
         spec = JobSpec(
-            task, payload, queue=queue, priority=priority, run_at=run_at, delay=delay, max_attempts=max_attempts,
-            idempotency_key=idempotency_key, concurrency_key=concurrency_key, max_concurrent=max_concurrent,
-            rate_limit=rate_limit, rate_limit_key=rate_limit_key, depends_on=depends_on,
-        )  # fmt: skip
+            task,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
+            concurrency_key=concurrency_key,
+            max_concurrent=max_concurrent,
+            rate_limit=rate_limit,
+            rate_limit_key=rate_limit_key,
+            depends_on=depends_on,
+        )
         if self._tracing is None:
             return await self._run(self._enqueue_steps(spec), conn)
         declared = await self._run(self._declared_steps([spec]), conn)  # the span names the job's queue
@@ -184,9 +194,7 @@ class AsyncClient(BaseClient):
         """Job counts by queue and state."""
         return await self._run(self.store.counts_steps())
 
-    async def queue_stats(
-        self, *, check_served: bool = True, conn: AsyncConnection | None = None
-    ) -> list[QueueStats]:
+    async def queue_stats(self, *, check_served: bool = True, conn: AsyncConnection | None = None) -> list[QueueStats]:
         """Per queue: counts by state, scheduled jobs, the oldest waiting job's age, expired leases
         (see :meth:`miniqueue.Client.queue_stats`)."""
         return await self._run(self._queue_stats_steps(check_served), conn)

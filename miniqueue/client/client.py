@@ -147,8 +147,10 @@ class BaseClient:
             log.warning(
                 "task %r is declared by no app whose worker has run on this database: its jobs go to queue %r "
                 "with the default options unless the caller names them (start a worker of the app once, or pass "
-                "queue=...; see the README's \"Tasks and their options\")", task, DEFAULT_QUEUE,
-            )  # fmt: skip
+                'queue=...; see the README\'s "Tasks and their options")',
+                task,
+                DEFAULT_QUEUE,
+            )
 
     def _enqueue_steps(self, spec: JobSpec, trace_context: str | None = None) -> Steps[EnqueueResult]:
         """Enqueue one job; ``trace_context`` is its producer span's (see :mod:`miniqueue.tracing`)."""
@@ -197,15 +199,16 @@ class BaseClient:
             # Each job is checked as the COPY streams it, so the checks overlap the server's
             # inserts; an invalid one aborts the COPY, and nothing is stored.
             scheduled = any(s.run_at is not None or s.delay is not None for s in specs)
-            return (yield from self.store.copy_many_steps(len(specs), checked, scheduled=scheduled,
-                                                          notify=self.notify, trace_context=trace_context))  # fmt: skip
+            return (
+                yield from self.store.copy_many_steps(
+                    len(specs), checked, scheduled=scheduled, notify=self.notify, trace_context=trace_context
+                )
+            )
         return (
             yield from self.store.enqueue_many_steps(list(checked), notify=self.notify, trace_context=trace_context)
         )
 
-    def _enqueue_each_steps(
-        self, specs: Sequence[JobSpec], trace_context: str | None
-    ) -> Steps[list[EnqueueResult]]:
+    def _enqueue_each_steps(self, specs: Sequence[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
         """A batch with dependencies (options filled): each job by the one-by-one path, in one transaction."""
         self._check_all(specs, "job")
         return (yield from atomic(_each_indexed([self._store_one_steps(spec, trace_context) for spec in specs])))
@@ -432,10 +435,20 @@ class Client(BaseClient, Inspection):
         exists and has not ended without completing, else InvalidInput (nothing stored).
         """
         spec = JobSpec(
-            task, payload, queue=queue, priority=priority, run_at=run_at, delay=delay, max_attempts=max_attempts,
-            idempotency_key=idempotency_key, concurrency_key=concurrency_key, max_concurrent=max_concurrent,
-            rate_limit=rate_limit, rate_limit_key=rate_limit_key, depends_on=depends_on,
-        )  # fmt: skip
+            task,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
+            concurrency_key=concurrency_key,
+            max_concurrent=max_concurrent,
+            rate_limit=rate_limit,
+            rate_limit_key=rate_limit_key,
+            depends_on=depends_on,
+        )
         if self._tracing is None:
             return self._run(self._enqueue_steps(spec), conn)
         (spec,), undeclared = self._run(self._declared_steps([spec]), conn)  # the span names the job's queue

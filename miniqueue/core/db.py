@@ -253,9 +253,11 @@ def check_schema(schema: str) -> str:
         problem = f"use 1-{MAX_SCHEMA_LENGTH} characters of a-z, 0-9 or '_', not starting with a digit"
     elif len(schema) > MAX_SCHEMA_LENGTH:
         longest = max(_SCHEMA_NAMES, key=len)
-        problem = (f"it is {len(schema)} characters long, and at most {MAX_SCHEMA_LENGTH} keep the names miniqueue "
-                   f"derives from it within PostgreSQL's {MAX_NAME_BYTES} bytes ({longest.format(schema='<schema>')!r} "
-                   f"would be {len(longest.format(schema=schema))})")  # fmt: skip
+        problem = (
+            f"it is {len(schema)} characters long, and at most {MAX_SCHEMA_LENGTH} keep the names miniqueue "
+            f"derives from it within PostgreSQL's {MAX_NAME_BYTES} bytes ({longest.format(schema='<schema>')!r} "
+            f"would be {len(longest.format(schema=schema))})"
+        )
     elif schema.startswith(_RESERVED_PREFIX):
         problem = f"PostgreSQL reserves names starting with {_RESERVED_PREFIX!r} for its system schemas"
     elif schema in _RESERVED_SCHEMAS:

@@ -97,7 +97,19 @@ class WaitTimeout(MiniqueueError, TimeoutError):
 
 # Named as users import them (``miniqueue.InvalidInput``), in tracebacks and in a trace's
 # ``error.type``, wherever this module lives.
-for _error in (MiniqueueError, ConfigError, InvalidInput, DatabaseUnavailable, SchemaOutOfDate, JobNotFound,
-               InvalidTransition, LeaseLost, AppLoadError, ResultUnavailable, JobNotFinished, JobFailed,
-               WaitTimeout):  # fmt: skip
+for _error in (
+    MiniqueueError,
+    ConfigError,
+    InvalidInput,
+    DatabaseUnavailable,
+    SchemaOutOfDate,
+    JobNotFound,
+    InvalidTransition,
+    LeaseLost,
+    AppLoadError,
+    ResultUnavailable,
+    JobNotFinished,
+    JobFailed,
+    WaitTimeout,
+):
     _error.__module__ = "miniqueue"

@@ -50,8 +50,9 @@ def parse_rate(text: object) -> float:
         raise InvalidInput(f"rate limit {text!r} is invalid: {RATE_RULE}")
     per_second = float(match[1]) / _UNIT_SECONDS[match[2].lower()]
     if not 0 < per_second <= MAX_RATE or not math.isfinite(per_second):
-        raise InvalidInput(f"rate limit {text!r} is invalid: it must allow more than 0 and at most "
-                           f"{MAX_RATE:,.0f} jobs per second")  # fmt: skip
+        raise InvalidInput(
+            f"rate limit {text!r} is invalid: it must allow more than 0 and at most {MAX_RATE:,.0f} jobs per second"
+        )
     return per_second
 
 
@@ -67,8 +68,7 @@ def check_key(name: str, key: object) -> str:
     """A concurrency or rate-limit key: 1-255 characters, no control characters."""
     if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH or any(c < " " for c in key):
         shown = repr(key) if not isinstance(key, str) or len(key) <= 80 else repr(key[:77] + "...")
-        raise InvalidInput(f"{name} {shown} is invalid: use 1-{MAX_KEY_LENGTH} characters, "
-                           "without control characters")  # fmt: skip
+        raise InvalidInput(f"{name} {shown} is invalid: use 1-{MAX_KEY_LENGTH} characters, without control characters")
     return key
 
 

@@ -100,11 +100,15 @@ class Reaper:
             dead = sorted(i for i, s in states.items() if s == State.DEAD)
             # Each is a failed attempt (its worker vanished), so each leaves a log line.
             if back:
-                log.warning("lease expired without renewal (worker lost): job(s) %s available again, "
-                            "charged an attempt", ", ".join(map(str, back)))  # fmt: skip
+                log.warning(
+                    "lease expired without renewal (worker lost): job(s) %s available again, charged an attempt",
+                    ", ".join(map(str, back)),
+                )
             if dead:
-                log.error("lease expired without renewal (worker lost): job(s) %s dead, no attempts left",
-                          ", ".join(map(str, dead)))  # fmt: skip
+                log.error(
+                    "lease expired without renewal (worker lost): job(s) %s dead, no attempts left",
+                    ", ".join(map(str, dead)),
+                )
             result.recovered += len(back)
             result.dead += len(dead)
             if len(states) < self.config.batch_size:
@@ -147,8 +151,13 @@ class Reaper:
                 f"{self.config.completed_retention}s completed/cancelled, {self.config.failed_retention}s dead/failed"
             )
         )
-        log.info("reaper started: every %gs; retention %s; %d periodic schedule(s); vacuum %s", self.config.interval,
-                 retention, len(self.schedules), "on" if self.config.vacuum else "off")  # fmt: skip
+        log.info(
+            "reaper started: every %gs; retention %s; %d periodic schedule(s); vacuum %s",
+            self.config.interval,
+            retention,
+            len(self.schedules),
+            "on" if self.config.vacuum else "off",
+        )
         vacuum = None
         if self.config.vacuum:
             vacuum = Vacuum(self.dsn, self.store, self._stopping)

@@ -98,8 +98,9 @@ class Vacuum(Service):
             self._conn = connect(self.dsn, purpose="vacuum", schema=self.store.schema, connect_timeout=5)
         churn = self.store.jobs_churn(self._conn)
         if not churn.may_maintain:
-            log.info("vacuum: this role does not own %s; vacuum and analyze are left to autovacuum",
-                     self.store.table_name)  # fmt: skip
+            log.info(
+                "vacuum: this role does not own %s; vacuum and analyze are left to autovacuum", self.store.table_name
+            )
             return -1.0
         written = churn.inserted + churn.updated
         if self._vacuumed_at is None or churn.updated < self._vacuumed_at or churn.last_vacuum != self._last_vacuum:
@@ -118,9 +119,15 @@ class Vacuum(Service):
         started = time.monotonic()
         self.store.vacuum_jobs(self._conn, analyze_only=not vacuum)
         took = time.monotonic() - started
-        log.debug("vacuum: %s %s in %.2f s (%d live rows, %d updated since vacuumed, %d written since analyzed)",
-                  self.store.table_name, "vacuumed and analyzed" if vacuum else "analyzed", took, churn.live,
-                  churn.updated - self._vacuumed_at, written - self._analyzed_at)  # fmt: skip
+        log.debug(
+            "vacuum: %s %s in %.2f s (%d live rows, %d updated since vacuumed, %d written since analyzed)",
+            self.store.table_name,
+            "vacuumed and analyzed" if vacuum else "analyzed",
+            took,
+            churn.live,
+            churn.updated - self._vacuumed_at,
+            written - self._analyzed_at,
+        )
         if vacuum:
             self._vacuumed_at = churn.updated
         self._analyzed_at = written

@@ -257,16 +257,25 @@ class Tracing:
             parent = _extract(job.trace_context)
             creation = trace.get_current_span(parent).get_span_context()
             attributes: dict[str, Any] = {
-                "messaging.system": SYSTEM, "messaging.operation.type": "process",
-                "messaging.operation.name": "process", "messaging.destination.name": job.queue,
-                "messaging.message.id": str(job.id), "messaging.client.id": worker_id, "miniqueue.job.id": job.id,
-                "miniqueue.task": job.task, "miniqueue.attempt": job.attempt,
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": job.queue,
+                "messaging.message.id": str(job.id),
+                "messaging.client.id": worker_id,
+                "miniqueue.job.id": job.id,
+                "miniqueue.task": job.task,
+                "miniqueue.attempt": job.attempt,
                 "miniqueue.max_attempts": job.max_attempts,
-            }  # fmt: skip
+            }
             span = self.tracer.start_span(
-                f"process {job.task}", context=parent if self.as_child else Context(), kind=SpanKind.CONSUMER,
-                attributes=attributes, links=(Link(creation),) if creation.is_valid else None, start_time=start_time,
-            )  # fmt: skip
+                f"process {job.task}",
+                context=parent if self.as_child else Context(),
+                kind=SpanKind.CONSUMER,
+                attributes=attributes,
+                links=(Link(creation),) if creation.is_valid else None,
+                start_time=start_time,
+            )
             # The producer's baggage stays in the handler's context, as-child or not.
             token = otel_context.attach(trace.set_span_in_context(span, parent)) if attach else None
             job._trace = _Attempt(span, token)
@@ -317,8 +326,10 @@ class _Sending:
         tasks = {spec.task for spec in self._specs}
         queues = {spec.queue for spec in self._specs}
         attributes: dict[str, Any] = {
-            "messaging.system": SYSTEM, "messaging.operation.type": "send", "messaging.operation.name": "send",
-        }  # fmt: skip
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+        }
         if len(queues) == 1:
             attributes["messaging.destination.name"] = next(iter(queues))
         task = next(iter(tasks)) if len(tasks) == 1 else None

@@ -127,8 +127,11 @@ class OperatorActions(Inspection):
 
     def requeue_steps(self, job_ids: Sequence[int]) -> Steps[list[int]]:
         """:meth:`requeue` as steps."""
-        return atomic(self._apply_to_all(job_ids, self._requeue, _requeue_filter(REQUEUEABLE_STATES), "requeue",
-                                         REQUEUEABLE_STATES))  # fmt: skip
+        return atomic(
+            self._apply_to_all(
+                job_ids, self._requeue, _requeue_filter(REQUEUEABLE_STATES), "requeue", REQUEUEABLE_STATES
+            )
+        )
 
     def requeue_matching(
         self, conn: Connection, states: Iterable[State], *, queue: str | None = None, task: str | None = None
@@ -142,8 +145,9 @@ class OperatorActions(Inspection):
         """:meth:`requeue_matching` as steps."""
         chosen = {State(s) for s in states}
         if not chosen or not chosen <= REQUEUEABLE_STATES:
-            raise InvalidInput(f"requeue states {sorted(s.value for s in chosen)} are invalid: choose among "
-                               "failed, dead, cancelled")  # fmt: skip
+            raise InvalidInput(
+                f"requeue states {sorted(s.value for s in chosen)} are invalid: choose among failed, dead, cancelled"
+            )
         params = {**_requeue_filter(chosen), "ids": None, "queue": queue, "task": task}
         rows: list[tuple[Any, ...]] = yield Query(self._requeue, params)
         return len(rows)

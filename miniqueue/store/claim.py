@@ -138,7 +138,10 @@ class Claiming(StoreBase):
         # Going down, the first group is the last: an array with a NULL sorts after every other.
         start: list[str | None] = [*after] or ([None] if descending else [])
         params: dict[str, Any] = {
-            "worker": worker_id, "lease": float(lease_seconds), "limit": limit, "after": start,
+            "worker": worker_id,
+            "lease": float(lease_seconds),
+            "limit": limit,
+            "after": start,
             # Groups taken into admission: enough to fill the claim with one job per group, and a
             # few more for groups whose room was taken meanwhile (their scope rows stay locked
             # while the claim runs, so a small claim takes few more than it needs); and groups
@@ -148,7 +151,7 @@ class Claiming(StoreBase):
             # Of which the groups of the jobs being completed take at most one per job claimed:
             # the sweep keeps the rest.
             "kept": min(limit, MAX_GROUPS_PER_CLAIM),
-        }  # fmt: skip
+        }
         if len(queues) == 1:
             params["queue"] = queues[0]
             if combined:

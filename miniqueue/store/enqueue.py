@@ -274,11 +274,19 @@ class Enqueuing(StoreBase):
     def _job_params(self, job: NewJob, notify: bool, trace_context: str | None) -> dict[str, Any]:
         """The parameters of _ENQUEUE for one job (and of its limits, for _ENQUEUE_LIMITED)."""
         params = {
-            "queue": job.queue, "task": job.task, "payload": job.payload_json, "priority": job.priority,
-            "max_attempts": job.max_attempts, "run_at": job.run_at, "delay": job.delay_seconds,
-            "key": job.idempotency_key, "notify": notify, "channel": self.channel,
-            "limits": [scope.name for scope in job.scopes] or None, "trace": trace_context,
-        }  # fmt: skip
+            "queue": job.queue,
+            "task": job.task,
+            "payload": job.payload_json,
+            "priority": job.priority,
+            "max_attempts": job.max_attempts,
+            "run_at": job.run_at,
+            "delay": job.delay_seconds,
+            "key": job.idempotency_key,
+            "notify": notify,
+            "channel": self.channel,
+            "limits": [scope.name for scope in job.scopes] or None,
+            "trace": trace_context,
+        }
         return {**params, **_scope_columns(job.scopes)} if job.scopes else params
 
     def enqueue_waiting(
@@ -350,16 +358,21 @@ class Enqueuing(StoreBase):
         delays = [j.delay_seconds for j in jobs]
         params = {
             "table": self.table_name,
-            "queues": [j.queue for j in jobs], "tasks": [j.task for j in jobs],
-            "payloads": [j.payload_json for j in jobs], "priorities": [j.priority for j in jobs],
+            "queues": [j.queue for j in jobs],
+            "tasks": [j.task for j in jobs],
+            "payloads": [j.payload_json for j in jobs],
+            "priorities": [j.priority for j in jobs],
             "max_attempts": [j.max_attempts for j in jobs],
             # A column every job leaves at its default goes as an empty array, which unnest()
             # pads with NULLs: most batches schedule nothing and carry no keys.
-            "run_ats": run_ats if any(run_ats) else [], "delays": delays if any(delays) else [],
+            "run_ats": run_ats if any(run_ats) else [],
+            "delays": delays if any(delays) else [],
             "keys": keys if any(keys) else [],
             "limits": ["\x1f".join(scope.name for scope in j.scopes) or None for j in jobs] if limited else [],
-            "notify": notify, "channel": self.channel, "trace": trace_context,
-        }  # fmt: skip
+            "notify": notify,
+            "channel": self.channel,
+            "trace": trace_context,
+        }
         if limited:
             params.update(_scope_columns({scope.name: scope for j in jobs for scope in j.scopes}.values()))
         query = self._enqueue_many_limited if limited else self._enqueue_many
@@ -390,13 +403,19 @@ class Enqueuing(StoreBase):
         delay), scheduled_at is left to its default, now(): parsing 10,000 timestamps cost the
         server a tenth of the COPY. Every job stores ``trace_context`` (see :meth:`enqueue`).
         """
-        return run(conn, self.copy_many_steps(count, jobs, scheduled=scheduled, notify=notify,
-                                              trace_context=trace_context))  # fmt: skip
+        return run(
+            conn, self.copy_many_steps(count, jobs, scheduled=scheduled, notify=notify, trace_context=trace_context)
+        )
 
     def copy_many_steps(
-        self, count: int, jobs: Iterable[NewJob], *, scheduled: bool, notify: bool = True,
+        self,
+        count: int,
+        jobs: Iterable[NewJob],
+        *,
+        scheduled: bool,
+        notify: bool = True,
         trace_context: str | None = None,
-    ) -> Steps[list[EnqueueResult]]:  # fmt: skip
+    ) -> Steps[list[EnqueueResult]]:
         """:meth:`copy_many` as steps."""
         return atomic(self._copy_many(count, jobs, scheduled, notify, trace_context))
 
@@ -430,13 +449,16 @@ def _check_parents(ids: list[int], states: dict[int, State]) -> None:
     missing = [job_id for job_id in ids if job_id not in states]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
-        raise InvalidInput(f"depends_on names job(s) that do not exist: {shown}; a job can only depend on "
-                           "jobs enqueued before it")  # fmt: skip
+        raise InvalidInput(
+            f"depends_on names job(s) that do not exist: {shown}; a job can only depend on jobs enqueued before it"
+        )
     ended = [(job_id, states[job_id]) for job_id in ids if states[job_id] in REQUEUEABLE_STATES]
     if ended:
         job_id, state = ended[0]
-        raise InvalidInput(f"depends_on names job {job_id}, which ended {state.value}: a job waiting for it would "
-                           "never run (requeue it first)")  # fmt: skip
+        raise InvalidInput(
+            f"depends_on names job {job_id}, which ended {state.value}: a job waiting for it would "
+            "never run (requeue it first)"
+        )
 
 
 def _copy_rows(
@@ -452,8 +474,15 @@ def _copy_rows(
     for job_id, job in zip(ids, jobs, strict=True):
         if job.idempotency_key is not None or job.scopes:
             raise ValueError("copy_many() takes jobs without idempotency keys or limits: use enqueue_many()")
-        row: tuple[Any, ...] = (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts,
-                                job.max_attempts)  # fmt: skip
+        row: tuple[Any, ...] = (
+            job_id,
+            job.queue,
+            job.task,
+            job.payload_json,
+            job.priority,
+            job.max_attempts,
+            job.max_attempts,
+        )
         if trace_context is not None:
             row = (*row, trace_context)
         if scheduled:
@@ -472,5 +501,9 @@ def _scope_columns(scopes: Iterable[Scope]) -> dict[str, list[Any]]:
     """The parameters of `scoped` (_ENQUEUE_LIMITED and the like): one array per column of the
     scope rows."""
     rows = list(scopes)
-    return {"scopes": [s.name for s in rows], "maxes": [s.max_running for s in rows],
-            "rates": [s.rate for s in rows], "bursts": [s.burst for s in rows]}  # fmt: skip
+    return {
+        "scopes": [s.name for s in rows],
+        "maxes": [s.max_running for s in rows],
+        "rates": [s.rate for s in rows],
+        "bursts": [s.burst for s in rows],
+    }

@@ -168,8 +168,14 @@ SELECT minute, state, sum(count)::bigint FROM {finished_minutes}
 _NOW = "SELECT now()"
 
 _STATE_ORDER = (
-    State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED, State.WAITING
-)  # fmt: skip
+    State.AVAILABLE,
+    State.RUNNING,
+    State.COMPLETED,
+    State.FAILED,
+    State.DEAD,
+    State.CANCELLED,
+    State.WAITING,
+)
 
 
 class LimitWait(NamedTuple):
@@ -289,11 +295,15 @@ class Inspection(StoreBase):
         rows: list[dict[str, Any]] = yield Atomic(monitoring(Query(self._queue_stats, {}, named=True)))
         for row in rows:
             oldest = row["oldest_available_seconds"]
-            stats.append(QueueStats(
-                queue=row["queue"], counts={state: int(row[state.value]) for state in _STATE_ORDER},
-                scheduled=int(row["scheduled"]), oldest_available_seconds=None if oldest is None else float(oldest),
-                expired_leases=int(row["expired_leases"]),
-            ))  # fmt: skip
+            stats.append(
+                QueueStats(
+                    queue=row["queue"],
+                    counts={state: int(row[state.value]) for state in _STATE_ORDER},
+                    scheduled=int(row["scheduled"]),
+                    oldest_available_seconds=None if oldest is None else float(oldest),
+                    expired_leases=int(row["expired_leases"]),
+                )
+            )
         return stats
 
     def counts(self, conn: Connection) -> list[QueueCount]:
@@ -304,9 +314,8 @@ class Inspection(StoreBase):
         """:meth:`counts` as steps."""
         stats = yield from self.queue_stats_steps()
         return [
-            QueueCount(queue=q.queue, state=state, count=n)
-            for q in stats for state, n in sorted(q.counts.items()) if n
-        ]  # fmt: skip
+            QueueCount(queue=q.queue, state=state, count=n) for q in stats for state, n in sorted(q.counts.items()) if n
+        ]
 
     def limit_waits(self, conn: Connection, limit: int = 100) -> list[LimitWait]:
         """The limits that jobs wait on or hold slots of, most waiting first, then most held (at
@@ -345,8 +354,14 @@ def job_filter(
 ) -> dict[str, Any]:
     """The parameters of a job filter: state, queue, task, a substring of the payload's JSON
     text, and a creation time range ``[created_after, created_before)``; None matches all."""
-    return {"state": State(state).value if state else None, "queue": queue, "task": task, "search": search or None,
-            "after": created_after, "until": created_before}  # fmt: skip
+    return {
+        "state": State(state).value if state else None,
+        "queue": queue,
+        "task": task,
+        "search": search or None,
+        "after": created_after,
+        "until": created_before,
+    }
 
 
 def _record(row: dict[str, Any]) -> JobRecord:

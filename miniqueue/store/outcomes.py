@@ -303,11 +303,14 @@ class Outcomes(StoreBase):
         if not failures:
             return {}
         params = {
-            "ids": [f.id for f in failures], "attempts": [f.attempt for f in failures],
+            "ids": [f.id for f in failures],
+            "attempts": [f.attempt for f in failures],
             "errors": [f.error for f in failures],
             "backoffs": [None if f.backoff_seconds is None else float(f.backoff_seconds) for f in failures],
-            "worker": worker_id, "base": DEFAULT_BASE_SECONDS, "cap": DEFAULT_CAP_SECONDS,
-        }  # fmt: skip
+            "worker": worker_id,
+            "base": DEFAULT_BASE_SECONDS,
+            "cap": DEFAULT_CAP_SECONDS,
+        }
         return {row[0]: State(row[1]) for row in self._rows(conn, self._record_failures, params)}
 
     def record_failure(
@@ -341,9 +344,11 @@ class Outcomes(StoreBase):
         if not releases:
             return set()
         params = {
-            "ids": [r.id for r in releases], "attempts": [r.attempt for r in releases],
-            "notes": [r.note for r in releases], "worker": worker_id,
-        }  # fmt: skip
+            "ids": [r.id for r in releases],
+            "attempts": [r.attempt for r in releases],
+            "notes": [r.note for r in releases],
+            "worker": worker_id,
+        }
         return {row[0] for row in self._rows(conn, self._release, params)}
 
     def leases_of(self, conn: Connection, worker_id: str) -> list[tuple[int, int]]:

@@ -52,13 +52,18 @@ class Registry(StoreBase):
     ) -> None:
         """Replace supervisor ``supervisor``'s rows of the process registry with ``processes``."""
         params = {
-            "supervisor": supervisor, "host": host, "ids": [p.id for p in processes],
-            "kinds": [p.kind for p in processes], "pids": [p.pid for p in processes],
-            "titles": [p.title for p in processes], "started": [p.started_at for p in processes],
-            "rss": [p.rss_bytes for p in processes], "done": [p.jobs_done for p in processes],
+            "supervisor": supervisor,
+            "host": host,
+            "ids": [p.id for p in processes],
+            "kinds": [p.kind for p in processes],
+            "pids": [p.pid for p in processes],
+            "titles": [p.title for p in processes],
+            "started": [p.started_at for p in processes],
+            "rss": [p.rss_bytes for p in processes],
+            "done": [p.jobs_done for p in processes],
             "restarts": [p.restarts for p in processes],
             "current": ["{" + ",".join(str(j) for j in p.current_jobs) + "}" for p in processes],
-        }  # fmt: skip
+        }
         self._rowcount(conn, self._upsert_processes, params)
 
     def unregister_processes(self, conn: Connection, supervisor: str) -> None:

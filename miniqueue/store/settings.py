@@ -196,16 +196,23 @@ class Settings(StoreBase):
     def publish_tasks_steps(self, declarations: Sequence[TaskDeclaration], queues: Sequence[str] = ()) -> Steps[None]:
         """:meth:`publish_tasks` as steps (to run in one transaction)."""
         ordered = sorted(declarations)
-        yield Query(self._publish_tasks, {
-            "tasks": [d.task for d in ordered], "queues": [d.queue for d in ordered],
-            "priorities": [d.priority for d in ordered], "max_attempts": [d.max_attempts for d in ordered],
-            "concurrency_keys": [d.concurrency_key for d in ordered],
-            "concurrency_computed": [d.concurrency_key_computed for d in ordered],
-            "max_concurrent": [d.max_concurrent for d in ordered], "rate_limits": [d.rate_limit for d in ordered],
-            "rate_limit_keys": [d.rate_limit_key for d in ordered],
-            "rate_computed": [d.rate_limit_key_computed for d in ordered],
-            "backoff_bases": [d.backoff_base for d in ordered], "backoff_caps": [d.backoff_cap for d in ordered],
-        })  # fmt: skip
+        yield Query(
+            self._publish_tasks,
+            {
+                "tasks": [d.task for d in ordered],
+                "queues": [d.queue for d in ordered],
+                "priorities": [d.priority for d in ordered],
+                "max_attempts": [d.max_attempts for d in ordered],
+                "concurrency_keys": [d.concurrency_key for d in ordered],
+                "concurrency_computed": [d.concurrency_key_computed for d in ordered],
+                "max_concurrent": [d.max_concurrent for d in ordered],
+                "rate_limits": [d.rate_limit for d in ordered],
+                "rate_limit_keys": [d.rate_limit_key for d in ordered],
+                "rate_computed": [d.rate_limit_key_computed for d in ordered],
+                "backoff_bases": [d.backoff_base for d in ordered],
+                "backoff_caps": [d.backoff_cap for d in ordered],
+            },
+        )
         if queues:
             yield Query(self._serve_queues, {"queues": sorted(set(queues))})
 

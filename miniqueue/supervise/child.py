@@ -36,6 +36,7 @@ from .signals import SUPERVISOR_SIGNALS
 
 log = logging.getLogger("miniqueue.child")
 
+
 @dataclass(frozen=True)
 class ChildSpec:
     """Everything a child needs, fixed by the supervisor before fork."""
@@ -108,7 +109,9 @@ def _run_worker(spec: ChildSpec) -> int:
     try:
         app = spec.app or load_app(spec.app_ref or "")
         config = dataclasses.replace(
-            spec.worker, worker_id=new_worker_id(suffix=spec.worker_suffix), max_jobs=spec.max_jobs,
+            spec.worker,
+            worker_id=new_worker_id(suffix=spec.worker_suffix),
+            max_jobs=spec.max_jobs,
             descending=goes_down(spec.name),
         )
         worker = Worker(app, spec.dsn, config)
@@ -122,9 +125,11 @@ def _run_worker(spec: ChildSpec) -> int:
         progress.handler_ended(job)
 
     worker.hooks = WorkerHooks(
-        on_job_start=progress.job_started, on_job_end=progress.job_ended,
-        on_handler_start=board.handler_started, on_handler_end=handler_ended,
-    )  # fmt: skip
+        on_job_start=progress.job_started,
+        on_job_end=progress.job_ended,
+        on_handler_start=board.handler_started,
+        on_handler_end=handler_ended,
+    )
     _install_stop_signals(worker.stop, board)
     _start_reporter(spec, worker.stop, beat=lambda: progress.beat(worker.listening), tick=progress.tick)
     progress.retitle()
@@ -180,8 +185,9 @@ class _Gauges(Service):
                 if conn is None:
                     conn = connect(spec.dsn, purpose="gauges", schema=schema, connect_timeout=5)
                 stats = store.queue_stats(conn)
-                waits = [reports.LimitGauge(w.scope, w.waiting)
-                         for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting]  # fmt: skip
+                waits = [
+                    reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting
+                ]
                 reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), *waits, reports.GaugesSent(True)])
             except MiniqueueError as exc:
                 log.warning("cannot read the queue gauges: %s", exc)

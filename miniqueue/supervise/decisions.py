@@ -66,9 +66,14 @@ class RestartBackoff:
             self.boot_failures += 1
             if self.boot_failures >= self.boot_failure_limit:
                 detail = child.error or "no error was reported"
-                return Restart(0.0, counted=False, give_up=(
-                    f"{child.slot} failed to boot {self.boot_failures} times in a row; giving up. "
-                    f"Last error:\n{detail}"))  # fmt: skip
+                return Restart(
+                    0.0,
+                    counted=False,
+                    give_up=(
+                        f"{child.slot} failed to boot {self.boot_failures} times in a row; giving up. "
+                        f"Last error:\n{detail}"
+                    ),
+                )
         if not clean:
             self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
         if clean or now - child.started >= self.stable_after:
@@ -156,8 +161,13 @@ def overdue(
             continue
         for job_id, job in child.jobs.items():
             if job.timeout is not None and now - job.started > job.timeout + timeout_grace:
-                actions.append(Kill(child, f"worker process killed: job {job_id} ({job.task}) exceeded its "
-                                           f"{job.timeout:g}s timeout", killed_for=job_id))  # fmt: skip
+                actions.append(
+                    Kill(
+                        child,
+                        f"worker process killed: job {job_id} ({job.task}) exceeded its {job.timeout:g}s timeout",
+                        killed_for=job_id,
+                    )
+                )
                 break
         else:
             if max_memory_mb is None or child.worker_id is None or child.retiring:

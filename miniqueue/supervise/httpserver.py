@@ -33,8 +33,13 @@ MAX_CONNECTIONS = 8
 #: scrape sends ~100 bytes at once.
 DEADLINE = 2.0
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
-            503: "Service Unavailable"}  # fmt: skip
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 class TinyHTTPServer:
@@ -139,6 +144,8 @@ class TinyHTTPServer:
             except Exception:
                 log.exception("http route %s failed", path)
                 status, ctype, body = 500, "text/plain", b"internal error\n"
-        head = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+        head = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
         return head.encode("latin-1") + (b"" if method == "HEAD" else body)

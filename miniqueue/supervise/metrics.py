@@ -106,9 +106,11 @@ class Metrics:
         self.jobs = _JobCollector()
         self.registry.register(self.jobs)
         self.restarts = Counter(
-            "miniqueue_child_restarts", "Children that died unexpectedly and were replaced", ["kind"],
+            "miniqueue_child_restarts",
+            "Children that died unexpectedly and were replaced",
+            ["kind"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.registry.register(_QueueCollector(processes, gauges))
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:

@@ -38,20 +38,27 @@ def release_leases(dsn: str, store: Store, child: Child, how: str) -> None:
             held = store.leases_of(conn, child.worker_id)
             # No backoff given: the task's, as its workers published it (the supervisor has no app).
             failures = [Failure(i, a, f"{died} (pid {child.pid})") for i, a in held if charged and i in culprits]
-            releases = [Release(i, a, _note(child, running.get(i), died, charged))
-                        for i, a in held if not (charged and i in culprits)]  # fmt: skip
+            releases = [
+                Release(i, a, _note(child, running.get(i), died, charged))
+                for i, a in held
+                if not (charged and i in culprits)
+            ]
             states = store.record_failures(conn, child.worker_id, failures)
             released = store.release(conn, child.worker_id, releases)
     except MiniqueueError as exc:
-        log.warning("could not release the leases of %s (%s); the reaper will recover them at expiry",
-                    child.slot, exc)  # fmt: skip
+        log.warning("could not release the leases of %s (%s); the reaper will recover them at expiry", child.slot, exc)
         return
     for job_id, state in sorted(states.items()):
         level = logging.ERROR if state is State.DEAD else logging.WARNING
         log.log(level, "job %d charged an attempt (%s): %s", job_id, state.value, died)
     if released:
-        log.info("handed back %d job(s) of %s (pid %d) uncharged: %s", len(released), child.slot,
-                 child.pid, ", ".join(map(str, sorted(released))))  # fmt: skip
+        log.info(
+            "handed back %d job(s) of %s (pid %d) uncharged: %s",
+            len(released),
+            child.slot,
+            child.pid,
+            ", ".join(map(str, sorted(released))),
+        )
 
 
 def _note(child: Child, run: tuple[int, float] | None, died: str, charged: bool) -> str:

@@ -76,5 +76,14 @@ def _info(
         rss: int | None = proc.memory_info().rss
     except psutil.Error:
         started, rss = dt.datetime.now(dt.timezone.utc), None
-    return ProcessInfo(id=ident, kind=kind, pid=pid, title=title, started_at=started, rss_bytes=rss,
-                       jobs_done=jobs_done, restarts=restarts, current_jobs=jobs)  # fmt: skip
+    return ProcessInfo(
+        id=ident,
+        kind=kind,
+        pid=pid,
+        title=title,
+        started_at=started,
+        rss_bytes=rss,
+        jobs_done=jobs_done,
+        restarts=restarts,
+        current_jobs=jobs,
+    )

@@ -108,8 +108,14 @@ class GaugesSent(NamedTuple):
 
 Report = Beat | Ready | Start | End | Done | Error | QueueGauges | LimitGauge | GaugesSent
 _GAUGE_STATES = (
-    State.AVAILABLE, State.RUNNING, State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED, State.WAITING
-)  # fmt: skip
+    State.AVAILABLE,
+    State.RUNNING,
+    State.COMPLETED,
+    State.FAILED,
+    State.DEAD,
+    State.CANCELLED,
+    State.WAITING,
+)
 
 _LISTENING = {True: "1", False: "0", None: "-"}
 
@@ -150,8 +156,10 @@ def _words(report: Report) -> str:
     if isinstance(report, Done):
         tally = report.tally
         buckets = ",".join(map(str, tally.buckets))
-        return (f"done {_escape(report.outcome)} {tally.count} {tally.seconds:.6f} {buckets} "
-                f"{_escape(report.queue)} {_escape(report.task)}")  # fmt: skip
+        return (
+            f"done {_escape(report.outcome)} {tally.count} {tally.seconds:.6f} {buckets} "
+            f"{_escape(report.queue)} {_escape(report.task)}"
+        )
     return f"error {_escape(report.text)}"
 
 
@@ -176,10 +184,12 @@ def decode(line: bytes) -> Report:
     if kind == "queue":
         name, *counts, scheduled, oldest, expired = rest.split(" ")
         stats = QueueStats(
-            queue=_unescape(name), counts=dict(zip(_GAUGE_STATES, map(int, counts), strict=True)),
-            scheduled=int(scheduled), oldest_available_seconds=None if oldest == "-" else float(oldest),
+            queue=_unescape(name),
+            counts=dict(zip(_GAUGE_STATES, map(int, counts), strict=True)),
+            scheduled=int(scheduled),
+            oldest_available_seconds=None if oldest == "-" else float(oldest),
             expired_leases=int(expired),
-        )  # fmt: skip
+        )
         return QueueGauges(stats)
     if kind == "gauges":
         return GaugesSent(rest == "1")

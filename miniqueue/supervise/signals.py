@@ -16,8 +16,14 @@ from collections.abc import Iterator
 
 #: Signals the supervisor handles; children put them back to their defaults after fork.
 SUPERVISOR_SIGNALS = (
-    signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD,
-)  # fmt: skip
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGCHLD,
+)
 
 
 class SignalQueue:

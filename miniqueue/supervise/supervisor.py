@@ -86,8 +86,12 @@ class Supervisor:
             self.check_app()
         if self.config.metrics_port is not None:
             self.probes = Probes(self.config.metrics_host, self.config.metrics_port)
-        log.info("supervisor starting %d worker(s) and a reaper for %s on %s", self.config.workers,
-                 self.config.app_ref, mask_dsn(self.config.dsn))  # fmt: skip
+        log.info(
+            "supervisor starting %d worker(s) and a reaper for %s on %s",
+            self.config.workers,
+            self.config.app_ref,
+            mask_dsn(self.config.dsn),
+        )
         try:
             while self.children or not self.stopping:
                 self.tick()
@@ -284,8 +288,9 @@ class Supervisor:
         os.set_blocking(read_fd, False)
         now = time.monotonic()
         worker_id = None if slot == "reaper" else new_worker_id(pid, suffix)
-        child = Child(slot=slot, pid=pid, read_fd=read_fd, worker_id=worker_id, started=now, last_report=now,
-                      board=spec.board)  # fmt: skip
+        child = Child(
+            slot=slot, pid=pid, read_fd=read_fd, worker_id=worker_id, started=now, last_report=now, board=spec.board
+        )
         self.children[pid] = child
         log.info("spawned %s (pid %d)", slot, pid)
         return child
@@ -345,8 +350,14 @@ class Supervisor:
         how = describe_exit(status)
         clean = os.WIFEXITED(status) and os.waitstatus_to_exitcode(status) == 0
         level = logging.INFO if clean or child.retiring or self.stopping else logging.WARNING
-        log.log(level, "%s (pid %d) %s%s", child.slot, child.pid, how,
-                f" ({child.kill_reason})" if child.kill_reason else "")  # fmt: skip
+        log.log(
+            level,
+            "%s (pid %d) %s%s",
+            child.slot,
+            child.pid,
+            how,
+            f" ({child.kill_reason})" if child.kill_reason else "",
+        )
         if child.error and not clean:  # what the child reported before it died: the cause, in the log
             cause = child.error.strip().splitlines()[-1]  # a traceback's last line, first
             trace = "" if cause == child.error.strip() else f"\n{child.error.strip()}"
@@ -376,9 +387,13 @@ class Supervisor:
         """Kill children that stopped reporting or hold a job past its hard timeout; recycle
         workers over the memory limit (see :func:`decisions.overdue`)."""
         actions = decisions.overdue(
-            list(self.children.values()), time.monotonic(), liveness_timeout=self.config.liveness_timeout,
-            timeout_grace=self.config.timeout_grace, max_memory_mb=self.config.max_memory_mb, rss_mb=_rss_mb,
-        )  # fmt: skip
+            list(self.children.values()),
+            time.monotonic(),
+            liveness_timeout=self.config.liveness_timeout,
+            timeout_grace=self.config.timeout_grace,
+            max_memory_mb=self.config.max_memory_mb,
+            rss_mb=_rss_mb,
+        )
         for action in actions:
             if isinstance(action, decisions.Kill):
                 self.murder(action.child, action.reason, killed_for=action.killed_for)

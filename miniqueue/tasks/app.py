@@ -35,6 +35,7 @@ class AsyncProducer(Protocol):
     @property
     def enqueue(self) -> Callable[..., Awaitable[EnqueueResult]]: ...
 
+
 Handler = Callable[[Job], Any]
 #: A limit key, or how to compute it from a job's payload (None: the job is not limited).
 KeyOf = str | Callable[[Any], str | None] | None
@@ -65,22 +66,34 @@ class Task:
     def spec(self, payload: Any = None) -> JobSpec:
         """A JobSpec of this task for ``payload``, its keys computed from the payload."""
         return JobSpec(
-            self.name, payload, queue=self.queue, priority=self.priority, max_attempts=self.max_attempts,
-            concurrency_key=_key_of(self.concurrency_key, payload), max_concurrent=self.max_concurrent,
-            rate_limit=self.rate_limit, rate_limit_key=_key_of(self.rate_limit_key, payload),
-        )  # fmt: skip
-
+            self.name,
+            payload,
+            queue=self.queue,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            concurrency_key=_key_of(self.concurrency_key, payload),
+            max_concurrent=self.max_concurrent,
+            rate_limit=self.rate_limit,
+            rate_limit_key=_key_of(self.rate_limit_key, payload),
+        )
 
     def declaration(self) -> TaskDeclaration:
         """What this task declares, as its workers publish it for producers without the app."""
         base, cap = published_backoff(self.backoff) or (None, None)
         return TaskDeclaration(
-            self.name, self.queue, self.priority, self.max_attempts,
+            self.name,
+            self.queue,
+            self.priority,
+            self.max_attempts,
             concurrency_key=None if callable(self.concurrency_key) else self.concurrency_key,
-            concurrency_key_computed=callable(self.concurrency_key), max_concurrent=self.max_concurrent,
-            rate_limit=self.rate_limit, rate_limit_key=None if callable(self.rate_limit_key) else self.rate_limit_key,
-            rate_limit_key_computed=callable(self.rate_limit_key), backoff_base=base, backoff_cap=cap,
-        )  # fmt: skip
+            concurrency_key_computed=callable(self.concurrency_key),
+            max_concurrent=self.max_concurrent,
+            rate_limit=self.rate_limit,
+            rate_limit_key=None if callable(self.rate_limit_key) else self.rate_limit_key,
+            rate_limit_key_computed=callable(self.rate_limit_key),
+            backoff_base=base,
+            backoff_cap=cap,
+        )
 
 
 def _key_of(key: KeyOf, payload: Any) -> str | None:
@@ -272,9 +285,10 @@ def _where(exc: BaseException) -> str:
     """Where an import error was raised in the app's own code, as `` (at FILE:LINE)``: the
     innermost frame outside the import machinery, or nothing (a module that does not exist)."""
     frames = [
-        frame for frame in traceback.extract_tb(exc.__traceback__)
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
         if not frame.filename.startswith("<frozen ") and frame.filename not in (importlib.__file__, __file__)
-    ]  # fmt: skip
+    ]
     return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 

@@ -76,9 +76,11 @@ def assert_enqueued(
     found = enqueued_jobs(target, task=task, queue=queue, state=state, payload=payload, conn=conn)
     if (count is None and found) or len(found) == count:
         return found
-    wanted = ", ".join(f"{name}={value!r}" for name, value in
-                       (("task", task), ("queue", queue), ("state", state), ("payload", payload))
-                       if value is not None and value is not _ANY)  # fmt: skip
+    wanted = ", ".join(
+        f"{name}={value!r}"
+        for name, value in (("task", task), ("queue", queue), ("state", state), ("payload", payload))
+        if value is not None and value is not _ANY
+    )
     expected = "at least 1" if count is None else str(count)
     raise AssertionError(
         f"expected {expected} job(s) matching {wanted or 'anything'}, found {len(found)}\n{_describe(target, conn)}"
@@ -100,7 +102,9 @@ def _describe(target: str | Client, conn: Connection | None) -> str:
     stored = enqueued_jobs(target, conn=conn)
     if not stored:
         return "the queue holds no job"
-    lines = [f"  job {job.id}: task={job.task!r} queue={job.queue!r} state={job.state.value} payload={job.payload!r}"
-             for job in stored[-_SHOWN:]]  # fmt: skip
+    lines = [
+        f"  job {job.id}: task={job.task!r} queue={job.queue!r} state={job.state.value} payload={job.payload!r}"
+        for job in stored[-_SHOWN:]
+    ]
     more = f" (the last {_SHOWN})" if len(stored) > _SHOWN else ""
     return f"stored jobs{more}:\n" + "\n".join(lines)

@@ -32,9 +32,17 @@ TEST_DATABASE_ENV = "TEST_DATABASE_URL"
 #: Every table whose rows are queue data (jobs, schedules, queue settings, processes, counts,
 #: limits, finished jobs per minute, task declarations, served queues); ``miniqueue_migrations``
 #: stays, so the schema stays migrated.
-QUEUE_TABLES = ("miniqueue_jobs", "miniqueue_periodic", "miniqueue_queues", "miniqueue_processes", "miniqueue_counts",
-                "miniqueue_limits", "miniqueue_finished_minutes", "miniqueue_tasks",
-                "miniqueue_served_queues")  # fmt: skip
+QUEUE_TABLES = (
+    "miniqueue_jobs",
+    "miniqueue_periodic",
+    "miniqueue_queues",
+    "miniqueue_processes",
+    "miniqueue_counts",
+    "miniqueue_limits",
+    "miniqueue_finished_minutes",
+    "miniqueue_tasks",
+    "miniqueue_served_queues",
+)
 
 _CREATE_DATABASE = "CREATE DATABASE {name}"
 _DROP_DATABASE = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"

@@ -175,19 +175,31 @@ class _Run:
     """One call of :func:`run_jobs`: the worker's thread, and the watch for an idle queue."""
 
     def __init__(
-        self, app: App, client: Client, queues: Sequence[str] | None, max_jobs: int | None,
-        timeout: float, retries: Retries, concurrency: int,
-    ) -> None:  # fmt: skip
+        self,
+        app: App,
+        client: Client,
+        queues: Sequence[str] | None,
+        max_jobs: int | None,
+        timeout: float,
+        retries: Retries,
+        concurrency: int,
+    ) -> None:
         self.client, self.timeout = client, timeout
         self.runs: list[JobRun] = []
         # Jobs whose handler started and has no recorded outcome yet: what a timeout names.
         self.started: dict[int, tuple[Job, float]] = {}
         self.failure: BaseException | None = None
         config = WorkerConfig(
-            queues=queues, concurrency=concurrency, max_jobs=max_jobs, prefetch=0, poll_only=True,
-            poll_interval=_POLL_SECONDS, shutdown_timeout=_SHUTDOWN_SECONDS, schema=client.store.schema,
+            queues=queues,
+            concurrency=concurrency,
+            max_jobs=max_jobs,
+            prefetch=0,
+            poll_only=True,
+            poll_interval=_POLL_SECONDS,
+            shutdown_timeout=_SHUTDOWN_SECONDS,
+            schema=client.store.schema,
             worker_id=f"miniqueue-testing:{secrets.token_hex(4)}",
-        )  # fmt: skip
+        )
         hooks = WorkerHooks(on_job_start=self._started, on_job_end=self._record)
         self.worker = Worker(_app_for_run(app, retries, timeout), _dsn_of(client), config, hooks=hooks)
         paused = {name for name, is_paused in client.list_queues().items() if is_paused}
@@ -228,8 +240,9 @@ class _Run:
             raise self.failure
         result = self._result(stopped_by)
         if stopped_by == "timeout":
-            raise RunTimeout(f"run_jobs: jobs still due or running after {self.timeout:g}s{self._stuck()}\n{result}",
-                             result)  # fmt: skip
+            raise RunTimeout(
+                f"run_jobs: jobs still due or running after {self.timeout:g}s{self._stuck()}\n{result}", result
+            )
         return result
 
     def _stuck(self) -> str:
@@ -253,8 +266,11 @@ class _Run:
     def _record(self, job: Job, outcome: Outcome) -> None:
         """The worker's hook, called once an outcome is recorded in the database."""
         self.started.pop(job.id, None)
-        self.runs.append(JobRun(job.id, job.task, job.queue, job.attempt, outcome.kind, outcome.error,
-                                outcome.delay, outcome.duration))  # fmt: skip
+        self.runs.append(
+            JobRun(
+                job.id, job.task, job.queue, job.attempt, outcome.kind, outcome.error, outcome.delay, outcome.duration
+            )
+        )
 
     def _uncommitted(self) -> list[int]:
         """Jobs of the run's queues that are available on the connection the code under test

@@ -90,10 +90,13 @@ class Dashboard:
         if live and request.query_params.get("partial"):
             template = live
         base = {
-            "read_only": self.read_only, "csrf_token": csrf_token(request), "root": request.scope.get("root_path", ""),
-            "refresh_ms": int(self.refresh_seconds * 1000), "live_url": _live_url(request) if live else None,
+            "read_only": self.read_only,
+            "csrf_token": csrf_token(request),
+            "root": request.scope.get("root_path", ""),
+            "refresh_ms": int(self.refresh_seconds * 1000),
+            "live_url": _live_url(request) if live else None,
             "has_app": self.app is not None,
-        }  # fmt: skip
+        }
         return self.templates.TemplateResponse(request, template, {**base, **context}, status_code=status)
 
     def audit(
@@ -117,11 +120,23 @@ class Dashboard:
         # control characters, so that no input can forge a second audit line.
         who, target, outcome = printable(who), printable(target), printable(outcome)
         audit_log.info(
-            "user=%s action=%s %s count=%d outcome=%s", who, action, target, count, outcome,
-            extra={"audit": {"user": who, "action": action, "target": target, "count": count,
-                             "ids": id_list[:MAX_AUDIT_IDS] if id_list is not None else None,
-                             "outcome": outcome}},
-        )  # fmt: skip
+            "user=%s action=%s %s count=%d outcome=%s",
+            who,
+            action,
+            target,
+            count,
+            outcome,
+            extra={
+                "audit": {
+                    "user": who,
+                    "action": action,
+                    "target": target,
+                    "count": count,
+                    "ids": id_list[:MAX_AUDIT_IDS] if id_list is not None else None,
+                    "outcome": outcome,
+                }
+            },
+        )
 
 
 def _live_url(request: Request) -> str:

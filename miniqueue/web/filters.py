@@ -86,9 +86,13 @@ class JobFilter:
     def items(self) -> list[tuple[str, str]]:
         """The set fields as ``(parameter, value)`` pairs, for links and hidden form fields."""
         values = {
-            "state": self.state.value if self.state else None, "queue": self.queue, "task": self.task,
-            "q": self.search, "from": _format_time(self.created_after), "to": _format_time(self.created_before),
-        }  # fmt: skip
+            "state": self.state.value if self.state else None,
+            "queue": self.queue,
+            "task": self.task,
+            "q": self.search,
+            "from": _format_time(self.created_after),
+            "to": _format_time(self.created_before),
+        }
         return [(k, v) for k, v in values.items() if v]
 
     def query(self, **extra: Any) -> str:

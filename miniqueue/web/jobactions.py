@@ -37,15 +37,28 @@ class JobAction:
 
 
 ACTIONS = {
-    "requeue": JobAction("requeue", "Requeue", REQUEUEABLE_STATES, lambda c, conn, ids: c.requeue(ids, conn=conn),
-                         "They become available at once, with a fresh attempt budget."),
-    "cancel": JobAction("cancel", "Cancel", CANCELLABLE_STATES, lambda c, conn, ids: c.cancel(ids, conn=conn),
-                        "A running handler is told to stop at its next heartbeat; jobs waiting for them are "
-                        "cancelled too."),
-    "delete": JobAction("delete", "Delete", frozenset(State) - {State.RUNNING},
-                        lambda c, conn, ids: c.delete(ids, conn=conn),
-                        "Deleted jobs and their error history are gone for good."),
-}  # fmt: skip
+    "requeue": JobAction(
+        "requeue",
+        "Requeue",
+        REQUEUEABLE_STATES,
+        lambda c, conn, ids: c.requeue(ids, conn=conn),
+        "They become available at once, with a fresh attempt budget.",
+    ),
+    "cancel": JobAction(
+        "cancel",
+        "Cancel",
+        CANCELLABLE_STATES,
+        lambda c, conn, ids: c.cancel(ids, conn=conn),
+        "A running handler is told to stop at its next heartbeat; jobs waiting for them are cancelled too.",
+    ),
+    "delete": JobAction(
+        "delete",
+        "Delete",
+        frozenset(State) - {State.RUNNING},
+        lambda c, conn, ids: c.delete(ids, conn=conn),
+        "Deleted jobs and their error history are gone for good.",
+    ),
+}
 
 
 def action_named(name: str) -> JobAction:

@@ -24,11 +24,15 @@ from .filters import JobFilter, parse_id, stored_id
 
 PAGE_SIZE = 50
 NOTICES = {
-    "requeue": "Requeued {n} job(s).", "cancel": "Cancelled {n} job(s).", "delete": "Deleted {n} job(s).",
-    "pause": "Paused the queue: no worker claims from it until it is resumed.", "resume": "Resumed the queue.",
-    "enable": "Enabled the schedule.", "disable": "Disabled the schedule: its slots are skipped.",
+    "requeue": "Requeued {n} job(s).",
+    "cancel": "Cancelled {n} job(s).",
+    "delete": "Deleted {n} job(s).",
+    "pause": "Paused the queue: no worker claims from it until it is resumed.",
+    "resume": "Resumed the queue.",
+    "enable": "Enabled the schedule.",
+    "disable": "Disabled the schedule: its slots are skipped.",
     "run": "Enqueued a run of the schedule now.",
-}  # fmt: skip
+}
 
 
 def notice(request: Request) -> str | None:
@@ -91,15 +95,25 @@ class Pages:
 
         found, now = await self.dash.query(load)
         page = found[:PAGE_SIZE]
-        context = {"filter": flt, "error": None, "jobs": page, "now": now, "before_id": before_id,
-                   "next_before_id": page[-1].id if len(found) > PAGE_SIZE else None,
-                   "previews": {j.id: present.preview(j.payload, self.dash.redact) for j in page}}  # fmt: skip
+        context = {
+            "filter": flt,
+            "error": None,
+            "jobs": page,
+            "now": now,
+            "before_id": before_id,
+            "next_before_id": page[-1].id if len(found) > PAGE_SIZE else None,
+            "previews": {j.id: present.preview(j.payload, self.dash.redact) for j in page},
+        }
         return self.dash.render(request, "jobs.html", {**self._jobs_context(request), **context}, live="_jobs.html")
 
     def _jobs_context(self, request: Request) -> dict[str, object]:
         app = self.dash.app
-        return {"states": list(State), "notice": notice(request), "queues": app.queues if app else [],
-                "tasks": sorted(app.tasks) if app else []}  # fmt: skip
+        return {
+            "states": list(State),
+            "notice": notice(request),
+            "queues": app.queues if app else [],
+            "tasks": sorted(app.tasks) if app else [],
+        }
 
     async def job(self, request: Request) -> Response:
         job_id = parse_id(str(request.path_params["job_id"]))
@@ -109,14 +123,18 @@ class Pages:
 
         job, now = await self.dash.query(load)
         context = {
-            "job": job, "now": now, "notice": notice(request), "timeline": present.timeline(job),
+            "job": job,
+            "now": now,
+            "notice": notice(request),
+            "timeline": present.timeline(job),
             "payload": present.render_payload(job.payload, self.dash.redact),
             "result": present.render_payload(job.result, self.dash.redact) if job.state is State.COMPLETED else None,
             "attempts": [(e, present.parse_worker_id(e.worker)) for e in reversed(job.errors)],
             "holder": present.parse_worker_id(job.leased_by),
-            "can_requeue": job.state in REQUEUEABLE_STATES, "can_cancel": job.state in CANCELLABLE_STATES,
+            "can_requeue": job.state in REQUEUEABLE_STATES,
+            "can_cancel": job.state in CANCELLABLE_STATES,
             "can_delete": job.state is not State.RUNNING,
-        }  # fmt: skip
+        }
         return self.dash.render(request, "job.html", context, live="_job.html")
 
     async def workers(self, request: Request) -> Response:
@@ -154,8 +172,9 @@ class Pages:
         stats, paused, caps, waits = await self.dash.query(load)
         by_name = {s.queue: s for s in stats}
         names = sorted(set(by_name) | set(paused) | set(caps) | set(self.dash.app.queues if self.dash.app else []))
-        rows = [replace(_queue_row(name, by_name.get(name), name in paused), max_running=caps.get(name))
-                for name in names]  # fmt: skip
+        rows = [
+            replace(_queue_row(name, by_name.get(name), name in paused), max_running=caps.get(name)) for name in names
+        ]
         context = {"rows": rows, "waits": waits, "notice": notice(request)}
         return self.dash.render(request, "queues.html", context, live="_queues.html")
 
@@ -168,15 +187,19 @@ def _queue_row(name: str, stats: QueueStats | None, paused: bool) -> QueueRow:
     if stats is None:
         return QueueRow(name, paused, 0, 0, 0, None)
     counts = stats.counts
-    return QueueRow(name, paused, counts[State.AVAILABLE], counts[State.RUNNING], stats.scheduled,
-                    stats.oldest_available_seconds)  # fmt: skip
+    return QueueRow(
+        name, paused, counts[State.AVAILABLE], counts[State.RUNNING], stats.scheduled, stats.oldest_available_seconds
+    )
 
 
 def _totals(stats: list[QueueStats]) -> dict[str, object]:
     waits = [s.oldest_available_seconds for s in stats if s.oldest_available_seconds is not None]
-    return {"counts": {state.value: sum(s.counts[state] for s in stats) for state in State},
-            "scheduled": sum(s.scheduled for s in stats), "expired": sum(s.expired_leases for s in stats),
-            "oldest": max(waits, default=None)}  # fmt: skip
+    return {
+        "counts": {state.value: sum(s.counts[state] for s in stats) for state in State},
+        "scheduled": sum(s.scheduled for s in stats),
+        "expired": sum(s.expired_leases for s in stats),
+        "oldest": max(waits, default=None),
+    }
 
 
 def _int_param(request: Request, name: str) -> int | None:

@@ -54,11 +54,25 @@ def timeline(job: JobRecord) -> list[Event]:
     if job.state is State.AVAILABLE or job.scheduled_at != job.created_at:
         events.append(Event(job.scheduled_at, "scheduled", "Scheduled", "runnable from this time"))
     for error in job.errors:
-        events.append(Event(error.at, "failed", f"Attempt {error.attempt} failed", summary(error.error),
-                            parse_worker_id(error.worker)))  # fmt: skip
+        events.append(
+            Event(
+                error.at,
+                "failed",
+                f"Attempt {error.attempt} failed",
+                summary(error.error),
+                parse_worker_id(error.worker),
+            )
+        )
     if job.state is State.RUNNING and job.lease_expires_at is not None:
-        events.append(Event(job.lease_expires_at, "running", f"Attempt {job.attempt} running",
-                            "lease expires at this time unless renewed", parse_worker_id(job.leased_by)))  # fmt: skip
+        events.append(
+            Event(
+                job.lease_expires_at,
+                "running",
+                f"Attempt {job.attempt} running",
+                "lease expires at this time unless renewed",
+                parse_worker_id(job.leased_by),
+            )
+        )
     if job.finished_at is not None:
         kind = "failed-final" if job.state is State.FAILED else job.state.value
         events.append(Event(job.finished_at, kind, job.state.value.capitalize(), _finish_detail(job)))
@@ -131,8 +145,15 @@ def throughput_chart(
     for i, (minute, c) in enumerate(counts):
         done, failed = c.get(State.COMPLETED, 0), sum(c.get(s, 0) for s in FAILED_STATES)
         bars.append(Bar(minute, done, failed, i * bar, done * scale, failed * scale))
-    return Chart(bars, peak, bar * 60, height, sum(b.completed for b in bars), sum(b.failed for b in bars),
-                 [(m, c) for m, c in counts if c])  # fmt: skip
+    return Chart(
+        bars,
+        peak,
+        bar * 60,
+        height,
+        sum(b.completed for b in bars),
+        sum(b.failed for b in bars),
+        [(m, c) for m, c in counts if c],
+    )
 
 
 def age(seconds: float | None) -> str:

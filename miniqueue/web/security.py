@@ -261,10 +261,21 @@ def _audit_login(user: str, address: str, failures: int, outcome: str, retry_aft
     wait = f" retry_after={retry_after}" if retry_after else ""
     audit_log.log(
         logging.INFO if outcome == "ok" else logging.WARNING,
-        "user=%s action=login failures=%d outcome=%s%s", who, failures, outcome, wait,
-        extra={"audit": {"user": who, "action": "login", "failures": failures, "outcome": outcome,
-                         "retry_after": retry_after}},
-    )  # fmt: skip
+        "user=%s action=login failures=%d outcome=%s%s",
+        who,
+        failures,
+        outcome,
+        wait,
+        extra={
+            "audit": {
+                "user": who,
+                "action": "login",
+                "failures": failures,
+                "outcome": outcome,
+                "retry_after": retry_after,
+            }
+        },
+    )
 
 
 class ReadOnlyMiddleware:

@@ -50,8 +50,14 @@ from .security import (
 log = logging.getLogger("miniqueue.web")
 #: Addresses that mean "every interface": no one name to answer for.
 EVERY_ADDRESS = frozenset({"", "0.0.0.0", "::", "[::]"})
-STATUS = {JobNotFound: 404, InvalidInput: 400, InvalidTransition: 409, ConfigError: 400,
-          DatabaseUnavailable: 503, SchemaOutOfDate: 503}  # fmt: skip
+STATUS = {
+    JobNotFound: 404,
+    InvalidInput: 400,
+    InvalidTransition: 409,
+    ConfigError: 400,
+    DatabaseUnavailable: 503,
+    SchemaOutOfDate: 503,
+}
 
 
 def create_app(
@@ -173,8 +179,11 @@ def serve(
     hosts = served_hosts(host, allowed_hosts)
     asgi = create_app(Client(dsn, schema=schema), read_only=read_only, app=app, allowed_hosts=hosts)
     if not is_loopback(host) and auth_from_env() is None:
-        log.warning("the dashboard listens on %s without authentication (--insecure-bind-public): anyone who "
-                    "can reach it can read and change the queue", host)  # fmt: skip
+        log.warning(
+            "the dashboard listens on %s without authentication (--insecure-bind-public): anyone who "
+            "can reach it can read and change the queue",
+            host,
+        )
     log.info("the dashboard answers for the hosts %s", ", ".join(hosts))
     uvicorn.run(asgi, host=host, port=port, log_level=log_level)
 

@@ -130,9 +130,14 @@ class AsyncTransactions:
         # Checked on checkout, like the sync pool: a connection that died while idle (a server
         # restart) would otherwise fail the next handler's transaction and cost an attempt.
         pool = create_async_pool(
-            self.dsn, purpose="handler", schema=self.store.schema, min_size=0, max_size=self.max_size,
-            check=AsyncConnectionPool.check_connection, name="miniqueue-handler-async",
-        )  # fmt: skip
+            self.dsn,
+            purpose="handler",
+            schema=self.store.schema,
+            min_size=0,
+            max_size=self.max_size,
+            check=AsyncConnectionPool.check_connection,
+            name="miniqueue-handler-async",
+        )
         await pool.open()
         return pool
 

@@ -58,9 +58,11 @@ class ClaimPolicy:
         #: Handlers the worker runs at once, every kind counted.
         self.handler_slots = config.concurrency * handler_kinds
         self.prefetch = PrefetchPolicy(
-            parse_prefetch(config.prefetch), concurrency=config.concurrency, kinds=handler_kinds,
+            parse_prefetch(config.prefetch),
+            concurrency=config.concurrency,
+            kinds=handler_kinds,
             budget=config.prefetch_budget,
-        )  # fmt: skip
+        )
         #: Which way the sweep of limited jobs' groups goes (see :func:`goes_down`).
         self.descending = config.descending
         #: A notification came, or the worker reconnected: look once (at start, too).
@@ -193,10 +195,13 @@ class ClaimPolicy:
             return float("inf")
         running_for = self.slots.running_for(now)
         return min(
-            (max(0.0, self.config.prefetch_budget - min(running_for[kind])) + 0.001
-             for kind in self.slots.ready_kinds() if len(running_for[kind]) >= self.config.concurrency),
+            (
+                max(0.0, self.config.prefetch_budget - min(running_for[kind])) + 0.001
+                for kind in self.slots.ready_kinds()
+                if len(running_for[kind]) >= self.config.concurrency
+            ),
             default=float("inf"),
-        )  # fmt: skip
+        )
 
     def to_hand_back(self, now: float) -> set[bool]:
         """Work-conserving prefetch: the kinds whose ready jobs wait behind handlers of their

@@ -69,8 +69,12 @@ class WorkerConfig:
 
     def validated(self) -> WorkerConfig:
         """Return this config if it is consistent, else raise ConfigError naming the problem."""
-        positive = {"lease_seconds": self.lease_seconds, "poll_interval": self.poll_interval,
-                    "heartbeat interval": self.heartbeat_interval, "prefetch_budget": self.prefetch_budget}  # fmt: skip
+        positive = {
+            "lease_seconds": self.lease_seconds,
+            "poll_interval": self.poll_interval,
+            "heartbeat interval": self.heartbeat_interval,
+            "prefetch_budget": self.prefetch_budget,
+        }
         for name, value in positive.items():
             if not value > 0:
                 raise ConfigError(f"{name} {value!r} is invalid: use a positive number of seconds")

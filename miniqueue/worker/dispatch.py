@@ -87,19 +87,28 @@ class Dispatcher:
 
     def _log_overdue(self) -> None:
         for lease in self.slots.take_overdue():
-            log.warning("job %d (%s) not started: its lease may have ended before it could start (the "
-                        "worker stalled past it); it runs again once the lease is taken back",
-                        lease.id, lease.task)  # fmt: skip
+            log.warning(
+                "job %d (%s) not started: its lease may have ended before it could start (the "
+                "worker stalled past it); it runs again once the lease is taken back",
+                lease.id,
+                lease.task,
+            )
 
     def make_job(self, lease: Lease) -> Job:
         """The job a handler receives for ``lease``."""
         limit = self.max_result_bytes
         read = self.read_results if lease.parents else None
         if lease.task in self.slots.async_tasks:
-            return Job(lease, worker_id=self.worker_id, atransaction=self.atransaction, max_result_bytes=limit,
-                       read_results=read)  # fmt: skip
-        return Job(lease, worker_id=self.worker_id, transaction=self.transaction, max_result_bytes=limit,
-                   read_results=read)  # fmt: skip
+            return Job(
+                lease,
+                worker_id=self.worker_id,
+                atransaction=self.atransaction,
+                max_result_bytes=limit,
+                read_results=read,
+            )
+        return Job(
+            lease, worker_id=self.worker_id, transaction=self.transaction, max_result_bytes=limit, read_results=read
+        )
 
     # -- running them (handler threads, the event loop) ----------------------------------------
 

@@ -69,8 +69,11 @@ class Executor:
         message = f"no handler is registered for task {task!r} in this worker's app"
         if task not in self._unknown_tasks:
             self._unknown_tasks.add(task)
-            log.error("%s (known: %s): its jobs fail and retry with backoff until they are dead", message,
-                      ", ".join(sorted(self.app.tasks)) or "none")  # fmt: skip
+            log.error(
+                "%s (known: %s): its jobs fail and retry with backoff until they are dead",
+                message,
+                ", ".join(sorted(self.app.tasks)) or "none",
+            )
         return message
 
 
@@ -79,8 +82,10 @@ def _not_awaited(returned: object, task: str) -> str:
     complete (a bug in the app: the worker awaits only handlers defined with ``async def``)."""
     if inspect.iscoroutine(returned):
         returned.close()  # never awaited on purpose: close it so Python does not warn about it
-    return (f"the handler of task {task!r} returned {type(returned).__name__} instead of running: "
-            "the worker awaits only handlers defined with 'async def'")  # fmt: skip
+    return (
+        f"the handler of task {task!r} returned {type(returned).__name__} instead of running: "
+        "the worker awaits only handlers defined with 'async def'"
+    )
 
 
 def _finished(
@@ -93,8 +98,11 @@ def _finished(
         outcome = _outcome_of(job, exc)
     elif job.completed_in_transaction:
         if returned is not None:
-            log.warning("job %d returned a value after job.transaction() completed it: not stored (call "
-                        "job.set_result() inside the block)", job.id)  # fmt: skip
+            log.warning(
+                "job %d returned a value after job.transaction() completed it: not stored (call "
+                "job.set_result() inside the block)",
+                job.id,
+            )
         outcome = Outcome("completed_in_transaction")
     else:
         outcome = _completed(job, returned, max_result_bytes)
@@ -109,8 +117,9 @@ def _completed(job: Job, returned: object, max_result_bytes: int) -> Outcome:
     try:
         return Outcome("completed", result=encode_result(returned, max_bytes=max_result_bytes))
     except InvalidInput as exc:
-        return Outcome("error", f"the handler of task {job.task!r} returned a value that cannot be stored as "
-                                f"its result: {exc}")  # fmt: skip
+        return Outcome(
+            "error", f"the handler of task {job.task!r} returned a value that cannot be stored as its result: {exc}"
+        )
 
 
 def _outcome_of(job: Job, exc: BaseException) -> Outcome:

@@ -23,9 +23,15 @@ class HandlerConnections:
     given (the caller's, left open), else in a pool of its own (closed by :meth:`close`)."""
 
     def __init__(
-        self, dsn: str, store: Store, worker_id: str, *, schema: str, max_size: int,
+        self,
+        dsn: str,
+        store: Store,
+        worker_id: str,
+        *,
+        schema: str,
+        max_size: int,
         pool: ConnectionPool[Connection] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.dsn, self.store, self.worker_id = dsn, store, worker_id
         self.schema, self.max_size = schema, max_size
         self._pool, self._owns_pool = pool, pool is None
@@ -36,9 +42,13 @@ class HandlerConnections:
             # Checked on checkout: a connection that died while idle (a server restart) would
             # otherwise fail the next handler's transaction and cost its job an attempt.
             self._pool = create_pool(
-                self.dsn, purpose="handler", schema=self.schema, min_size=0, max_size=self.max_size,
+                self.dsn,
+                purpose="handler",
+                schema=self.schema,
+                min_size=0,
+                max_size=self.max_size,
                 check=ConnectionPool.check_connection,
-            )  # fmt: skip
+            )
         return self._pool
 
     def read_parent_results(self, parents: Sequence[int]) -> list[tuple[int, Any]]:

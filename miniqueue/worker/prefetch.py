@@ -78,7 +78,5 @@ class PrefetchPolicy:
         behind them would wait longer than the budget, so they are better handed back for an
         idle worker to take (``auto`` only)."""
         return (
-            self.fixed is None
-            and len(running_for) >= self.concurrency
-            and min(running_for, default=0.0) > self.budget
+            self.fixed is None and len(running_for) >= self.concurrency and min(running_for, default=0.0) > self.budget
         )

@@ -49,8 +49,11 @@ class Batch:
     @classmethod
     def of(cls, outcomes: list[tuple[Job, Outcome]]) -> Batch:
         completions = [(job.id, job.attempt) for job, outcome in outcomes if outcome.kind == "completed"]
-        results = {job.id: outcome.result for job, outcome in outcomes
-                   if outcome.kind == "completed" and outcome.result is not None}  # fmt: skip
+        results = {
+            job.id: outcome.result
+            for job, outcome in outcomes
+            if outcome.kind == "completed" and outcome.result is not None
+        }
         return cls(outcomes, completions, results)
 
     def kept(self) -> set[tuple[str, ...]]:
@@ -152,9 +155,16 @@ def log_outcome(job: Job, outcome: Outcome) -> None:
     error = outcome.error or ""
     # attempt and max_attempts as people read them (charged, of the budget); run: the attempt
     # number, which counts every run (see Job.describe_attempts).
-    fields = {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.charged_attempts,
-              "max_attempts": job.attempt_budget, "run": job.attempt, "outcome": outcome.kind,
-              "error": error}  # fmt: skip
+    fields = {
+        "job_id": job.id,
+        "task": job.task,
+        "queue": job.queue,
+        "attempt": job.charged_attempts,
+        "max_attempts": job.attempt_budget,
+        "run": job.attempt,
+        "outcome": outcome.kind,
+        "error": error,
+    }
     where = f"job {job.id} ({job.task} on {job.queue}) {job.describe_attempts()}"
     extra = {"job": fields}
     if outcome.kind == "retried":

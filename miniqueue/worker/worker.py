@@ -93,18 +93,28 @@ class Worker:
         self._slots = Slots(async_tasks)
         self._claims = ClaimPolicy(cfg, self._slots, kinds=kinds, handler_kinds=handler_kinds)
         self._claim_conn = ClaimConnection(self.dsn, store, app, self.queues, schema=cfg.schema)
-        self._handler_db = HandlerConnections(self.dsn, store, self.worker_id, schema=cfg.schema,
-                                              max_size=pool_size, pool=pool)  # fmt: skip
+        self._handler_db = HandlerConnections(
+            self.dsn, store, self.worker_id, schema=cfg.schema, max_size=pool_size, pool=pool
+        )
         self._async_transactions = AsyncTransactions(self.dsn, store, self.worker_id, max_size=pool_size)
         self._outcomes = OutcomeRecorder(app, store, self.worker_id, self._slots, self._claims.prefetch)
         self._executor = Executor(app, max_result_bytes=cfg.max_result_bytes)
         self._wake = threading.Event()
         self._dispatch = Dispatcher(
-            app=app, slots=self._slots, claims=self._claims, outcomes=self._outcomes, executor=self._executor,
-            wake=self._wake, worker_id=self.worker_id, concurrency=cfg.concurrency, kinds=kinds,
-            transaction=self._handler_db.transaction, atransaction=self._async_transactions.transaction,
-            read_results=self._handler_db.read_parent_results, max_result_bytes=cfg.max_result_bytes,
-        )  # fmt: skip
+            app=app,
+            slots=self._slots,
+            claims=self._claims,
+            outcomes=self._outcomes,
+            executor=self._executor,
+            wake=self._wake,
+            worker_id=self.worker_id,
+            concurrency=cfg.concurrency,
+            kinds=kinds,
+            transaction=self._handler_db.transaction,
+            atransaction=self._async_transactions.transaction,
+            read_results=self._handler_db.read_parent_results,
+            max_result_bytes=cfg.max_result_bytes,
+        )
         self.store = store
         self.hooks = hooks or WorkerHooks()
         self._stop_requested = False
@@ -175,10 +185,16 @@ class Worker:
         listener = listener_for(self.dsn, cfg.listen_url, self.store, self.queues, self._nudge, poll_only=cfg.poll_only)
         self._listener = listener
         heartbeat = Heartbeat(
-            self.dsn, self.store, self.worker_id, lease_seconds=cfg.lease_seconds, interval=cfg.heartbeat_interval,
-            leases=self._slots.leases, on_lost=self._dispatch.stop_lost, on_tick=self._dispatch.stop_timed_out,
+            self.dsn,
+            self.store,
+            self.worker_id,
+            lease_seconds=cfg.lease_seconds,
+            interval=cfg.heartbeat_interval,
+            leases=self._slots.leases,
+            on_lost=self._dispatch.stop_lost,
+            on_tick=self._dispatch.stop_timed_out,
             on_renewed=lambda ids, sent_at: self._slots.renewed(ids, start_deadline(sent_at, cfg.lease_seconds)),
-        )  # fmt: skip
+        )
         threads = HandlerThreads(cfg.concurrency, "miniqueue-handler")
         aio = EventLoop() if self._slots.async_tasks else None
         self._dispatch.threads, self._dispatch.aio = threads, aio
@@ -263,10 +279,14 @@ class Worker:
         stuck = self._claims.to_hand_back(time.monotonic())
         if stuck:
             handlers = {frozenset({False}): "handler thread", frozenset({True}): "async handler"}.get(
-                frozenset(stuck), "handler")
+                frozenset(stuck), "handler"
+            )
             budget = self.config.prefetch_budget
-            self._release_ready(f"handed back unstarted: every {handlers} of its worker was busy past the "
-                                f"{budget:g}s prefetch budget; attempt not charged", stuck)  # fmt: skip
+            self._release_ready(
+                f"handed back unstarted: every {handlers} of its worker was busy past the "
+                f"{budget:g}s prefetch budget; attempt not charged",
+                stuck,
+            )
             self._claims.handed_back_kinds(stuck)
 
     def _sleep(self, seconds: float) -> None:
@@ -300,8 +320,10 @@ class Worker:
         if claim:
             self._outcomes.flush(conn, lambda batch: self._complete_and_claim(conn, batch, claim))
         else:
-            self._outcomes.flush(conn, lambda batch: self.store.complete_many(
-                conn, self.worker_id, batch.completions, results=batch.results))  # fmt: skip
+            self._outcomes.flush(
+                conn,
+                lambda batch: self.store.complete_many(conn, self.worker_id, batch.completions, results=batch.results),
+            )
         if self.config.max_jobs is not None and self.jobs_done >= self.config.max_jobs and not self._stop_requested:
             log.info("worker %s ran %d jobs (max_jobs): stopping to be recycled", self.worker_id, self.jobs_done)
             self.stop()
@@ -313,9 +335,16 @@ class Worker:
         self._claim_conn.plan_custom(claims.custom_plans(time.monotonic()))
         sent_at = time.monotonic()  # the leases end no sooner than lease_seconds after this
         completed, leases = self.store.complete_and_claim(
-            conn, self.worker_id, batch.completions, self.queues, self.config.lease_seconds, claim,
-            after=claims.cursor, descending=claims.descending, results=batch.results,
-        )  # fmt: skip
+            conn,
+            self.worker_id,
+            batch.completions,
+            self.queues,
+            self.config.lease_seconds,
+            claim,
+            after=claims.cursor,
+            descending=claims.descending,
+            results=batch.results,
+        )
         claims.claimed(leases, claim, batch.kept(), time.monotonic())
         self._slots.add_ready(leases, start_deadline(sent_at, self.config.lease_seconds))
         return completed
@@ -327,8 +356,11 @@ class Worker:
         unstarted = self._slots.take_ready(kinds)
         if unstarted:
             try:
-                self.store.release(self._claim_conn.get(), self.worker_id,
-                                   [Release(lease.id, lease.attempt, note) for lease in unstarted])  # fmt: skip
+                self.store.release(
+                    self._claim_conn.get(),
+                    self.worker_id,
+                    [Release(lease.id, lease.attempt, note) for lease in unstarted],
+                )
             except BaseException:
                 self._slots.put_back(unstarted)
                 raise
@@ -336,9 +368,13 @@ class Worker:
 
     def _abandon_running(self) -> None:
         abandoned = self._dispatch.abandon_running()
-        log.warning("worker %s: shutdown timeout: abandoning %d running job(s) %s: each stays leased until "
-                    "the supervisor hands it back as this process exits (when supervised) or its lease expires",
-                    self.worker_id, len(abandoned), [job.id for job in abandoned])  # fmt: skip
+        log.warning(
+            "worker %s: shutdown timeout: abandoning %d running job(s) %s: each stays leased until "
+            "the supervisor hands it back as this process exits (when supervised) or its lease expires",
+            self.worker_id,
+            len(abandoned),
+            [job.id for job in abandoned],
+        )
 
 
 __all__ = ["Outcome", "Worker", "WorkerConfig", "WorkerHooks", "new_worker_id"]

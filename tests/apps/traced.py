@@ -30,9 +30,12 @@ class ToFile(SpanExporter):
             for span in spans:
                 context, parent = span.get_span_context(), span.parent
                 line = {
-                    "name": span.name, "pid": os.getpid(), "span_id": context.span_id if context else None,
-                    "parent_id": parent.span_id if parent else None, "attributes": dict(span.attributes or {}),
-                }  # fmt: skip
+                    "name": span.name,
+                    "pid": os.getpid(),
+                    "span_id": context.span_id if context else None,
+                    "parent_id": parent.span_id if parent else None,
+                    "attributes": dict(span.attributes or {}),
+                }
                 os.write(fd, (json.dumps(line) + "\n").encode())
         finally:
             os.close(fd)

@@ -86,9 +86,11 @@ def get_settings() -> MiniqueueSettings:
     if unknown:
         raise ConfigError(f"MINIQUEUE setting has unknown keys {unknown}: use {', '.join(sorted(_KEYS))}")
     chosen = MiniqueueSettings(
-        app=given.get("APP"), database=given.get("DATABASE", "default"),
-        schema=check_schema(given.get("SCHEMA", "public")), database_url=given.get("DATABASE_URL"),
-    )  # fmt: skip
+        app=given.get("APP"),
+        database=given.get("DATABASE", "default"),
+        schema=check_schema(given.get("SCHEMA", "public")),
+        database_url=given.get("DATABASE_URL"),
+    )
     if chosen.database not in settings.DATABASES:
         raise ConfigError(
             f"MINIQUEUE['DATABASE'] {chosen.database!r} is not in DATABASES ({', '.join(settings.DATABASES)})"
@@ -108,8 +110,14 @@ def database_url(using: str | None = None) -> str:
         raise ConfigError(f"database {connection.alias!r} is {connection.vendor}: miniqueue needs PostgreSQL")
     params = connection.settings_dict
     options = {key: value for key, value in (params.get("OPTIONS") or {}).items() if key not in _DJANGO_OPTIONS}
-    parts = {"dbname": params.get("NAME"), "user": params.get("USER"), "password": params.get("PASSWORD"),
-             "host": params.get("HOST"), "port": params.get("PORT"), **options}  # fmt: skip
+    parts = {
+        "dbname": params.get("NAME"),
+        "user": params.get("USER"),
+        "password": params.get("PASSWORD"),
+        "host": params.get("HOST"),
+        "port": params.get("PORT"),
+        **options,
+    }
     return make_conninfo("", **{key: str(value) for key, value in parts.items() if value not in (None, "")})
 
 
