@@ -513,3 +513,41 @@ def test_prefetched_jobs_go_back_unstarted_at_shutdown(
         assert stored["max_attempts"] - stored["attempt"] == 5, "the budget of attempts is unchanged"
         [entry] = stored["errors"]
         assert entry["error"] == "handed back unstarted: the worker stopped; attempt not charged"
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_a_payload_the_worker_cannot_decode_fails_that_job_alone(
+    client: Client, conn: Connection, start_worker: StartWorker, kind: str
+) -> None:
+    """A row's payload that this process cannot decode (here JSON nested deeper than Python's
+    recursion limit, written by plain SQL) never fails the claim that read it: the rows are
+    decoded after the claim committed every lease, so the batch's other jobs would be stranded
+    until their leases expired, charged, while the worker crashed and claimed them again. The
+    one job fails for good without running; the others run once."""
+    app = App()
+    ran: list[int] = []
+    if kind == "def":
+        app.task("t")(lambda job: ran.append(job.id))
+    else:
+
+        @app.task("t")
+        async def handler(job: Job) -> None:
+            ran.append(job.id)
+
+    with conn.transaction():  # one commit: one claim reads all five
+        ids = [app.enqueue(client, "t", {"n": n}, conn=conn).id for n in range(5)]
+        poison = ids[2]
+        conn.execute(
+            "UPDATE miniqueue_jobs SET payload = (repeat('[', 5000) || repeat(']', 5000))::jsonb WHERE id = %s",
+            [poison],
+        )
+    start_worker(app, concurrency=2)
+    wait_until(lambda: count(conn, "state IN ('completed', 'failed')") == 5, what="every job finished")
+    assert sorted(ran) == sorted(i for i in ids if i != poison), "the others ran, the poisoned one did not"
+    # (the test's own connection could not decode that payload either: read the other columns)
+    state, attempt, error = conn.execute(
+        "SELECT state, attempt, last_error FROM miniqueue_jobs WHERE id = %s", [poison]
+    ).fetchone() or (None, None, None)
+    assert (state, attempt) == ("failed", 1)
+    assert "the job's payload could not be decoded (RecursionError: maximum recursion depth" in str(error)
+    assert all(row(conn, i)["attempt"] == 1 for i in ids if i != poison), "nothing was claimed twice"

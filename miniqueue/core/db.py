@@ -108,6 +108,34 @@ def _load_json(data: str | bytes) -> Any:
     return _decode_json(data.decode() if isinstance(data, bytes) else data)
 
 
+class UndecodableJson:
+    """A JSON value this process could not decode (nested deeper than Python's recursion limit,
+    say), in the place of the value, on a connection that :func:`tolerate_bad_json`."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<undecodable JSON: {self.error}>"
+
+
+def _load_json_or_mark(data: str | bytes) -> Any:
+    try:
+        return _load_json(data)
+    except (RecursionError, ValueError) as exc:
+        return UndecodableJson(f"{type(exc).__name__}: {exc}")
+
+
+def tolerate_bad_json(conn: Connection) -> None:
+    """Decode JSON on ``conn`` without raising: a value that cannot be decoded arrives as an
+    :class:`UndecodableJson`. For the worker's claim connection: rows are decoded after the claim
+    has committed their leases, so one job's payload must not fail the claim of all the others
+    (the worker fails that job alone, without running it)."""
+    set_json_loads(_load_json_or_mark, conn)
+
+
 def _configure(conn: Connection | AsyncConnection) -> None:
     """What every connection miniqueue opens needs before its first statement."""
     set_json_loads(_load_json, conn)

@@ -82,7 +82,9 @@ class Job:
         self.limits: list[str] | None = lease.limits
         #: The trace context of the span that enqueued the job (``{"traceparent": ...}``), or None
         #: when it was enqueued without tracing (see :mod:`miniqueue.tracing`).
-        self.trace_context: dict[str, str] | None = lease.trace_context
+        self.trace_context: dict[str, str] | None = (
+            lease.trace_context if isinstance(lease.trace_context, dict) else None  # (undecodable: none)
+        )
         self.worker_id = worker_id
         #: When the handler was handed the job (``time.monotonic()``), for timeouts.
         self.started_at = time.monotonic()

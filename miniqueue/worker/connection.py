@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from ..core.db import Connection, behind_pooler, connect
+from ..core.db import Connection, behind_pooler, connect, tolerate_bad_json
 from ..store.store import Store
 from ..tasks.app import App
 
@@ -37,6 +37,7 @@ class ClaimConnection:
         DatabaseUnavailable if the database cannot be reached."""
         if self._conn is None:
             self._conn = connect(self.dsn, purpose="worker", schema=self.schema)
+            tolerate_bad_json(self._conn)  # one job's payload never fails the claim of the others
             if not self._published:
                 self.store.publish_tasks(self._conn, self.app.declarations(), self.queues)
                 self._published = True

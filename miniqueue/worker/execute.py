@@ -14,6 +14,7 @@ import logging
 import time
 import traceback
 
+from ..core.db import UndecodableJson
 from ..core.errors import InvalidInput, LeaseLost
 from ..core.validation import encode_result
 from ..tasks.app import App
@@ -38,6 +39,8 @@ class Executor:
         task = self.app.tasks.get(job.task)
         if task is None:
             return Outcome("error", self._unknown_task(job.task))
+        if (unreadable := _unreadable(job)) is not None:
+            return unreadable
         try:
             self.hooks.on_handler_start(job)
             try:
@@ -54,6 +57,8 @@ class Executor:
         """Await one ``async def`` handler and classify what it did; cancelled (a stop request),
         it raises CancelledError, which is its outcome like any other exception."""
         handler = self.app.tasks[job.task].handler
+        if (unreadable := _unreadable(job)) is not None:
+            return unreadable
         try:
             self.hooks.on_handler_start(job)
             try:
@@ -75,6 +80,16 @@ class Executor:
                 ", ".join(sorted(self.app.tasks)) or "none",
             )
         return message
+
+
+def _unreadable(job: Job) -> Outcome | None:
+    """The outcome of a job whose payload this process could not decode: it fails for good
+    without running (another try would read the same bytes), and the jobs claimed with it run."""
+    if not isinstance(job.payload, UndecodableJson):
+        return None
+    return Outcome(
+        "permanent", f"the job's payload could not be decoded ({job.payload.error}): it fails without running"
+    )
 
 
 def _not_awaited(returned: object, task: str) -> str:
