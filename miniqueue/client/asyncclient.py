@@ -22,7 +22,7 @@ from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, Queue
 from ..core.steps import Steps, arun
 from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_job_ids
 from ..store.store import LimitWait
-from .client import BaseClient, _check_wait
+from .base import BaseClient, _check_wait
 from .results import await_for
 
 if TYPE_CHECKING:
