@@ -55,7 +55,7 @@ class RowResult:
 
 
 def render_table(rows: Sequence[RowResult]) -> str:
-    """A Markdown table (it reads in a terminal and pastes into the README)."""
+    """A Markdown table (it reads in a terminal and pastes into docs/figures.md)."""
     return markdown_table(COLUMNS, [row.cells() for row in rows], NUMERIC)
 
 

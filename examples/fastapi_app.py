@@ -1,5 +1,5 @@
 """A FastAPI app that enqueues a job in the same transaction as its own write, and the
-``async def`` task that runs it (the README's Async section).
+``async def`` task that runs it (docs/guides/async.md).
 
 Serve it from the repository root, with miniqueue installed (``pip install -e .``)::
 

@@ -1,5 +1,5 @@
 """OpenTelemetry tracing, as users reach it: ``miniqueue.tracing.enable()``, ``disable()`` and
-``current()`` (see the README's "Tracing"). The implementation is
+``current()`` (see docs/guides/opentelemetry.md). The implementation is
 :mod:`miniqueue.observability.tracing`."""
 
 from .observability.tracing import ENV, HAVE_API, Tracing, current, disable, enable

@@ -1,4 +1,4 @@
-"""examples/fastapi_app.py, as the README shows it: real requests through FastAPI's TestClient
+"""examples/fastapi_app.py, as docs/guides/async.md shows it: real requests through FastAPI's TestClient
 (the app's lifespan, its pool, its transactions), then its async task run by a real worker."""
 
 from __future__ import annotations
@@ -122,9 +122,9 @@ def test_served_as_the_docstring_says(dsn: str, conn: Connection, repo_root: Pat
     """The documented commands, run from the repository root: ``uvicorn examples.fastapi_app:api``
     (on a free port rather than 8000) and ``miniqueue-supervise --app examples.fastapi_app:tasks``."""
     code = (repo_root / "examples" / "fastapi_app.py").read_text()
-    readme = (repo_root / "README.md").read_text()
+    page = (repo_root / "docs" / "guides" / "async.md").read_text()
     for command in ("uvicorn examples.fastapi_app:api", "miniqueue-supervise --app examples.fastapi_app:tasks"):
-        assert command in code and command in readme, command
+        assert command in code and command in page, command
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(repo_root)}
     port = free_port()
@@ -169,7 +169,8 @@ def test_served_as_the_docstring_says(dsn: str, conn: Connection, repo_root: Pat
     assert supervised == 0, (tmp_path / "supervise.log").read_text()
 
 
-def test_the_readme_shows_the_example_as_it_is(repo_root: Path) -> None:
+def test_the_docs_show_the_example_as_it_is(repo_root: Path) -> None:
     code = (repo_root / "examples" / "fastapi_app.py").read_text()
     body = code[code.index("import os") :]  # after the docstring and the __future__ import
-    assert body in (repo_root / "README.md").read_text(), "README's Async section differs from examples/fastapi_app.py"
+    page = (repo_root / "docs" / "guides" / "async.md").read_text()
+    assert body in page, "docs/guides/async.md differs from examples/fastapi_app.py"

@@ -520,7 +520,7 @@ def run_script(script: str, dsn: str, repo_root: Path) -> Any:
 
 
 def test_tracing_is_automatic_with_a_global_tracer_provider(dsn: str, repo_root: Path) -> None:
-    """What the README shows: set the SDK's provider, enqueue under a span, run the job."""
+    """What docs/guides/opentelemetry.md shows: set the SDK's provider, enqueue under a span, run the job."""
     got = run_script(
         """
         import json, os

@@ -1,5 +1,5 @@
-"""Backoff: exponential with full jitter, capped at 30 minutes (README, "Tasks": the default backoff),
-the same whoever charges the attempt (README, "Who pays an attempt")."""
+"""Backoff: exponential with full jitter, capped at 30 minutes (docs/guides/tasks.md),
+the same whoever charges the attempt (docs/guarantees.md, "Who pays an attempt")."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ THIRTY_MINUTES = 30 * 60.0
 
 
 def test_default_backoff_is_bounded_per_attempt_and_capped() -> None:
-    # As the README states it: attempt 1 waits 0-2 s, 2 0-4 s, 3 0-8 s, 4 0-16 s, ..., never over 30 minutes.
+    # As docs/guides/tasks.md states it: attempt 1 waits 0-2 s, 2 0-4 s, 3 0-8 s, 4 0-16 s, ..., never over 30 minutes.
     expected = {1: 2.0, 2: 4.0, 3: 8.0, 4: 16.0, 5: 32.0, 10: 1024.0, 11: THIRTY_MINUTES, 50: THIRTY_MINUTES}
     for attempt, ceiling in expected.items():
         assert backoff_ceiling(attempt) == ceiling

@@ -2,7 +2,7 @@
 
 The dashboard runs under uvicorn on a free localhost port against the test database; a real
 :class:`miniqueue.Worker` runs on a thread where a test needs one. Each page is saved to
-docs/screenshots/ (linked from docs/dashboard.md). Nothing here is skipped: without
+docs/screenshots/ (linked from docs/operations/dashboard.md). Nothing here is skipped: without
 /usr/bin/chromium (``apt-get install -y chromium``) or the playwright package the tests fail.
 """
 

@@ -42,8 +42,8 @@ def enqueue(
     as_json: bool,
     database_url: str | None,
 ) -> None:
-    """Enqueue one job of TASK, with the options its task declares unless given here (see the
-    README's "Tasks and their options")."""
+    """Enqueue one job of TASK, with the options its task declares unless given here (see
+    "Tasks and their options" in docs/guides/tasks.md)."""
     with open_client(database_url) as client:
         result = client.enqueue(
             task,

@@ -48,7 +48,7 @@ def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
         if q.stranded:
             click.echo(
                 f"note: no worker has ever served queue {q.queue!r}, where {q.stranded} job(s) wait "
-                '(see the README\'s "Tasks and their options")',
+                '(see "Tasks and their options" in docs/guides/tasks.md)',
                 err=True,
             )
 
@@ -150,7 +150,7 @@ def list_queues(as_json: bool, database_url: str | None) -> None:
 @friendly_errors
 def limits(as_json: bool, count: int, database_url: str | None) -> None:
     """The limits jobs wait on or hold slots of: for each, the due jobs that name it, and its
-    slots held and by which jobs, or its tokens left (see the README's "Limits")."""
+    slots held and by which jobs, or its tokens left (see docs/guides/limits.md)."""
     with open_client(database_url) as client:
         waits = client.limit_waits(count)
     if as_json:

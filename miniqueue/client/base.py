@@ -136,7 +136,7 @@ class BaseClient:
             log.warning(
                 "task %r is declared by no app whose worker has run on this database: its jobs go to queue %r "
                 "with the default options unless the caller names them (start a worker of the app once, or pass "
-                'queue=...; see the README\'s "Tasks and their options")',
+                'queue=...; see "Tasks and their options" in docs/guides/tasks.md)',
                 task,
                 DEFAULT_QUEUE,
             )

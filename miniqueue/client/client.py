@@ -124,7 +124,7 @@ class Client(BaseClient, Inspection):
         stored job, nothing is inserted and the result carries that job's id with
         ``duplicate=True``. Invalid input raises InvalidInput and stores nothing.
 
-        Limits (see the README's "Limits"): with a ``concurrency_key``, at most ``max_concurrent``
+        Limits (see docs/guides/limits.md): with a ``concurrency_key``, at most ``max_concurrent``
         (default 1) jobs of this task with that key run at once; with a ``rate_limit``
         (``"100/s"``), at most that many jobs of the task (per ``rate_limit_key`` if given) start.
 
@@ -160,8 +160,8 @@ class Client(BaseClient, Inspection):
     def declare(self, app: App, *, conn: Connection | None = None) -> None:
         """Publish what ``app``'s tasks declare (queue, priority, attempts, limits), as each of its
         workers does when it starts, so that jobs enqueued by name get their task's options from
-        the first one, before any worker has run (a deploy step, a test fixture). See the
-        README's "Tasks and their options"."""
+        the first one, before any worker has run (a deploy step, a test fixture). See
+        docs/guides/tasks.md."""
         self._run(self._declare_steps(app), conn)
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
@@ -235,8 +235,8 @@ class Client(BaseClient, Inspection):
         return self._run(self._queue_stats_steps(check_served), conn)
 
     def recount(self) -> None:
-        """Recount finished jobs from the jobs table, repairing counts that drifted (see the
-        README's Operating section). It reads every finished row: a repair, not a routine."""
+        """Recount finished jobs from the jobs table, repairing counts that drifted (see
+        docs/operations/cli.md). It reads every finished row: a repair, not a routine."""
         self._run(self.store.recount_steps())
 
     def list_jobs(

@@ -31,7 +31,7 @@ class ExponentialBackoff:
     """A full-jitter backoff policy (see :func:`exponential_backoff`). Its ``base`` and ``cap``
     are data: the workers publish them with their task's declaration, so that the supervisor
     and the reaper, which charge crashed and lost attempts without the app, wait the same
-    delay (see the README's "Who pays an attempt"); the database draws it the same way
+    delay (see docs/guarantees.md); the database draws it the same way
     (``miniqueue_retry_delay``)."""
 
     def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:

@@ -37,7 +37,7 @@ class JobSpec(NamedTuple):
     """One job to enqueue, as passed to :meth:`miniqueue.Client.enqueue_many`.
 
     What the caller leaves None, the task's declaration fills, however the job is enqueued (see
-    the README's "Tasks and their options"); what the caller sets wins.
+    docs/guides/tasks.md); what the caller sets wins.
 
     ``run_at`` (timezone-aware) and ``delay`` (seconds or timedelta, counted on the database
     clock) are mutually exclusive; with neither the job is available at once. (A NamedTuple:
@@ -54,7 +54,7 @@ class JobSpec(NamedTuple):
     delay: float | dt.timedelta | None = None
     max_attempts: int | None = None
     idempotency_key: str | None = None
-    #: Limits (see the README's "Limits"): at most ``max_concurrent`` (default 1) jobs of this
+    #: Limits (see docs/guides/limits.md): at most ``max_concurrent`` (default 1) jobs of this
     #: task with this key run at once, across every worker.
     concurrency_key: str | None = None
     max_concurrent: int | None = None
@@ -227,7 +227,7 @@ class QueueStats:
     #: Running jobs whose lease expired and that the reaper has not recovered yet.
     expired_leases: int
     #: Whether any worker has ever served the queue (a job waiting in one that none has is
-    #: waiting for nobody: see the README's "Tasks and their options").
+    #: waiting for nobody: see docs/guides/tasks.md).
     served: bool = True
 
     @property

@@ -20,8 +20,8 @@ deleted by pruning call for neither: they lie off the claim's path, and vacuumin
 a table of millions of finished rows as they go would take the database's time from the jobs.
 After upkeep the loop rests at least ``REST_FACTOR`` times as long as it took, so that
 it never takes more than a third of one backend's time. A role that does not own the table
-cannot vacuum it: the loop says so once and leaves the table to autovacuum. See the README's
-"Vacuum and planner statistics" section for what it buys.
+cannot vacuum it: the loop says so once and leaves the table to autovacuum. See "Vacuum and
+planner statistics" in docs/guides/retention.md for what it buys.
 """
 
 from __future__ import annotations

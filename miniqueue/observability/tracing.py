@@ -61,7 +61,7 @@ and nowhere while none is set. What it costs on the hot path:
 - with it, and no tracer provider: an enqueue looks up the global provider (under a
   microsecond) and stores nothing; a worker that starts without a provider does not trace
   at all (it looks once, when :meth:`Worker.run` starts);
-- with a provider: a span per enqueue call and per attempt, as measured in the README.
+- with a provider: a span per enqueue call and per attempt, as measured in docs/guides/opentelemetry.md.
 
 ``MINIQUEUE_TRACING=off`` in the environment, or :func:`disable`, turns it off; :func:`enable`
 turns it on, optionally with a tracer provider of its own instead of the global one. A client

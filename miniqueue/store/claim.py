@@ -110,7 +110,7 @@ class Claiming(StoreBase):
 
         The groups of the limited jobs it completes are looked at before the others (their next
         jobs, as far as their limits allow, go to the same worker), and do not move along the
-        groups after ``after``: see the README's "Limits" section.
+        groups after ``after``: see docs/guides/limits.md.
         Returns the ids completed (those whose lease was still held) and the new leases.
         """
         ids, attempts = columns(completions)

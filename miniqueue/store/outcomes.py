@@ -209,8 +209,8 @@ SELECT id, attempt FROM {jobs}
 @dataclass(frozen=True)
 class Failure:
     """A failed attempt to record: the lease it happened under, the error, the retry delay (None:
-    the task's published backoff, for a caller without the app, as the README's "Who pays an
-    attempt" says)."""
+    the task's published backoff, for a caller without the app, as "Who pays an
+    attempt" in docs/guarantees.md says)."""
 
     id: int
     attempt: int

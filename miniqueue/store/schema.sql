@@ -330,7 +330,7 @@ CREATE TABLE miniqueue_queues (
 -- so that a task's queue, priority, attempts, limits and backoff apply however its jobs are
 -- enqueued: a producer without the app (a Client, the CLI, an integration) fills what its caller
 -- left unset from here. One row per task; the latest worker to start with a changed declaration
--- rewrites it (see the README's "Tasks and their options"). A key computed from each job's
+-- rewrites it (see docs/guides/tasks.md). A key computed from each job's
 -- payload by a function of the app cannot be computed here: `*_computed` says so, and a producer
 -- without the app must pass the key itself.
 CREATE TABLE miniqueue_tasks (
@@ -346,8 +346,8 @@ CREATE TABLE miniqueue_tasks (
     rate_limit_key_computed  BOOLEAN          NOT NULL DEFAULT false,
     published_at             TIMESTAMPTZ      NOT NULL DEFAULT now(),
     -- The task's retry backoff, so that an attempt charged without the app (by the supervisor
-    -- or the reaper) waits the same delay as one its worker charges (see the README's "Who pays
-    -- an attempt"). NULL: the backoff is a function of the app's own, which only its workers
+    -- or the reaper) waits the same delay as one its worker charges (see "Who pays
+    -- an attempt" in docs/guarantees.md). NULL: the backoff is a function of the app's own, which only its workers
     -- can apply; elsewhere the default backoff applies.
     backoff_base             DOUBLE PRECISION CHECK (backoff_base > 0),
     backoff_cap              DOUBLE PRECISION CHECK (backoff_cap > 0)

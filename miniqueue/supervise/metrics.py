@@ -91,7 +91,7 @@ class _QueueCollector(Collector):
             oldest.add_metric([queue.queue], queue.oldest_available_seconds or 0.0)
             expired.add_metric([queue.queue], queue.expired_leases)
         waiting = GaugeMetricFamily(
-            "miniqueue_limit_waiting_jobs", "Due jobs waiting on a limit (see the README's Limits)", labels=["limit"]
+            "miniqueue_limit_waiting_jobs", "Due jobs waiting on a limit (see docs/guides/limits.md)", labels=["limit"]
         )
         for scope, count in sorted(limits.items()):
             waiting.add_metric([scope], count)

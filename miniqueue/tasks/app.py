@@ -48,7 +48,7 @@ class Task:
     ``timeout`` (seconds) is when :meth:`Job.should_stop` turns true; under the supervisor the
     worker process is killed (and the attempt charged) once it is exceeded by a grace period.
     ``concurrency_key``, ``max_concurrent``, ``rate_limit`` and ``rate_limit_key`` are the
-    limits its jobs are enqueued with (see the README's "Limits").
+    limits its jobs are enqueued with (see docs/guides/limits.md).
     """
 
     name: str

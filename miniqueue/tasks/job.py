@@ -78,7 +78,7 @@ class Job:
         self.priority: int = lease.priority
         self.scheduled_at: dt.datetime = lease.scheduled_at
         self.created_at: dt.datetime = lease.created_at
-        #: The limits the job is subject to (see the README's "Limits"), or None.
+        #: The limits the job is subject to (see docs/guides/limits.md), or None.
         self.limits: list[str] | None = lease.limits
         #: The trace context of the span that enqueued the job (``{"traceparent": ...}``), or None
         #: when it was enqueued without tracing (see :mod:`miniqueue.tracing`).

@@ -1,8 +1,8 @@
 """The claim loop's connection: its claims, completions, failures and hand-backs.
 
 Opened on first use, and then the app's task declarations are published (once per worker:
-producers without the app fill their jobs' options from them, see the README's "Tasks and
-their options"). Closed after a database error, and opened again by the next use. It also
+producers without the app fill their jobs' options from them, see "Tasks and
+their options" in docs/guides/tasks.md). Closed after a database error, and opened again by the next use. It also
 remembers how it plans the claim statement (see :meth:`ClaimConnection.plan_custom`), which a
 new connection has to be told again.
 """

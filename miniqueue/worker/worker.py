@@ -298,8 +298,8 @@ class Worker:
                 return
 
     def publish(self) -> None:
-        """Open the claim connection, publishing the app's task declarations (see the README's
-        "Tasks and their options"), as :meth:`run` does at its first claim: a supervised worker
+        """Open the claim connection, publishing the app's task declarations (see
+        docs/guides/tasks.md), as :meth:`run` does at its first claim: a supervised worker
         does it before it reports ready, so jobs enqueued once the supervisor is ready take
         their tasks' options. Raises DatabaseUnavailable if the database cannot be reached."""
         self._claim_conn.get()
