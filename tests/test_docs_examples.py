@@ -350,8 +350,12 @@ def names() -> Iterator[dict[str, Any]]:
 @pytest.mark.parametrize("page", [page for page, found in PAGE_EXAMPLES.items() if found])
 def test_the_examples_of(page: str, context: Context, names: dict[str, Any]) -> None:
     setup = SETUPS[page](context) if page in SETUPS else Setup()
+    run_page(page, PAGE_EXAMPLES[page], setup, context, names)
+
+
+def run_page(page: str, found: list[Example], setup: Setup, context: Context, names: dict[str, Any]) -> None:
     names.update(setup.names)
-    for example in PAGE_EXAMPLES[page]:
+    for example in found:
         marker = example.marker or ""
         if marker.startswith("not run: "):
             continue
@@ -375,3 +379,19 @@ def test_the_examples_of(page: str, context: Context, names: dict[str, Any]) -> 
     if apps(names):
         wrong = [job for job in stored if job[3] != setup.expect.get(job[1], "completed")]
         assert not wrong, f"jobs of {page} that no worker of its app completed (id, task, queue, state): {wrong}"
+
+
+def test_a_job_in_a_queue_no_worker_of_the_app_serves_fails_its_page(context: Context, names: dict[str, Any]) -> None:
+    tasks = 'app = miniqueue.App()\n\n@app.task("resize", queue="images")\ndef resize(job): ...\n'
+    enqueue = 'client.enqueue("resize", {"image_id": 42}, queue="image")   # a typo\n'
+    found = [Example("page.md", 1, "python", tasks, None), Example("page.md", 9, "python", enqueue, None)]
+    with pytest.raises(AssertionError, match=r"\(1, 'resize', 'image', 'available'\)"):
+        run_page("page.md", found, Setup({"miniqueue": miniqueue, "client": context.client}), context, names)
+
+
+def test_every_block_is_collected() -> None:
+    """No fenced block in the languages above escapes the collector (an indented one, say)."""
+    for page in PAGES:
+        fences = re.findall(r"^\s*```(\w+)", page.read_text(), re.M)
+        expected = sum(language in LANGUAGES for language in fences)
+        assert len(PAGE_EXAMPLES[str(page.relative_to(ROOT))]) == expected, page
