@@ -11,6 +11,8 @@ HTML comment on the line just before it (invisible on the site and on GitHub) sa
 - ``<!-- example: with workers -->``: a Python block that waits for its jobs (``client.wait``)
   runs on a thread while the page's app's jobs run through the real worker
   (``miniqueue.testing.run_jobs``) until the block returns.
+- ``<!-- example: file NAME -->``: a Python block written to the file NAME of the page's folder,
+  for the page's setup to run (a test project's ``conftest.py``, say).
 - ``<!-- example: same as PATH -->``: a Python block that is the code of a file of the
   repository (after its docstring and ``from __future__`` line), which its own tests run.
 
@@ -54,7 +56,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LANGUAGES = {"python", "bash", "console"}
 PLACEHOLDER_DSNS = ("postgresql://localhost/mydb", "postgresql://app@db/app")
 MARKER = re.compile(r"^<!-- example: (.*) -->$")
-KINDS = ("not run: ", "workers: ", "with workers", "same as ")
+KINDS = ("not run: ", "workers: ", "with workers", "same as ", "file ")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def examples(page: Path) -> list[Example]:
 @dataclass
 class Context:
     dsn: str
+    server_dsn: str
     client: Client
     conn: Connection
     folder: Path
@@ -237,6 +240,36 @@ def dashboard_page(ctx: Context) -> Setup:
     return Setup({"client": ctx.client, "is_admin": lambda request: True})
 
 
+MYPROJECT_FOR_TESTING = {
+    "myproject/__init__.py": "",
+    "myproject/tasks.py": (
+        "import miniqueue\n\napp = miniqueue.App()\n\n\n"
+        '@app.task("welcome", queue="mail")\ndef welcome(job: miniqueue.Job) -> None:\n    pass\n'
+    ),
+    "myproject/accounts.py": (
+        "import miniqueue\n\n\ndef sign_up(client: miniqueue.Client, user: str) -> None:\n"
+        '    client.enqueue("welcome", {"user": user})\n'
+    ),
+}
+
+
+def kit_page(ctx: Context) -> Setup:
+    """A project whose ``myproject.accounts.sign_up`` enqueues a ``welcome`` job by task name;
+    the page's ``conftest.py`` and ``test_signup.py`` are run by pytest there, on this server."""
+    for name, text in MYPROJECT_FOR_TESTING.items():
+        (ctx.folder / name).parent.mkdir(exist_ok=True)
+        (ctx.folder / name).write_text(text)
+
+    def then(names: dict[str, Any]) -> None:
+        env = {**os.environ, "TEST_DATABASE_URL": ctx.server_dsn, "PYTHONPATH": str(ctx.folder)}
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "test_signup.py"]
+        done = subprocess.run(command, cwd=ctx.folder, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "1 passed" in done.stdout, done.stdout
+
+    return Setup(then=then)
+
+
 SETUPS: dict[str, Callable[[Context], Setup]] = {
     "README.md": resize_helpers,
     "docs/guides/tasks.md": resize_helpers,
@@ -248,6 +281,7 @@ SETUPS: dict[str, Callable[[Context], Setup]] = {
     "docs/guides/transactions.md": transactions_page,
     "docs/guides/django-sqlalchemy.md": sqlalchemy_page,
     "docs/operations/dashboard.md": dashboard_page,
+    "docs/guides/testing.md": kit_page,
 }
 
 
@@ -334,8 +368,10 @@ def test_every_marker_is_known_and_gives_its_reason() -> None:
 
 
 @pytest.fixture
-def context(dsn: str, client: Client, conn: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
-    return Context(dsn, client, conn, tmp_path, monkeypatch)
+def context(
+    dsn: str, server_dsn: str, client: Client, conn: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Context:
+    return Context(dsn, server_dsn, client, conn, tmp_path, monkeypatch)
 
 
 @pytest.fixture
@@ -362,6 +398,8 @@ def run_page(page: str, found: list[Example], setup: Setup, context: Context, na
         if marker.startswith("workers: "):
             for app in apps(names):
                 context.client.declare(app)
+        elif marker.startswith("file "):
+            (context.folder / marker.removeprefix("file ")).write_text(example.code)
         elif marker.startswith("same as "):
             run_same_as(example, marker.removeprefix("same as "))
         elif example.language == "python" and marker == "with workers":
