@@ -94,7 +94,10 @@ def test_a_crashed_workers_job_waits_its_tasks_own_backoff(
     sup = supervise(workers=1)
     sup.wait_ready(1)
     job_id = client.enqueue("patient", {"sleep_on": [1]}).id
-    pid = wait_until(lambda: held_by(conn, job_id), what="job running")
+    # Its handler running (a job killed before its handler starts goes back uncharged, at once).
+    wait_until(lambda: handler_started(conn, job_id), what="handler running")
+    pid = held_by(conn, job_id)
+    assert pid is not None
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: row(conn, job_id)["state"] == "available", what="the crash charged")
     [waits] = conn.execute(
