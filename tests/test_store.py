@@ -844,3 +844,15 @@ def test_attempts_read_as_charged_of_the_budget_never_as_the_fencing_token(store
     fresh = enqueue(store, conn)
     claim_one(store, conn, W1)
     assert store.get(conn, fresh).describe_attempts() == "attempt 1 of 5"
+
+
+def test_a_release_announces_the_jobs_queue(store: Store, conn: Connection, dsn: str) -> None:
+    """A job handed back is available at once: its queue is announced at the commit, so an idle
+    worker takes it now rather than at its next poll."""
+    job_id = enqueue(store, conn, queue="q")
+    lease = claim_one(store, conn, W1, queue="q")
+    with connect(dsn, purpose="test") as listener:
+        listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(store.channel)))
+        assert store.release(conn, W1, [Release(job_id, lease.attempt, "handed back unstarted")]) == {job_id}
+        heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert heard == ["q"]

@@ -186,7 +186,9 @@ RETURNING id
 # run was interrupted by a stop someone asked for (or by a neighbour's crash). Like a snooze,
 # the attempt number stays spent (it is the fencing token and never repeats) and max_attempts
 # moves up with it, so the job's budget of attempts is unchanged; the history says why (an entry
-# as in _RECORD_FAILURES, the note for its error).
+# as in _RECORD_FAILURES, the note for its error). Each job's queue is announced at the commit,
+# so that an idle worker takes it at once rather than at its next poll (the worker that handed
+# jobs back because its handlers were busy claims only at its poll meanwhile: ClaimPolicy).
 _RELEASE = """
 UPDATE {jobs} j
    SET state = 'available', max_attempts = j.max_attempts + 1, errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -194,7 +196,7 @@ UPDATE {jobs} j
        lease_expires_at = NULL, leased_by = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[]) AS r(id, attempt, note)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s
-RETURNING j.id
+RETURNING j.id, pg_notify({queue_channel}, j.queue)
 """  # noqa: E501
 
 # The leases a worker holds (used by the supervisor after reaping a dead worker). The

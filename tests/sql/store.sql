@@ -1517,7 +1517,7 @@ UPDATE "public"."miniqueue_jobs" j
        lease_expires_at = NULL, leased_by = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[]) AS r(id, attempt, note)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s
-RETURNING j.id;
+RETURNING j.id, pg_notify('miniqueue_public', j.queue);
 
 -- _leases_of
 SELECT id, attempt FROM "public"."miniqueue_jobs"
