@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import tempfile
 import warnings
@@ -19,8 +18,6 @@ from .core.errors import ConfigError
 
 DATA_DIR_ENV = "MINIQUEUE_DATA_DIR"
 DEFAULT_DATA_DIR = Path(".miniqueue") / "pgdata"
-
-log = logging.getLogger("miniqueue.embedded")
 
 
 def data_dir() -> Path:

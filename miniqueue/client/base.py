@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core.errors import InvalidInput
 from ..core.limits import check_limit
@@ -45,7 +45,6 @@ from .results import result_steps
 if TYPE_CHECKING:
     from ..tasks.app import App
 
-T = TypeVar("T")
 
 log = logging.getLogger("miniqueue.client")
 

@@ -11,7 +11,6 @@ same way, raise the same errors, and run the same SQL.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
     from ..tasks.app import App
 
 T = TypeVar("T")
-
-log = logging.getLogger("miniqueue.client")
 
 
 class Client(BaseClient, Inspection):

@@ -15,7 +15,6 @@ at once.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,8 +22,6 @@ from croniter import croniter
 
 from ..core.errors import ConfigError, InvalidInput
 from ..core.validation import check_task_name, encode_payload
-
-log = logging.getLogger("miniqueue.periodic")
 
 CatchUp = Literal["latest", "skip"]
 
