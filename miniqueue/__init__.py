@@ -26,7 +26,18 @@ from .core.errors import (
     SchemaOutOfDate,
     WaitTimeout,
 )
-from .core.records import AttemptError, EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from .core.records import (
+    AttemptError,
+    BlockedSequence,
+    Debounce,
+    EnqueueResult,
+    GroupResult,
+    JobRecord,
+    JobSpec,
+    QueueCount,
+    QueueStats,
+    State,
+)
 from .maintenance.reaper import Reaper, ReaperConfig
 from .store.migrate import run_migrations
 from .tasks.app import App
@@ -41,9 +52,11 @@ __all__ = [
     "AsyncClient",
     "AttemptError",
     "Backoff",
+    "BlockedSequence",
     "Client",
     "ConfigError",
     "DatabaseUnavailable",
+    "Debounce",
     "EnqueueResult",
     "GroupResult",
     "InvalidInput",

@@ -427,7 +427,9 @@ def test_a_transition_that_does_not_apply_raises_what_client_raises(dsn: str, co
 
     with pytest.raises(InvalidTransition) as async_error:
         using(dsn, body)
-    expected = f"cannot requeue job {job.id}: it is available; only cancelled, dead, failed jobs can be requeued"
+    expected = (
+        f"cannot requeue job {job.id}: it is available; only cancelled, dead, expired, failed jobs can be requeued"
+    )
     assert str(async_error.value) == str(sync_error.value) == expected
     assert row(conn, job.id)["state"] == "available"
 

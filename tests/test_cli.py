@@ -188,7 +188,7 @@ def test_enqueue_with_every_option(cli: Invoke, conn: Connection) -> None:
         )
     )
     result = json.loads(out)
-    assert result == {"id": result["id"], "duplicate": False}
+    assert result == {"id": result["id"], "duplicate": False, "replaced": False}
     stored = row(conn, result["id"])
     expected = {
         "task": "send_email",
@@ -215,10 +215,11 @@ def test_enqueue_at_a_time_with_an_offset(cli: Invoke, conn: Connection) -> None
 def test_enqueue_a_duplicate_idempotency_key_reports_the_first_job(cli: Invoke, conn: Connection) -> None:
     first = json.loads(ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--json")))
     again = ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--payload", '{"other": true}'))
-    assert again == f"job {first['id']} already existed (same idempotency key)\n"
+    assert again == f"job {first['id']} already existed (same idempotency key or unique key): nothing stored\n"
     assert json.loads(ok(cli("enqueue", "t", "--idempotency-key", "k-1", "--json"))) == {
         "id": first["id"],
         "duplicate": True,
+        "replaced": False,
     }
     assert count(conn) == 1
     assert row(conn, first["id"])["payload"] == {}
@@ -289,6 +290,7 @@ def test_stats_counts_states_the_oldest_waiting_job_and_expired_leases(
         "dead": 0,
         "cancelled": 0,
         "waiting": 0,
+        "expired": 0,
     }
     assert emails["scheduled"] == 1 and emails["expired_leases"] == 0
     assert 3600 <= emails["oldest_available_seconds"] < 3700
@@ -300,6 +302,7 @@ def test_stats_counts_states_the_oldest_waiting_job_and_expired_leases(
         "dead": 1,
         "cancelled": 0,
         "waiting": 0,
+        "expired": 0,
     }
     assert reports["expired_leases"] == 1 and reports["oldest_available_seconds"] is None
 
@@ -1095,7 +1098,7 @@ def test_requeue_of_a_job_in_the_wrong_state_says_which_states_can_be_requeued(
     finish(conn, done, "completed", "1 minute")
     line = error_line(cli("requeue", str(done)))
     assert line.endswith(
-        f"cannot requeue job {done}: it is completed; only cancelled, dead, failed jobs can be requeued"
+        f"cannot requeue job {done}: it is completed; only cancelled, dead, expired, failed jobs can be requeued"
     )
     line = error_line(cli("cancel", str(done)))
     assert line.endswith("only available, running, waiting jobs can be cancelled")

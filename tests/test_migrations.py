@@ -38,8 +38,10 @@ QUEUE_TABLES = [
     "miniqueue_periodic",
     "miniqueue_processes",
     "miniqueue_queues",
+    "miniqueue_sequences",
     "miniqueue_served_queues",
     "miniqueue_tasks",
+    "miniqueue_unique_windows",
 ]
 
 

@@ -26,11 +26,11 @@ COMPLETE_AND_CLAIMS = [
 ]
 # The statements that finish jobs (and count them, and settle them), and those that remove
 # finished ones (and count them off).
-FINISHING = ["_complete", "_record_failures", "_fail", "_recover", "_cancel", *COMPLETE_AND_CLAIMS]
+FINISHING = ["_complete", "_record_failures", "_fail", "_recover", "_expire", "_cancel", *COMPLETE_AND_CLAIMS]
 REMOVING = ["_requeue", "_prune", "_delete"]
 # The worker-side transitions, fenced; those that add to a job's error history.
 FENCED = ["_complete", "_renew", "_record_failures", "_fail", "_snooze", "_release", *COMPLETE_AND_CLAIMS]
-WITH_HISTORY = ["_record_failures", "_fail", "_release", "_recover"]
+WITH_HISTORY = ["_record_failures", "_fail", "_release", "_recover", "_expire"]
 
 
 def rendered(store: Store) -> str:

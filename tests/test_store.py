@@ -805,7 +805,7 @@ def test_claim_plan_uses_the_claim_index_without_sorting(client: Client, conn: C
 
 def test_copy_many_refuses_jobs_it_cannot_store_faithfully(store: Store, conn: Connection) -> None:
     keyed = [validate(JobSpec("t")), validate(JobSpec("t", idempotency_key="k"))]
-    with pytest.raises(ValueError, match="without idempotency keys"):
+    with pytest.raises(ValueError, match="without keys, limits or deadlines"):
         store.copy_many(conn, 2, keyed, scheduled=False)
     delayed = [validate(JobSpec("t")), validate(JobSpec("t", delay=60))]
     with pytest.raises(ValueError, match="scheduled=True"):

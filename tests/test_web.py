@@ -120,10 +120,10 @@ def test_overview_shows_counts_oldest_wait_throughput_and_paused_queues(
     emails = html[html.index(">emails</a>") :].split("</tr>")[0]
     assert 'class="badge paused"' in emails
     cells = re.findall(r'<td class="num[^"]*">(?:<a [^>]*>)?(?:<span class="muted">)?([^<]+)<', emails)
-    # available, of which later, running, completed, failed, dead, cancelled, waiting (for parents), oldest
-    # waiting, expired leases
-    assert cells[:8] == ["2", "1", "0", "0", "0", "1", "0", "0"]
-    assert cells[8].startswith("2m 0") and cells[9] == "0"
+    # available, of which later, running, completed, failed, dead, cancelled, waiting (for parents), expired,
+    # oldest waiting, expired leases
+    assert cells[:9] == ["2", "1", "0", "0", "0", "1", "0", "0", "0"]
+    assert cells[9].startswith("2m 0") and cells[10] == "0"
     assert "/jobs?queue=emails&amp;state=dead" in emails
     fragment = web.get("/?partial=1").text
     assert "<html" not in fragment and "Finished per minute" in fragment

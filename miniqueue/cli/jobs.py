@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..core.records import JobRecord, State
+from ..core.records import Debounce, JobRecord, State
 from .database import database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json
@@ -27,6 +27,18 @@ from .params import JOB_ID, JsonText
 )
 @click.option("--max-attempts", type=int, help="Default: the task's (else 5).")
 @click.option("--idempotency-key")
+@click.option("--unique-key", help="Conflict with the job holding this key (see docs/guides/keys.md).")
+@click.option(
+    "--unique-states",
+    help="Comma-separated states the key conflicts in: waiting,scheduled,available[,running]. Default: all four.",
+)
+@click.option("--unique-window", type=float, help="Also conflict with the key's first job for this many seconds.")
+@click.option("--on-conflict", type=click.Choice(["keep", "replace", "debounce"]), help="Default: keep.")
+@click.option("--debounce-wait", type=float, help="With --on-conflict debounce: run this long after the last enqueue.")
+@click.option("--debounce-max-wait", type=float, help="... but never later than this after the first.")
+@click.option("--sequence-key", help="Run one at a time with the other jobs of this key, in enqueue order.")
+@click.option("--on-failure", type=click.Choice(["block", "continue"]), help="What a failed job does to its sequence.")
+@click.option("--expires-in", type=float, help="Never start later than this many seconds from now (then: expired).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @database_option
 @friendly_errors
@@ -39,11 +51,22 @@ def enqueue(
     run_at: dt.datetime | None,
     max_attempts: int | None,
     idempotency_key: str | None,
+    unique_key: str | None,
+    unique_states: str | None,
+    unique_window: float | None,
+    on_conflict: str | None,
+    debounce_wait: float | None,
+    debounce_max_wait: float | None,
+    sequence_key: str | None,
+    on_failure: str | None,
+    expires_in: float | None,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """Enqueue one job of TASK, with the options its task declares unless given here (see
     "Tasks and their options" in docs/guides/tasks.md)."""
+    conflict = _on_conflict(on_conflict, debounce_wait, debounce_max_wait)
+    states = None if unique_states is None else [s.strip() for s in unique_states.split(",") if s.strip()]
     with open_client(database_url) as client:
         result = client.enqueue(
             task,
@@ -54,11 +77,33 @@ def enqueue(
             run_at=run_at,
             max_attempts=max_attempts,
             idempotency_key=idempotency_key,
+            unique_key=unique_key,
+            unique_states=states,
+            unique_window=unique_window,
+            on_conflict=conflict,
+            sequence_key=sequence_key,
+            on_failure=on_failure,
+            expires_in=expires_in,
         )
     if as_json:
-        click.echo(to_json({"id": result.id, "duplicate": result.duplicate}))
+        click.echo(to_json({"id": result.id, "duplicate": result.duplicate, "replaced": result.replaced}))
+    elif result.replaced:
+        click.echo(f"job {result.id} already held the key: it took this payload")
+    elif result.duplicate:
+        click.echo(f"job {result.id} already existed (same idempotency key or unique key): nothing stored")
     else:
-        click.echo(f"job {result.id} {'already existed (same idempotency key)' if result.duplicate else 'enqueued'}")
+        click.echo(f"job {result.id} enqueued")
+
+
+def _on_conflict(mode: str | None, wait: float | None, max_wait: float | None) -> str | Debounce | None:
+    """``--on-conflict`` with its debounce options, checked together."""
+    if mode != "debounce":
+        if wait is not None or max_wait is not None:
+            raise click.UsageError("--debounce-wait and --debounce-max-wait go with --on-conflict debounce")
+        return mode
+    if wait is None or max_wait is None:
+        raise click.UsageError("--on-conflict debounce needs --debounce-wait and --debounce-max-wait")
+    return Debounce(wait, max_wait)
 
 
 @click.group()

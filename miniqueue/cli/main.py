@@ -1,7 +1,7 @@
 """Command line: ``miniqueue`` (migrate, enqueue, inspect, repair, demo) and ``miniqueue-supervise``.
 
 This module assembles the ``miniqueue`` group from the commands of its siblings (``jobs``,
-``queues``, ``periodic``, ``admin``, ``serve``), which only parse options and call into the
+``queues``, ``sequences``, ``periodic``, ``admin``, ``serve``), which only parse options and call into the
 library. The database comes from ``--database-url`` or ``DATABASE_URL``; with neither, a private
 embedded PostgreSQL is started in ``./.miniqueue/pgdata`` (or ``$MINIQUEUE_DATA_DIR``).
 """
@@ -15,6 +15,7 @@ from .errors import OneLineGroup
 from .jobs import cancel, enqueue, jobs, requeue
 from .periodic import periodic
 from .queues import limits, queues, stats
+from .sequences import sequences
 from .serve import supervise, web
 
 
@@ -30,7 +31,21 @@ def main() -> None:
 
 
 # By module; --help lists them by name.
-for _command in (enqueue, jobs, requeue, cancel, stats, queues, limits, periodic, migrate, prune, healthcheck, demo):
+for _command in (
+    enqueue,
+    jobs,
+    requeue,
+    cancel,
+    stats,
+    queues,
+    limits,
+    sequences,
+    periodic,
+    migrate,
+    prune,
+    healthcheck,
+    demo,
+):
     main.add_command(_command)
 main.add_command(web)
 main.add_command(supervise)

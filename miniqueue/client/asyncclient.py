@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
 from ..core.db import AsyncConnection, aconnect, conninfo, create_async_pool, translate_errors
-from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from ..core.records import BlockedSequence, Debounce, EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
 from ..core.steps import Steps, arun
 from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_job_ids
 from ..store.store import LimitWait
@@ -120,6 +120,14 @@ class AsyncClient(BaseClient):
         rate_limit: str | None = None,
         rate_limit_key: str | None = None,
         depends_on: Sequence[int] | None = None,
+        unique_key: str | None = None,
+        unique_states: Collection[str] | None = None,
+        unique_window: float | dt.timedelta | None = None,
+        on_conflict: str | Debounce | None = None,
+        sequence_key: str | None = None,
+        on_failure: str | None = None,
+        expires_in: float | dt.timedelta | None = None,
+        expires_at: dt.datetime | None = None,
         conn: AsyncConnection | None = None,
     ) -> EnqueueResult:
         """Enqueue one job and return its id (see :meth:`miniqueue.Client.enqueue`)."""
@@ -137,6 +145,14 @@ class AsyncClient(BaseClient):
             rate_limit=rate_limit,
             rate_limit_key=rate_limit_key,
             depends_on=depends_on,
+            unique_key=unique_key,
+            unique_states=unique_states,
+            unique_window=unique_window,
+            on_conflict=on_conflict,
+            sequence_key=sequence_key,
+            on_failure=on_failure,
+            expires_in=expires_in,
+            expires_at=expires_at,
         )
         if self._tracing is None:
             return await self._run(self._enqueue_steps(spec), conn)
@@ -216,6 +232,14 @@ class AsyncClient(BaseClient):
     async def requeue(self, job_ids: Sequence[int], *, conn: AsyncConnection | None = None) -> list[int]:
         """Make failed, dead or cancelled jobs available again (see :meth:`miniqueue.Client.requeue`)."""
         return await self._run(self.store.requeue_steps(check_job_ids(job_ids)), conn)
+
+    async def release_sequence(self, key: str, *, conn: AsyncConnection | None = None) -> tuple[int, int | None]:
+        """Unblock sequence ``key`` (see :meth:`miniqueue.Client.release_sequence`)."""
+        return await self._run(self._release_sequence_steps(key), conn)
+
+    async def blocked_sequences(self, *, limit: int = 1000) -> list[BlockedSequence]:
+        """The sequence keys that a failed or dead job blocks, by key."""
+        return await self._run(self.store.blocked_sequences_steps(limit))
 
     async def requeue_matching(
         self, states: Iterable[State], *, queue: str | None = None, task: str | None = None

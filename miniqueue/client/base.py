@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core.errors import InvalidInput
+from ..core.keys import check_key
 from ..core.limits import check_limit
 from ..core.records import (
     DEFAULT_QUEUE,
@@ -155,6 +156,8 @@ class BaseClient:
         """Store one job whose options are all filled."""
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
         parents = check_depends_on(spec.depends_on)
+        if parents is not None and (job.keys.unique_key is not None or job.keys.sequence_key is not None):
+            raise InvalidInput(_KEYS_WITH_PARENTS)
         if parents is None:
             return (yield from self.store.enqueue_steps(job, notify=self.notify, trace_context=trace_context))
         return (
@@ -180,7 +183,7 @@ class BaseClient:
 
     def _store_many_steps(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
         """Store jobs whose options are all filled, in one transaction."""
-        if any(s.depends_on is not None for s in specs):
+        if any(s.depends_on is not None or _one_by_one(s) for s in specs):
             return (yield from self._enqueue_each_steps(specs, trace_context))
         checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
         if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
@@ -205,8 +208,10 @@ class BaseClient:
         """Check every job (options filled) before any is stored; an error names the ``what`` by index."""
         for index, spec in enumerate(specs):
             try:
-                validate(spec, max_payload_bytes=self.max_payload_bytes)
-                check_depends_on(spec.depends_on)
+                job = validate(spec, max_payload_bytes=self.max_payload_bytes)
+                parents = check_depends_on(spec.depends_on)
+                if parents is not None and (job.keys.unique_key is not None or job.keys.sequence_key is not None):
+                    raise InvalidInput(_KEYS_WITH_PARENTS)
             except InvalidInput as exc:
                 raise InvalidInput(f"{what} {index}: {exc}") from exc
 
@@ -259,6 +264,9 @@ class BaseClient:
         if not create:
             yield from self._check_known_queues([queue])
         yield from self.store.set_queue_limit_steps(queue, max_running)
+
+    def _release_sequence_steps(self, key: str) -> Steps[tuple[int, int | None]]:
+        return self.store.release_sequence_steps(check_key("sequence key", key))
 
     def _get_steps(self, job_id: int) -> Steps[JobRecord]:
         return self.store.get_steps(check_int_range("job id", job_id, JOB_ID_RANGE))
@@ -350,5 +358,28 @@ def _check_wait(job_id: int, timeout: float) -> tuple[int, float]:
 
 
 def _plain(spec: JobSpec) -> bool:
-    """Whether a job can go by COPY: no idempotency key, no limits."""
-    return spec.idempotency_key is None and spec.concurrency_key is None and spec.rate_limit is None
+    """Whether a job can go by COPY: no idempotency key, no limits, no keys, no deadline."""
+    return (
+        spec.idempotency_key is None
+        and spec.concurrency_key is None
+        and spec.rate_limit is None
+        and spec.unique_key is None
+        and spec.sequence_key is None
+        and spec.expires_in is None
+        and spec.expires_at is None
+    )
+
+
+def _one_by_one(spec: JobSpec) -> bool:
+    """Whether a job of a batch goes by the one-by-one enqueue (in the batch's transaction, in
+    order): a unique key that replaces, debounces or has a window changes or locks what the
+    jobs before it in the batch may have stored."""
+    return spec.unique_key is not None and (
+        spec.unique_window is not None or (spec.on_conflict is not None and spec.on_conflict != "keep")
+    )
+
+
+_KEYS_WITH_PARENTS = (
+    "a job with depends_on cannot have a unique_key or a sequence_key: its turn would depend on two "
+    "things at once; give the key to the first job of the chain, or order the jobs with a sequence alone"
+)

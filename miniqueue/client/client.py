@@ -11,13 +11,15 @@ same way, raise the same errors, and run the same SQL.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from ..core.db import Connection, connect, create_pool, translate_errors
 from ..core.records import (
+    BlockedSequence,
+    Debounce,
     EnqueueResult,
     GroupResult,
     JobRecord,
@@ -111,6 +113,14 @@ class Client(BaseClient, Inspection):
         rate_limit: str | None = None,
         rate_limit_key: str | None = None,
         depends_on: Sequence[int] | None = None,
+        unique_key: str | None = None,
+        unique_states: Collection[str] | None = None,
+        unique_window: float | dt.timedelta | None = None,
+        on_conflict: str | Debounce | None = None,
+        sequence_key: str | None = None,
+        on_failure: str | None = None,
+        expires_in: float | dt.timedelta | None = None,
+        expires_at: dt.datetime | None = None,
         conn: Connection | None = None,
     ) -> EnqueueResult:
         """Enqueue one job and return its id.
@@ -130,6 +140,17 @@ class Client(BaseClient, Inspection):
         with an error naming the parent, if one of them ends failed, dead or cancelled. Its
         handler reads their results as ``job.parent_results``. Every id must name a job that
         exists and has not ended without completing, else InvalidInput (nothing stored).
+
+        Keys and deadlines (see docs/guides/keys.md): a ``unique_key`` conflicts with the job
+        that holds it (by default from its enqueue until it finishes; ``unique_states`` without
+        ``"running"``: until it starts), and for ``unique_window`` seconds whatever its state. On
+        a conflict the result says ``duplicate=True`` with the holder's id, and ``on_conflict``
+        decides: ``"keep"`` stores nothing, ``"replace"`` gives a holder that has not started
+        this job's payload, priority and run-at, a :class:`~miniqueue.Debounce` its payload and
+        a later run-at (``replaced=True``). Jobs of one ``sequence_key`` run one at a time in
+        enqueue order (``on_failure="continue"``: a failed one does not block the next). A job
+        not started by ``expires_at`` (or ``expires_in`` seconds on the database clock) ends
+        ``expired`` without running.
         """
         spec = JobSpec(
             task,
@@ -145,6 +166,14 @@ class Client(BaseClient, Inspection):
             rate_limit=rate_limit,
             rate_limit_key=rate_limit_key,
             depends_on=depends_on,
+            unique_key=unique_key,
+            unique_states=unique_states,
+            unique_window=unique_window,
+            on_conflict=on_conflict,
+            sequence_key=sequence_key,
+            on_failure=on_failure,
+            expires_in=expires_in,
+            expires_at=expires_at,
         )
         if self._tracing is None:
             return self._run(self._enqueue_steps(spec), conn)
@@ -256,6 +285,16 @@ class Client(BaseClient, Inspection):
         All or nothing: raises JobNotFound or InvalidTransition if any id cannot be requeued.
         """
         return self._run(self.store.requeue_steps(check_job_ids(job_ids)), conn)
+
+    def release_sequence(self, key: str, *, conn: Connection | None = None) -> tuple[int, int | None]:
+        """Unblock sequence ``key``: the failed or dead job that blocks it stays as it is, and the
+        key's next job runs. Returns ``(the blocking job, the job holding the key now or None)``;
+        InvalidInput if the key is not blocked (see docs/guides/keys.md)."""
+        return self._run(self._release_sequence_steps(key), conn)
+
+    def blocked_sequences(self, *, limit: int = 1000) -> list[BlockedSequence]:
+        """The sequence keys that a failed or dead job blocks, by key."""
+        return self._run(self.store.blocked_sequences_steps(limit))
 
     def requeue_matching(self, states: Iterable[State], *, queue: str | None = None, task: str | None = None) -> int:
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""

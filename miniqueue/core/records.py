@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -14,9 +14,11 @@ class State(str, enum.Enum):
 
     ``available → running → completed | available (retry) | dead (attempts exhausted) |
     failed (permanent)``; ``available | running | waiting → cancelled`` by an operator; and
-    ``dead | failed | cancelled → available`` by requeue. A job enqueued with parents starts
-    ``waiting`` and becomes ``available`` when its last parent completes, or ``cancelled``
-    when one of them ends failed, dead or cancelled.
+    ``dead | failed | cancelled | expired → available`` by requeue. A job enqueued with parents
+    starts ``waiting`` and becomes ``available`` when its last parent completes, or ``cancelled``
+    when one of them ends failed, dead, cancelled or expired; a job of a sequence waits its turn
+    the same way. ``available | waiting → expired`` when its deadline (``expires_at``) passes
+    before a worker claimed it.
     """
 
     AVAILABLE = "available"
@@ -26,10 +28,11 @@ class State(str, enum.Enum):
     DEAD = "dead"
     CANCELLED = "cancelled"
     WAITING = "waiting"
+    EXPIRED = "expired"
 
 
-TERMINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED})
-REQUEUEABLE_STATES = frozenset({State.FAILED, State.DEAD, State.CANCELLED})
+TERMINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.DEAD, State.CANCELLED, State.EXPIRED})
+REQUEUEABLE_STATES = frozenset({State.FAILED, State.DEAD, State.CANCELLED, State.EXPIRED})
 CANCELLABLE_STATES = frozenset({State.AVAILABLE, State.RUNNING, State.WAITING})
 
 
@@ -64,6 +67,52 @@ class JobSpec(NamedTuple):
     rate_limit_key: str | None = None
     #: Ids of jobs that must complete before this one runs (see :meth:`miniqueue.Client.enqueue`).
     depends_on: Sequence[int] | None = None
+    #: Keys (see docs/guides/keys.md). A job with a ``unique_key`` conflicts with the job that
+    #: holds the key: by default from its enqueue until it finishes (``unique_states`` picks
+    #: until it starts instead), and for ``unique_window`` seconds after the first one whatever
+    #: its state. ``on_conflict`` says what a conflict does: ``"keep"`` (store nothing),
+    #: ``"replace"`` (the waiting job takes this one's payload, priority and run-at) or a
+    #: :class:`Debounce`.
+    unique_key: str | None = None
+    unique_states: Collection[str] | None = None
+    unique_window: float | dt.timedelta | None = None
+    on_conflict: str | Debounce | None = None
+    #: Jobs of one ``sequence_key`` run one at a time, in enqueue order; ``on_failure`` says
+    #: whether a failed or dead one blocks the key (``"block"``, the default) or the next runs
+    #: (``"continue"``).
+    sequence_key: str | None = None
+    on_failure: str | None = None
+    #: A job not started by then never starts: it ends ``expired``. ``expires_in`` counts on the
+    #: database clock from the enqueue; the two are mutually exclusive.
+    expires_in: float | dt.timedelta | None = None
+    expires_at: dt.datetime | None = None
+
+
+class Debounce(NamedTuple):
+    """``on_conflict=Debounce(wait, max_wait)``: a job runs ``wait`` seconds after the last
+    enqueue of its unique key, with the last payload, but never later than ``max_wait`` seconds
+    after the first, so that a steady stream of enqueues still runs it."""
+
+    wait: float | dt.timedelta
+    max_wait: float | dt.timedelta
+
+
+class KeyOptions(NamedTuple):
+    """What a task declares for its jobs' keys and deadline (see :class:`JobSpec`), as its
+    workers publish it: durations in seconds, ``on_conflict`` by name (``"debounce"`` with its
+    two durations), a key computed from the payload by a function of the app as ``*_computed``."""
+
+    unique_key: str | None = None
+    unique_key_computed: bool = False
+    unique_states: tuple[str, ...] | None = None
+    unique_window: float | None = None
+    on_conflict: str | None = None
+    debounce_wait: float | None = None
+    debounce_max_wait: float | None = None
+    sequence_key: str | None = None
+    sequence_key_computed: bool = False
+    on_failure: str | None = None
+    expires_in: float | None = None
 
 
 class TaskDeclaration(NamedTuple):
@@ -87,6 +136,8 @@ class TaskDeclaration(NamedTuple):
     #: attempts they charge; None for a backoff function of the app's own (the default applies there).
     backoff_base: float | None = None
     backoff_cap: float | None = None
+    #: Its keys and deadline; None for a task that declares none.
+    keys: KeyOptions | None = None
 
 
 #: The options of a job whose task declares none (no app that has run on the database knows it).
@@ -97,10 +148,26 @@ DEFAULT_MAX_ATTEMPTS = 5
 
 class EnqueueResult(NamedTuple):
     """The outcome of one enqueue: the job's id, and whether an earlier job with the same
-    idempotency key already existed (in which case ``id`` is that earlier job's)."""
+    idempotency key or unique key already existed (in which case ``id`` is that earlier job's);
+    ``replaced`` when that job took this one's payload (``on_conflict="replace"`` or a
+    :class:`Debounce`)."""
 
     id: int
     duplicate: bool = False
+    replaced: bool = False
+
+
+class BlockedSequence(NamedTuple):
+    """A sequence key that a failed or dead job blocks (see docs/guides/keys.md): its jobs wait
+    until an operator requeues, cancels or deletes that job, or releases the key."""
+
+    key: str
+    job_id: int
+    state: str
+    task: str
+    last_error: str | None
+    #: How many jobs of the key wait behind it.
+    waiting: int
 
 
 class GroupResult(NamedTuple):

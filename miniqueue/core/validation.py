@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from .errors import InvalidInput
+from .keys import NO_KEYS, JobKeys, check_keys, computed_key_message, declared_keys, show
 from .limits import Scope, job_scopes
 from .records import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, DEFAULT_QUEUE, JobSpec, TaskDeclaration
 
@@ -68,31 +69,28 @@ class NewJob(NamedTuple):
     idempotency_key: str | None
     #: The limits the job is subject to, in scope-name order (() for none).
     scopes: tuple[Scope, ...] = ()
-
-
-def _show(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    #: Its unique and sequence keys and its deadline (NO_KEYS for none).
+    keys: JobKeys = NO_KEYS
 
 
 def check_queue_name(queue: object) -> str:
     """Return ``queue`` if it is a valid queue name, else raise InvalidInput."""
     if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
-        raise InvalidInput(f"queue name {_show(queue)} is invalid: {QUEUE_NAME_RULE}")
+        raise InvalidInput(f"queue name {show(queue)} is invalid: {QUEUE_NAME_RULE}")
     return queue
 
 
 def check_task_name(task: object) -> str:
     """Return ``task`` if it is a valid task name, else raise InvalidInput."""
     if not isinstance(task, str) or not TASK_NAME_RE.fullmatch(task):
-        raise InvalidInput(f"task name {_show(task)} is invalid: {TASK_NAME_RULE}")
+        raise InvalidInput(f"task name {show(task)} is invalid: {TASK_NAME_RULE}")
     return task
 
 
 def check_schedule_name(name: object) -> str:
     """Return ``name`` if it can name a periodic schedule (the rule of task names), else raise InvalidInput."""
     if not isinstance(name, str) or not TASK_NAME_RE.fullmatch(name):
-        raise InvalidInput(f"schedule name {_show(name)} is invalid: {TASK_NAME_RULE}")
+        raise InvalidInput(f"schedule name {show(name)} is invalid: {TASK_NAME_RULE}")
     return name
 
 
@@ -113,7 +111,7 @@ def check_text(name: str, value: str) -> str:
         except UnicodeEncodeError as exc:
             bad = exc.object[exc.start : exc.end]
             raise InvalidInput(
-                f"{name} {_show(value)} is invalid: {bad!r} is a lone surrogate, not valid Unicode"
+                f"{name} {show(value)} is invalid: {bad!r} is a lone surrogate, not valid Unicode"
             ) from None
     return value
 
@@ -132,7 +130,7 @@ def check_int_range(name: str, value: object, bounds: tuple[int, int]) -> int:
     """Return ``value`` if it is an int within ``bounds`` (inclusive), else raise InvalidInput."""
     low, high = bounds
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInput(f"{name} {_show(value)} is invalid: use a whole number from {low} to {high}")
+        raise InvalidInput(f"{name} {show(value)} is invalid: use a whole number from {low} to {high}")
     return value
 
 
@@ -189,7 +187,7 @@ def check_depends_on(depends_on: object) -> list[int] | None:
     if depends_on is None:
         return None
     if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, Iterable):
-        raise InvalidInput(f"depends_on {_show(depends_on)} is invalid: give a list of job ids")
+        raise InvalidInput(f"depends_on {show(depends_on)} is invalid: give a list of job ids")
     ids = list(dict.fromkeys(check_int_range("depends_on job id", i, JOB_ID_RANGE) for i in depends_on))
     if not ids:
         raise InvalidInput("depends_on is empty: name at least one job, or leave it out")
@@ -204,7 +202,7 @@ def check_idempotency_key(key: object) -> str | None:
         return None
     rule = f"use 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters, without U+0000"
     if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or "\x00" in key:
-        raise InvalidInput(f"idempotency key {_show(key)} is invalid: {rule}")
+        raise InvalidInput(f"idempotency key {show(key)} is invalid: {rule}")
     return check_text("idempotency key", key)
 
 
@@ -213,7 +211,7 @@ def check_seconds(name: str, value: object, *, limit: float = MAX_DELAY_SECONDS)
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= limit:
         raise InvalidInput(
-            f"{name} {_show(value)} is invalid: use a non-negative number of seconds, at most {limit:.0f}"
+            f"{name} {show(value)} is invalid: use a non-negative number of seconds, at most {limit:.0f}"
         )
     return float(seconds)
 
@@ -224,7 +222,7 @@ def check_schedule(run_at: object, delay: object) -> tuple[dt.datetime | None, f
         raise InvalidInput("run_at and delay are mutually exclusive: give one or neither")
     if run_at is not None:
         if not isinstance(run_at, dt.datetime):
-            raise InvalidInput(f"run_at {_show(run_at)} is invalid: use a timezone-aware datetime")
+            raise InvalidInput(f"run_at {show(run_at)} is invalid: use a timezone-aware datetime")
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise InvalidInput(
                 f"run_at {run_at.isoformat()} is a naive datetime: give it a timezone "
@@ -262,17 +260,10 @@ def declared(spec: JobSpec, declaration: TaskDeclaration | None) -> JobSpec:
         rate_limit_key=d.rate_limit_key if spec.rate_limit_key is None else spec.rate_limit_key,
     )
     if filled.concurrency_key is None and d.concurrency_key_computed:
-        raise InvalidInput(_computed_key(spec.task, "concurrency_key"))
+        raise InvalidInput(computed_key_message(spec.task, "concurrency_key"))
     if filled.rate_limit_key is None and d.rate_limit_key_computed and filled.rate_limit is not None:
-        raise InvalidInput(_computed_key(spec.task, "rate_limit_key"))
-    return filled
-
-
-def _computed_key(task: str, option: str) -> str:
-    return (
-        f"task {task!r} computes its {option} from each payload with a function of its app: pass "
-        f"{option}=... here, or enqueue it with the app (app.enqueue) so that the function runs"
-    )
+        raise InvalidInput(computed_key_message(spec.task, "rate_limit_key"))
+    return filled if d.keys is None else declared_keys(filled, d.keys)
 
 
 def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> NewJob:
@@ -291,6 +282,7 @@ def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
         delay_seconds=delay_seconds,
         idempotency_key=check_idempotency_key(spec.idempotency_key),
         scopes=job_scopes(spec.task, spec.concurrency_key, spec.max_concurrent, spec.rate_limit, spec.rate_limit_key),
+        keys=check_keys(spec),
     )
 
 

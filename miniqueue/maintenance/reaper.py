@@ -1,5 +1,5 @@
-"""The reaper: returns expired leases to the queue, prunes finished jobs, and (given an app)
-enqueues the app's periodic jobs as their slots come due.
+"""The reaper: returns expired leases to the queue, expires jobs past their deadline, prunes
+finished jobs, and (given an app) enqueues the app's periodic jobs as their slots come due.
 
 It is the backstop for workers that vanish without anyone noticing (a lost host, a killed
 process whose supervisor died too). Recovery is one conditional UPDATE per batch that
@@ -36,7 +36,7 @@ class ReaperConfig:
     """How often the reaper runs and what it keeps. Durations are in seconds.
 
     Finished jobs are kept ``completed_retention`` (completed and cancelled, default 24 h) or
-    ``failed_retention`` (dead and failed, default 7 days) after they finish; ``None``
+    ``failed_retention`` (dead, failed and expired, default 7 days) after they finish; ``None``
     keeps them forever. ``prune=False`` turns pruning off altogether. ``vacuum`` vacuums the
     jobs table as claims churn it (see :mod:`miniqueue.vacuum`), on a connection of its own.
     """
@@ -67,6 +67,7 @@ class ReaperResult:
 
     recovered: int = 0
     dead: int = 0
+    expired: int = 0
     pruned: int = 0
     scheduled: int = 0
     #: Pruning stopped at its time slice with more to delete: the next pass should come at once.
@@ -113,11 +114,23 @@ class Reaper:
             result.dead += len(dead)
             if len(states) < self.config.batch_size:
                 break
+        self._expire(self._conn, result)
+        self.store.drop_ended_keys(self._conn, self.config.batch_size)
         if self.config.prune:
             result.pruned, result.more_to_prune = self._prune(self._conn)
         result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))
         self.store.trim_throughput(self._conn)
         return result
+
+    def _expire(self, conn: Connection, result: ReaperResult) -> None:
+        """Expire every job whose deadline passed before it was claimed, in batches; each leaves a log line."""
+        while not self._stopping.is_set():
+            expired = self.store.expire_jobs(conn, self.config.batch_size)
+            if expired:
+                log.warning("job(s) %s expired: not started by their deadline", ", ".join(map(str, expired)))
+            result.expired += len(expired)
+            if len(expired) < self.config.batch_size:
+                return
 
     def _prune(self, conn: Connection) -> tuple[int, bool]:
         """Delete finished jobs past retention, in batches, for at most PRUNE_SLICE seconds: a
@@ -127,7 +140,7 @@ class Reaper:
         deadline = time.monotonic() + PRUNE_SLICE
         rules = [
             ((State.COMPLETED, State.CANCELLED), self.config.completed_retention),
-            ((State.DEAD, State.FAILED), self.config.failed_retention),
+            ((State.DEAD, State.FAILED, State.EXPIRED), self.config.failed_retention),
         ]
         pruned = 0
         for states, retention in rules:

@@ -18,7 +18,10 @@ from .inspection import Inspection
 
 # Requeue finished jobs by id or by filter, with a fresh attempt budget (attempt keeps counting).
 # `counted` takes them off the finished counts (as outcomes._COMPLETE counts them on, with
-# -count(*)); the minutes they finished in keep them.
+# -count(*)); the minutes they finished in keep them. A job of a sequence goes back into its
+# key's line, by its id (`advanced`: a blocking head that is requeued runs next; a job the key
+# went on without runs after the one holding it now). A job whose unique key another job holds
+# now cannot be requeued: the unique index refuses it (see :meth:`OperatorActions.requeue`).
 _REQUEUE = """
 WITH picked AS (
     SELECT id, queue, state FROM {jobs}
@@ -29,18 +32,21 @@ WITH picked AS (
        FOR UPDATE
 ), requeued AS (
     UPDATE {jobs} j
-       SET state = 'available', scheduled_at = now(), max_attempts = j.attempt + j.attempt_budget,
+       SET state = CASE WHEN j.sequence_key IS NULL THEN 'available' ELSE 'waiting' END, scheduled_at = now(),
+           max_attempts = j.attempt + j.attempt_budget,
            finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
       FROM picked p WHERE j.id = p.id
-    RETURNING j.id, p.queue, p.state
+    RETURNING j.id, p.queue, p.state, j.sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM requeued
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1)
-SELECT id FROM requeued
+RETURNING 1), advanced AS (
+SELECT {advance}(ARRAY(SELECT DISTINCT sequence_key FROM requeued WHERE sequence_key IS NOT NULL), {queue_channel})
+ WHERE EXISTS (SELECT 1 FROM requeued WHERE sequence_key IS NOT NULL))
+SELECT id FROM requeued WHERE (SELECT count(*) FROM advanced) >= 0
 """
 
 # Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat;
@@ -51,28 +57,29 @@ WITH cancelled AS (
 UPDATE {jobs}
    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM cancelled
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM cancelled WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501
@@ -80,28 +87,31 @@ SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0
 # Delete jobs that are not running. `counted` takes the finished ones off the counts (as
 # outcomes._COMPLETE counts them on, with -count(*)). The dependents of a job deleted before it
 # finished are cancelled (`settled` as in outcomes._COMPLETE, of `unfinished`): it will never
-# complete.
+# complete. A deleted job of a sequence, finished or not, hands its key on.
 _DELETE = """
 WITH deleted AS (
     DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
-    RETURNING id, queue, state, dependents, awaited
+    RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), unfinished AS (
-    SELECT id, 'deleted' AS state, dependents, awaited FROM deleted WHERE state IN ('available', 'waiting')
+    SELECT id, 'deleted' AS state, CASE WHEN state IN ('available', 'waiting') THEN dependents END AS dependents,
+           awaited AND state IN ('available', 'waiting') AS awaited, sequence_key
+      FROM deleted WHERE state IN ('available', 'waiting') OR sequence_key IS NOT NULL
 ), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM unfinished WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501

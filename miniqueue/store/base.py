@@ -35,6 +35,9 @@ IDENTIFIERS = {
     "served_queues": "miniqueue_served_queues",
     "settle": "miniqueue_settle",
     "retry_delay": "miniqueue_retry_delay",
+    "sequences": "miniqueue_sequences",
+    "unique_windows": "miniqueue_unique_windows",
+    "advance": "miniqueue_sequence_advance",
 }
 
 # A placeholder: a name in braces. SQL's own braces (an empty array, '{}') never match.

@@ -107,7 +107,7 @@
 WITH RECURSIVE 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -174,7 +174,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -182,7 +182,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -242,7 +242,7 @@ fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -311,7 +311,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -319,7 +319,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -377,7 +377,7 @@ SELECT * FROM claimed
 WITH RECURSIVE 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -444,7 +444,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -452,7 +452,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -512,7 +512,7 @@ fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -581,7 +581,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -589,7 +589,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -652,32 +652,33 @@ UPDATE {jobs}
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -746,7 +747,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -754,7 +755,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -820,34 +821,35 @@ UPDATE {jobs}
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -918,7 +920,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -926,7 +928,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -992,32 +994,33 @@ UPDATE {jobs}
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -1086,7 +1089,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1094,7 +1097,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1160,34 +1163,35 @@ UPDATE {jobs}
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -1258,7 +1262,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1266,7 +1270,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j

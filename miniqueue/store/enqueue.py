@@ -18,7 +18,8 @@ from ..core.limits import Scope
 from ..core.records import REQUEUEABLE_STATES, EnqueueResult, State
 from ..core.steps import CopyIn, Query, Steps, atomic, run
 from ..core.validation import NewJob
-from .base import Statement, StoreBase
+from .base import Statement
+from .keyed import KeyedEnqueuing
 
 # Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
@@ -70,15 +71,17 @@ SELECT id, true, NULL FROM {jobs}
  WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
-# _ENQUEUE for a job with parents: inserted waiting for those not completed yet (`pending`).
+# _ENQUEUE for a job with parents: inserted waiting for those not completed yet (`pending`), with
+# its deadline if it has one.
 _ENQUEUE_WAITING = """
 WITH ins AS (
     INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents)
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
             %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -102,11 +105,12 @@ WITH scoped AS (
 ),
 ins AS (
     INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents)
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
             %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -228,8 +232,8 @@ COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, t
 _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
 
 
-class Enqueuing(StoreBase):
-    """Inserting jobs."""
+class Enqueuing(KeyedEnqueuing):
+    """Inserting jobs (those with keys or a deadline through :class:`KeyedEnqueuing`)."""
 
     #: The smallest batch without idempotency keys worth sending by :meth:`copy_many`.
     copy_threshold = 500
@@ -262,6 +266,9 @@ class Enqueuing(StoreBase):
         self, job: NewJob, *, notify: bool = True, trace_context: str | None = None
     ) -> Steps[EnqueueResult]:
         """:meth:`enqueue` as steps."""
+        if job.keys.keyed:
+            params = {**self._job_params(job, notify, trace_context), **_scope_columns(job.scopes)}
+            return (yield from self.enqueue_keyed_steps(job, params, notify=notify))
         query = self._enqueue_limited if job.scopes else self._enqueue
         rows: list[tuple[Any, ...]] = yield Query(query, self._job_params(job, notify, trace_context))
         if rows:
@@ -323,7 +330,13 @@ class Enqueuing(StoreBase):
         states = {row[0]: State(row[1]) for row in locked}
         _check_parents(ids, states)
         pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED)
-        params = {**self._job_params(job, notify and not pending, trace_context), "parents": ids, "pending": pending}
+        params = {
+            **self._job_params(job, notify and not pending, trace_context),
+            "parents": ids,
+            "pending": pending,
+            "expires_at": job.keys.expires_at,
+            "expires_in": job.keys.expires_in,
+        }
         rows: list[tuple[Any, ...]] = yield Query(
             self._enqueue_waiting_limited if job.scopes else self._enqueue_waiting, params
         )
@@ -373,8 +386,10 @@ class Enqueuing(StoreBase):
             "channel": self.channel,
             "trace": trace_context,
         }
-        if limited:
+        if limited or any(j.keys.keyed for j in jobs):
             params.update(_scope_columns({scope.name: scope for j in jobs for scope in j.scopes}.values()))
+        if any(j.keys.keyed for j in jobs):
+            return (yield from self.enqueue_many_keyed_steps(jobs, params, notify=notify))
         query = self._enqueue_many_limited if limited else self._enqueue_many
         rows: list[tuple[Any, ...]] = yield Query(query, params)
         results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in rows]
@@ -472,8 +487,8 @@ def _copy_rows(
     """The COPY rows of :meth:`Enqueuing.copy_many`, made as they stream; adds to ``due`` each
     queue given a job that is due at once. A traced batch sends its trace context with every row."""
     for job_id, job in zip(ids, jobs, strict=True):
-        if job.idempotency_key is not None or job.scopes:
-            raise ValueError("copy_many() takes jobs without idempotency keys or limits: use enqueue_many()")
+        if job.idempotency_key is not None or job.scopes or job.keys.keyed:
+            raise ValueError("copy_many() takes jobs without keys, limits or deadlines: use enqueue_many()")
         row: tuple[Any, ...] = (
             job_id,
             job.queue,

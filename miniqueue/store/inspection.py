@@ -96,16 +96,17 @@ WITH ready AS (
            greatest(0, coalesce(sum(count) FILTER (WHERE state = 'completed'), 0)) AS completed,
            greatest(0, coalesce(sum(count) FILTER (WHERE state = 'failed'), 0)) AS failed,
            greatest(0, coalesce(sum(count) FILTER (WHERE state = 'dead'), 0)) AS dead,
-           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'cancelled'), 0)) AS cancelled
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'cancelled'), 0)) AS cancelled,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'expired'), 0)) AS expired
       FROM {counts} GROUP BY queue
 )
 SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
        coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
-       coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(scheduled, 0) AS scheduled,
-       oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
+       coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(expired, 0) AS expired,
+       coalesce(scheduled, 0) AS scheduled, oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
   FROM ready FULL JOIN blocked USING (queue) FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
  WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
-       + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) > 0
+       + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) + coalesce(expired, 0) > 0
  ORDER BY queue
 """
 
@@ -175,6 +176,7 @@ _STATE_ORDER = (
     State.DEAD,
     State.CANCELLED,
     State.WAITING,
+    State.EXPIRED,
 )
 
 

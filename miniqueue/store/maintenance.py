@@ -1,6 +1,7 @@
 """Upkeep: what the reaper and the supervisor run so the queue stays sound and small. Expired
-leases recovered, finished jobs pruned, the per-minute counts trimmed, the finished counts
-recounted, the jobs table vacuumed, the server's connections counted."""
+leases recovered, jobs past their deadline expired, finished jobs pruned, ended keys dropped,
+the per-minute counts trimmed, the finished counts recounted, the jobs table vacuumed, the
+server's connections counted."""
 
 from __future__ import annotations
 
@@ -39,31 +40,94 @@ UPDATE {jobs}
          ORDER BY lease_expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state = 'running' AND lease_expires_at < now()
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM recovered
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM recovered WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501
+
+# Expire the jobs whose deadline passed before any worker claimed them (the claim passes over
+# them): 'expired', a final state that requeue takes like 'dead', with an entry in the history.
+# The outer WHERE re-checks in the same statement, so a job claimed meanwhile is left alone.
+# Then `counted`, `per_minute` and `settled` as in outcomes._COMPLETE: the dependents of an
+# expired job are cancelled, and a job of a sequence hands its key on.
+_EXPIRE = """
+WITH expired AS (
+UPDATE {jobs}
+   SET state = 'expired', finished_at = now(), pending_parents = 0,
+       last_error = format('expired: not started by its deadline, %%s', expires_at),
+       errors = errors || jsonb_build_array(jsonb_build_object(
+       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', format('expired: not started by its deadline, %%s', expires_at)))
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM {jobs}
+         WHERE expires_at <= now() AND expires_at IS NOT NULL AND state IN ('available', 'waiting')
+         ORDER BY expires_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND state IN ('available', 'waiting') AND expires_at <= now()
+RETURNING id, queue, state, dependents, awaited, sequence_key
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM expired
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM expired
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT {settle}(
+    notify_ids => ARRAY(SELECT id FROM expired WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
+    released => ARRAY(SELECT d FROM expired, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM expired WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM expired WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM expired WHERE (SELECT count(*) FROM settled) >= 0
+"""  # noqa: E501
+
+# The unique keys' windows that ended (the reaper, every pass, in batches).
+_DROP_WINDOWS = """
+DELETE FROM {unique_windows}
+ WHERE key = ANY(ARRAY(SELECT key FROM {unique_windows} WHERE until < now() LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND until < now()
+"""
+
+# The sequence keys no job has held for an hour (the reaper, every pass, in batches): an
+# enqueue of the key makes its row again.
+_DROP_IDLE_SEQUENCES = """
+DELETE FROM {sequences} s
+ WHERE key = ANY(ARRAY(SELECT key FROM {sequences}
+                        WHERE head IS NULL AND updated_at < now() - interval '1 hour'
+                        LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND head IS NULL AND updated_at < now() - interval '1 hour'
+"""
 
 # Recount the finished jobs from the table itself: the repair for counts that drifted (jobs
 # finished by workers of an older version during the migration that added the counts, or rows
@@ -75,7 +139,7 @@ _RECOUNT = [
     """
 INSERT INTO {counts} (queue, state, shard, count)
 SELECT queue, state, 0, count(*) FROM {jobs}
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 """,
 ]
@@ -92,14 +156,14 @@ WITH pruned AS (
     DELETE FROM {jobs}
      WHERE id = ANY(ARRAY(
             SELECT id FROM {jobs}
-             WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+             WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') AND state = ANY(%(states)s::text[])
                AND finished_at < now() - make_interval(secs => %(age)s)
              LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
     RETURNING queue, state
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1)
@@ -150,6 +214,9 @@ class Maintenance(StoreBase):
     """The queue's upkeep."""
 
     _recover = Statement(_RECOVER_EXPIRED)
+    _expire = Statement(_EXPIRE)
+    _drop_windows = Statement(_DROP_WINDOWS)
+    _drop_idle_sequences = Statement(_DROP_IDLE_SEQUENCES)
     _recount = Statements(_RECOUNT)
     _trim_minutes = Statement(_TRIM_MINUTES)
     _prune = Statement(_PRUNE)
@@ -163,6 +230,17 @@ class Maintenance(StoreBase):
         params = {"limit": limit, "base": DEFAULT_BASE_SECONDS, "cap": DEFAULT_CAP_SECONDS}
         return {row[0]: State(row[1]) for row in self._rows(conn, self._recover, params)}
 
+    def expire_jobs(self, conn: Connection, limit: int = 1000) -> list[int]:
+        """Move up to ``limit`` jobs past their deadline, never claimed, to ``expired``; return their ids."""
+        return sorted(row[0] for row in self._rows(conn, self._expire, {"limit": limit}))
+
+    def drop_ended_keys(self, conn: Connection, limit: int = 1000) -> int:
+        """Delete up to ``limit`` ended unique-key windows and as many idle sequence keys; return how many."""
+        with translate_errors():
+            windows = conn.execute(self._drop_windows, {"limit": limit}).rowcount
+            sequences = conn.execute(self._drop_idle_sequences, {"limit": limit}).rowcount
+        return windows + sequences
+
     def prune(self, conn: Connection, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> int:
         """Delete up to ``limit`` jobs in ``states`` (terminal states only) that finished more than
         ``older_than_seconds`` ago; return how many were deleted."""
@@ -172,7 +250,9 @@ class Maintenance(StoreBase):
         """:meth:`prune` as steps."""
         chosen = sorted(State(s).value for s in states)
         if not chosen or any(State(s) not in TERMINAL_STATES for s in chosen):
-            raise InvalidInput(f"prune states {chosen} are invalid: choose among completed, failed, dead, cancelled")
+            raise InvalidInput(
+                f"prune states {chosen} are invalid: choose among completed, failed, dead, cancelled, expired"
+            )
         older_than_seconds = check_seconds("prune age", older_than_seconds)
         params = {"states": chosen, "age": float(older_than_seconds), "limit": limit}
         rows: list[tuple[Any, ...]] = yield Query(self._prune, params)

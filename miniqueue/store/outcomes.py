@@ -57,28 +57,29 @@ UPDATE {jobs}
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501
@@ -111,28 +112,29 @@ UPDATE {jobs} j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
-RETURNING j.id, j.queue, j.state, j.dependents, j.awaited
+RETURNING j.id, j.queue, j.state, j.dependents, j.awaited, j.sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM failed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id, state FROM failed WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501
@@ -146,28 +148,29 @@ UPDATE {jobs}
        'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO {counts} AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel})
- WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => {finished_channel}, queue_channel => {queue_channel},
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM failed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM failed WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501

@@ -1,6 +1,6 @@
 -- miniqueue's database schema, written out for reading: every table, column, constraint, index,
 -- storage and statistics setting and function that the migrations in `migrations/` leave behind,
--- as of migration 020 (020_task_backoff.sql).
+-- as of migration 021 (021_unique_sequences_expiry.sql).
 --
 -- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
 -- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
@@ -29,9 +29,10 @@ CREATE TABLE miniqueue_jobs (
     -- idx_miniqueue_jobs_idempotency_key below (not a UNIQUE constraint).
     idempotency_key  TEXT,
     payload          JSONB       NOT NULL,
-    -- One of the states valid_state allows: 'waiting' for parents, 'available', 'running', or
-    -- a terminal one. 'cancelled' is an operator's decision, distinct from 'failed' (the handler
-    -- said never retry) and 'dead' (attempts exhausted).
+    -- One of the states valid_state allows: 'waiting' for parents or its turn in a sequence,
+    -- 'available', 'running', or a terminal one. 'cancelled' is an operator's decision, distinct
+    -- from 'failed' (the handler said never retry), 'dead' (attempts exhausted) and 'expired'
+    -- (not started by its deadline).
     state            TEXT        NOT NULL DEFAULT 'available',
     priority         SMALLINT    NOT NULL DEFAULT 0,
     -- The fencing token: a worker's writes match (id, leased_by, attempt), so it never repeats
@@ -73,10 +74,20 @@ CREATE TABLE miniqueue_jobs (
     -- baggage when there is some), so that each attempt's span joins the producer's trace (see
     -- miniqueue.observability.tracing). NULL for jobs enqueued without tracing.
     trace_context    JSONB,
+    -- The job's unique key: it conflicts with any other job of the key that holds it, as the
+    -- unique index idx_miniqueue_jobs_unique_key says (while it waits to run, and while it runs
+    -- unless unique_while_running is false).
+    unique_key           TEXT,
+    unique_while_running BOOLEAN     NOT NULL DEFAULT true,
+    -- Jobs of one sequence key run one at a time, in enqueue order (miniqueue_sequences).
+    sequence_key         TEXT,
+    -- A job not claimed by then never is: the reaper moves it to 'expired'.
+    expires_at           TIMESTAMPTZ,
 
+    CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1),
+    CONSTRAINT expires_after_enqueue CHECK (expires_at > created_at),
     CONSTRAINT valid_state
-        CHECK (state IN ('available', 'running', 'completed', 'failed', 'dead', 'cancelled', 'waiting')),
-    CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1)
+        CHECK (state IN ('available', 'running', 'completed', 'failed', 'dead', 'cancelled', 'waiting', 'expired'))
 ) WITH (
     -- Each job is inserted, updated two or three times and deleted: vacuum and analyze the table
     -- early and often (the defaults wait for 20% of the table), and leave room on each page for
@@ -121,7 +132,11 @@ ALTER TABLE miniqueue_jobs
     ALTER COLUMN dependents SET STATISTICS 10,
     ALTER COLUMN pending_parents SET STATISTICS 10,
     ALTER COLUMN awaited SET STATISTICS 10,
-    ALTER COLUMN trace_context SET STATISTICS 0;
+    ALTER COLUMN trace_context SET STATISTICS 0,
+    ALTER COLUMN unique_key SET STATISTICS 10,
+    ALTER COLUMN unique_while_running SET STATISTICS 10,
+    ALTER COLUMN sequence_key SET STATISTICS 10,
+    ALTER COLUMN expires_at SET STATISTICS 10;
 
 -- The claim index: available jobs without limits, in the claim's order (priority DESC,
 -- scheduled_at, id), so a claim reads the first entries instead of sorting. Partial, so its size
@@ -146,7 +161,7 @@ CREATE INDEX idx_miniqueue_jobs_expired_leases
 -- scanning live ones.
 CREATE INDEX idx_miniqueue_jobs_finished
     ON miniqueue_jobs (finished_at)
-    WHERE state IN ('completed', 'failed', 'dead', 'cancelled');
+    WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired');
 
 -- Idempotency keys are unique. Partial: most jobs carry none, and a job without a key costs no
 -- index entry. Inserts name its predicate in
@@ -161,6 +176,27 @@ CREATE INDEX idx_miniqueue_jobs_waiting
     ON miniqueue_jobs (queue)
     WHERE state = 'waiting';
 
+-- Unique keys: a job holds its key while it waits to run (waiting, or available and never
+-- started), and while it runs and waits out its retries unless unique_while_running is false.
+-- With running out, "never started" is `attempt = 0`, so no retry can ever collide with a newer
+-- job. Inserts name this predicate in their ON CONFLICT, word for word.
+CREATE UNIQUE INDEX idx_miniqueue_jobs_unique_key
+    ON miniqueue_jobs (unique_key)
+    WHERE unique_key IS NOT NULL
+      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
+           OR state = 'running' AND unique_while_running);
+
+-- The jobs waiting their turn in a sequence, by key in enqueue order: the next to run is the
+-- first entry of its key, one probe, however long another key's line is.
+CREATE INDEX idx_miniqueue_jobs_sequence
+    ON miniqueue_jobs (sequence_key, id)
+    WHERE state = 'waiting' AND sequence_key IS NOT NULL;
+
+-- The reaper's: jobs that may still expire, by deadline.
+CREATE INDEX idx_miniqueue_jobs_expiring
+    ON miniqueue_jobs (expires_at)
+    WHERE expires_at IS NOT NULL AND state IN ('available', 'waiting');
+
 
 -- miniqueue_settle: what the jobs that just finished mean for others. Called from a CTE of every
 -- statement that finishes jobs (complete, fail, record failures, recover, cancel, delete), and
@@ -174,6 +210,8 @@ CREATE INDEX idx_miniqueue_jobs_waiting
 --   cancel_parents,   deleted unfinished), with that parent and how it ended: the dependent
 --   cancel_states     is cancelled with an error naming the parent, and so, in turn, are
 --                     its own waiting dependents
+--   sequence_keys     the sequence keys of the jobs that finished: each is handed to its next
+--                     job if the job holding it let go (miniqueue_sequence_advance)
 --
 -- A function because a PL/pgSQL statement takes a fresh snapshot: a dependent enqueued while its
 -- parent's completion ran is not in the completion statement's snapshot, so an UPDATE in a plain
@@ -181,7 +219,7 @@ CREATE INDEX idx_miniqueue_jobs_waiting
 -- miniqueue_counts, like every other finished job (but not in miniqueue_finished_minutes).
 CREATE FUNCTION miniqueue_settle(
     notify_ids BIGINT[], released BIGINT[], cancel_children BIGINT[], cancel_parents BIGINT[],
-    cancel_states TEXT[], channel TEXT, queue_channel TEXT
+    cancel_states TEXT[], channel TEXT, queue_channel TEXT, sequence_keys TEXT[] DEFAULT NULL
 ) RETURNS INT
 LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
 DECLARE
@@ -238,6 +276,10 @@ BEGIN
         PERFORM pg_notify(channel, id::text) FROM unnest(waited) AS u(id);
         settled := settled + n;
     END LOOP;
+
+    IF cardinality(sequence_keys) > 0 THEN
+        settled := settled + miniqueue_sequence_advance(sequence_keys, queue_channel);
+    END IF;
     RETURN settled;
 END
 $$;
@@ -254,7 +296,7 @@ $$;
 -- reader sums the shards. Available and running jobs are counted from their partial indexes.
 CREATE TABLE miniqueue_counts (
     queue TEXT     NOT NULL,
-    state TEXT     NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled')),
+    state TEXT     NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')),
     shard SMALLINT NOT NULL,
     count BIGINT   NOT NULL,
     PRIMARY KEY (queue, state, shard)
@@ -270,7 +312,7 @@ CREATE TABLE miniqueue_counts (
 -- cancels are not among them). The reaper drops minutes older than two hours.
 CREATE TABLE miniqueue_finished_minutes (
     minute TIMESTAMPTZ NOT NULL,
-    state  TEXT        NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled')),
+    state  TEXT        NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')),
     shard  SMALLINT    NOT NULL,
     count  BIGINT      NOT NULL,
     PRIMARY KEY (minute, state, shard)
@@ -350,7 +392,10 @@ CREATE TABLE miniqueue_tasks (
     -- an attempt" in docs/guarantees.md). NULL: the backoff is a function of the app's own, which only its workers
     -- can apply; elsewhere the default backoff applies.
     backoff_base             DOUBLE PRECISION CHECK (backoff_base > 0),
-    backoff_cap              DOUBLE PRECISION CHECK (backoff_cap > 0)
+    backoff_cap              DOUBLE PRECISION CHECK (backoff_cap > 0),
+    -- What the task declares of its jobs' keys and deadline (miniqueue.core.records.KeyOptions,
+    -- as a JSON object); NULL: none.
+    keys                     JSONB
 );
 
 -- The delay before retrying `task` after its failed attempt `attempt` (1-based), in seconds:
@@ -370,6 +415,92 @@ CREATE TABLE miniqueue_served_queues (
     queue     TEXT        PRIMARY KEY,
     served_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+
+
+-- ================================================================================================
+-- Sequences and unique keys' windows
+-- ================================================================================================
+
+-- One row per sequence key. `head` is the job that holds the key: the one running, or due to
+-- run next (waiting out a retry, say), or the failed or dead job that blocks the key; NULL when
+-- no job holds it. Every other unfinished job of the key is 'waiting' (outside the claim index).
+-- The row is the key's lock: an enqueue and a statement that finishes the head both lock it
+-- (miniqueue_sequence_advance), so one of them always sees the other's job. `on_failure`, set
+-- by the latest enqueue of the key: 'block' (a failed or dead head blocks the key until an
+-- operator requeues, cancels or releases it) or 'continue' (the next job runs).
+CREATE TABLE miniqueue_sequences (
+    key        TEXT        PRIMARY KEY,
+    head       BIGINT,
+    on_failure TEXT        NOT NULL DEFAULT 'block' CHECK (on_failure IN ('block', 'continue')),
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+) WITH (
+    -- Rewritten whenever a job of the key is enqueued or finishes: keep it vacuumed, and leave
+    -- room on each page for updates that stay on it.
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 200,
+    fillfactor = 50
+);
+
+-- The time windows of unique keys: no second job of `key` until `until`, whatever the state of
+-- the first (`job_id`). The enqueue locks the key's row before it inserts, so two enqueues of
+-- one key are serialised here; the reaper drops windows that ended.
+CREATE TABLE miniqueue_unique_windows (
+    key    TEXT        PRIMARY KEY,
+    job_id BIGINT      NOT NULL,
+    until  TIMESTAMPTZ NOT NULL
+);
+
+-- Hand each given sequence key to its next job when the job holding it let go: it is gone,
+-- completed, cancelled or expired, or waiting (a requeued head goes back into line), or it
+-- failed or died and the key goes on after a failure (or `force`: an operator's release). The
+-- next job is the key's first waiting one; it becomes available (its queue notified on
+-- `queue_channel`). Returns how many jobs it made available.
+--
+-- A function for the reason miniqueue_settle is one: each statement takes a fresh snapshot, so
+-- once the key's row is locked it sees every job of the key that was enqueued before, committed
+-- or its own. A candidate cancelled meanwhile is passed over on the next round.
+CREATE FUNCTION miniqueue_sequence_advance(keys TEXT[], queue_channel TEXT, force BOOLEAN DEFAULT false)
+RETURNS INT
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+DECLARE
+    pending TEXT[] := keys;
+    queues TEXT[];
+    total INT := 0;
+    n INT;
+BEGIN
+    PERFORM 1 FROM miniqueue_sequences WHERE key = ANY(keys) ORDER BY key FOR UPDATE;
+    WHILE cardinality(pending) > 0 LOOP
+        WITH free AS (
+            SELECT s.key FROM miniqueue_sequences s LEFT JOIN miniqueue_jobs h ON h.id = s.head
+             WHERE s.key = ANY(pending)
+               AND (h.id IS NULL OR h.state IN ('completed', 'cancelled', 'expired', 'waiting')
+                    OR h.state IN ('failed', 'dead') AND (force OR s.on_failure = 'continue'))
+        ), nxt AS (
+            SELECT f.key, (SELECT w.id FROM miniqueue_jobs w
+                            WHERE w.sequence_key = f.key AND w.state = 'waiting'
+                            ORDER BY w.id LIMIT 1) AS id
+              FROM free f
+        ), made_available AS (
+            UPDATE miniqueue_jobs j SET state = 'available', scheduled_at = greatest(j.scheduled_at, now())
+              FROM nxt WHERE j.id = nxt.id AND j.state = 'waiting'
+            RETURNING j.id, j.queue
+        ), heads AS (
+            UPDATE miniqueue_sequences s SET head = m.id, updated_at = now()
+              FROM nxt LEFT JOIN made_available m ON m.id = nxt.id
+             WHERE s.key = nxt.key
+            RETURNING s.key, nxt.id AS wanted, m.id AS taken
+        )
+        SELECT (SELECT array_agg(DISTINCT queue) FROM made_available),
+               coalesce((SELECT array_agg(key) FROM heads WHERE wanted IS NOT NULL AND taken IS NULL), '{}'),
+               (SELECT count(*) FROM made_available)
+          INTO queues, pending, n;
+        PERFORM pg_notify(queue_channel, q) FROM unnest(queues) AS u(q);
+        total := total + n;
+        force := false;  -- a released key's next job holds it now
+    END LOOP;
+    RETURN total;
+END
+$$;
 
 
 -- ================================================================================================

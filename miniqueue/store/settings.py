@@ -4,12 +4,13 @@ schedules, and the task declarations an app publishes for producers without it."
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from ..core.db import Connection
 from ..core.limits import queue_scope
-from ..core.records import TaskDeclaration
+from ..core.records import KeyOptions, TaskDeclaration
 from ..core.steps import Query, Steps, atomic, run
 from ..core.validation import check_queue_name
 from .base import Statement, StoreBase
@@ -40,24 +41,29 @@ RETURNING xmax = 0
 _PUBLISH_TASKS = """
 INSERT INTO {tasks} AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
                           max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed, backoff_base,
-                          backoff_cap)
-SELECT * FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
-                     %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
-                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
-                     %(backoff_bases)s::float8[], %(backoff_caps)s::float8[])
+                          backoff_cap, keys)
+SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
+       rate_limit_key, rate_computed, backoff_base, backoff_cap, keys::jsonb
+  FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
+              %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
+              %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
+              %(backoff_bases)s::float8[], %(backoff_caps)s::float8[], %(keys)s::text[])
+       AS d(task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
+            rate_limit_key, rate_computed, backoff_base, backoff_cap, keys)
  ORDER BY 1
 ON CONFLICT (task) DO UPDATE
    SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
        concurrency_key = excluded.concurrency_key, concurrency_key_computed = excluded.concurrency_key_computed,
        max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
        rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
-       backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, published_at = now()
+       backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, keys = excluded.keys,
+       published_at = now()
  WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
-        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap)
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap, t.keys)
        IS DISTINCT FROM
        (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
         excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
-        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap)
+        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap, excluded.keys)
 """
 
 # Record that a worker serves these queues (as it starts).
@@ -69,7 +75,7 @@ ON CONFLICT (queue) DO UPDATE SET served_at = now()
 # Every task declaration (a handful of rows: one per task of the apps on this database).
 _TASK_DECLARATIONS = """
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap
+       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap, keys
   FROM {tasks}
 """
 
@@ -211,6 +217,7 @@ class Settings(StoreBase):
                 "rate_computed": [d.rate_limit_key_computed for d in ordered],
                 "backoff_bases": [d.backoff_base for d in ordered],
                 "backoff_caps": [d.backoff_cap for d in ordered],
+                "keys": [None if d.keys is None else json.dumps(d.keys._asdict()) for d in ordered],
             },
         )
         if queues:
@@ -219,7 +226,7 @@ class Settings(StoreBase):
     def task_declarations_steps(self) -> Steps[dict[str, TaskDeclaration]]:
         """Every published task declaration, by task name."""
         rows: list[tuple[Any, ...]] = yield Query(self._task_declarations)
-        return {row[0]: TaskDeclaration(*row) for row in rows}
+        return {row[0]: TaskDeclaration._make((*row[:-1], _key_options(row[-1]))) for row in rows}
 
     def unserved_queues_steps(self, queues: Sequence[str]) -> Steps[list[str]]:
         """Which of ``queues`` no worker has ever served."""
@@ -272,3 +279,13 @@ class Settings(StoreBase):
         """Up to ``limit`` known queue names (see :meth:`known_queues_steps`), in order."""
         rows: list[tuple[Any, ...]] = yield Query(self._known_queue_names, {"limit": limit})
         return [row[0] for row in rows]
+
+
+def _key_options(published: dict[str, Any] | None) -> KeyOptions | None:
+    """A task's published key options (migration 021), from the JSON object they were stored as
+    (an option a newer version added is left out)."""
+    if published is None:
+        return None
+    known = {name: value for name, value in published.items() if name in KeyOptions._fields}
+    states = known.get("unique_states")
+    return KeyOptions(**{**known, "unique_states": None if states is None else tuple(states)})

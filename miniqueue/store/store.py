@@ -6,6 +6,8 @@ it runs, written whole as module-level text (see :mod:`miniqueue.store.base` for
 substituted into them, the schema's names):
 
 - :mod:`~miniqueue.store.enqueue`: inserting jobs (one, waiting for others, a batch, by COPY);
+- :mod:`~miniqueue.store.keyed`: inserting jobs with unique or sequence keys or a deadline, and
+  the sequences' state;
 - :mod:`~miniqueue.store.claim`: leasing jobs, limits admitted (the statements in ``claim.sql``);
 - :mod:`~miniqueue.store.outcomes`: a worker's reports (complete, fail, snooze, release, renew);
 - :mod:`~miniqueue.store.maintenance`: recovery of expired leases, pruning, recounts, vacuum;

@@ -115,6 +115,7 @@ _GAUGE_STATES = (
     State.DEAD,
     State.CANCELLED,
     State.WAITING,
+    State.EXPIRED,
 )
 
 _LISTENING = {True: "1", False: "0", None: "-"}

@@ -7,15 +7,16 @@ import importlib
 import inspect
 import sys
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.backoff import Backoff, default_backoff, published_backoff
 from ..core.db import AsyncConnection, Connection
-from ..core.errors import AppLoadError, ConfigError
+from ..core.errors import AppLoadError, ConfigError, InvalidInput
+from ..core.keys import JobKeys, check_keys
 from ..core.limits import job_scopes
-from ..core.records import EnqueueResult, JobSpec, TaskDeclaration
+from ..core.records import Debounce, EnqueueResult, JobSpec, KeyOptions, TaskDeclaration
 from ..core.validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
 from .job import Job
 from .periodic import CatchUp, Periodic
@@ -62,6 +63,13 @@ class Task:
     max_concurrent: int | None = None
     rate_limit: str | None = None
     rate_limit_key: KeyOf = None
+    unique_key: KeyOf = None
+    unique_states: tuple[str, ...] | None = None
+    unique_window: float | None = None
+    on_conflict: str | Debounce | None = None
+    sequence_key: KeyOf = None
+    on_failure: str | None = None
+    expires_in: float | None = None
 
     def spec(self, payload: Any = None) -> JobSpec:
         """A JobSpec of this task for ``payload``, its keys computed from the payload."""
@@ -75,6 +83,13 @@ class Task:
             max_concurrent=self.max_concurrent,
             rate_limit=self.rate_limit,
             rate_limit_key=_key_of(self.rate_limit_key, payload),
+            unique_key=_key_of(self.unique_key, payload),
+            unique_states=self.unique_states,
+            unique_window=self.unique_window,
+            on_conflict=self.on_conflict,
+            sequence_key=_key_of(self.sequence_key, payload),
+            on_failure=self.on_failure,
+            expires_in=self.expires_in,
         )
 
     def declaration(self) -> TaskDeclaration:
@@ -93,11 +108,36 @@ class Task:
             rate_limit_key_computed=callable(self.rate_limit_key),
             backoff_base=base,
             backoff_cap=cap,
+            keys=self._key_options(),
+        )
+
+    def _key_options(self) -> KeyOptions | None:
+        """What this task declares of its jobs' keys and deadline, as published (None: nothing)."""
+        if self.unique_key is None and self.sequence_key is None and self.expires_in is None:
+            return None
+        debounce = self.on_conflict if isinstance(self.on_conflict, Debounce) else None
+        mode = "debounce" if isinstance(self.on_conflict, Debounce) else self.on_conflict
+        return KeyOptions(
+            unique_key=None if callable(self.unique_key) else self.unique_key,
+            unique_key_computed=callable(self.unique_key),
+            unique_states=self.unique_states,
+            unique_window=self.unique_window,
+            on_conflict=mode,
+            debounce_wait=None if debounce is None else _seconds(debounce.wait),
+            debounce_max_wait=None if debounce is None else _seconds(debounce.max_wait),
+            sequence_key=None if callable(self.sequence_key) else self.sequence_key,
+            sequence_key_computed=callable(self.sequence_key),
+            on_failure=self.on_failure,
+            expires_in=self.expires_in,
         )
 
 
 def _key_of(key: KeyOf, payload: Any) -> str | None:
     return key(payload) if callable(key) else key
+
+
+def _seconds(value: float | dt.timedelta) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
 class App:
@@ -121,6 +161,13 @@ class App:
         max_concurrent: int | None = None,
         rate_limit: str | None = None,
         rate_limit_key: KeyOf = None,
+        unique_key: KeyOf = None,
+        unique_states: Collection[str] | None = None,
+        unique_window: float | dt.timedelta | None = None,
+        on_conflict: str | Debounce | None = None,
+        sequence_key: KeyOf = None,
+        on_failure: str | None = None,
+        expires_in: float | dt.timedelta | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of task ``name`` (default: its name).
 
@@ -129,6 +176,12 @@ class App:
         of the payload returning one or None), at most ``max_concurrent`` (default 1) jobs of
         this task with the same key run at once; with a ``rate_limit`` (``"100/s"``, ``"30/min"``,
         ``"1000/h"``), at most that many start, per task or per ``rate_limit_key``.
+
+        Keys and deadlines, however its jobs are enqueued (see docs/guides/keys.md): a
+        ``unique_key`` (a string, or a function of the payload) with its ``unique_states``,
+        ``unique_window`` and ``on_conflict``; a ``sequence_key`` (jobs of one key run one at a
+        time, in order) with its ``on_failure``; ``expires_in``, seconds after which a job not
+        started never starts.
         """
 
         def register(handler: Handler) -> Handler:
@@ -146,6 +199,9 @@ class App:
                 job_scopes(task_name, "key", max_concurrent, rate_limit, None if rate_limit_key is None else "key")
             else:
                 job_scopes(task_name, concurrency_key, max_concurrent, rate_limit, rate_limit_key)
+            keys = _check_declared_keys(
+                task_name, unique_key, unique_states, unique_window, on_conflict, sequence_key, on_failure, expires_in
+            )
             if timeout is not None and not timeout > 0:
                 raise ConfigError(
                     f"task {task_name!r}: timeout {timeout!r} is invalid: use a positive number of seconds"
@@ -162,6 +218,13 @@ class App:
                 max_concurrent=max_concurrent,
                 rate_limit=rate_limit,
                 rate_limit_key=rate_limit_key,
+                unique_key=unique_key,
+                unique_states=None if unique_states is None else tuple(sorted(unique_states)),
+                unique_window=keys.unique_window,
+                on_conflict=on_conflict,
+                sequence_key=sequence_key,
+                on_failure=on_failure,
+                expires_in=keys.expires_in,
             )
             if cron is not None:
                 self.periodic(cron, task=task_name)
@@ -219,9 +282,10 @@ class App:
         conn: Connection | None = None,
         **overrides: Any,
     ) -> EnqueueResult:
-        """Enqueue a job of a registered task with the task's queue, priority, max_attempts and
-        limits (each overridable by keyword: queue, priority, max_attempts, concurrency_key,
-        max_concurrent, rate_limit, rate_limit_key)."""
+        """Enqueue a job of a registered task with the task's queue, priority, max_attempts,
+        limits, keys and deadline (each overridable by keyword: queue, priority, max_attempts,
+        concurrency_key, max_concurrent, rate_limit, rate_limit_key, unique_key, unique_states,
+        unique_window, on_conflict, sequence_key, on_failure, expires_in, expires_at)."""
         return client.enqueue(conn=conn, **self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides))
 
     async def aenqueue(
@@ -261,8 +325,52 @@ class App:
 
 #: The task defaults :meth:`App.enqueue` lets a caller override.
 _OVERRIDABLE = frozenset(
-    {"queue", "priority", "max_attempts", "concurrency_key", "max_concurrent", "rate_limit", "rate_limit_key"}
+    {
+        "queue",
+        "priority",
+        "max_attempts",
+        "concurrency_key",
+        "max_concurrent",
+        "rate_limit",
+        "rate_limit_key",
+        "unique_key",
+        "unique_states",
+        "unique_window",
+        "on_conflict",
+        "sequence_key",
+        "on_failure",
+        "expires_in",
+        "expires_at",
+    }
 )
+
+
+def _check_declared_keys(
+    task: str,
+    unique_key: KeyOf,
+    unique_states: Collection[str] | None,
+    unique_window: float | dt.timedelta | None,
+    on_conflict: str | Debounce | None,
+    sequence_key: KeyOf,
+    on_failure: str | None,
+    expires_in: float | dt.timedelta | None,
+) -> JobKeys:
+    """The key options of a task, checked as a job's are (a computed key stands in as "key"),
+    or ConfigError naming the task."""
+    spec = JobSpec(
+        task,
+        unique_key=None if unique_key is None else "key",
+        unique_states=unique_states,
+        unique_window=unique_window,
+        on_conflict=on_conflict,
+        sequence_key=None if sequence_key is None else "key",
+        on_failure=on_failure,
+        expires_in=expires_in,
+    )
+    try:
+        return check_keys(spec)
+    except InvalidInput as exc:
+        raise ConfigError(f"task {task!r}: {exc}") from None
 
 
 def is_async_handler(handler: Handler) -> bool:

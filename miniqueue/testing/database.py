@@ -42,6 +42,8 @@ QUEUE_TABLES = (
     "miniqueue_finished_minutes",
     "miniqueue_tasks",
     "miniqueue_served_queues",
+    "miniqueue_sequences",
+    "miniqueue_unique_windows",
 )
 
 _CREATE_DATABASE = "CREATE DATABASE {name}"

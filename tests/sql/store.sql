@@ -43,11 +43,12 @@ SELECT id, true, NULL FROM "public"."miniqueue_jobs"
 -- _enqueue_waiting
 WITH ins AS (
     INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents)
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
             %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -69,11 +70,12 @@ WITH scoped AS (
 ),
 ins AS (
     INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents)
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
             COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
             %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s)
+            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, scheduled_at
 )
@@ -178,11 +180,188 @@ COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts
 -- _notify_queues
 SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
 
+-- _enqueue_keyed
+WITH scoped AS (
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+), sequenced AS (
+    INSERT INTO "public"."miniqueue_sequences" AS s (key, on_failure)
+    SELECT %(sequence)s, %(on_failure)s WHERE %(sequence)s::text IS NOT NULL
+    ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
+    RETURNING key
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
+                        sequence_key, state)
+    SELECT %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb,
+           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+           %(unique)s, %(while_running)s, (SELECT key FROM sequenced),
+           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, scheduled_at, state
+), advanced AS (
+    SELECT "public"."miniqueue_sequence_advance"(ARRAY[%(sequence)s::text], %(channel)s) WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'waiting')
+)
+SELECT id, false, CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
+UNION ALL
+(SELECT id, true, NULL FROM "public"."miniqueue_jobs"
+  WHERE NOT EXISTS (SELECT 1 FROM ins)
+    AND (idempotency_key = %(key)s OR unique_key = %(unique)s AND unique_key IS NOT NULL
+      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
+           OR state = 'running' AND unique_while_running))
+  LIMIT 1);
+
+-- _enqueue_replacing
+WITH scoped AS (
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+), sequenced AS (
+    INSERT INTO "public"."miniqueue_sequences" AS s (key, on_failure)
+    SELECT %(sequence)s, %(on_failure)s WHERE %(sequence)s::text IS NOT NULL
+    ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
+    RETURNING key
+), new AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs" AS j (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                             limits, trace_context, expires_at, unique_key, unique_while_running, sequence_key, state)
+    SELECT new.id, %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           CASE WHEN %(wait)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(wait)s::float8)
+                ELSE COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)) END,
+           %(limits)s::text[], %(trace)s::jsonb,
+           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+           %(unique)s, %(while_running)s, (SELECT key FROM sequenced),
+           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END
+      FROM new
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
+      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
+           OR state = 'running' AND unique_while_running)
+    DO UPDATE SET payload = excluded.payload, priority = excluded.priority,
+                  scheduled_at = CASE WHEN %(wait)s::float8 IS NULL THEN excluded.scheduled_at
+                                      ELSE least(excluded.scheduled_at,
+                                                 j.created_at + make_interval(secs => %(max_wait)s::float8)) END
+     WHERE j.state IN ('waiting', 'available')
+    RETURNING j.id, j.queue, j.scheduled_at, j.state, j.id <> (SELECT id FROM new) AS replaced
+), advanced AS (
+    SELECT "public"."miniqueue_sequence_advance"(ARRAY[%(sequence)s::text], %(channel)s)
+     WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'waiting' AND NOT replaced)
+)
+SELECT id, replaced, replaced,
+       CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+  FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
+UNION ALL
+(SELECT id, true, false, NULL FROM "public"."miniqueue_jobs" WHERE NOT EXISTS (SELECT 1 FROM ins) AND unique_key = %(unique)s AND unique_key IS NOT NULL
+      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
+           OR state = 'running' AND unique_while_running)
+  LIMIT 1);
+
+-- _holder
+SELECT id FROM "public"."miniqueue_jobs"
+ WHERE idempotency_key = %(key)s OR unique_key = %(unique)s AND unique_key IS NOT NULL
+      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
+           OR state = 'running' AND unique_while_running)
+ LIMIT 1;
+
+-- _lock_window
+INSERT INTO "public"."miniqueue_unique_windows" AS w (key, job_id, until) VALUES (%(unique)s, 0, '-infinity')
+ON CONFLICT (key) DO UPDATE SET key = excluded.key
+RETURNING job_id, until > now();
+
+-- _open_window
+UPDATE "public"."miniqueue_unique_windows" SET job_id = %(id)s, until = now() + make_interval(secs => %(window)s) WHERE key = %(unique)s;
+
+-- _enqueue_many_keyed
+WITH scoped AS (
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
+    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
+           AS s(scope, max_running, rate, burst)
+    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
+     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
+), sequenced AS (
+    INSERT INTO "public"."miniqueue_sequences" AS s (key, on_failure)
+    SELECT key, on_failure FROM unnest(%(sequence_keys)s::text[], %(on_failures)s::text[]) AS q(key, on_failure)
+     ORDER BY key
+    ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
+    RETURNING key
+), src AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+      FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
+                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
+                  %(limits)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[], %(uniques)b::text[],
+                  %(while_running)b::boolean[], %(sequences)b::text[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, expires_at,
+                                expires_in, uniq, while_running, sequence, ord)
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
+                        sequence_key, state)
+    SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
+           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
+           %(trace)s::jsonb, COALESCE(expires_at, now() + make_interval(secs => expires_in)), uniq,
+           COALESCE(while_running, true), sequence, CASE WHEN sequence IS NULL THEN 'available' ELSE 'waiting' END
+      FROM src WHERE (SELECT count(*) FROM sequenced) >= 0 ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, scheduled_at, state, idempotency_key, unique_key, sequence_key
+), advanced AS (
+    SELECT "public"."miniqueue_sequence_advance"(ARRAY(SELECT DISTINCT sequence_key FROM ins WHERE sequence_key IS NOT NULL), %(channel)s)
+     WHERE EXISTS (SELECT 1 FROM ins WHERE sequence_key IS NOT NULL)
+), notified AS (
+    SELECT pg_notify(%(channel)s, queue)
+      FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available' AND scheduled_at <= now()) q
+     WHERE %(notify)s
+)
+SELECT s.ord, COALESCE(i.id, ik.id, iu.id, e.id, eu.id), i.id IS NULL
+  FROM src s
+  LEFT JOIN ins i ON i.id = s.id
+  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
+  LEFT JOIN ins iu ON i.id IS NULL AND ik.id IS NULL AND iu.unique_key = s.uniq
+  LEFT JOIN "public"."miniqueue_jobs" e ON i.id IS NULL AND ik.id IS NULL AND iu.id IS NULL AND e.idempotency_key = s.key
+  LEFT JOIN "public"."miniqueue_jobs" eu ON i.id IS NULL AND ik.id IS NULL AND iu.id IS NULL AND e.id IS NULL AND eu.unique_key = s.uniq
+        AND (eu.state IN ('waiting', 'available') AND (eu.attempt = 0 OR eu.unique_while_running)
+             OR eu.state = 'running' AND eu.unique_while_running)
+ WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM advanced) >= 0
+ ORDER BY s.ord;
+
+-- _release_sequence
+WITH blocked AS (
+    SELECT s.head FROM "public"."miniqueue_sequences" s JOIN "public"."miniqueue_jobs" h ON h.id = s.head
+     WHERE s.key = %(key)s AND h.state IN ('failed', 'dead')
+       FOR UPDATE OF s
+), released AS (
+    SELECT "public"."miniqueue_sequence_advance"(ARRAY[%(key)s::text], 'miniqueue_public', force => true) WHERE EXISTS (SELECT 1 FROM blocked)
+)
+SELECT head FROM blocked WHERE (SELECT count(*) FROM released) >= 0;
+
+-- _blocked_sequences
+SELECT s.key, s.head, h.state, h.task, h.last_error,
+       (SELECT count(*) FROM "public"."miniqueue_jobs" w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
+  FROM "public"."miniqueue_sequences" s JOIN "public"."miniqueue_jobs" h ON h.id = s.head
+ WHERE h.state IN ('failed', 'dead') AND s.on_failure = 'block'
+ ORDER BY s.key LIMIT %(limit)s;
+
+-- _sequence
+SELECT s.head, h.state, s.on_failure,
+       (SELECT count(*) FROM "public"."miniqueue_jobs" w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
+  FROM "public"."miniqueue_sequences" s LEFT JOIN "public"."miniqueue_jobs" h ON h.id = s.head
+ WHERE s.key = %(key)s;
+
 -- _claim_one
 WITH RECURSIVE 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -249,7 +428,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -257,7 +436,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -316,7 +495,7 @@ fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -385,7 +564,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -393,7 +572,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -450,7 +629,7 @@ SELECT * FROM claimed;
 WITH RECURSIVE 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -517,7 +696,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -525,7 +704,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -584,7 +763,7 @@ fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -653,7 +832,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -661,7 +840,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -723,32 +902,33 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -817,7 +997,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -825,7 +1005,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -890,34 +1070,35 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -988,7 +1169,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -996,7 +1177,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1061,32 +1242,33 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
+     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -1155,7 +1337,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1163,7 +1345,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1228,34 +1410,35 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0), 
 fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now()
+         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -1326,7 +1509,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now()
+           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1334,7 +1517,7 @@ limited AS MATERIALIZED (
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now()
+         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1399,28 +1582,29 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0;
 
@@ -1446,28 +1630,29 @@ UPDATE "public"."miniqueue_jobs" j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
-RETURNING j.id, j.queue, j.state, j.dependents, j.awaited
+RETURNING j.id, j.queue, j.state, j.dependents, j.awaited, j.sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM failed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id, state FROM failed WHERE (SELECT count(*) FROM settled) >= 0;
 
@@ -1478,28 +1663,29 @@ UPDATE "public"."miniqueue_jobs"
        'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM failed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM failed WHERE (SELECT count(*) FROM settled) >= 0;
 
@@ -1541,30 +1727,82 @@ UPDATE "public"."miniqueue_jobs"
          ORDER BY lease_expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state = 'running' AND lease_expires_at < now()
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM recovered
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM recovered WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0;
+
+-- _expire
+WITH expired AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'expired', finished_at = now(), pending_parents = 0,
+       last_error = format('expired: not started by its deadline, %%s', expires_at),
+       errors = errors || jsonb_build_array(jsonb_build_object(
+       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', format('expired: not started by its deadline, %%s', expires_at)))
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM "public"."miniqueue_jobs"
+         WHERE expires_at <= now() AND expires_at IS NOT NULL AND state IN ('available', 'waiting')
+         ORDER BY expires_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND state IN ('available', 'waiting') AND expires_at <= now()
+RETURNING id, queue, state, dependents, awaited, sequence_key
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
+SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM expired
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM expired
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    notify_ids => ARRAY(SELECT id FROM expired WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
+    released => ARRAY(SELECT d FROM expired, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM expired WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM expired WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0)
+SELECT id FROM expired WHERE (SELECT count(*) FROM settled) >= 0;
+
+-- _drop_windows
+DELETE FROM "public"."miniqueue_unique_windows"
+ WHERE key = ANY(ARRAY(SELECT key FROM "public"."miniqueue_unique_windows" WHERE until < now() LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND until < now();
+
+-- _drop_idle_sequences
+DELETE FROM "public"."miniqueue_sequences" s
+ WHERE key = ANY(ARRAY(SELECT key FROM "public"."miniqueue_sequences"
+                        WHERE head IS NULL AND updated_at < now() - interval '1 hour'
+                        LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND head IS NULL AND updated_at < now() - interval '1 hour';
 
 -- _recount[0]
 LOCK TABLE "public"."miniqueue_counts" IN EXCLUSIVE MODE;
@@ -1575,7 +1813,7 @@ DELETE FROM "public"."miniqueue_counts";
 -- _recount[2]
 INSERT INTO "public"."miniqueue_counts" (queue, state, shard, count)
 SELECT queue, state, 0, count(*) FROM "public"."miniqueue_jobs"
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state;
 
 -- _trim_minutes
@@ -1586,14 +1824,14 @@ WITH pruned AS (
     DELETE FROM "public"."miniqueue_jobs"
      WHERE id = ANY(ARRAY(
             SELECT id FROM "public"."miniqueue_jobs"
-             WHERE state IN ('completed', 'failed', 'dead', 'cancelled') AND state = ANY(%(states)s::text[])
+             WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') AND state = ANY(%(states)s::text[])
                AND finished_at < now() - make_interval(secs => %(age)s)
              LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
     RETURNING queue, state
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1)
@@ -1624,70 +1862,77 @@ WITH picked AS (
        FOR UPDATE
 ), requeued AS (
     UPDATE "public"."miniqueue_jobs" j
-       SET state = 'available', scheduled_at = now(), max_attempts = j.attempt + j.attempt_budget,
+       SET state = CASE WHEN j.sequence_key IS NULL THEN 'available' ELSE 'waiting' END, scheduled_at = now(),
+           max_attempts = j.attempt + j.attempt_budget,
            finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
       FROM picked p WHERE j.id = p.id
-    RETURNING j.id, p.queue, p.state
+    RETURNING j.id, p.queue, p.state, j.sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM requeued
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1)
-SELECT id FROM requeued;
+RETURNING 1), advanced AS (
+SELECT "public"."miniqueue_sequence_advance"(ARRAY(SELECT DISTINCT sequence_key FROM requeued WHERE sequence_key IS NOT NULL), 'miniqueue_public')
+ WHERE EXISTS (SELECT 1 FROM requeued WHERE sequence_key IS NOT NULL))
+SELECT id FROM requeued WHERE (SELECT count(*) FROM advanced) >= 0;
 
 -- _cancel
 WITH cancelled AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
-RETURNING id, queue, state, dependents, awaited
+RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM cancelled
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY state
 ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
 RETURNING 1), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM cancelled WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _delete
 WITH deleted AS (
     DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
-    RETURNING id, queue, state, dependents, awaited
+    RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
 INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
 SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
 ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), unfinished AS (
-    SELECT id, 'deleted' AS state, dependents, awaited FROM deleted WHERE state IN ('available', 'waiting')
+    SELECT id, 'deleted' AS state, CASE WHEN state IN ('available', 'waiting') THEN dependents END AS dependents,
+           awaited AND state IN ('available', 'waiting') AS awaited, sequence_key
+      FROM deleted WHERE state IN ('available', 'waiting') OR sequence_key IS NOT NULL
 ), settled AS (
 SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted')),
+    notify_ids => ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
     released => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public')
- WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'deleted'))
+    cancel_children => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM unfinished WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0)
 SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0;
 
@@ -1756,16 +2001,17 @@ WITH ready AS (
            greatest(0, coalesce(sum(count) FILTER (WHERE state = 'completed'), 0)) AS completed,
            greatest(0, coalesce(sum(count) FILTER (WHERE state = 'failed'), 0)) AS failed,
            greatest(0, coalesce(sum(count) FILTER (WHERE state = 'dead'), 0)) AS dead,
-           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'cancelled'), 0)) AS cancelled
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'cancelled'), 0)) AS cancelled,
+           greatest(0, coalesce(sum(count) FILTER (WHERE state = 'expired'), 0)) AS expired
       FROM "public"."miniqueue_counts" GROUP BY queue
 )
 SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
        coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
-       coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(scheduled, 0) AS scheduled,
-       oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
+       coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(expired, 0) AS expired,
+       coalesce(scheduled, 0) AS scheduled, oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
   FROM ready FULL JOIN blocked USING (queue) FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
  WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
-       + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) > 0
+       + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) + coalesce(expired, 0) > 0
  ORDER BY queue;
 
 -- _parent_results
@@ -1826,24 +2072,29 @@ RETURNING xmax = 0;
 -- _publish_tasks
 INSERT INTO "public"."miniqueue_tasks" AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
                           max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed, backoff_base,
-                          backoff_cap)
-SELECT * FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
-                     %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
-                     %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
-                     %(backoff_bases)s::float8[], %(backoff_caps)s::float8[])
+                          backoff_cap, keys)
+SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
+       rate_limit_key, rate_computed, backoff_base, backoff_cap, keys::jsonb
+  FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
+              %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
+              %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
+              %(backoff_bases)s::float8[], %(backoff_caps)s::float8[], %(keys)s::text[])
+       AS d(task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
+            rate_limit_key, rate_computed, backoff_base, backoff_cap, keys)
  ORDER BY 1
 ON CONFLICT (task) DO UPDATE
    SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
        concurrency_key = excluded.concurrency_key, concurrency_key_computed = excluded.concurrency_key_computed,
        max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
        rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
-       backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, published_at = now()
+       backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, keys = excluded.keys,
+       published_at = now()
  WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
-        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap)
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap, t.keys)
        IS DISTINCT FROM
        (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
         excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
-        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap);
+        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap, excluded.keys);
 
 -- _serve_queues
 INSERT INTO "public"."miniqueue_served_queues" (queue) SELECT q FROM unnest(%(queues)s::text[]) AS q ORDER BY q
@@ -1851,7 +2102,7 @@ ON CONFLICT (queue) DO UPDATE SET served_at = now();
 
 -- _task_declarations
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap
+       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap, keys
   FROM "public"."miniqueue_tasks";
 
 -- _unserved_queues
