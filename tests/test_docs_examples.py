@@ -140,6 +140,16 @@ def app_and_client(ctx: Context) -> Setup:
     return Setup({"app": miniqueue.App(), "miniqueue": miniqueue, "client": ctx.client})
 
 
+def keys_page(ctx: Context) -> Setup:
+    """As :func:`app_and_client`; the debounced jobs are made due before the page's jobs run
+    (their run-at is seconds after the enqueue)."""
+
+    def then(names: dict[str, Any]) -> None:
+        ctx.conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() WHERE state = 'available'")
+
+    return Setup({**app_and_client(ctx).names}, then=then)
+
+
 def enqueue_page(ctx: Context) -> Setup:
     """An ``orders`` table for the transactional enqueue to insert into."""
     ctx.conn.execute("DROP TABLE IF EXISTS orders")
@@ -276,6 +286,7 @@ SETUPS: dict[str, Callable[[Context], Setup]] = {
     "docs/tutorial.md": tutorial,
     "docs/guides/enqueue.md": enqueue_page,
     "docs/guides/limits.md": app_and_client,
+    "docs/guides/keys.md": keys_page,
     "docs/guides/periodic.md": app_and_client,
     "docs/guides/results.md": results_page,
     "docs/guides/transactions.md": transactions_page,

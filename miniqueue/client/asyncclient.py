@@ -18,7 +18,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from psycopg_pool import AsyncConnectionPool
 
 from ..core.db import AsyncConnection, aconnect, conninfo, create_async_pool, translate_errors
-from ..core.records import BlockedSequence, Debounce, EnqueueResult, GroupResult, JobRecord, JobSpec, QueueCount, QueueStats, State
+from ..core.records import (
+    BlockedSequence,
+    Debounce,
+    EnqueueResult,
+    GroupResult,
+    JobRecord,
+    JobSpec,
+    QueueCount,
+    QueueStats,
+    State,
+)
 from ..core.steps import Steps, arun
 from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_job_ids
 from ..store.store import LimitWait

@@ -7,7 +7,9 @@ state the action does not take, rolls the whole action back with an error naming
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+import psycopg
 
 from ..core.db import Connection
 from ..core.errors import InvalidInput, InvalidTransition, JobNotFound
@@ -15,6 +17,8 @@ from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
 from ..core.steps import Query, Steps, atomic, run
 from .base import Statement
 from .inspection import Inspection
+
+T = TypeVar("T")
 
 # Requeue finished jobs by id or by filter, with a fresh attempt budget (attempt keeps counting).
 # `counted` takes them off the finished counts (as outcomes._COMPLETE counts them on, with
@@ -138,8 +142,10 @@ class OperatorActions(Inspection):
     def requeue_steps(self, job_ids: Sequence[int]) -> Steps[list[int]]:
         """:meth:`requeue` as steps."""
         return atomic(
-            self._apply_to_all(
-                job_ids, self._requeue, _requeue_filter(REQUEUEABLE_STATES), "requeue", REQUEUEABLE_STATES
+            _refusing_held_keys(
+                self._apply_to_all(
+                    job_ids, self._requeue, _requeue_filter(REQUEUEABLE_STATES), "requeue", REQUEUEABLE_STATES
+                )
             )
         )
 
@@ -159,7 +165,7 @@ class OperatorActions(Inspection):
                 f"requeue states {sorted(s.value for s in chosen)} are invalid: choose among failed, dead, cancelled"
             )
         params = {**_requeue_filter(chosen), "ids": None, "queue": queue, "task": task}
-        rows: list[tuple[Any, ...]] = yield Query(self._requeue, params)
+        rows: list[tuple[Any, ...]] = yield from _refusing_held_keys(_query(self._requeue, params))
         return len(rows)
 
     def cancel(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
@@ -201,6 +207,27 @@ class OperatorActions(Inspection):
         """Delete jobs that are not running; return the ids deleted (a running job is left alone:
         cancel it first)."""
         return sorted(row[0] for row in self._rows(conn, self._delete, {"ids": list(job_ids)}))
+
+
+def _refusing_held_keys(steps: Steps[T]) -> Steps[T]:
+    """A requeue's ``steps``, with a job whose unique key another job holds now refused as bad
+    input (the unique index refuses it: two jobs would hold one key)."""
+    try:
+        return (yield from steps)
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "idx_miniqueue_jobs_unique_key":
+            raise
+        detail = exc.diag.message_detail or ""
+        held = detail.removeprefix("Key (unique_key)=(").removesuffix(") already exists.")
+        raise InvalidInput(
+            f"cannot requeue: another job holds its unique key {held!r} now; wait for that job to finish, "
+            "or cancel it, then requeue"
+        ) from exc
+
+
+def _query(query: str, params: dict[str, Any]) -> Steps[list[tuple[Any, ...]]]:
+    rows: list[tuple[Any, ...]] = yield Query(query, params)
+    return rows
 
 
 def _requeue_filter(states: Iterable[State]) -> dict[str, Any]:
