@@ -45,6 +45,19 @@ def test_a_job_past_its_deadline_is_never_claimed_and_the_reaper_expires_it(
     assert row(conn, late)["state"] == "available"
 
 
+def test_a_retry_due_after_the_deadline_never_runs_and_expires(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    job_id = client.enqueue("t", expires_in=30).id
+    [lease] = store.claim(conn, ["default"], W, 30, 1)
+    assert store.record_failure(conn, job_id, W, lease.attempt, "boom", 3600).value == "available"
+    past_deadline(conn, job_id)
+    conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() WHERE id = %s", [job_id])  # the retry is due
+    assert store.claim(conn, ["default"], W, 30, 1) == []
+    Reaper(dsn, ReaperConfig(prune=False, vacuum=False)).run_once()
+    assert row(conn, job_id)["state"] == "expired" and row(conn, job_id)["attempt"] == 1
+
+
 def test_a_thousand_jobs_behind_a_paused_queue_all_expire_and_none_runs(dsn: str, conn: Connection) -> None:
     app = App()
     ran: list[int] = []

@@ -183,6 +183,30 @@ def test_queue_gauges_for_waiting_and_expired_jobs(
     assert value(samples, "miniqueue_database_up") == 1
 
 
+def test_a_blocked_sequence_key_is_a_gauge_naming_the_job_that_blocks_it(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
+    dead = client.enqueue("t", queue="idle", sequence_key="acct:9").id
+    for _ in range(2):
+        client.enqueue("t", queue="idle", sequence_key="acct:9")
+    conn.execute("UPDATE miniqueue_jobs SET state = 'dead', attempt = 1, finished_at = now() WHERE id = %s", [dead])
+    port = free_port()
+    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", workers=1)
+    sup.wait_ready(1)
+    samples = scrape_until(
+        port,
+        lambda s: value(s, "miniqueue_sequence_blocked_jobs", key="acct:9", job=str(dead)) == 2,
+        "the blocked key in a reading",
+    )
+    assert value(samples, "miniqueue_sequence_blocked_jobs", key="acct:9", job=str(dead)) == 2
+    client.release_sequence("acct:9")
+    scrape_until(
+        port,
+        lambda s: value(s, "miniqueue_sequence_blocked_jobs", key="acct:9", job=str(dead)) is None,
+        "a reading without the released key",
+    )
+
+
 def test_other_paths_and_methods_are_refused(supervise: StartSupervisor) -> None:
     port = free_port()
     sup = supervise("--metrics-port", str(port), workers=1)

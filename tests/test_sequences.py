@@ -4,6 +4,7 @@ and completed jobs hand it on; one key's line never delays another key."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -148,3 +149,28 @@ def test_jobs_of_one_key_run_one_at_a_time_in_order_under_four_handler_threads(d
         run_jobs(app, client, concurrency=4)
     assert overlaps == []
     assert ran == {"a": list(range(30)), "b": list(range(1, 30))}
+
+
+def test_the_cli_lists_the_blocked_keys_and_releases_one(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    from click.testing import CliRunner
+
+    from miniqueue.cli.main import main
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(main, [*args, "--database-url", dsn])
+
+    assert cli("sequences").output == "no sequence key is blocked\n"
+    ids = enqueue_line(client, 2, key="acct:3", max_attempts=1)
+    [(first, attempt)] = claim_all(store, conn)
+    store.record_failure(conn, first, W, attempt, "card declined", 0)
+    listed = cli("sequences")
+    assert listed.exit_code == 0
+    assert listed.output == f"acct:3  blocked by job {first} (t, dead: card declined); 1 waiting\n"
+    [shown] = json.loads(cli("sequences", "--json").output)
+    assert (shown["key"], shown["job_id"], shown["waiting"]) == ("acct:3", first, 1)
+    released = cli("sequences", "release", "acct:3")
+    assert released.output == f"sequence 'acct:3' released from job {first}: job {ids[1]} runs next\n"
+    again = cli("sequences", "release", "acct:3")
+    assert again.exit_code == 2 and "is not blocked" in again.output

@@ -394,6 +394,23 @@ def test_confirmation_without_a_selection_or_with_nothing_to_do(web: TestClient,
 # -- queues and schedules ----------------------------------------------------------------------------
 
 
+def test_the_queues_page_names_each_blocked_sequence_key_and_the_job_blocking_it(
+    web: TestClient, client: Client, conn: Connection
+) -> None:
+    assert "No sequence key is blocked." in web.get("/queues").text
+    dead = client.enqueue("send_email", queue="emails", sequence_key="user:<5>").id
+    client.enqueue("send_email", queue="emails", sequence_key="user:<5>")
+    conn.execute(
+        "UPDATE miniqueue_jobs SET state = 'dead', attempt = 1, finished_at = now(), last_error = 'smtp down'"
+        " WHERE id = %s",
+        [dead],
+    )
+    page = web.get("/queues").text
+    section = page[page.index("Blocked sequences") :]
+    assert "user:&lt;5&gt;" in section and f'href="/jobs/{dead}">job {dead}</a>' in section
+    assert "smtp down" in section
+
+
 def test_pause_and_resume_a_queue(
     web: TestClient, client: Client, store: Store, conn: Connection, caplog: pytest.LogCaptureFixture
 ) -> None:

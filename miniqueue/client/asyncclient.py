@@ -247,9 +247,11 @@ class AsyncClient(BaseClient):
         """Unblock sequence ``key`` (see :meth:`miniqueue.Client.release_sequence`)."""
         return await self._run(self._release_sequence_steps(key), conn)
 
-    async def blocked_sequences(self, *, limit: int = 1000) -> list[BlockedSequence]:
+    async def blocked_sequences(
+        self, *, limit: int = 1000, conn: AsyncConnection | None = None
+    ) -> list[BlockedSequence]:
         """The sequence keys that a failed or dead job blocks, by key."""
-        return await self._run(self.store.blocked_sequences_steps(limit))
+        return await self._run(self.store.blocked_sequences_steps(limit), conn)
 
     async def requeue_matching(
         self, states: Iterable[State], *, queue: str | None = None, task: str | None = None

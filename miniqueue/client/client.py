@@ -292,9 +292,9 @@ class Client(BaseClient, Inspection):
         InvalidInput if the key is not blocked (see docs/guides/keys.md)."""
         return self._run(self._release_sequence_steps(key), conn)
 
-    def blocked_sequences(self, *, limit: int = 1000) -> list[BlockedSequence]:
+    def blocked_sequences(self, *, limit: int = 1000, conn: Connection | None = None) -> list[BlockedSequence]:
         """The sequence keys that a failed or dead job blocks, by key."""
-        return self._run(self.store.blocked_sequences_steps(limit))
+        return self._run(self.store.blocked_sequences_steps(limit), conn)
 
     def requeue_matching(self, states: Iterable[State], *, queue: str | None = None, task: str | None = None) -> int:
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""

@@ -49,6 +49,7 @@
 --   claimed      the chosen jobs leased: running, leased to %(worker)s for %(lease)s seconds, their
 --                attempt one higher.
 -- A job held back stays available and spends no attempt.
+-- A job past its deadline (expires_at) is passed over, whatever its limits: the reaper expires it.
 --
 -- Room. The room of a limit row `l` as of its latest version (the claim has it locked, or is
 -- about to), written twice in `looked`: whole tokens (the bucket refilled up to now), or slots

@@ -16,10 +16,11 @@ from typing import Any
 
 import psycopg
 
+from ..core.db import Connection
 from ..core.errors import InvalidInput
 from ..core.keys import JobKeys
 from ..core.records import BlockedSequence, EnqueueResult
-from ..core.steps import Query, Steps, atomic
+from ..core.steps import Query, Steps, atomic, run
 from ..core.validation import NewJob
 from .base import Statement, StoreBase
 
@@ -332,6 +333,10 @@ class KeyedEnqueuing(StoreBase):
         head, state, _, waiting = found[0]
         holder = "no job holds it" if head is None else f"job {head} holds it ({state})"
         raise InvalidInput(f"sequence key {key!r} is not blocked: {holder}, {waiting} waiting")
+
+    def blocked_sequences(self, conn: Connection, limit: int = 1000) -> list[BlockedSequence]:
+        """The sequence keys a failed or dead job blocks, by key."""
+        return run(conn, self.blocked_sequences_steps(limit))
 
     def blocked_sequences_steps(self, limit: int = 1000) -> Steps[list[BlockedSequence]]:
         """The sequence keys a failed or dead job blocks, by key."""

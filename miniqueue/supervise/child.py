@@ -188,7 +188,17 @@ class _Gauges(Service):
                 waits = [
                     reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting
                 ]
-                reports.write(spec.report_fd, [*map(reports.QueueGauges, stats), *waits, reports.GaugesSent(True)])
+                blocked = [
+                    reports.SequenceGauge(b.key, b.job_id, b.waiting)
+                    for b in store.blocked_sequences(conn, LIMIT_GAUGES)
+                ]
+                gauges: list[reports.Report] = [
+                    *map(reports.QueueGauges, stats),
+                    *waits,
+                    *blocked,
+                    reports.GaugesSent(True),
+                ]
+                reports.write(spec.report_fd, gauges)
             except MiniqueueError as exc:
                 log.warning("cannot read the queue gauges: %s", exc)
                 reports.write(spec.report_fd, [reports.GaugesSent(False)])

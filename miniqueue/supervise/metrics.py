@@ -30,6 +30,8 @@ class Gauges(NamedTuple):
     stats: list[QueueStats]
     database_up: bool
     limits: dict[str, int]
+    #: The jobs waiting behind each blocked sequence key, by (key, the job blocking it).
+    sequences: dict[tuple[str, int], int]
 
 
 def _bound(seconds: float) -> str:
@@ -77,7 +79,7 @@ class _QueueCollector(Collector):
         alive = GaugeMetricFamily("miniqueue_processes", "Child processes alive, by kind", labels=["kind"])
         for kind, count in self.processes().items():
             alive.add_metric([kind], count)
-        stats, database_up, limits = self.gauges()
+        stats, database_up, limits, sequences = self.gauges()
         up = GaugeMetricFamily("miniqueue_database_up", "1 if the reaper's last reading of the gauges worked")
         up.add_metric([], 1 if database_up else 0)
         depth = GaugeMetricFamily("miniqueue_jobs", "Jobs in the table, by queue and state", labels=["queue", "state"])
@@ -95,7 +97,14 @@ class _QueueCollector(Collector):
         )
         for scope, count in sorted(limits.items()):
             waiting.add_metric([scope], count)
-        yield from (alive, up, depth, oldest, expired, waiting)
+        blocked = GaugeMetricFamily(
+            "miniqueue_sequence_blocked_jobs",
+            "Jobs waiting behind a sequence key that a failed or dead job blocks (see docs/guides/keys.md)",
+            labels=["key", "job"],
+        )
+        for (key, job_id), count in sorted(sequences.items()):
+            blocked.add_metric([key, str(job_id)], count)
+        yield from (alive, up, depth, oldest, expired, waiting, blocked)
 
 
 class Metrics:

@@ -102,11 +102,19 @@ class LimitGauge(NamedTuple):
     waiting: int
 
 
+class SequenceGauge(NamedTuple):
+    """A sequence key that a failed or dead job blocks, and how many jobs wait behind it."""
+
+    key: str
+    job_id: int
+    waiting: int
+
+
 class GaugesSent(NamedTuple):
     database_up: bool
 
 
-Report = Beat | Ready | Start | End | Done | Error | QueueGauges | LimitGauge | GaugesSent
+Report = Beat | Ready | Start | End | Done | Error | QueueGauges | LimitGauge | SequenceGauge | GaugesSent
 _GAUGE_STATES = (
     State.AVAILABLE,
     State.RUNNING,
@@ -154,6 +162,8 @@ def _words(report: Report) -> str:
         return f"gauges {int(report.database_up)}"
     if isinstance(report, LimitGauge):
         return f"limit {report.waiting} {_escape(report.scope)}"
+    if isinstance(report, SequenceGauge):
+        return f"sequence {report.job_id} {report.waiting} {_escape(report.key)}"
     if isinstance(report, Done):
         tally = report.tally
         buckets = ",".join(map(str, tally.buckets))
@@ -197,6 +207,9 @@ def decode(line: bytes) -> Report:
     if kind == "limit":
         waiting, scope = rest.split(" ", 1)
         return LimitGauge(_unescape(scope), int(waiting))
+    if kind == "sequence":
+        job_id, waiting, key = rest.split(" ", 2)
+        return SequenceGauge(_unescape(key), int(job_id), int(waiting))
     raise ValueError(f"not a report: {line[:80]!r}")
 
 

@@ -329,6 +329,8 @@ class Supervisor:
                 self.probes.queue_gauges(report.stats)
             elif self.probes and isinstance(report, reports.LimitGauge):
                 self.probes.limit_gauge(report.scope, report.waiting)
+            elif self.probes and isinstance(report, reports.SequenceGauge):
+                self.probes.sequence_gauge(report.key, report.job_id, report.waiting)
             elif self.probes and isinstance(report, reports.GaugesSent):
                 self.probes.gauges_sent(report.database_up)
 

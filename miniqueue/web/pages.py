@@ -16,7 +16,15 @@ from ..client.client import Client
 from ..client.inspection import LimitWait
 from ..core.db import Connection
 from ..core.errors import InvalidInput
-from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobRecord, ProcessInfo, QueueStats, State
+from ..core.records import (
+    CANCELLABLE_STATES,
+    REQUEUEABLE_STATES,
+    BlockedSequence,
+    JobRecord,
+    ProcessInfo,
+    QueueStats,
+    State,
+)
 from ..tasks.periodic import Periodic
 from . import present
 from .dashboard import Dashboard
@@ -167,20 +175,22 @@ class Pages:
         def load(client: Client, conn: Connection) -> QueuesData:
             # (Not whether a worker serves each queue: this page does not show it.)
             stats = client.queue_stats(check_served=False, conn=conn)
-            return stats, client.paused_queues(conn=conn), client.queue_limits(conn=conn), client.limit_waits(conn=conn)
+            paused, caps = client.paused_queues(conn=conn), client.queue_limits(conn=conn)
+            return stats, paused, caps, client.limit_waits(conn=conn), client.blocked_sequences(limit=100, conn=conn)
 
-        stats, paused, caps, waits = await self.dash.query(load)
+        stats, paused, caps, waits, blocked = await self.dash.query(load)
         by_name = {s.queue: s for s in stats}
         names = sorted(set(by_name) | set(paused) | set(caps) | set(self.dash.app.queues if self.dash.app else []))
         rows = [
             replace(_queue_row(name, by_name.get(name), name in paused), max_running=caps.get(name)) for name in names
         ]
-        context = {"rows": rows, "waits": waits, "notice": notice(request)}
+        context = {"rows": rows, "waits": waits, "blocked": blocked, "notice": notice(request)}
         return self.dash.render(request, "queues.html", context, live="_queues.html")
 
 
-#: What the queues page reads: queue stats, paused queues, caps, and the limits jobs wait on.
-QueuesData = tuple[list[QueueStats], list[str], dict[str, int], list[LimitWait]]
+#: What the queues page reads: queue stats, paused queues, caps, the limits jobs wait on, and the
+#: blocked sequence keys.
+QueuesData = tuple[list[QueueStats], list[str], dict[str, int], list[LimitWait], list[BlockedSequence]]
 
 
 def _queue_row(name: str, stats: QueueStats | None, paused: bool) -> QueueRow:
