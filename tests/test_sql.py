@@ -11,6 +11,7 @@ from pathlib import Path
 from miniqueue.core.db import Connection
 from miniqueue.core.records import Lease
 from miniqueue.store.claim import load_statements
+from miniqueue.store.keyed import HELD
 from miniqueue.store.store import Store
 
 SNAPSHOT = Path(__file__).parent / "sql" / "store.sql"
@@ -31,6 +32,28 @@ REMOVING = ["_requeue", "_prune", "_delete"]
 # The worker-side transitions, fenced; those that add to a job's error history.
 FENCED = ["_complete", "_renew", "_record_failures", "_fail", "_snooze", "_release", *COMPLETE_AND_CLAIMS]
 WITH_HISTORY = ["_record_failures", "_fail", "_release", "_recover", "_expire"]
+# The enqueues that create the rows of the limits their jobs name; those that say which job holds
+# a unique key (as the unique index's predicate does).
+LIMITED = [
+    "_enqueue_limited",
+    "_enqueue_waiting_limited",
+    "_enqueue_many_limited",
+    "_enqueue_keyed",
+    "_enqueue_replacing",
+    "_enqueue_many_keyed",
+]
+HOLDING = ["_enqueue_keyed", "_enqueue_replacing", "_holder"]
+
+
+def test_every_statement_that_says_who_holds_a_unique_key_says_it_as_the_unique_index_does() -> None:
+    """An ON CONFLICT names the partial unique index by its predicate, word for word; the
+    statements that look up a key's holder read it the same way."""
+    store = Store("public")
+    migration = (Path(__file__).parent.parent / "migrations" / "021_unique_sequences_expiry.sql").read_text()
+    index = migration[migration.index("CREATE UNIQUE INDEX idx_miniqueue_jobs_unique_key") :].split(";")[0]
+    assert index.endswith(HELD)
+    for name in HOLDING:
+        assert HELD in getattr(store, name), name
 
 
 def rendered(store: Store) -> str:
@@ -108,6 +131,8 @@ def test_the_parts_written_in_several_statements_stay_identical() -> None:
             r"(errors = \S*errors \|\| jsonb_build_array\(jsonb_build_object\(.*?'error', )",
             WITH_HISTORY,
         ),
+        "the limits' rows": (r"scoped AS \((.*?)\n\)", LIMITED),
+        "a single job's sequence row": (r"sequenced AS \((.*?)\n\)", ["_enqueue_keyed", "_enqueue_replacing"]),
     }
     for part, (pattern, names) in parts.items():
         copies = _copies(store, pattern, names)

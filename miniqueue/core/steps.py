@@ -80,6 +80,12 @@ def atomic(steps: Steps[T]) -> Steps[T]:
     return result
 
 
+def rows(sql: str, params: Mapping[str, Any] | None = None) -> Steps[list[tuple[Any, ...]]]:
+    """One statement as steps, for steps that wrap others (to catch what a statement raises): its rows."""
+    result: list[tuple[Any, ...]] = yield Query(sql, params)
+    return result
+
+
 # -- sync ------------------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import psycopg
 from ..core.db import Connection
 from ..core.errors import InvalidInput, InvalidTransition, JobNotFound
 from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
-from ..core.steps import Query, Steps, atomic, run
+from ..core.steps import Query, Steps, atomic, rows, run
 from .base import Statement
 from .inspection import Inspection
 
@@ -165,8 +165,8 @@ class OperatorActions(Inspection):
                 f"requeue states {sorted(s.value for s in chosen)} are invalid: choose among failed, dead, cancelled"
             )
         params = {**_requeue_filter(chosen), "ids": None, "queue": queue, "task": task}
-        rows: list[tuple[Any, ...]] = yield from _refusing_held_keys(_query(self._requeue, params))
-        return len(rows)
+        requeued = yield from _refusing_held_keys(rows(self._requeue, params))
+        return len(requeued)
 
     def cancel(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
         """Cancel the given ``available``, ``running`` or ``waiting`` jobs.
@@ -223,11 +223,6 @@ def _refusing_held_keys(steps: Steps[T]) -> Steps[T]:
             f"cannot requeue: another job holds its unique key {held!r} now; wait for that job to finish, "
             "or cancel it, then requeue"
         ) from exc
-
-
-def _query(query: str, params: dict[str, Any]) -> Steps[list[tuple[Any, ...]]]:
-    rows: list[tuple[Any, ...]] = yield Query(query, params)
-    return rows
 
 
 def _requeue_filter(states: Iterable[State]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ..core.db import Connection
 from ..core.errors import InvalidInput
 from ..core.keys import JobKeys
 from ..core.records import BlockedSequence, EnqueueResult
-from ..core.steps import Query, Steps, atomic, run
+from ..core.steps import Query, Steps, atomic, rows, run
 from ..core.validation import NewJob
 from .base import Statement, StoreBase
 
@@ -307,8 +307,8 @@ class KeyedEnqueuing(StoreBase):
             "notify": notify,
             "channel": self.channel,
         }
-        rows = yield from _refusing_stale_deadlines(_query(self._enqueue_many_keyed, params))
-        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in rows]
+        stored = yield from _refusing_stale_deadlines(rows(self._enqueue_many_keyed, params))
+        results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in stored]
         for i, result in enumerate(results):
             if result.id is None:  # the holder of the key committed after the statement's snapshot
                 keys = {"key": jobs[i].idempotency_key, "unique": jobs[i].keys.unique_key}
@@ -356,11 +356,6 @@ def _key_params(keys: JobKeys) -> dict[str, Any]:
         "wait": keys.debounce_wait,
         "max_wait": keys.debounce_max_wait,
     }
-
-
-def _query(query: str, params: dict[str, Any]) -> Steps[list[tuple[Any, ...]]]:
-    rows: list[tuple[Any, ...]] = yield Query(query, params)
-    return rows
 
 
 def _refusing_stale_deadlines(steps: Steps[Any]) -> Steps[Any]:
