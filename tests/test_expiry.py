@@ -116,4 +116,7 @@ def test_a_bad_deadline_is_one_clear_error_and_stores_nothing(
         client.enqueue("t", **bad)
     with pytest.raises(InvalidInput, match=message):
         client.enqueue_many([JobSpec("t"), JobSpec("t", **bad)])
-    assert count(conn) == 0
+    parent = client.enqueue("t").id
+    with pytest.raises(InvalidInput, match=message):
+        client.enqueue("t", depends_on=[parent], **bad)
+    assert count(conn) == 1

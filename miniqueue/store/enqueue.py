@@ -19,7 +19,7 @@ from ..core.records import REQUEUEABLE_STATES, EnqueueResult, State
 from ..core.steps import CopyIn, Query, Steps, atomic, run
 from ..core.validation import NewJob
 from .base import Statement
-from .keyed import KeyedEnqueuing
+from .keyed import KeyedEnqueuing, refusing_stale_deadlines
 
 # Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
@@ -321,7 +321,8 @@ class Enqueuing(KeyedEnqueuing):
         self, job: NewJob, parents: Sequence[int], *, notify: bool = True, trace_context: str | None = None
     ) -> Steps[EnqueueResult]:
         """:meth:`enqueue_waiting` as steps."""
-        return atomic(self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify, trace_context))
+        steps = self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify, trace_context)
+        return refusing_stale_deadlines(atomic(steps))
 
     def _enqueue_waiting_in_one(
         self, job: NewJob, ids: list[int], notify: bool, trace_context: str | None

@@ -259,8 +259,8 @@ class KeyedEnqueuing(StoreBase):
         unique window is locked and checked first, in one transaction with the insert."""
         keyed = {**params, **_key_params(job.keys), "notify": notify, "channel": self.channel}
         if job.keys.unique_window is None:
-            return _refusing_stale_deadlines(self._insert_keyed(job, keyed))
-        return _refusing_stale_deadlines(atomic(self._insert_in_window(job, keyed)))
+            return refusing_stale_deadlines(self._insert_keyed(job, keyed))
+        return refusing_stale_deadlines(atomic(self._insert_in_window(job, keyed)))
 
     def _insert_keyed(self, job: NewJob, params: dict[str, Any]) -> Steps[EnqueueResult]:
         replacing = job.keys.on_conflict != "keep"
@@ -307,7 +307,7 @@ class KeyedEnqueuing(StoreBase):
             "notify": notify,
             "channel": self.channel,
         }
-        stored = yield from _refusing_stale_deadlines(rows(self._enqueue_many_keyed, params))
+        stored = yield from refusing_stale_deadlines(rows(self._enqueue_many_keyed, params))
         results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in stored]
         for i, result in enumerate(results):
             if result.id is None:  # the holder of the key committed after the statement's snapshot
@@ -358,7 +358,7 @@ def _key_params(keys: JobKeys) -> dict[str, Any]:
     }
 
 
-def _refusing_stale_deadlines(steps: Steps[Any]) -> Steps[Any]:
+def refusing_stale_deadlines(steps: Steps[Any]) -> Steps[Any]:
     """``steps``, with a deadline that is not after the enqueue (on the database clock) refused
     as bad input: such a job could never start."""
     try:
