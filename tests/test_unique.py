@@ -255,16 +255,17 @@ def test_fifty_threads_enqueueing_one_key_at_once_store_exactly_one_job(dsn: str
         assert row(conn, job_id)["payload"]["n"] in range(50)
 
 
-def _produce_in_process(dsn: str, start: Any, out: Any) -> None:
+def _produce_in_process(dsn: str, mode: Any, start: Any, out: Any) -> None:
     with Client(dsn) as client:
         start.wait()
-        out.put([tuple(client.enqueue("t", {"n": i}, unique_key="proc")) for i in range(20)])
+        out.put([tuple(client.enqueue("t", {"n": i}, unique_key="proc", on_conflict=mode)) for i in range(20)])
 
 
-def test_four_processes_enqueueing_one_key_store_exactly_one_job(dsn: str, conn: Connection) -> None:
+@pytest.mark.parametrize("mode", MODES, ids=["keep", "replace", "debounce"])
+def test_four_processes_enqueueing_one_key_store_exactly_one_job(dsn: str, conn: Connection, mode: Any) -> None:
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_produce_in_process, args=(dsn, start, out)) for _ in range(4)]
+    procs = [ctx.Process(target=_produce_in_process, args=(dsn, mode, start, out)) for _ in range(4)]
     for p in procs:
         p.start()
     results = [r for _ in procs for r in out.get(timeout=60)]
