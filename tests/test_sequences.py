@@ -168,6 +168,10 @@ def test_the_cli_lists_the_blocked_keys_and_releases_one(
     listed = cli("sequences")
     assert listed.exit_code == 0
     assert listed.output == f"acct:3  blocked by job {first} (t, dead: card declined); 1 waiting\n"
+    waiting = cli("jobs", "list", "--state", "waiting")
+    assert "waiting its turn in sequence acct:3" in waiting.output
+    shown_job = json.loads(cli("jobs", "show", str(ids[1]), "--json").output)
+    assert (shown_job["sequence_key"], shown_job["state"]) == ("acct:3", "waiting")
     [shown] = json.loads(cli("sequences", "--json").output)
     assert (shown["key"], shown["job_id"], shown["waiting"]) == ("acct:3", first, 1)
     released = cli("sequences", "release", "acct:3")

@@ -409,6 +409,8 @@ def test_the_queues_page_names_each_blocked_sequence_key_and_the_job_blocking_it
     section = page[page.index("Blocked sequences") :]
     assert "user:&lt;5&gt;" in section and f'href="/jobs/{dead}">job {dead}</a>' in section
     assert "smtp down" in section
+    job_page = web.get(f"/jobs/{dead}").text
+    assert "Sequence key" in job_page and "user:&lt;5&gt;" in job_page
 
 
 def test_pause_and_resume_a_queue(

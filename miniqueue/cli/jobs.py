@@ -144,7 +144,9 @@ def list_jobs(
     click.echo(_JOB_LINE.format("ID", "STATE", "QUEUE", "TASK", "ATTEMPT", "CREATED", "LAST ERROR OR PARENTS").rstrip())
     for job in found:
         note = (job.last_error or "").strip().splitlines()[-1:] or [""]
-        if job.state is State.WAITING:
+        if job.state is State.WAITING and job.sequence_key is not None:
+            note = [f"waiting its turn in sequence {job.sequence_key}"]
+        elif job.state is State.WAITING:
             note = [f"waiting on {job.pending_parents} of {len(job.parents)} parents: {ids_line(job.parents)}"]
         fields = (
             job.id,

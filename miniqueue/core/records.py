@@ -261,6 +261,11 @@ class JobRecord:
     pending_parents: int = 0
     #: The attempts the job may be charged: its ``max_attempts`` as enqueued or last requeued.
     attempt_budget: int = 0
+    #: Its keys and deadline (see docs/guides/keys.md): None when it has none.
+    unique_key: str | None = None
+    unique_while_running: bool = True
+    sequence_key: str | None = None
+    expires_at: dt.datetime | None = None
 
     @property
     def charged_attempts(self) -> int:

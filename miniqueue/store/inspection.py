@@ -25,7 +25,8 @@ _STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[
 # One job, every column (JobRecord's fields).
 _GET = """SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget FROM {jobs} WHERE id = %(id)s"""
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+  FROM {jobs} WHERE id = %(id)s"""
 
 # What a job's result is, or why there is none.
 _RESULT = "SELECT state, result, last_error FROM {jobs} WHERE id = %(id)s"
@@ -45,7 +46,8 @@ RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify
 _LIST = """
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget FROM {jobs}
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+  FROM {jobs}
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)

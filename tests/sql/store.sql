@@ -1942,7 +1942,8 @@ SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s:
 -- _get
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+  FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
 
 -- _result
 SELECT state, result, last_error FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
@@ -1955,7 +1956,8 @@ RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify
 -- _list
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget FROM "public"."miniqueue_jobs"
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+  FROM "public"."miniqueue_jobs"
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
