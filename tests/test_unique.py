@@ -232,19 +232,20 @@ def test_fifty_threads_enqueueing_one_key_at_once_store_exactly_one_job(dsn: str
     results: list[Any] = []
     errors: list[BaseException] = []
 
-    def produce(n: int) -> None:
+    def produce(client: Client, n: int) -> None:
         try:  # a connection each, so that the 50 enqueues reach the server at once
-            with Client(dsn) as client, psycopg.connect(dsn, autocommit=True) as own:
+            with psycopg.connect(dsn, autocommit=True) as own:
                 barrier.wait()
                 results.append(client.enqueue("t", {"n": n}, unique_key="hot", on_conflict=mode, conn=own))
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=produce, args=(n,)) for n in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with Client(dsn) as shared:  # one client, as an application server has, and 50 connections
+        threads = [threading.Thread(target=produce, args=(shared, n)) for n in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     assert not errors, errors
     assert count(conn) == 1
     (job_id,) = {r.id for r in results}
