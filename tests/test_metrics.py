@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -205,6 +206,26 @@ def test_a_blocked_sequence_key_is_a_gauge_naming_the_job_that_blocks_it(
         lambda s: value(s, "miniqueue_sequence_blocked_jobs", key="acct:9", job=str(dead)) is None,
         "a reading without the released key",
     )
+
+
+def test_what_holds_the_horizon_back_is_a_gauge_naming_its_pid(
+    supervise: StartSupervisor, dsn: str, conn: Connection
+) -> None:
+    port = free_port()
+    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", workers=1)
+    sup.wait_ready(1)
+    with psycopg.connect(dsn, application_name="nightly-report") as other:
+        other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT count(*) FROM miniqueue_jobs")
+        pid = str(other.info.backend_pid)
+        held = (
+            "miniqueue_horizon_held_seconds",
+            frozenset({"kind": "transaction", "pid": pid, "name": "nightly-report"}.items()),
+        )
+        samples = scrape_until(port, lambda s: (s.get(held) or 0) > 0.5, "the open transaction in a reading")
+        assert value(samples, "miniqueue_jobs_dead_rows") is not None
+        other.rollback()
+    scrape_until(port, lambda s: held not in s, "a reading after it ended")
 
 
 def test_other_paths_and_methods_are_refused(supervise: StartSupervisor) -> None:

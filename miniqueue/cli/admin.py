@@ -38,7 +38,7 @@ def migrate(database_url: str | None) -> None:
     "--state",
     "states",
     multiple=True,
-    type=click.Choice(["completed", "cancelled", "failed", "dead"]),
+    type=click.Choice(["completed", "cancelled", "failed", "dead", "expired"]),
     help="States to prune (repeatable; default: completed and cancelled).",
 )
 @database_option

@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from .admin import demo, healthcheck, migrate, prune
+from .doctor import doctor
 from .errors import OneLineGroup
 from .jobs import cancel, enqueue, jobs, requeue
 from .periodic import periodic
@@ -44,6 +45,7 @@ for _command in (
     migrate,
     prune,
     healthcheck,
+    doctor,
     demo,
 ):
     main.add_command(_command)

@@ -11,17 +11,20 @@ same way, raise the same errors, and run the same SQL.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from ..core.db import Connection, connect, create_pool, translate_errors
+from ..core.health import Reading
 from ..core.records import (
     BlockedSequence,
     Debounce,
     EnqueueResult,
     GroupResult,
+    HorizonHolder,
     JobRecord,
     JobSpec,
     QueueCount,
@@ -33,6 +36,7 @@ from ..core.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     check_job_ids,
 )
+from ..store.migrate import latest_version
 from ..store.store import LimitWait
 from .base import BaseClient, _check_wait
 from .inspection import Inspection
@@ -313,6 +317,28 @@ class Client(BaseClient, Inspection):
         ids = check_job_ids(job_ids)
         with self.connection(conn) as c:
             return self.store.delete(c, ids)
+
+    def horizon(self, *, conn: Connection | None = None) -> list[HorizonHolder]:
+        """What holds the database's MVCC horizon back, oldest first (see docs/operations/health.md)."""
+        with self.connection(conn) as c:
+            return self.store.horizon(c)
+
+    def health(self, *, conn: Connection | None = None) -> Reading:
+        """One reading of the database's health for the queue: what holds the MVCC horizon
+        back, the jobs table's rows and sizes, connection headroom, the schema's version and this
+        host's clock against the database's (see docs/operations/health.md; judge it with
+        :func:`miniqueue.core.health.diagnose`). (Client only: the store reads it on a sync connection.)"""
+        with self.connection(conn) as c:
+            table = self.store.table_health(c)
+            host_clock = time.time()  # compared with the database's clock, read just before
+            return Reading(
+                horizon=self.store.horizon(c),
+                table=table,
+                connections=self.store.connection_capacity(c),
+                schema_version=self.store.schema_version(c),
+                latest_version=latest_version(),
+                host_clock=host_clock,
+            )
 
     # -- queues and schedules (operator calls) ---------------------------------------------------
 

@@ -170,6 +170,51 @@ class BlockedSequence(NamedTuple):
     waiting: int
 
 
+class HorizonHolder(NamedTuple):
+    """Something that holds the database's MVCC horizon back (see docs/operations/health.md): no
+    vacuum can remove a row that died after its snapshot was taken."""
+
+    #: 'transaction' (a session: a long query, or idle in a transaction), 'prepared transaction',
+    #: 'replication slot' or 'standby feedback'.
+    kind: str
+    pid: int | None
+    #: The session's application name, the prepared transaction's gid, or the slot's name.
+    name: str | None
+    state: str | None
+    #: When its transaction (or query, or prepared transaction, or standby connection) began;
+    #: None for a slot.
+    since: dt.datetime | None
+    #: For how long, on the database clock (None for a slot).
+    seconds: float | None
+    #: How many transactions ago its snapshot was taken.
+    age: int | None
+    query: str | None
+
+    def describe(self) -> str:
+        """One line naming it, as a log line and ``miniqueue doctor`` say it."""
+        who = {"transaction": f"pid {self.pid}", "standby feedback": f"standby pid {self.pid}"}.get(self.kind, "")
+        parts = [self.kind, who, f"{self.name!r}" if self.name else "", self.state or ""]
+        since = f"since {self.since:%Y-%m-%d %H:%M:%S%z}" if self.since else ""
+        query = f"query {self.query!r}" if self.query else ""
+        return " ".join(p for p in (*parts, since, f"{self.age} transactions old" if self.age else "", query) if p)
+
+
+class TableHealth(NamedTuple):
+    """The jobs table as the server's statistics have it (see docs/operations/health.md)."""
+
+    live_rows: int
+    dead_rows: int
+    table_bytes: int
+    index_bytes: int
+    claim_index_bytes: int | None
+    last_vacuum: dt.datetime | None
+    autovacuum: bool
+    vacuum_scale_factor: float
+    vacuum_threshold: int
+    #: The database's clock, in seconds since the epoch, as it was read.
+    database_clock: float
+
+
 class GroupResult(NamedTuple):
     """What :meth:`miniqueue.Client.group` enqueued: the members, and the job that runs after them."""
 

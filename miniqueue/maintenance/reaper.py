@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..core.db import Connection, connect
 from ..core.errors import ConfigError, DatabaseUnavailable
+from ..core.health import HORIZON_WARN_SECONDS, held_too_long
 from ..core.records import State
 from ..store.store import Store
 from ..tasks.app import App
@@ -48,6 +49,8 @@ class ReaperConfig:
     failed_retention: float | None = 7 * DAY
     schema: str = "public"
     vacuum: bool = True
+    #: A snapshot held longer than this (seconds) is logged as a warning, once.
+    horizon_seconds: float = HORIZON_WARN_SECONDS
 
     def validated(self) -> ReaperConfig:
         if not self.interval > 0:
@@ -85,6 +88,8 @@ class Reaper:
         self.specs = {s.name: app.task_spec(s.task, s.payload) for s in self.schedules} if app else {}
         self._stopping = threading.Event()
         self._conn: Connection | None = None
+        # What _watch_horizon has warned about and still sees (a holder is named once).
+        self._horizon_warned: set[tuple[object, ...]] = set()
 
     def stop(self) -> None:
         """Make :meth:`run` return after the current pass (thread-safe)."""
@@ -116,6 +121,7 @@ class Reaper:
                 break
         self._expire(self._conn, result)
         self.store.drop_ended_keys(self._conn, self.config.batch_size)
+        self._watch_horizon(self._conn)
         if self.config.prune:
             result.pruned, result.more_to_prune = self._prune(self._conn)
         result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))
@@ -131,6 +137,19 @@ class Reaper:
             result.expired += len(expired)
             if len(expired) < self.config.batch_size:
                 return
+
+    def _watch_horizon(self, conn: Connection) -> None:
+        """Warn once about each snapshot held past the threshold (see miniqueue.core.health): no
+        vacuum can remove the jobs table's dead rows while it is."""
+        holders = self.store.horizon(conn)
+        late = {(h.kind, h.pid, h.name, h.since): h for h in holders if held_too_long(h, self.config.horizon_seconds)}
+        for key in late.keys() - self._horizon_warned:
+            log.warning(
+                "the MVCC horizon is held back by %s: no vacuum can remove the rows that died since, and claims "
+                "slow down as they pile up (see docs/operations/health.md; `miniqueue doctor` for more)",
+                late[key].describe(),
+            )
+        self._horizon_warned = set(late)
 
     def _prune(self, conn: Connection) -> tuple[int, bool]:
         """Delete finished jobs past retention, in batches, for at most PRUNE_SLICE seconds: a

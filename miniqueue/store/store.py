@@ -15,7 +15,8 @@ substituted into them, the schema's names):
 - :mod:`~miniqueue.store.inspection`: jobs, results, per-queue figures, limits, throughput;
 - :mod:`~miniqueue.store.settings`: queues paused and capped, periodic schedules, task declarations;
 - :mod:`~miniqueue.store.registry`: the supervisors' process registry;
-- :mod:`~miniqueue.store.schema`: the schema's version and migrations.
+- :mod:`~miniqueue.store.schema`: the schema's version and migrations;
+- :mod:`~miniqueue.store.health`: what holds the MVCC horizon back, the jobs table's dead rows and sizes.
 
 Every value is bound as a parameter. All times come from the database clock (``now()``).
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 from .actions import OperatorActions
 from .claim import MAX_GROUPS_PER_CLAIM, Claiming
 from .enqueue import Enqueuing
+from .health import Health
 from .inspection import Inspection, LimitWait, job_filter
 from .maintenance import JobsChurn, Maintenance
 from .outcomes import Failure, Outcomes, Release
@@ -53,7 +55,16 @@ __all__ = [
 
 
 class Store(
-    Enqueuing, Claiming, Outcomes, Maintenance, OperatorActions, Inspection, Settings, Registry, SchemaStatements
+    Enqueuing,
+    Claiming,
+    Outcomes,
+    Maintenance,
+    OperatorActions,
+    Inspection,
+    Settings,
+    Registry,
+    SchemaStatements,
+    Health,
 ):
     """All of miniqueue's SQL, for the queue tables in one schema.
 

@@ -192,10 +192,13 @@ class _Gauges(Service):
                     reports.SequenceGauge(b.key, b.job_id, b.waiting)
                     for b in store.blocked_sequences(conn, LIMIT_GAUGES)
                 ]
+                horizon = [reports.HorizonGauge(h.kind, h.pid, h.name, h.seconds) for h in store.horizon(conn)]
                 gauges: list[reports.Report] = [
                     *map(reports.QueueGauges, stats),
                     *waits,
                     *blocked,
+                    *horizon,
+                    reports.DeadRowsGauge(store.table_health(conn).dead_rows),
                     reports.GaugesSent(True),
                 ]
                 reports.write(spec.report_fd, gauges)

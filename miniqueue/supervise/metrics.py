@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ..core.records import QueueStats
-from .reports import DURATION_BUCKETS, Tally
+from .reports import DURATION_BUCKETS, HorizonGauge, Tally
 
 
 class Gauges(NamedTuple):
@@ -32,6 +32,9 @@ class Gauges(NamedTuple):
     limits: dict[str, int]
     #: The jobs waiting behind each blocked sequence key, by (key, the job blocking it).
     sequences: dict[tuple[str, int], int]
+    #: What holds the MVCC horizon back, and the jobs table's dead rows (None: not read yet).
+    horizon: list[HorizonGauge]
+    dead_rows: int | None
 
 
 def _bound(seconds: float) -> str:
@@ -79,7 +82,7 @@ class _QueueCollector(Collector):
         alive = GaugeMetricFamily("miniqueue_processes", "Child processes alive, by kind", labels=["kind"])
         for kind, count in self.processes().items():
             alive.add_metric([kind], count)
-        stats, database_up, limits, sequences = self.gauges()
+        stats, database_up, limits, sequences, horizon, dead_rows = self.gauges()
         up = GaugeMetricFamily("miniqueue_database_up", "1 if the reaper's last reading of the gauges worked")
         up.add_metric([], 1 if database_up else 0)
         depth = GaugeMetricFamily("miniqueue_jobs", "Jobs in the table, by queue and state", labels=["queue", "state"])
@@ -104,7 +107,20 @@ class _QueueCollector(Collector):
         )
         for (key, job_id), count in sorted(sequences.items()):
             blocked.add_metric([key, str(job_id)], count)
-        yield from (alive, up, depth, oldest, expired, waiting, blocked)
+        held = GaugeMetricFamily(
+            "miniqueue_horizon_held_seconds",
+            "How long each oldest snapshot has held the MVCC horizon back (see docs/operations/health.md); "
+            "-1 for a replication slot, whose start the server does not know",
+            labels=["kind", "pid", "name"],
+        )
+        for h in horizon:
+            held.add_metric(
+                [h.kind, "" if h.pid is None else str(h.pid), h.name or ""], -1 if h.seconds is None else h.seconds
+            )
+        dead = GaugeMetricFamily("miniqueue_jobs_dead_rows", "Dead rows in the jobs table, as the server counts them")
+        if dead_rows is not None:
+            dead.add_metric([], dead_rows)
+        yield from (alive, up, depth, oldest, expired, waiting, blocked, held, dead)
 
 
 class Metrics:

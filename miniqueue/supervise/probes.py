@@ -15,7 +15,7 @@ from ..core.errors import ConfigError
 from ..core.records import QueueStats
 from .httpserver import Answer, TinyHTTPServer
 from .metrics import Gauges, Metrics
-from .reports import Tally
+from .reports import DeadRowsGauge, HorizonGauge, Tally
 
 log = logging.getLogger("miniqueue.supervisor")
 
@@ -30,10 +30,12 @@ class Probes:
         self.last_tick = time.monotonic()
         self._ready: Answer = (503, "text/plain", b"starting\n")
         self._counts: dict[str, int] = {}
-        self._gauges: Gauges = Gauges([], True, {}, {})
+        self._gauges: Gauges = Gauges([], True, {}, {}, [], None)
         self._reading: list[QueueStats] = []
         self._limits_reading: dict[str, int] = {}
         self._sequences_reading: dict[tuple[str, int], int] = {}
+        self._horizon_reading: list[HorizonGauge] = []
+        self._dead_rows_reading: int | None = None
         self.metrics = Metrics(lambda: self._counts, lambda: self._gauges)
         routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": lambda: self._ready}
         try:
@@ -67,10 +69,18 @@ class Probes:
         """The reaper's reading is complete: serve it (or, if the database did not answer, keep
         the last one and say the database is down)."""
         if database_up:
-            self._gauges = Gauges(self._reading, True, self._limits_reading, self._sequences_reading)
+            self._gauges = Gauges(
+                self._reading,
+                True,
+                self._limits_reading,
+                self._sequences_reading,
+                self._horizon_reading,
+                self._dead_rows_reading,
+            )
         else:
             self._gauges = self._gauges._replace(database_up=False)
         self._reading, self._limits_reading, self._sequences_reading = [], {}, {}
+        self._horizon_reading, self._dead_rows_reading = [], None
 
     def limit_gauge(self, scope: str, waiting: int) -> None:
         """One limit of the reaper's reading: the jobs waiting on it."""
@@ -79,6 +89,13 @@ class Probes:
     def sequence_gauge(self, key: str, job_id: int, waiting: int) -> None:
         """One blocked sequence key of the reaper's reading: the job blocking it, the jobs behind it."""
         self._sequences_reading[(key, job_id)] = waiting
+
+    def health_gauge(self, report: HorizonGauge | DeadRowsGauge) -> None:
+        """What holds the horizon back, or the jobs table's dead rows, in the reaper's reading."""
+        if isinstance(report, HorizonGauge):
+            self._horizon_reading.append(report)
+        else:
+            self._dead_rows_reading = report.dead_rows
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         self.metrics.jobs_finished(queue, task, outcome, tally)

@@ -110,11 +110,39 @@ class SequenceGauge(NamedTuple):
     waiting: int
 
 
+class HorizonGauge(NamedTuple):
+    """One thing that holds the MVCC horizon back (see miniqueue.store.health), and for how long."""
+
+    kind: str
+    pid: int | None
+    name: str | None
+    seconds: float | None
+
+
+class DeadRowsGauge(NamedTuple):
+    """The jobs table's dead rows, as the server's statistics count them."""
+
+    dead_rows: int
+
+
 class GaugesSent(NamedTuple):
     database_up: bool
 
 
-Report = Beat | Ready | Start | End | Done | Error | QueueGauges | LimitGauge | SequenceGauge | GaugesSent
+Report = (
+    Beat
+    | Ready
+    | Start
+    | End
+    | Done
+    | Error
+    | QueueGauges
+    | LimitGauge
+    | SequenceGauge
+    | HorizonGauge
+    | DeadRowsGauge
+    | GaugesSent
+)
 _GAUGE_STATES = (
     State.AVAILABLE,
     State.RUNNING,
@@ -164,6 +192,12 @@ def _words(report: Report) -> str:
         return f"limit {report.waiting} {_escape(report.scope)}"
     if isinstance(report, SequenceGauge):
         return f"sequence {report.job_id} {report.waiting} {_escape(report.key)}"
+    if isinstance(report, HorizonGauge):
+        seconds = "-" if report.seconds is None else f"{report.seconds:.3f}"
+        pid = "-" if report.pid is None else str(report.pid)
+        return f"horizon {seconds} {pid} {_escape(report.kind)} {_escape(report.name or '')}"
+    if isinstance(report, DeadRowsGauge):
+        return f"deadrows {report.dead_rows}"
     if isinstance(report, Done):
         tally = report.tally
         buckets = ",".join(map(str, tally.buckets))
@@ -207,6 +241,12 @@ def decode(line: bytes) -> Report:
     if kind == "limit":
         waiting, scope = rest.split(" ", 1)
         return LimitGauge(_unescape(scope), int(waiting))
+    if kind == "horizon":
+        seconds, pid, what, name = rest.split(" ", 3)
+        held = None if seconds == "-" else float(seconds)
+        return HorizonGauge(_unescape(what), None if pid == "-" else int(pid), _unescape(name) or None, held)
+    if kind == "deadrows":
+        return DeadRowsGauge(int(rest))
     if kind == "sequence":
         job_id, waiting, key = rest.split(" ", 2)
         return SequenceGauge(_unescape(key), int(job_id), int(waiting))

@@ -331,6 +331,8 @@ class Supervisor:
                 self.probes.limit_gauge(report.scope, report.waiting)
             elif self.probes and isinstance(report, reports.SequenceGauge):
                 self.probes.sequence_gauge(report.key, report.job_id, report.waiting)
+            elif self.probes and isinstance(report, (reports.HorizonGauge, reports.DeadRowsGauge)):
+                self.probes.health_gauge(report)
             elif self.probes and isinstance(report, reports.GaugesSent):
                 self.probes.gauges_sent(report.database_up)
 

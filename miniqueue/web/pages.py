@@ -16,6 +16,7 @@ from ..client.client import Client
 from ..client.inspection import LimitWait
 from ..core.db import Connection
 from ..core.errors import InvalidInput
+from ..core.health import held_too_long
 from ..core.records import (
     CANCELLABLE_STATES,
     REQUEUEABLE_STATES,
@@ -82,7 +83,9 @@ class Pages:
             stats = client.queue_stats(conn=conn)  # as `miniqueue stats`: with the queues no worker serves
             chart = present.throughput_chart(client.throughput(conn=conn), now)
             paused = set(client.paused_queues(conn=conn))
-            return {"now": now, "stats": stats, "paused": paused, "chart": chart, "totals": _totals(stats)}
+            held = [h for h in client.horizon(conn=conn) if held_too_long(h)]
+            totals = _totals(stats)
+            return {"now": now, "stats": stats, "paused": paused, "chart": chart, "totals": totals, "held": held}
 
         data = await self.dash.query(load)
         return self.dash.render(request, "overview.html", {**data, "states": list(State)}, live="_overview.html")
