@@ -1,9 +1,10 @@
 """Schema migrations: numbered plain-SQL files, applied in order, recorded, safe to run concurrently.
 
 The files live in the top-level ``migrations/`` folder of the source tree and are shipped
-inside the wheel as ``miniqueue/migrations``. Every run takes a transaction-scoped advisory
-lock, so twenty processes migrating at once apply each file exactly once; all pending files
-are applied in one transaction, so a failure leaves the schema as it was.
+inside the wheel as ``miniqueue/migrations``. Every run takes an advisory lock, so twenty
+processes migrating at once apply each file exactly once; the pending files are applied in one
+transaction, so a failure leaves the schema as it was, but for a file that says it runs outside
+a transaction (see :mod:`miniqueue.store.schema`), which is written to be run again.
 """
 
 from __future__ import annotations
@@ -71,9 +72,18 @@ def run_migrations(dsn: str, schema: str = "public") -> list[Migration]:
 
 
 def check_schema_version(conn: Connection, schema: str = "public") -> None:
-    """Raise SchemaOutOfDate unless every shipped migration has been applied."""
-    have, want = Store(schema).schema_version(conn) or 0, latest_version()
+    """Raise SchemaOutOfDate unless every shipped migration has been applied, and no migration
+    applied since says this version's workers can no longer serve the schema (see "Rolling
+    deploys" in docs/operations/schema.md)."""
+    store = Store(schema)
+    have, want = store.schema_version(conn) or 0, latest_version()
     if have < want:
         raise SchemaOutOfDate(
             f"schema {schema!r} is at version {have}, this miniqueue needs {want}: run `miniqueue migrate`"
+        )
+    needed = store.workers_from(conn)
+    if needed > want:
+        raise SchemaOutOfDate(
+            f"schema {schema!r} is at version {have}, which workers before version {needed} cannot serve, and this "
+            f"miniqueue is at {want}: upgrade miniqueue here"
         )

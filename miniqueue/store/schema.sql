@@ -548,7 +548,10 @@ CREATE INDEX idx_miniqueue_processes_supervisor ON miniqueue_processes (supervis
 -- whether the schema is up to date. A database built from this file has it empty, so migrate
 -- would try to apply every migration to it (and fail on the first).
 CREATE TABLE miniqueue_migrations (
-    version    INT         PRIMARY KEY,
-    name       TEXT        NOT NULL,
-    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    version      INT         PRIMARY KEY,
+    name         TEXT        NOT NULL,
+    applied_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- The oldest workers' version (their latest migration) that can serve the schema once this
+    -- migration is applied, from its file's `-- miniqueue: workers from NNN` line; NULL: any.
+    workers_from INT
 );
