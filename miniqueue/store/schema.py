@@ -102,7 +102,7 @@ class SchemaStatements(StoreBase):
                 applied = {row[0] for row in conn.execute(self._applied_versions)} if exists else set()
                 pending = [m for m in migrations if m[0] not in applied]
                 for batch in _batches(pending):
-                    if NO_TRANSACTION in batch[0][2]:
+                    if _outside_a_transaction(batch[0][2]):
                         self._apply_outside_a_transaction(conn, batch[0])
                     else:
                         _retrying_locks(functools.partial(self._apply_in_one_transaction, conn, batch), batch[0][1])
@@ -140,7 +140,7 @@ def _batches(pending: list[tuple[int, str, str]]) -> list[list[tuple[int, str, s
     that does not alone."""
     batches: list[list[tuple[int, str, str]]] = []
     for migration in pending:
-        if NO_TRANSACTION in migration[2] or not batches or NO_TRANSACTION in batches[-1][0][2]:
+        if _outside_a_transaction(migration[2]) or not batches or _outside_a_transaction(batches[-1][0][2]):
             batches.append([migration])
         else:
             batches[-1].append(migration)
@@ -161,6 +161,11 @@ def _retrying_locks(attempt: Callable[[], object], name: str) -> None:
                 ) from None
             log.warning("migration %s: a lock was not free within %gs, trying again", name, LOCK_TIMEOUT_SECONDS)
             time.sleep(min(5.0, 0.2 * 2**tries))
+
+
+def _outside_a_transaction(text: str) -> bool:
+    """Whether a migration file has the line that says it runs outside a transaction."""
+    return any(line.strip() == NO_TRANSACTION for line in text.splitlines())
 
 
 def _workers(text: str) -> int | None:
