@@ -14,6 +14,14 @@ await leaves no half-done effect.
 Every handler's result is ``{"attempt": n}``, the attempt that completed it. A dependent (a
 group's callback, a chain's step, with ``--workflow``) records the ``job.parent_results`` it
 read with its execution, so the checks can tell that it ran with its parents' completed results.
+
+The same handler also serves two tasks with keys (``--unique``, ``--sequences``): ``chaos-unique``
+declares ``unique_key`` and ``chaos-sequence`` ``sequence_key`` (with ``on_failure="block"``), each
+computed from the payload, so ``app.enqueue`` computes it and a client without the app passes it.
+A keyed job's execution also records when its work was done (``ended``, before its completion
+commits: inside the effect transaction for an effect job), so the checks can tell whether two
+executions of one key overlapped. A sequence job with ``"fail"`` in its payload raises every time
+(:data:`PLANNED_FAILURE`) until it is dead.
 """
 
 from __future__ import annotations
@@ -32,7 +40,11 @@ from psycopg.types.json import Jsonb
 from miniqueue import App, Job
 
 TASK = "chaos"
+UNIQUE_TASK = "chaos-unique"
+SEQUENCE_TASK = "chaos-sequence"
 QUEUE = "chaos"
+#: What the handler of a sequence job planned to die raises (its attempts are not a fault's).
+PLANNED_FAILURE = "chaos: planned failure"
 #: The harness's own connections are named ``chaos:*`` so ``terminate-backend`` (which
 #: targets ``miniqueue:*``) leaves the evidence trail alone.
 APP_NAME = "chaos:app"
@@ -55,6 +67,25 @@ _CONFLICT = (
     "INSERT INTO chaos_effect_conflicts (token, job_id, attempt, pid) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
 _DUPLICATE = "INSERT INTO chaos_duplicate_effects (job_id, attempt, pid) VALUES (%s, %s, %s)"
+#: A keyed job's work is done: the first stamp stands (a retried update changes nothing).
+_ENDED = "UPDATE chaos_executions SET ended = clock_timestamp() WHERE token = %s AND ended IS NULL"
+
+
+class PlannedFailure(RuntimeError):
+    """Raised by a job whose payload says ``fail``: its sequence key must block once it is dead."""
+
+
+def _keyed(job: Job) -> bool:
+    """Whether the job carries a unique or sequence key (its executions record their end)."""
+    return bool(job.payload.get("unique") or job.payload.get("sequence"))
+
+
+def _unique_key_of(payload: Any) -> str:
+    return str(payload["unique"])
+
+
+def _sequence_key_of(payload: Any) -> str:
+    return str(payload["sequence"])
 
 
 def _execution(job: Job) -> tuple[object, ...]:
@@ -105,9 +136,15 @@ def _execute(query: str, params: tuple[object, ...]) -> None:
 @app.task(TASK, queue=QUEUE, max_attempts=25)
 def chaos(job: Job) -> dict[str, int] | None:
     """Record the execution, work a little, then (for effect jobs) complete transactionally."""
-    _execute(_RECORD, _execution(job))
+    execution = _execution(job)
+    _execute(_RECORD, execution)
     time.sleep(float(job.payload.get("ms", 0)) / 1000)
+    keyed = _keyed(job)
     if not job.payload.get("effect"):
+        if keyed:
+            _execute(_ENDED, execution[:1])
+        if job.payload.get("fail"):
+            raise PlannedFailure(PLANNED_FAILURE)
         return _result(job)
     with job.transaction() as conn:
         job.set_result(_result(job))
@@ -118,6 +155,8 @@ def chaos(job: Job) -> dict[str, int] | None:
             # completion through, which is exactly a duplicated effect.
             _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
             conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
+        if keyed:
+            _execute(_ENDED, execution[:1])  # on its own connection, before this transaction commits
     return None  # the result was stored with the completion, in the transaction
 
 
@@ -153,13 +192,27 @@ async def _execute_async(query: str, params: tuple[object, ...]) -> None:
 @async_app.task(TASK, queue=QUEUE, max_attempts=25)
 async def chaos_async(job: Job) -> dict[str, int] | None:
     """:func:`chaos` as a coroutine: record, wait, then (for effect jobs) complete transactionally."""
-    await _execute_async(_RECORD, _execution(job))
+    execution = _execution(job)
+    await _execute_async(_RECORD, execution)
     await asyncio.sleep(float(job.payload.get("ms", 0)) / 1000)
+    keyed = _keyed(job)
     if not job.payload.get("effect"):
+        if keyed:
+            await _execute_async(_ENDED, execution[:1])
+        if job.payload.get("fail"):
+            raise PlannedFailure(PLANNED_FAILURE)
         return _result(job)
     async with job.atransaction() as conn:
         job.set_result(_result(job))
         if (await conn.execute(_EFFECT, (job.id, job.attempt, os.getpid()))).rowcount == 0:
             await _execute_async(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
             await conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
+        if keyed:
+            await _execute_async(_ENDED, execution[:1])
     return None  # the result was stored with the completion, in the transaction
+
+
+# The keyed tasks: the same handlers, with keys computed from the payload (see the module's docstring).
+for _app, _handler in ((app, chaos), (async_app, chaos_async)):
+    _app.task(UNIQUE_TASK, queue=QUEUE, max_attempts=25, unique_key=_unique_key_of)(_handler)
+    _app.task(SEQUENCE_TASK, queue=QUEUE, max_attempts=25, sequence_key=_sequence_key_of, on_failure="block")(_handler)

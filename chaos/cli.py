@@ -73,6 +73,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=10, help="members per group (with --workflow)")
     p.add_argument("--chains", type=int, default=10, help="chains (with --workflow)")
     p.add_argument("--chain-length", type=int, default=5, help="steps per chain (with --workflow)")
+    p.add_argument(
+        "--unique",
+        action="store_true",
+        help="enqueue a share of the jobs with a unique key, again and again over the run (duplicates "
+        "expected), and check that no two jobs of a key ever held it or ran at once",
+    )
+    p.add_argument(
+        "--unique-share", type=float, default=0.2, help="share of the plain jobs enqueued with a key (with --unique)"
+    )
+    p.add_argument("--unique-keys", type=int, default=4, help="unique keys (with --unique)")
+    p.add_argument(
+        "--sequences",
+        action="store_true",
+        help="enqueue jobs with sequence keys over the run, and check that each key's jobs ran one at a "
+        "time in enqueue order, and that a dead job blocks its key until it is released",
+    )
+    p.add_argument("--sequence-keys", type=int, default=10, help="sequence keys (with --sequences)")
+    p.add_argument("--sequence-length", type=int, default=5, help="jobs per sequence key (with --sequences)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the result to this JSON file")
     return p
 
@@ -107,6 +125,12 @@ def options_from(argv: list[str] | None) -> Options:
         group_size=args.group_size,
         chains=args.chains,
         chain_length=args.chain_length,
+        unique=args.unique,
+        unique_share=args.unique_share,
+        unique_keys=args.unique_keys,
+        sequences=args.sequences,
+        sequence_keys=args.sequence_keys,
+        sequence_length=args.sequence_length,
     ).validated()
 
 

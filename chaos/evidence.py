@@ -10,6 +10,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
+from .keyed import KeyedEvidence
 from .server import Harness
 
 
@@ -61,6 +62,8 @@ class Evidence:
     effects: dict[int, tuple[int, int]] = field(default_factory=dict)  # job -> (attempt, pid)
     duplicate_effects: list[tuple[int, int, int]] = field(default_factory=list)
     effect_conflicts: list[tuple[int, int, int]] = field(default_factory=list)
+    #: The keyed jobs (``--unique``, ``--sequences``): their keys, holds, overlaps and order, from SQL.
+    keyed: KeyedEvidence = field(default_factory=KeyedEvidence)
 
     @classmethod
     def load(cls, db: Harness, clock_offset: float) -> Evidence:
@@ -83,6 +86,7 @@ class Evidence:
             found.duplicate_effects.append((int(job), int(attempt), int(pid)))
         for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_effect_conflicts"):
             found.effect_conflicts.append((int(job), int(attempt), int(pid)))
+        found.keyed = KeyedEvidence.load(db, clock_offset)
         return found
 
     def _transition(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from .app import SEQUENCE_TASK, UNIQUE_TASK
 from .fleet import Fleet
 from .options import Options
 from .processes import Child, Supervisor
@@ -30,6 +31,13 @@ SELECT pid, application_name FROM pg_stat_activity
  ORDER BY pid
 """
 _JOB_STATES = "SELECT id, state, attempt FROM miniqueue_jobs WHERE id = ANY(%s)"
+#: The tasks whose jobs carry a unique or sequence key (``--unique``, ``--sequences``).
+KEYED_TASKS = frozenset({UNIQUE_TASK, SEQUENCE_TASK})
+_RUNS_KEYED = """
+SELECT count(*) FROM unnest(%s::bigint[], %s::int[]) AS l(job, attempt)
+  JOIN chaos_keyed k ON k.job_id = l.job
+  JOIN chaos_executions e ON e.job_id = l.job AND e.attempt = l.attempt AND e.pid = %s AND e.ended IS NULL
+"""
 
 
 @dataclass
@@ -70,6 +78,7 @@ class Injector:
     restarts: int = 0
     extra_until: float | None = None  # when the second supervisor is stopped (time.monotonic())
     extra_fault: Fault | None = None
+    started: float = field(default_factory=time.monotonic)
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -165,20 +174,40 @@ class Injector:
         self.say(f"kill-reaper: pid {child.pid} (supervisor {supervisor.number})")
         return Fault("kill-reaper", now, now, (child.pid,), (), f"reaper of supervisor {supervisor.number}")
 
+    def _keyed_holder(self) -> tuple[Supervisor, Child] | None:
+        """A worker whose title names a job of a keyed task (its handler is running one: a lease
+        only prefetched would not show a stale attempt running on), if there is one."""
+        holders = [w for w in self._workers() if w[1].busy and KEYED_TASKS & set(w[1].title.replace(",", " ").split())]
+        return self.rng.choice(holders) if holders else None
+
+    def _runs_keyed(self, pid: int, leases: tuple[tuple[int, int], ...]) -> bool:
+        """Whether ``pid``'s handler has started one of these leases of a keyed job (a title can lag)."""
+        return bool(self.db.value(_RUNS_KEYED, ([job for job, _ in leases], [a for _, a in leases], pid)))
+
     def stop_worker(self) -> Fault | None:
-        """SIGSTOP a worker that holds a job, for longer than its lease plus a reaper pass."""
+        """SIGSTOP a worker that holds a job, for longer than its lease plus a reaper pass. With
+        keyed jobs (``--unique``, ``--sequences``) it prefers a worker running one, so that a stale
+        attempt of a key runs past its lease; the first stop waits for one during the first third
+        of the chaos."""
         if self.stopped_pids:
             return None
+        # The first stop of a keyed run waits a while for a worker running a keyed job.
+        early = time.monotonic() - self.started < self.options.duration / 3
+        keyed_only = self.options.keyed and not self.stops and early
         for _ in range(5):
-            picked = self._pick_worker(busy_share=1.0, wait=0.0)
-            if picked is None or not picked[1].busy:
+            picked = self._keyed_holder() if self.options.keyed else None
+            if picked is None and keyed_only:
                 return None
+            if picked is None:
+                picked = self._pick_worker(busy_share=1.0, wait=0.0)
+                if picked is None or not picked[1].busy:
+                    return None
             supervisor, child = picked
             if not _signal(child.pid, signal.SIGSTOP):
                 continue
             time.sleep(0.05)  # let a statement already on the wire land before reading the leases
             leases = self._held(child.pid)
-            if leases:
+            if leases and (not keyed_only or self._runs_keyed(child.pid, leases)):
                 now = time.time()
                 fault = Fault(
                     "stop-worker", now, now, (child.pid,), leases, f"{child.slot} of supervisor {supervisor.number}"
@@ -189,7 +218,7 @@ class Injector:
                     f"holding {_leases(leases)}"
                 )
                 return fault
-            _signal(child.pid, signal.SIGCONT)  # it finished its job meanwhile: pick again
+            _signal(child.pid, signal.SIGCONT)  # it finished its (keyed) job meanwhile: pick again
         return None
 
     def _maybe_resume(self, stop: Stop) -> None:

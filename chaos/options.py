@@ -34,6 +34,10 @@ KILLS = ("kill-worker", "kill-reaper", "kill-supervisor")
 #: ``max_concurrent``. Every job naming a key is enqueued with that key's limit.
 LIMIT_KEYS = {"key-0": 1, "key-1": 1, "key-2": 1, "key-3": 1, "key-4": 2}
 
+#: With ``--unique`` and ``--sequences``: how the keys are named (``unique-0``, ``seq-0``, ...).
+UNIQUE_PREFIX = "unique-"
+SEQUENCE_PREFIX = "seq-"
+
 
 class OptionError(ValueError):
     """An option is out of range; the message names it and the rule."""
@@ -74,6 +78,17 @@ class Options:
     group_size: int = 10
     chains: int = 10
     chain_length: int = 5
+    #: Enqueue a share of the jobs with a unique key (of ``unique_keys`` keys), over the run and
+    #: again and again (duplicates expected), and check that no two jobs of a key ever ran at once.
+    unique: bool = False
+    unique_share: float = 0.2
+    unique_keys: int = 4
+    #: Enqueue ``sequence_keys`` x ``sequence_length`` jobs with a sequence key, over the run, and
+    #: check that each key's jobs ran one at a time in enqueue order; the last key's second job
+    #: fails until it is dead, which must block the key until the harness releases it at the end.
+    sequences: bool = False
+    sequence_keys: int = 10
+    sequence_length: int = 5
 
     # Short miniqueue intervals, so that lease expiry and recovery happen many times a run.
     poll_interval: float = 0.2
@@ -112,6 +127,30 @@ class Options:
             return 0
         return self.groups * (self.group_size + 1) + self.chains * self.chain_length
 
+    @property
+    def sequence_jobs(self) -> int:
+        """How many of the jobs carry a sequence key."""
+        return self.sequence_keys * self.sequence_length if self.sequences else 0
+
+    @property
+    def unique_jobs(self) -> int:
+        """How many of the jobs are enqueues of a unique key (each one stores a job or is a
+        duplicate): a share of those neither in a workflow nor in a sequence."""
+        if not self.unique:
+            return 0
+        return round(self.unique_share * max(0, self.jobs - self.workflow_jobs - self.sequence_jobs))
+
+    @property
+    def keyed(self) -> bool:
+        """Whether some jobs carry a unique or sequence key (``--unique``, ``--sequences``)."""
+        return self.unique or self.sequences
+
+    def unique_key_names(self) -> list[str]:
+        return [f"{UNIQUE_PREFIX}{n}" for n in range(self.unique_keys)]
+
+    def sequence_key_names(self) -> list[str]:
+        return [f"{SEQUENCE_PREFIX}{n}" for n in range(self.sequence_keys)]
+
     def validated(self) -> Options:
         checks = [
             (self.jobs >= 1, f"--jobs {self.jobs}: use 1 or more"),
@@ -143,6 +182,19 @@ class Options:
             (
                 self.workflow_jobs <= self.jobs,
                 f"--jobs {self.jobs}: --workflow needs at least {self.workflow_jobs} (its groups and chains)",
+            ),
+            (0 <= self.unique_share <= 1, f"--unique-share {self.unique_share}: use a fraction from 0 to 1"),
+            (self.unique_keys >= 1, f"--unique-keys {self.unique_keys}: use 1 or more"),
+            (self.sequence_keys >= 1, f"--sequence-keys {self.sequence_keys}: use 1 or more"),
+            (
+                self.sequence_length >= 3,
+                f"--sequence-length {self.sequence_length}: use 3 or more (the blocked key's second job dies, "
+                "and at least one must wait behind it)",
+            ),
+            (
+                self.workflow_jobs + self.sequence_jobs <= self.jobs,
+                f"--jobs {self.jobs}: --workflow and --sequences need at least "
+                f"{self.workflow_jobs + self.sequence_jobs} (groups, chains and sequences)",
             ),
         ]
         for ok, message in checks:

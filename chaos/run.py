@@ -16,6 +16,7 @@ import psutil
 
 from .evidence import Evidence
 from .faults import Fault, Injector
+from .feeder import Blocked, Feeder, reconcile, release_blocked
 from .fleet import Fleet
 from .options import Options
 from .processes import become_subreaper
@@ -45,6 +46,10 @@ def _extras(workload: Workload) -> str:
         parts.append(f"{len(workload.keys)} with a concurrency key")
     if workload.groups or workload.chains:
         parts.append(f"{len(workload.groups)} groups and {len(workload.chains)} chains")
+    for kind in ("unique", "sequence"):
+        feeds = [f for f in workload.feeds if f.kind == kind]
+        if feeds:
+            parts.append(f"{sum(len(f.jobs) for f in feeds)} {kind} enqueues to come in {len(feeds)} bursts")
     return "".join(f", {part}" for part in parts)
 
 
@@ -68,6 +73,7 @@ def run(options: Options) -> int:
         options = dataclasses.replace(options, scenarios=tuple(s for s in options.scenarios if s != "restart-postgres"))
     fleet: Fleet | None = None
     db: Harness | None = None
+    feeder: Feeder | None = None
     ok = False
     try:
         code = snapshot_code(REPO_ROOT, workdir)
@@ -85,7 +91,11 @@ def run(options: Options) -> int:
         )
         injector = Injector(options, fleet, db, server, rng, say)
         started = time.monotonic()
+        if workload.feeds:
+            feeder = Feeder(dsn, workload, say)
+            feeder.start()
         run_chaos(options, fleet, injector, rng, say)
+        feeder_problem = _finish_feeding(feeder, options)
         drain_seconds, drain_error = None, None
         try:
             drain_seconds = drain(options, fleet, injector, db, say)
@@ -93,9 +103,18 @@ def run(options: Options) -> int:
         except TimeoutError as exc:
             drain_error = str(exc)
             say(f"PROBLEM: {exc}")
+        blocked: Blocked | None = None
+        if options.sequences and drain_error is None:
+            blocked = release_blocked(dsn, workload, db, fleet, injector, say)
         fleet.stop_all()
         elapsed = time.monotonic() - started
-        verdict = _judge(options, db, offset, fleet, injector, workload, drain_seconds, drain_error)
+        if options.keyed:
+            found = reconcile(db, workload)
+            if found:
+                say(f"found {len(found)} keyed job(s) whose enqueue reply was lost: {found}")
+        verdict = _judge(
+            options, db, offset, fleet, injector, workload, drain_seconds, drain_error, blocked, feeder_problem
+        )
         title.append(f"chaos + drain {elapsed:.0f}s; run directory {workdir}")
         print(table(title, verdict), flush=True)
         if options.json_path:
@@ -103,6 +122,8 @@ def run(options: Options) -> int:
         ok = verdict.ok
         return 0 if ok else 1
     except BaseException:
+        if feeder is not None:
+            feeder.stop()
         if fleet is not None:
             fleet.kill_everything()
         raise
@@ -119,6 +140,8 @@ def _judge(
     workload: Workload,
     drain_seconds: float | None,
     drain_error: str | None,
+    blocked: Blocked | None,
+    feeder_problem: str | None,
 ) -> Verdict:
     survivors, zombies = [], []
     for tracked in fleet.tracker.survivors():
@@ -144,8 +167,21 @@ def _judge(
         logs="\n".join(s.output() for s in fleet.supervisors),
         drain_seconds=drain_seconds,
         drain_error=drain_error,
+        blocked=blocked,
+        feeder_problem=feeder_problem,
     )
     return judge(Evidence.load(db, offset), record)
+
+
+def _finish_feeding(feeder: Feeder | None, options: Options) -> str | None:
+    """Wait for the feeder's last burst (due within the spread, so usually already sent); its
+    problem, if it crashed or could not finish."""
+    if feeder is None:
+        return None
+    if not feeder.join(timeout=options.drain_timeout):
+        feeder.stop()
+        return f"the feeder was still enqueueing {options.drain_timeout:g}s after the chaos ended"
+    return feeder.crashed
 
 
 def _title(options: Options, server: Server) -> list[str]:
@@ -170,6 +206,10 @@ def _modes(options: Options) -> str:
             f"{options.groups} groups of {options.group_size} + callback, "
             f"{options.chains} chains of {options.chain_length}"
         )
+    if options.unique:
+        modes.append(f"{options.unique_jobs} unique enqueues over {options.unique_keys} keys")
+    if options.sequences:
+        modes.append(f"{options.sequence_keys} sequence keys x {options.sequence_length}")
     return "".join(f"{mode}, " for mode in modes)
 
 

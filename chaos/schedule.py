@@ -15,6 +15,15 @@ from .server import Harness
 TICK = 0.1
 
 _UNFINISHED = "SELECT count(*) FROM miniqueue_jobs WHERE state IN ('available', 'running', 'waiting')"
+#: With --sequences: a job waiting behind a failed or dead job that blocks its key is not
+#: unfinished business for the drain; the harness checks and releases that key afterwards.
+_UNFINISHED_UNBLOCKED = """
+SELECT count(*) FROM miniqueue_jobs j
+ WHERE j.state IN ('available', 'running', 'waiting')
+   AND NOT (j.state = 'waiting' AND j.sequence_key IS NOT NULL AND EXISTS (
+       SELECT 1 FROM miniqueue_sequences s JOIN miniqueue_jobs h ON h.id = s.head
+        WHERE s.key = j.sequence_key AND s.on_failure = 'block' AND h.state IN ('failed', 'dead')))
+"""
 
 
 def first_round(options: Options, owned: bool, rng: random.Random) -> list[str]:
@@ -67,15 +76,17 @@ def _inject_one(
 
 
 def drain(options: Options, fleet: Fleet, injector: Injector, db: Harness, say: Callable[[str], None]) -> float:
-    """Wait until no job is available, running or waiting for its parents and no worker is frozen; return the seconds it
-    took, or raise TimeoutError at the drain deadline."""
+    """Wait until no job is available, running or waiting (for its parents, or its turn in a sequence
+    that no dead job blocks) and no worker is frozen; return the seconds it took, or raise
+    TimeoutError at the drain deadline."""
+    query = _UNFINISHED_UNBLOCKED if options.sequences else _UNFINISHED
     started = time.monotonic()
     deadline = started + options.drain_timeout
     next_report = started + 10.0
     while True:
         fleet.monitor()
         injector.tick()
-        unfinished = int(db.value(_UNFINISHED))
+        unfinished = int(db.value(query))
         if unfinished == 0 and not injector.busy:
             return time.monotonic() - started
         now = time.monotonic()

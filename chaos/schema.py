@@ -20,7 +20,8 @@ CREATE TABLE chaos_executions (
     attempt INT NOT NULL,
     pid     INT NOT NULL,
     at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
-    parents JSONB                             -- a dependent's job.parent_results as it read them: {"id": result}
+    parents JSONB,                            -- a dependent's job.parent_results as it read them: {"id": result}
+    ended   TIMESTAMPTZ                       -- keyed jobs: the handler's work done (before its completion commits)
 );
 CREATE INDEX chaos_executions_job ON chaos_executions (job_id, attempt);
 
@@ -58,7 +59,12 @@ CREATE TABLE chaos_transitions (
     to_state   TEXT NOT NULL,
     worker     TEXT,                          -- the lease holder: the claimer, or the one whose lease ended
     error      TEXT,
-    at         TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    at         TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    -- The transaction that made it. Within one transaction the stamps need not follow the order of
+    -- the changes: a change a function makes inside a statement (a sequence's next job released by
+    -- miniqueue_settle) is stamped before the change of the statement itself (the completion),
+    -- whose AFTER trigger fires when the statement ends.
+    xact       BIGINT NOT NULL DEFAULT txid_current()
 );
 
 CREATE FUNCTION chaos_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -85,6 +91,23 @@ BEGIN
 END
 $$;
 
+CREATE TABLE chaos_keyed (
+    job_id       BIGINT PRIMARY KEY,
+    unique_key   TEXT,
+    sequence_key TEXT,
+    at           TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()  -- stored (after its unique index let it in)
+);
+
+CREATE FUNCTION chaos_record_keyed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_keyed (job_id, unique_key, sequence_key) VALUES (NEW.id, NEW.unique_key, NEW.sequence_key);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER chaos_keyed_insert AFTER INSERT ON miniqueue_jobs FOR EACH ROW
+    WHEN (NEW.unique_key IS NOT NULL OR NEW.sequence_key IS NOT NULL)
+    EXECUTE FUNCTION chaos_record_keyed();
 CREATE TRIGGER chaos_transitions_update AFTER UPDATE ON miniqueue_jobs FOR EACH ROW
     WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.attempt IS DISTINCT FROM NEW.attempt)
     EXECUTE FUNCTION chaos_record_transition();

@@ -10,10 +10,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .app import PLANNED_FAILURE
 from .check_limits import limit_rows
+from .check_sequences import sequence_rows
+from .check_unique import Causes, unique_rows
 from .check_workflow import workflow_rows
 from .evidence import Attempt, Evidence
 from .faults import Fault, Stop
+from .feeder import Blocked
 from .options import KILLS, SCENARIOS, Options
 from .rows import Row, info, rule
 from .workload import Workload
@@ -58,19 +62,32 @@ class RunRecord:
     logs: str
     drain_seconds: float | None
     drain_error: str | None
+    #: With --sequences: the blocked key as the harness found and released it once the run was
+    #: quiet (None: not checked, the run did not drain).
+    blocked: Blocked | None = None
+    #: With --unique and --sequences: the feeder's own failure, if it had one.
+    feeder_problem: str | None = None
 
 
 def judge(evidence: Evidence, run: RunRecord) -> Verdict:
     """Every check, in the order the table prints them."""
     rows: list[Row] = []
     data: dict[str, Any] = {}
+    causes, unexplained = lost_attempt_causes(evidence, run.faults, set(run.workload.failing))
     rows += _job_rows(evidence, run, data)
-    rows += _execution_rows(evidence, run, data)
+    rows += _execution_rows(evidence, run, causes, unexplained, data)
     rows += _effect_rows(evidence, run, data)
     if run.options.limits:
         rows += limit_rows(evidence, run.workload, data)
     if run.options.workflow:
         rows += workflow_rows(evidence, run.workload, data)
+    if run.options.keyed:
+        problems = [run.feeder_problem] if run.feeder_problem else []
+        rows.append(rule("keyed jobs: the feeder (their enqueues over the run) failed", problems))
+    if run.options.unique:
+        rows += unique_rows(evidence, run.workload, causes, run.faults, data)
+    if run.options.sequences:
+        rows += sequence_rows(evidence, run.workload, causes, run.faults, run.blocked, data)
     rows += _recovery_rows(evidence, run, data)
     rows += _stop_rows(evidence, run, data)
     rows += _process_rows(run, data)
@@ -85,6 +102,8 @@ def _job_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
     completed = [j for j, s in states.items() if s == "completed"]
     dead = [j for j, s in states.items() if s == "dead"]
     lost = [j for j, s in states.items() if s not in ("completed", "dead")]
+    planned = [j for j in dead if j in run.workload.failing]  # a sequence's job planned to die
+    dead = [j for j in dead if j not in run.workload.failing]
     twice = [j for j, done in ev.completions.items() if len(done) > 1]
     same_fence = [f"job {j} attempt {a} by {w}" for (j, a, w), n in sorted(ev.fences.items(), key=str) if n > 1]
     reused = [
@@ -98,6 +117,7 @@ def _job_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
         enqueued=len(run.enqueued),
         completed=len(completed),
         dead=sorted(dead),
+        planned_dead=sorted(planned),
         lost=sorted(lost),
         completed_more_than_once=sorted(twice),
         repeated_fences=same_fence,
@@ -106,7 +126,7 @@ def _job_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
     )
     lost_labels = [f"{j} ({states[j]})" for j in sorted(lost)]
     dead_row = Row(
-        "dead",
+        "dead" + (f" (and {len(planned)} planned to die: a sequence's failing job)" if planned else ""),
         str(len(dead)),
         "reported" if run.options.allow_dead else "must be 0",
         None if run.options.allow_dead else not dead,
@@ -183,20 +203,34 @@ def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
     return None
 
 
-def _execution_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
-    faults = sorted(run.faults, key=lambda f: f.at)
-    causes: dict[tuple[int, int, int | None], str] = {}
+#: The cause of an attempt of a job planned to fail (``--sequences``) that ended by its own error.
+PLANNED = "planned failure"
+
+
+def lost_attempt_causes(ev: Evidence, faults: list[Fault], failing: set[int]) -> tuple[Causes, list[str]]:
+    """Every lease that ended without completion -> the fault that explains it ("UNEXPLAINED" if
+    none); and the unexplained ones, described. An attempt of a job planned to fail that ended by
+    its planned error is explained by that."""
+    ordered = sorted(faults, key=lambda f: f.at)
+    causes: Causes = {}
     unexplained: list[str] = []
     for lease in ev.leases:
         if lease.end_state == "completed" or lease.ended is None:
             continue
-        cause = explain(lease, faults)
+        planned = lease.job in failing and PLANNED_FAILURE in (lease.error or "")
+        cause = PLANNED if planned else explain(lease, ordered)
         if cause is None:
             unexplained.append(
                 f"job {lease.job} attempt {lease.attempt} ({lease.end_state}, {lease.worker}): "
                 f"{_first_line(lease.error)}"
             )
         causes[(lease.job, lease.attempt, lease.pid)] = cause or "UNEXPLAINED"
+    return causes, unexplained
+
+
+def _execution_rows(
+    ev: Evidence, run: RunRecord, causes: Causes, unexplained: list[str], data: dict[str, Any]
+) -> list[Row]:
     per_attempt = collections.Counter((e.job, e.attempt) for e in ev.executions)
     twice = [f"{j}/{a}" for (j, a), n in sorted(per_attempt.items()) if n > 1]
     executed_jobs = {e.job for e in ev.executions}

@@ -13,6 +13,15 @@ chains (the first step due at a random time, each next one waiting for the one b
 dependent (a callback, a step after the first) is an effect job: its completion is
 transactional, so a second completion would leave a duplicated effect. Dependents wait for
 their parents, so they get no delay; with ``--limits`` they may carry a key like any job.
+
+With ``--unique`` and ``--sequences`` some jobs carry a unique key or a sequence key. They are
+not enqueued with the others: each is drawn here as part of a *feed* (a burst of enqueues of one
+key, due at a time over the spread, through ``app.enqueue``, ``client.enqueue`` or
+``client.enqueue_many``), and :mod:`chaos.feeder` enqueues them while the faults fly. A unique
+key's bursts repeat its enqueues a few tenths of a second apart, so most are duplicates of a job
+that waits or runs and some land just as it finishes. A sequence key's jobs come in one to three
+bursts, in order; the last key's second job fails every time (``"fail"``, 2 attempts), so it dies
+and blocks the rest of its key.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from dataclasses import dataclass, field
 
 from miniqueue import Client, JobSpec
 
-from .app import QUEUE, TASK
+from .app import QUEUE, SEQUENCE_TASK, TASK, UNIQUE_TASK
 from .options import LIMIT_KEYS, Options
 
 #: Due times per concurrency key: its jobs are due at one of these, plus up to BURST_JITTER s.
@@ -34,6 +43,18 @@ GROUP_JITTER = 2.0
 GROUP_CALLBACK = "group callback"
 CHAIN_STEP = "chain step"
 
+#: How a feed enqueues its jobs: the app (its task computes the key from the payload), a client
+#: without the app (the key passed), or one batch.
+METHODS = ("app.enqueue", "client.enqueue", "client.enqueue_many")
+#: A unique key's burst: up to this many enqueues, each up to UNIQUE_GAP s after the one before.
+UNIQUE_BURST = 4
+UNIQUE_GAP = 0.3
+#: A sequence key's jobs come in up to this many bursts.
+SEQUENCE_BURSTS = 3
+#: The job planned to die: the blocked key's second job, with this many attempts.
+FAILING_INDEX = 1
+FAILING_ATTEMPTS = 2
+
 
 @dataclass(frozen=True)
 class Planned:
@@ -43,6 +64,36 @@ class Planned:
     effect: bool
     sleep_ms: int
     key: str | None
+
+
+@dataclass(frozen=True)
+class Feed:
+    """A burst of enqueues of one unique or sequence key, due ``at`` seconds into the chaos."""
+
+    at: float
+    kind: str  # "unique" or "sequence"
+    key: str
+    method: str  # one of METHODS
+    jobs: tuple[Planned, ...]
+    #: Seconds to wait before each enqueue (one by one; a batch goes at once).
+    gaps: tuple[float, ...]
+
+
+@dataclass
+class KeyedEnqueue:
+    """One enqueue of a keyed job, as the feeder made it: when (this host's clock), and what it
+    returned. A retry after a connection error is the same enqueue (``retries``)."""
+
+    kind: str
+    key: str
+    method: str
+    n: int  # the job's index among its key's (payload "n")
+    started: float
+    ended: float
+    id: int | None = None
+    duplicate: bool = False
+    retries: int = 0
+    error: str | None = None
 
 
 @dataclass
@@ -60,6 +111,15 @@ class Workload:
     roles: dict[int, str] = field(default_factory=dict)
     groups: list[tuple[list[int], int]] = field(default_factory=list)  # (members, callback)
     chains: list[list[int]] = field(default_factory=list)
+    #: With --unique and --sequences: the bursts to enqueue over the run, what each enqueue
+    #: returned, each sequence key's jobs in the order the harness enqueued them, the job planned
+    #: to die (and its key), and keyed jobs found only in the database (their reply was lost).
+    feeds: list[Feed] = field(default_factory=list)
+    enqueues: list[KeyedEnqueue] = field(default_factory=list)
+    sequence_order: dict[str, list[int]] = field(default_factory=dict)
+    failing: dict[int, str] = field(default_factory=dict)
+    blocked_key: str | None = None
+    found: list[int] = field(default_factory=list)
 
     def add(self, job: int, planned: Planned) -> None:
         self.ids.append(job)
@@ -68,6 +128,17 @@ class Workload:
             self.effect_jobs.add(job)
         if planned.key is not None:
             self.keys[job] = planned.key
+
+    def add_found(self, job: int, payload: dict[str, object]) -> None:
+        """A keyed job the database holds but no enqueue returned (its reply was lost)."""
+        self.ids.append(job)
+        self.found.append(job)
+        ms = payload.get("ms", 0)
+        self.sleep_ms[job] = int(ms) if isinstance(ms, (int, float)) else 0
+        if payload.get("effect"):
+            self.effect_jobs.add(job)
+        if payload.get("fail") and isinstance(payload.get("sequence"), str):
+            self.failing[job] = str(payload["sequence"])
 
     def depends(self, job: int, parents: list[int], role: str) -> None:
         self.parents[job] = tuple(parents)
@@ -124,6 +195,74 @@ class Draw:
             return None
         return self.rng.choice(sorted(LIMIT_KEYS))
 
+    def keyed_job(
+        self, *, n: int, unique: str | None = None, sequence: str | None = None, fail: bool = False
+    ) -> Planned:
+        """A job of a unique or a sequence key (due when its feed is: no delay). Its payload names
+        its key and its index ``n``, so a job whose enqueue reply was lost can be told apart in the
+        database. It carries no concurrency key: limits are scoped per task, and the limits rule
+        (``--limits``) checks the chaos task's keys."""
+        options = self.options
+        effect = False if fail else self.rng.random() < options.effect_share
+        sleep = self.rng.randint(*options.sleep_ms)
+        payload: dict[str, object] = {"effect": effect, "ms": sleep, "n": n}
+        if unique is not None:
+            payload["unique"] = unique
+        if sequence is not None:
+            payload["sequence"] = sequence
+        if fail:
+            payload["fail"] = True
+        spec = JobSpec(
+            UNIQUE_TASK if unique is not None else SEQUENCE_TASK,
+            payload,
+            queue=QUEUE,
+            max_attempts=FAILING_ATTEMPTS if fail else options.max_attempts,
+            # A sequence job is enqueued once, even when its enqueue is retried after a lost
+            # reply; a unique job's retry is an enqueue like any other.
+            idempotency_key=None if sequence is None else f"chaos:{sequence}:{n}",
+            unique_key=unique,
+            sequence_key=sequence,
+        )
+        return Planned(spec, effect, sleep, None)
+
+    def unique_feeds(self) -> list[Feed]:
+        """``--unique``: the unique enqueues, in bursts of one key each (most of a burst's
+        enqueues are duplicates of its first)."""
+        keys = self.options.unique_key_names()
+        feeds: list[Feed] = []
+        count, n = self.options.unique_jobs, 0
+        spread = self.options.enqueue_spread
+        while n < count:
+            size = min(self.rng.randint(1, UNIQUE_BURST), count - n)
+            key = self.rng.choice(keys)
+            at = self.rng.uniform(0, spread)
+            method = self.rng.choice(METHODS)
+            jobs = tuple(self.keyed_job(n=n + i, unique=key) for i in range(size))
+            gaps = tuple(0.0 if i == 0 else self.rng.uniform(0, UNIQUE_GAP) for i in range(size))
+            feeds.append(Feed(at, "unique", key, method, jobs, gaps))
+            n += size
+        return feeds
+
+    def sequence_feeds(self) -> tuple[list[Feed], str]:
+        """``--sequences``: each key's jobs in one to three bursts, in order; and the key whose
+        second job is planned to die."""
+        keys = self.options.sequence_key_names()
+        blocked = keys[-1]
+        length = self.options.sequence_length
+        spread = self.options.enqueue_spread
+        feeds: list[Feed] = []
+        for key in keys:
+            cuts = sorted(self.rng.sample(range(1, length), k=self.rng.randint(0, SEQUENCE_BURSTS - 1)))
+            bounds = [0, *cuts, length]
+            times = sorted(self.rng.uniform(0, spread) for _ in [*cuts, 0])
+            for at, lo, hi in zip(times, bounds[:-1], bounds[1:], strict=True):
+                jobs = tuple(
+                    self.keyed_job(n=i, sequence=key, fail=key == blocked and i == FAILING_INDEX) for i in range(lo, hi)
+                )
+                gaps = tuple(self.rng.uniform(0, 0.05) for _ in jobs)
+                feeds.append(Feed(at, "sequence", key, self.rng.choice(METHODS), jobs, gaps))
+        return feeds, blocked
+
 
 def enqueue(dsn: str, options: Options, rng: random.Random) -> Workload:
     """Enqueue the run's jobs: its groups and chains (one transaction each), then the plain jobs
@@ -136,10 +275,18 @@ def enqueue(dsn: str, options: Options, rng: random.Random) -> Workload:
                 _enqueue_group(client, draw, options.group_size, workload)
             for _ in range(options.chains):
                 _enqueue_chain(client, draw, options.chain_length, workload)
-        plain = [draw.job() for _ in range(options.jobs - options.workflow_jobs)]
+        plain_count = options.jobs - options.workflow_jobs - options.sequence_jobs - options.unique_jobs
+        plain = [draw.job() for _ in range(plain_count)]
         if plain:
             for result, planned in zip(client.enqueue_many([p.spec for p in plain]), plain, strict=True):
                 workload.add(result.id, planned)
+    if options.unique:
+        workload.feeds += draw.unique_feeds()
+    if options.sequences:
+        feeds, workload.blocked_key = draw.sequence_feeds()
+        workload.feeds += feeds
+    # In time order; a key's bursts are drawn in order, and a stable sort keeps equal times so.
+    workload.feeds.sort(key=lambda feed: feed.at)
     return workload
 
 

@@ -13,8 +13,17 @@ It runs twice: with the chaos task as a ``def`` handler, and as an ``async def``
 chaos): every scenario is still injected, each one once early on, and the suite stays near its
 minute and a half.
 
-The rules of the two modes are also shown to catch what they are meant to catch, on records
-built by hand: leases of one key held at once, and a dependent claimed before its parent completed.
+A third run adds ``--unique --sequences`` (20 s of chaos, 200 jobs: 30 enqueues of 4 unique
+keys over the run, duplicates expected, and 10 sequence keys of 5 jobs, one of which dies and
+blocks its key until the harness releases it), and checks their rules: no two jobs of a unique key
+held it or ran at once, each sequence ran one job at a time in enqueue order, the dead job blocked
+its key until it was released.
+
+The rules of the modes are also shown to catch what they are meant to catch, on records built by
+hand: leases of one key held at once, a dependent claimed before its parent completed, and two
+runs of one key at once (allowed only past a lost lease); and the keyed SQL on rows made by hand
+in a database of the session's server (an overlap, two holders of a unique key, a sequence job
+released, claimed and run before its turn).
 """
 
 from __future__ import annotations
@@ -25,14 +34,21 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from chaos import schema
 from chaos.check_limits import peak
+from chaos.check_unique import judge_overlaps
 from chaos.check_workflow import workflow_rows
 from chaos.evidence import Attempt, Evidence, Execution
+from chaos.keyed import Holding, KeyedEvidence, Overlap, Run
 from chaos.options import LIMIT_KEYS
+from chaos.server import Harness
 from chaos.workload import CHAIN_STEP, Workload
+from miniqueue.core.db import connect
+from miniqueue.testing import database as testing_db
 
 SHORT_FORM = [
     "--jobs",
@@ -67,13 +83,26 @@ ASYNC_FORM = [
     "--concurrency",
     "4",
 ]
+KEYED_FORM = [
+    "--jobs",
+    "200",
+    "--workers",
+    "4",
+    "--duration",
+    "20",
+    "--kill-interval",
+    "0.5",
+    "1.5",
+    "--seed",
+    "1",
+    "--unique",
+    "--sequences",
+]
+SCENARIOS = ("kill-worker", "kill-reaper", "stop-worker", "terminate-backend", "kill-supervisor", "two-supervisors")
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("form", [SHORT_FORM, ASYNC_FORM], ids=["def", "async-def"])
-def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
-    form: list[str], tmp_path: Path, repo_root: Path
-) -> None:
+def _run_chaos(form: list[str], tmp_path: Path, repo_root: Path) -> dict[str, Any]:
+    """Run ``python -m chaos`` with ``form``; assert it passed and return its JSON result."""
     result_file = tmp_path / "chaos.json"
     # The run's embedded server keeps its data in a folder of its own, outside pytest's shared
     # temporary folder: another pytest on the machine may reset that folder's permissions, and
@@ -90,7 +119,22 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     assert run.returncode == 0, f"chaos run failed:\n{run.stdout}\n--- stderr (tail)\n{run.stderr[-6000:]}"
-    result = json.loads(result_file.read_text())
+    result: dict[str, Any] = json.loads(result_file.read_text())
+    return result
+
+
+def _assert_every_fault_injected(faults: dict[str, int]) -> None:
+    for scenario in SCENARIOS:
+        assert faults.get(scenario, 0) >= 1, f"{scenario} was never injected: {faults}"
+    assert faults.get("restart-postgres", 0) >= 2, f"expected a fast and an immediate restart: {faults}"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("form", [SHORT_FORM, ASYNC_FORM], ids=["def", "async-def"])
+def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
+    form: list[str], tmp_path: Path, repo_root: Path
+) -> None:
+    result = _run_chaos(form, tmp_path, repo_root)
     assert result["options"]["async_handlers"] is ("--async" in form)
     assert result["enqueued"] == 300
     assert result["completed"] == 300
@@ -100,17 +144,7 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
     assert result["effect_mismatches"] == []
     assert result["unexplained"] == []
     assert result["process_problems"] == []
-    faults = result["faults"]
-    for scenario in (
-        "kill-worker",
-        "kill-reaper",
-        "stop-worker",
-        "terminate-backend",
-        "kill-supervisor",
-        "two-supervisors",
-    ):
-        assert faults.get(scenario, 0) >= 1, f"{scenario} was never injected: {faults}"
-    assert faults.get("restart-postgres", 0) >= 2, f"expected a fast and an immediate restart: {faults}"
+    _assert_every_fault_injected(result["faults"])
     assert any(stop["taken_over"] for stop in result["stops"]), f"no SIGSTOP outlived its lease: {result['stops']}"
     # --limits: no key ever had more leases at once than its max_concurrent.
     assert result["limit_exceeded"] == []
@@ -122,6 +156,44 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
     assert (workflow["groups"], workflow["chains"], workflow["dependents"]) == (10, 10, 50)
     for broken in ("lost", "not_completed_once", "release_problems", "claimed_before_parents", "wrong_parent_results"):
         assert workflow[broken] == [], (broken, workflow[broken])
+
+
+@pytest.mark.timeout(150)
+def test_short_chaos_run_keeps_unique_keys_and_sequences(tmp_path: Path, repo_root: Path) -> None:
+    result = _run_chaos(KEYED_FORM, tmp_path, repo_root)
+    blocked = result["blocked"]
+    # Every job stored completed once, but the one planned to die (it blocked its key).
+    assert result["planned_dead"] == [blocked["job"]]
+    assert result["completed"] == result["enqueued"] - 1
+    for broken in ("lost", "dead", "completed_more_than_once", "duplicated_effects", "effect_mismatches"):
+        assert result[broken] == [], (broken, result[broken])
+    assert result["unexplained"] == []
+    assert result["process_problems"] == []
+    _assert_every_fault_injected(result["faults"])
+    # --unique: 30 enqueues of 4 keys over the run; no two jobs of a key held it or ran at once.
+    unique = result["unique"]
+    assert unique["enqueues"] == 30
+    assert unique["duplicates"] >= 1 and unique["stored"] >= 4, unique
+    assert unique["stored"] + unique["duplicates"] >= 30  # a lost reply's retry may store one more
+    for broken in ("failed_enqueues", "wrong_duplicates", "not_completed_once", "held_at_once", "overlaps"):
+        assert unique[broken] == [], (broken, unique[broken])
+    # --sequences: 10 keys x 5 jobs, each key one job at a time, in enqueue order.
+    sequences = result["sequences"]
+    assert (sequences["keys"], sequences["jobs"]) == (10, 50)
+    for broken in (
+        "failed_enqueues",
+        "misnumbered",
+        "not_completed_once",
+        "release_problems",
+        "early",
+        "out_of_order",
+        "overlaps",
+    ):
+        assert sequences[broken] == [], (broken, sequences[broken])
+    # The dead job blocked its key's later jobs (waiting, never claimed) until its release.
+    assert blocked["key"] == "seq-9" and blocked["state"] == "dead", blocked
+    assert blocked["behind"] and set(blocked["behind"].values()) == {"waiting"}, blocked
+    assert blocked["problems"] == [] and blocked["completed_after"] is not None, blocked
 
 
 def _lease(job: int, claimed: float, ended: float | None, attempt: int = 1) -> Attempt:
@@ -158,3 +230,88 @@ def test_the_workflow_rules_catch_an_early_claim_and_a_wrong_parent_result() -> 
     assert len(rows["dependents that read a parent result other than its completion's"].offenders) == 1
     assert rows["dependents not completed exactly once"].ok
     assert rows["dependents not released exactly once (waiting -> available)"].ok
+
+
+def test_the_keyed_rules_allow_an_overlap_only_past_a_lost_lease() -> None:
+    ev = Evidence()
+    first, second = Run(1, 1, 101, 1.0, 6.0), Run(2, 1, 102, 4.0, 5.0)
+    ev.keyed = KeyedEvidence(overlaps=[Overlap("unique", "unique-0", first, second)])
+    # Job 1's lease ended by completion: two jobs of the key ran at once.
+    ev.by_job[1].append(_lease(1, 0.5, 6.5))
+    ev.by_job[2].append(_lease(2, 3.5, 5.5))
+    bad, allowed = judge_overlaps(ev, "unique", {})
+    assert len(bad) == 1 and not allowed
+    # Job 1's lease was lost to a SIGSTOP before job 2 was claimed: a stale attempt, allowed.
+    ev.by_job[1][0] = Attempt(1, 1, "host:101:w", 0.5, 3.0, "available", "worker lost")
+    bad, allowed = judge_overlaps(ev, "unique", {(1, 1, 101): "stop-worker"})
+    assert not bad and len(allowed) == 1
+    # ... but not when no fault explains the loss, nor when job 2 was claimed before it.
+    assert judge_overlaps(ev, "unique", {(1, 1, 101): "UNEXPLAINED"})[0]
+    ev.by_job[2][0] = _lease(2, 2.5, 5.5)
+    assert judge_overlaps(ev, "unique", {(1, 1, 101): "stop-worker"})[0]
+
+
+def test_the_keyed_sql_finds_overlaps_two_holders_and_a_sequence_out_of_turn(server_dsn: str) -> None:
+    dsn = testing_db.create_database(server_dsn, prefix="chaos_keyed")
+    try:
+        with connect(dsn, purpose="test") as conn:
+            schema.install(conn)
+            # Unique key u: job 2 was stored (at 3) while job 1 held the key (1-5); a second run of
+            # job 2 (4-4.5) overlapped job 1's (1.1-4.9).
+            keyed: list[tuple[int, str | None, str | None, float]] = [(1, "u", None, 1.0), (2, "u", None, 3.0)]
+            keyed.append((3, "u", None, 7.0))
+            keyed += [(10, None, "s", 1.0), (11, None, "s", 1.0), (12, None, "s", 1.0)]
+            for job, unique, sequence, at in keyed:
+                conn.execute(
+                    "INSERT INTO chaos_keyed VALUES (%s, %s, %s, to_timestamp(%s))", (job, unique, sequence, at)
+                )
+            # (job, attempt, from, to, pid, at, transaction)
+            transitions = [
+                (1, 1, "available", "running", 101, 1.0, 1),
+                (1, 1, "running", "completed", 101, 5.0, 2),
+                (2, 1, "available", "running", 102, 5.5, 3),
+                (2, 1, "running", "completed", 102, 6.0, 4),
+                (3, 1, "available", "running", 103, 7.1, 5),
+                (3, 1, "running", "completed", 103, 7.5, 6),
+                # Sequence s: 11 is released in the transaction that completes 10 (stamped first,
+                # as a nested statement's change is), fine; 12 is released, claimed and run
+                # before 11 completed.
+                (10, 0, "waiting", "available", None, 1.0, 10),
+                (10, 1, "available", "running", 110, 1.1, 11),
+                (10, 1, "running", "completed", 110, 2.0, 12),
+                (11, 0, "waiting", "available", None, 1.99, 12),
+                (11, 1, "available", "running", 111, 2.1, 13),
+                (11, 1, "running", "completed", 111, 3.0, 14),
+                (12, 0, "waiting", "available", None, 2.5, 15),
+                (12, 1, "available", "running", 112, 2.6, 16),
+                (12, 1, "running", "completed", 112, 3.5, 17),
+            ]
+            for job, attempt, before, after, pid, at, xact in transitions:
+                conn.execute(
+                    "INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker, at, xact) "
+                    "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s), %s)",
+                    (job, attempt, before, after, None if pid is None else f"host:{pid}:w", at, xact),
+                )
+            executions = [(1, 1, 101, 1.1, 4.9), (2, 1, 102, 5.6, 5.9), (2, 0, 102, 4.0, 4.5), (3, 1, 103, 7.2, None)]
+            executions += [(10, 1, 110, 1.2, 1.9), (11, 1, 111, 2.2, 2.9), (12, 1, 112, 2.7, 3.4)]
+            for job, attempt, pid, at, ended in executions:
+                conn.execute(
+                    "INSERT INTO chaos_executions (token, job_id, attempt, pid, at, ended) "
+                    "VALUES (%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s))",
+                    (f"{job}/{attempt}/{at}", job, attempt, pid, at, ended),
+                )
+        db = Harness(dsn)
+        try:
+            found = KeyedEvidence.load(db, 0.0)
+        finally:
+            db.close()
+    finally:
+        testing_db.drop_database(server_dsn, dsn)
+    assert found.unique == {1: "u", 2: "u", 3: "u"} and found.sequence == {10: "s", 11: "s", 12: "s"}
+    assert found.held_at_once == [(Holding("u", 1, 1.0, 5.0), Holding("u", 2, 3.0, 6.0))]
+    overlaps = {(o.kind, o.first.job, o.second.job) for o in found.overlaps}
+    assert overlaps == {("unique", 1, 2), ("sequence", 11, 12)}
+    assert [(x.previous, x.job) for x in found.out_of_order] == [(11, 12)]
+    assert [(x.previous, x.job) for x in found.early] == [(11, 12)]
+    # Job 3 recorded no end: its run lasts until its lease ended.
+    assert found.stored[3] == 7.0 and found.finished[3] == 7.5
