@@ -94,7 +94,10 @@ CREATE TABLE miniqueue_unique_windows (
 --
 -- A function for the reason miniqueue_settle is one: each statement takes a fresh snapshot, so
 -- once the key's row is locked it sees every job of the key that was enqueued before, committed
--- or its own. A candidate cancelled meanwhile is passed over on the next round.
+-- or its own. A candidate cancelled meanwhile is passed over on the next round. No step joins
+-- one of the statement's CTEs to another: the cached plan of a function's statement expects a
+-- row or two from each, and such a join, planned as a nested loop, rescanned the list of the jobs
+-- made available once per key (357 ms for 1,000 keys, against about 10).
 CREATE FUNCTION miniqueue_sequence_advance(keys TEXT[], queue_channel TEXT, force BOOLEAN DEFAULT false)
 RETURNS INT
 LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
@@ -119,17 +122,24 @@ BEGIN
         ), made_available AS (
             UPDATE miniqueue_jobs j SET state = 'available', scheduled_at = greatest(j.scheduled_at, now())
               FROM nxt WHERE j.id = nxt.id AND j.state = 'waiting'
-            RETURNING j.id, j.queue
-        ), heads AS (
+            RETURNING j.id, j.queue, j.sequence_key AS key
+        ), untaken AS (  -- free keys that got no job: none waits, or its candidate went meanwhile
+            SELECT key FROM nxt EXCEPT ALL SELECT key FROM made_available
+        ), taken_heads AS (
             UPDATE miniqueue_sequences s SET head = m.id, updated_at = now()
-              FROM nxt LEFT JOIN made_available m ON m.id = nxt.id
-             WHERE s.key = nxt.key
-            RETURNING s.key, nxt.id AS wanted, m.id AS taken
+              FROM made_available m WHERE s.key = m.key
+            RETURNING s.key
+        ), empty_heads AS (
+            UPDATE miniqueue_sequences s SET head = NULL, updated_at = now()
+              FROM untaken u WHERE s.key = u.key
+            RETURNING s.key
         )
         SELECT (SELECT array_agg(DISTINCT queue) FROM made_available),
-               coalesce((SELECT array_agg(key) FROM heads WHERE wanted IS NOT NULL AND taken IS NULL), '{}'),
+               coalesce((SELECT array_agg(key) FROM (SELECT key FROM nxt WHERE id IS NOT NULL
+                                                      EXCEPT ALL SELECT key FROM made_available) r), '{}'),
                (SELECT count(*) FROM made_available)
-          INTO queues, pending, n;
+          INTO queues, pending, n
+         WHERE (SELECT count(*) FROM taken_heads) >= 0 AND (SELECT count(*) FROM empty_heads) >= 0;
         PERFORM pg_notify(queue_channel, q) FROM unnest(queues) AS u(q);
         total := total + n;
         force := false;  -- a released key's next job holds it now

@@ -42,7 +42,7 @@ LIMITED = [
     "_enqueue_replacing",
     "_enqueue_many_keyed",
 ]
-HOLDING = ["_enqueue_keyed", "_enqueue_replacing", "_holder"]
+HOLDING = ["_enqueue_keyed", "_enqueue_replacing", "_holder", "_enqueue_many_keyed"]
 
 
 def test_every_statement_that_says_who_holds_a_unique_key_says_it_as_the_unique_index_does() -> None:

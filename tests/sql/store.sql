@@ -322,15 +322,17 @@ WITH scoped AS (
       FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available' AND scheduled_at <= now()) q
      WHERE %(notify)s
 )
-SELECT s.ord, COALESCE(i.id, ik.id, iu.id, e.id, eu.id), i.id IS NULL
+SELECT s.ord,
+       COALESCE(i.id, ik.id, iu.id,
+                (SELECT id FROM "public"."miniqueue_jobs" WHERE idempotency_key = s.key),
+                (SELECT id FROM "public"."miniqueue_jobs" WHERE unique_key = s.uniq AND unique_key IS NOT NULL
+      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
+           OR state = 'running' AND unique_while_running))),
+       i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
   LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
   LEFT JOIN ins iu ON i.id IS NULL AND ik.id IS NULL AND iu.unique_key = s.uniq
-  LEFT JOIN "public"."miniqueue_jobs" e ON i.id IS NULL AND ik.id IS NULL AND iu.id IS NULL AND e.idempotency_key = s.key
-  LEFT JOIN "public"."miniqueue_jobs" eu ON i.id IS NULL AND ik.id IS NULL AND iu.id IS NULL AND e.id IS NULL AND eu.unique_key = s.uniq
-        AND (eu.state IN ('waiting', 'available') AND (eu.attempt = 0 OR eu.unique_while_running)
-             OR eu.state = 'running' AND eu.unique_while_running)
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM advanced) >= 0
  ORDER BY s.ord;
 
@@ -2188,6 +2190,9 @@ SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes,
 -- _schema_version
 SELECT coalesce(max(version), 0) FROM "public"."miniqueue_migrations";
 
+-- _workers_from
+SELECT coalesce(max(workers_from), 0) FROM "public"."miniqueue_migrations";
+
 -- _versions_table
 "public"."miniqueue_migrations";
 
@@ -2198,11 +2203,54 @@ CREATE SCHEMA IF NOT EXISTS "public";
 CREATE TABLE IF NOT EXISTS "public"."miniqueue_migrations" (
     version INT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
 
+-- _migration_ddl[2]
+ALTER TABLE "public"."miniqueue_migrations" ADD COLUMN IF NOT EXISTS workers_from INT;
+
 -- _applied_versions
 SELECT version FROM "public"."miniqueue_migrations";
 
 -- _pin_search_path
 SET LOCAL search_path TO "public", pg_catalog;
 
+-- _pin_session_search_path
+SET search_path TO "public", pg_catalog;
+
 -- _record_version
-INSERT INTO "public"."miniqueue_migrations" (version, name) VALUES (%(version)s, %(name)s);
+INSERT INTO "public"."miniqueue_migrations" (version, name, workers_from) VALUES (%(version)s, %(name)s, %(workers_from)s);
+
+-- _horizon
+SELECT kind, pid, name, state, since, extract(epoch FROM now() - since)::float8 AS seconds, age, query FROM (
+    SELECT 'transaction' AS kind, pid, nullif(application_name, '') AS name, state,
+           coalesce(xact_start, query_start) AS since, greatest(age(backend_xmin), age(backend_xid)) AS age,
+           left(query, 200) AS query
+      FROM pg_stat_activity
+     WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
+       AND backend_type = 'client backend'
+    UNION ALL
+    SELECT 'prepared transaction', NULL, gid, NULL, prepared, age(transaction), NULL FROM pg_prepared_xacts
+    UNION ALL
+    SELECT 'replication slot', active_pid, slot_name, CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL,
+           greatest(age(xmin), age(catalog_xmin)), NULL
+      FROM pg_replication_slots WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+    UNION ALL
+    SELECT 'standby feedback', pid, nullif(application_name, ''), state, backend_start, age(backend_xmin), NULL
+      FROM pg_stat_replication WHERE backend_xmin IS NOT NULL
+) holders
+ ORDER BY age DESC NULLS LAST, since NULLS LAST
+ LIMIT %(limit)s;
+
+-- _table_health
+SELECT pg_stat_get_live_tuples(c.oid) AS live_rows, pg_stat_get_dead_tuples(c.oid) AS dead_rows,
+       pg_table_size(c.oid) AS table_bytes, pg_indexes_size(c.oid) AS index_bytes,
+       pg_relation_size(to_regclass(%(claim_index)s)) AS claim_index_bytes,
+       greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
+       current_setting('autovacuum')::boolean AS autovacuum,
+       coalesce((SELECT split_part(o, '=', 2) FROM unnest(c.reloptions) AS o
+                  WHERE o LIKE 'autovacuum_vacuum_scale_factor=%%'),
+                current_setting('autovacuum_vacuum_scale_factor')) AS vacuum_scale_factor,
+       coalesce((SELECT split_part(o, '=', 2) FROM unnest(c.reloptions) AS o
+                  WHERE o LIKE 'autovacuum_vacuum_threshold=%%'),
+                current_setting('autovacuum_vacuum_threshold')) AS vacuum_threshold,
+       extract(epoch FROM now())::float8 AS database_clock
+  FROM pg_class c
+ WHERE c.oid = %(table)s::regclass;
