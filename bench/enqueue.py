@@ -33,12 +33,14 @@ RETURNING id
 
 @dataclass(frozen=True)
 class EnqueueSpec:
-    """What an enqueueing worker does: ``jobs`` jobs in calls of ``batch``."""
+    """What an enqueueing worker does: ``jobs`` jobs in calls of ``batch``, each job with a
+    unique key of its own (``u<n>``) if ``unique_keys``."""
 
     dsn: str
     jobs: int
     batch: int = 1
     notify: bool = True
+    unique_keys: bool = False
 
 
 def enqueue_one_by_one(ctx: Context, *, notify: bool) -> Sample:
@@ -80,7 +82,10 @@ def enqueue_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
 def enqueue_many_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
     """Worker: enqueue ``spec.jobs`` jobs in ``enqueue_many`` calls of ``spec.batch``."""
     batches = [
-        [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(start, min(start + spec.batch, spec.jobs))]
+        [
+            JobSpec(TASK, payload(n), queue=QUEUE, unique_key=f"u{n}" if spec.unique_keys else None)
+            for n in range(start, min(start + spec.batch, spec.jobs))
+        ]
         for start in range(0, spec.jobs, spec.batch)
     ]
     with Client(spec.dsn, notify=spec.notify) as client:

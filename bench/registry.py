@@ -39,6 +39,8 @@ class Benchmark:
     ``run`` measures the row once in the database it is given and returns a :class:`Sample`;
     the harness calls it ``--runs`` times, each time in a new database, and reports medians.
     ``throughput=False`` marks a row that measures latency only (its jobs/s is not shown).
+    ``baselines`` names the rows its target is a ratio to, measured in the same invocation:
+    choosing the row chooses them too (see :func:`select`).
     """
 
     name: str
@@ -46,10 +48,12 @@ class Benchmark:
     workers: int
     run: Callable[[Context], Sample]
     throughput: bool = True
+    baselines: tuple[str, ...] = ()
 
 
 def select(benchmarks: Sequence[Benchmark], patterns: Sequence[str]) -> list[Benchmark]:
-    """The benchmarks whose name matches any of ``patterns`` (exact names or globs), in suite order.
+    """The benchmarks whose name matches any of ``patterns`` (exact names or globs), and the
+    baselines those name (``Benchmark.baselines``), in suite order.
 
     No patterns selects everything. A pattern that matches nothing raises ValueError naming it.
     """
@@ -59,4 +63,6 @@ def select(benchmarks: Sequence[Benchmark], patterns: Sequence[str]) -> list[Ben
     if unmatched:
         names = ", ".join(b.name for b in benchmarks)
         raise ValueError(f"no benchmark matches {', '.join(map(repr, unmatched))}: choose among {names}")
-    return [b for b in benchmarks if any(fnmatch.fnmatchcase(b.name, p) for p in patterns)]
+    chosen = {b.name for b in benchmarks if any(fnmatch.fnmatchcase(b.name, p) for p in patterns)}
+    chosen |= {base for b in benchmarks if b.name in chosen for base in b.baselines}
+    return [b for b in benchmarks if b.name in chosen]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from . import claim, cpu, drain, enqueue, fairness, iobound, latency, limits, scale, workflow
+from . import claim, cpu, drain, enqueue, fairness, iobound, keys, latency, limits, scale, workflow
 from .database import scratch_database
 from .measure import Sample, load_average
 from .registry import Benchmark, Context
@@ -23,6 +23,7 @@ BENCHMARKS: list[Benchmark] = [
     *iobound.BENCHMARKS,
     *scale.BENCHMARKS,
     *limits.BENCHMARKS,
+    *keys.BENCHMARKS,
     *workflow.BENCHMARKS,
 ]
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .cpu import BASELINE, Calibration
 from .fairness import ROWS as FAIRNESS_ROWS
+from .keys import TARGETS as KEYED_TARGETS
 from .report import RowResult, markdown_table
 
 #: Rows whose RSS is a miniqueue worker process's (the others measure the bench's own workers).
@@ -42,7 +43,8 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
     verdicts: list[Verdict] = []
 
     def best(prefix: str) -> RowResult | None:
-        found = [row for row in rows if row.benchmark.name.startswith(prefix)]
+        # The keyed rows have targets of their own, against their baselines: never the best plain row.
+        found = [r for r in rows if r.benchmark.name.startswith(prefix) and r.benchmark.name not in KEYED_TARGETS]
         return max(found, key=lambda row: row.jobs_per_s) if found else None
 
     if drain := best("drain-"):
@@ -110,6 +112,18 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                     0.7,
                     lambda v: f"{v:.2f}x",
                     f"limits-keys-{workers} / drain-{workers}-default",
+                )
+            )
+    for name, (baseline, share) in KEYED_TARGETS.items():
+        keyed, plain = by_name.get(name), by_name.get(baseline)
+        if keyed and plain and plain.jobs_per_s:
+            verdicts.append(
+                _at_least(
+                    f"{name} / {baseline} (same run)",
+                    keyed.jobs_per_s / plain.jobs_per_s,
+                    share,
+                    lambda v: f"{v:.2f}x",
+                    f"{name} / {baseline}",
                 )
             )
     if many := best("enqueue-many-"):

@@ -29,7 +29,7 @@ from bench.database import QUEUE, TASK, payload
 from bench.enqueue import floor_statement as enqueue_floor_statement
 from bench.measure import Sample
 from bench.plans import check_plans
-from bench.registry import Benchmark
+from bench.registry import Benchmark, select
 from bench.report import RowResult, render_table
 from bench.suite import BENCHMARKS, TINY_JOBS, run_once
 from bench.targets import cpu_ratios, evaluate, render_cpu_table, render_verdicts
@@ -69,6 +69,51 @@ def test_rows_left_out_are_rows() -> None:
     names = {b.name for b in BENCHMARKS}
     assert set(NEEDS_MORE_THAN_CI) <= names, set(NEEDS_MORE_THAN_CI) - names
     assert len(names) == len(BENCHMARKS), "two rows share a name"
+
+
+def test_baselines_are_rows() -> None:
+    names = {b.name for b in BENCHMARKS}
+    assert {base for b in BENCHMARKS for base in b.baselines} <= names
+
+
+#: The rows of unique keys and sequence keys (bench/keys.py), each a ratio to a baseline.
+KEYED_ROWS = ("drain-unique-2", "drain-sequences-2", "enqueue-unique")
+
+
+def test_unique_and_sequence_rows_bring_their_baselines() -> None:
+    """``--only`` of the keyed rows runs their baselines too, in suite order."""
+    assert [b.name for b in select(BENCHMARKS, KEYED_ROWS)] == [
+        "drain-2-default",
+        "drain-unique-2",
+        "drain-sequences-2",
+        "enqueue-plain",
+        "enqueue-unique",
+    ]
+
+
+def test_unique_and_sequence_targets_are_ratios_to_their_baselines() -> None:
+    """Each keyed row's target is set against its baseline's median (any figures will do)."""
+    rows = [
+        RowResult(b, [Sample(jobs=1000, seconds=1.0, p50_ms=None, p99_ms=None, rss_mb=None)])
+        for b in select(BENCHMARKS, KEYED_ROWS)
+    ]
+    targets = {v.target for v in evaluate(rows)}
+    for name, baseline, share in (
+        ("drain-unique-2", "drain-2-default", "0.90x"),
+        ("drain-sequences-2", "drain-2-default", "0.70x"),
+        ("enqueue-unique", "enqueue-plain", "0.80x"),
+    ):
+        assert f"{name} / {baseline} (same run) >= {share}" in targets
+    # A keyed row, however fast, never stands in for the plain drain in its best-worker-count target.
+    faster = [
+        RowResult(row.benchmark, [Sample(jobs=10**6, seconds=1.0, p50_ms=None, p99_ms=None, rss_mb=None)])
+        if row.benchmark.name in KEYED_ROWS
+        else row
+        for row in rows
+    ]
+    assert not any(
+        name in v.measured for v in evaluate(faster) if "best worker count" in v.target for name in KEYED_ROWS
+    )
 
 
 @pytest.mark.parametrize("benchmark", _rows(in_process=True))
