@@ -34,13 +34,15 @@ RETURNING id
 @dataclass(frozen=True)
 class EnqueueSpec:
     """What an enqueueing worker does: ``jobs`` jobs in calls of ``batch``, each job with a
-    unique key of its own (``u<n>``) if ``unique_keys``."""
+    unique key of its own (``u<n>``) if ``unique_keys``, an idempotency key of its own if
+    ``idempotency_keys``."""
 
     dsn: str
     jobs: int
     batch: int = 1
     notify: bool = True
     unique_keys: bool = False
+    idempotency_keys: bool = False
 
 
 def enqueue_one_by_one(ctx: Context, *, notify: bool) -> Sample:
@@ -83,7 +85,13 @@ def enqueue_many_worker(spec: EnqueueSpec, gate: Gate) -> WorkerReport:
     """Worker: enqueue ``spec.jobs`` jobs in ``enqueue_many`` calls of ``spec.batch``."""
     batches = [
         [
-            JobSpec(TASK, payload(n), queue=QUEUE, unique_key=f"u{n}" if spec.unique_keys else None)
+            JobSpec(
+                TASK,
+                payload(n),
+                queue=QUEUE,
+                unique_key=f"u{n}" if spec.unique_keys else None,
+                idempotency_key=f"i{n}" if spec.idempotency_keys else None,
+            )
             for n in range(start, min(start + spec.batch, spec.jobs))
         ]
         for start in range(0, spec.jobs, spec.batch)

@@ -16,21 +16,29 @@ measured in the same invocation: each row names its baseline (``Benchmark.baseli
   of 1,000, each job with a unique key of its own, so by ``_ENQUEUE_MANY_KEYED`` (an ``INSERT
   ... ON CONFLICT`` through the unique index); its baseline ``enqueue-plain`` enqueues the same
   count in the same calls without keys, so by COPY. One spawned process each, timed as the
-  ``enqueue-many-*`` rows are.
+  ``enqueue-many-*`` rows are. ``enqueue-idempotent`` is the same with an idempotency key per
+  job: the other enqueue that is an ``INSERT ... ON CONFLICT``, for reference.
+- ``debounce``: 100 enqueues of one unique key 50 ms apart with ``Debounce(wait=1, max_wait=3)``
+  while one supervised worker runs with its defaults: how many runs the burst took (at most 2),
+  when the first was due (max_wait: 3 s after the first enqueue) and when it completed (its
+  worker's poll, 1 s by default, comes on top: a job due later is not announced), on the
+  database clock.
 """
 
 from __future__ import annotations
 
-from miniqueue import JobSpec
+import time
+
+from miniqueue import Client, Debounce, JobSpec
 from miniqueue.core.db import connect
 
 from .database import QUEUE, TASK, payload, settle
-from .drain import DRAIN_SCALE, NOOP_APP, drain_through_supervisor
+from .drain import DRAIN_SCALE, NOOP_APP, drain_through_supervisor, wait_drained
 from .enqueue import EnqueueSpec, enqueue_many_worker
 from .measure import Sample, combine
 from .processes import run_workers
 from .registry import Benchmark, Context
-from .supervised import SuperviseOptions
+from .supervised import SuperviseOptions, supervised
 
 #: The plain drain with the supervisor's defaults: the drain rows' baseline.
 DRAIN_BASELINE = "drain-2-default"
@@ -81,7 +89,7 @@ def sequence_drain(ctx: Context) -> Sample:
 
 def enqueue_plain(ctx: Context) -> Sample:
     """``enqueue_many`` of 10 x --jobs jobs without keys, in calls of ENQUEUE_BATCH (COPY)."""
-    return _enqueue(ctx, unique_keys=False)
+    return _enqueue(ctx)
 
 
 def enqueue_unique(ctx: Context) -> Sample:
@@ -89,10 +97,53 @@ def enqueue_unique(ctx: Context) -> Sample:
     return _enqueue(ctx, unique_keys=True)
 
 
-def _enqueue(ctx: Context, *, unique_keys: bool) -> Sample:
+def enqueue_idempotent(ctx: Context) -> Sample:
+    """The same, each job with an idempotency key of its own (``_ENQUEUE_MANY``: an insert ON
+    CONFLICT too, the keyed rows' other reference)."""
+    return _enqueue(ctx, idempotency_keys=True)
+
+
+def _enqueue(ctx: Context, *, unique_keys: bool = False, idempotency_keys: bool = False) -> Sample:
     settle(ctx.dsn)
-    spec = EnqueueSpec(ctx.dsn, ctx.jobs * ENQUEUE_SCALE, ENQUEUE_BATCH, notify=True, unique_keys=unique_keys)
+    count = ctx.jobs * ENQUEUE_SCALE
+    spec = EnqueueSpec(ctx.dsn, count, ENQUEUE_BATCH, unique_keys=unique_keys, idempotency_keys=idempotency_keys)
     return combine(run_workers(enqueue_many_worker, [spec]))
+
+
+#: The debounce row: DEBOUNCE_ENQUEUES enqueues of one key DEBOUNCE_GAP seconds apart.
+DEBOUNCE_ENQUEUES = 100
+DEBOUNCE_GAP = 0.05
+DEBOUNCE = Debounce(wait=1.0, max_wait=3.0)
+
+# The debounced key's runs: how many, and the first one's run-at and completion, in seconds from
+# its first enqueue (its created_at), on the database clock.
+_DEBOUNCED = """
+SELECT count(*) FILTER (WHERE state = 'completed'),
+       extract(epoch FROM (array_agg(scheduled_at - created_at ORDER BY id))[1]),
+       extract(epoch FROM (array_agg(completed_at - created_at ORDER BY id))[1])
+  FROM miniqueue_jobs WHERE unique_key = 'debounced'
+"""
+
+
+def debounce(ctx: Context) -> Sample:
+    """DEBOUNCE_ENQUEUES enqueues of one unique key DEBOUNCE_GAP s apart with DEBOUNCE, run by
+    one supervised worker with its defaults: ``jobs`` is how many runs it took, p50 the first
+    run's run-at and p99 its completion, in ms after the first enqueue (database clock)."""
+    settle(ctx.dsn)
+    with supervised(ctx.dsn, SuperviseOptions(NOOP_APP, 1)), Client(ctx.dsn) as client:
+        started = time.monotonic()
+        for n in range(DEBOUNCE_ENQUEUES):
+            client.enqueue(TASK, payload(n), queue=QUEUE, unique_key="debounced", on_conflict=DEBOUNCE)
+            time.sleep(DEBOUNCE_GAP)
+        burst = time.monotonic() - started
+        with connect(ctx.dsn, purpose="bench") as conn:
+            wait_drained(conn)
+            row = conn.execute(_DEBOUNCED).fetchone()
+    assert row is not None
+    runs, run_at, completed = row
+    return Sample(
+        jobs=int(runs), seconds=burst, p50_ms=float(run_at) * 1000, p99_ms=float(completed) * 1000, rss_mb=None
+    )
 
 
 BENCHMARKS: list[Benchmark] = [
@@ -121,6 +172,20 @@ BENCHMARKS: list[Benchmark] = [
         f"enqueue_many x{ENQUEUE_BATCH:,}, {ENQUEUE_SCALE} x --jobs, a unique key per job (NOTIFY)",
         1,
         enqueue_unique,
-        baselines=(ENQUEUE_BASELINE,),
+        baselines=(ENQUEUE_BASELINE, "enqueue-idempotent"),
+    ),
+    Benchmark(
+        "enqueue-idempotent",
+        f"enqueue_many x{ENQUEUE_BATCH:,}, {ENQUEUE_SCALE} x --jobs, an idempotency key per job (NOTIFY)",
+        1,
+        enqueue_idempotent,
+    ),
+    Benchmark(
+        "debounce",
+        f"{DEBOUNCE_ENQUEUES} enqueues of one key {DEBOUNCE_GAP * 1000:.0f} ms apart, Debounce(1 s, 3 s): "
+        "jobs = runs, p50 = first run-at, p99 = first done (ms after first enqueue)",
+        1,
+        debounce,
+        throughput=False,
     ),
 ]

@@ -126,6 +126,12 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                     f"{name} / {baseline}",
                 )
             )
+    if (debounced := by_name.get("debounce")) and (runs := debounced.median_of("jobs")) is not None:
+        # 100 enqueues over 5 s, a wait of 1 s and a max_wait of 3 s: the first run is due 3 s
+        # after the first enqueue (max_wait), the second after the burst.
+        verdicts.append(_at_most("debounce: runs in the burst", runs, 2, lambda v: f"{v:.0f}", "debounce"))
+        if (run_at := debounced.median_of("p50_ms")) is not None:
+            verdicts.append(_at_most("debounce: first run-at after the first enqueue", run_at, 3200, _ms, "debounce"))
     if many := best("enqueue-many-"):
         verdicts.append(_at_least("enqueue_many", many.jobs_per_s, 60_000, _rate, many.benchmark.name))
     one, floor = by_name.get("enqueue"), by_name.get("floor-enqueue")

@@ -88,6 +88,7 @@ def test_unique_and_sequence_rows_bring_their_baselines() -> None:
         "drain-sequences-2",
         "enqueue-plain",
         "enqueue-unique",
+        "enqueue-idempotent",
     ]
 
 

@@ -298,14 +298,19 @@ class KeyedEnqueuing(StoreBase):
     ) -> Steps[list[EnqueueResult]]:
         """Insert a batch of jobs of which some have keys or deadlines, none replacing and none
         with a window, in one statement (``params``: the plain batch's columns and limits)."""
-        sequences = {j.keys.sequence_key: j.keys.on_failure for j in jobs if j.keys.sequence_key is not None}
+        keys = [j.keys for j in jobs]
+        sequences = {k.sequence_key: k.on_failure for k in keys if k.sequence_key is not None}
         params = {
             **params,
-            "expires_ats": [j.keys.expires_at for j in jobs],
-            "expires_ins": [j.keys.expires_in for j in jobs],
-            "uniques": [j.keys.unique_key for j in jobs],
-            "while_running": [j.keys.unique_while_running for j in jobs],
-            "sequences": [j.keys.sequence_key for j in jobs],
+            # As in enqueue_many_steps, a column every job leaves at its default goes as an empty
+            # array, which unnest() pads with NULLs (and unique_while_running's NULL means true).
+            "expires_ats": _column([k.expires_at for k in keys]),
+            "expires_ins": _column([k.expires_in for k in keys]),
+            "uniques": _column([k.unique_key for k in keys]),
+            "while_running": []
+            if all(k.unique_while_running for k in keys)
+            else [k.unique_while_running for k in keys],
+            "sequences": _column([k.sequence_key for k in keys]),
             "sequence_keys": list(sequences),
             "on_failures": list(sequences.values()),
             "notify": notify,
@@ -346,6 +351,11 @@ class KeyedEnqueuing(StoreBase):
         """The sequence keys a failed or dead job blocks, by key."""
         rows: list[tuple[Any, ...]] = yield Query(self._blocked_sequences, {"limit": limit})
         return [BlockedSequence(*row) for row in rows]
+
+
+def _column(values: list[Any]) -> list[Any]:
+    """A batch's column, or an empty array when every job leaves it NULL."""
+    return values if any(v is not None for v in values) else []
 
 
 def _key_params(keys: JobKeys) -> dict[str, Any]:
