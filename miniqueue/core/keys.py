@@ -86,15 +86,18 @@ def check_keys(spec: JobSpec) -> JobKeys:
                 raise InvalidInput(f"{option} is given without a unique_key: give the key too, or leave it out")
     if sequence is None and spec.on_failure is not None:
         raise InvalidInput("on_failure is given without a sequence_key: give the key too, or leave it out")
-    while_running = _check_states(spec.unique_states)
+    # (Each option checked only when given: a batch checks thousands of these.)
+    while_running = True if spec.unique_states is None else _check_states(spec.unique_states)
     window = None if spec.unique_window is None else _positive("unique_window", spec.unique_window)
-    mode, wait, max_wait = _check_on_conflict(spec.on_conflict)
+    mode, wait, max_wait = ("keep", None, None) if spec.on_conflict is None else _check_on_conflict(spec.on_conflict)
     if mode != "keep":
         _check_replacing(spec, mode, window)
     on_failure = "block" if spec.on_failure is None else spec.on_failure
     if on_failure not in ON_FAILURE:
         raise InvalidInput(f"on_failure {show(on_failure)} is invalid: use 'block' or 'continue'")
-    expires_at, expires_in = _check_expiry(spec)
+    expires_at, expires_in = (
+        (None, None) if spec.expires_at is None and spec.expires_in is None else _check_expiry(spec)
+    )
     return JobKeys(unique, while_running, window, mode, wait, max_wait, sequence, on_failure, expires_at, expires_in)
 
 
