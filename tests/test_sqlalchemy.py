@@ -117,3 +117,11 @@ def test_another_driver_is_refused() -> None:
         pytest.raises(miniqueue.ConfigError, match=r"sqlite\+pysqlite.*use a postgresql\+psycopg:// URL"),
     ):
         psycopg_connection(session)
+
+
+def test_a_unique_key_holds_inside_the_sessions_transaction(engine: Engine, client: Client, conn: Connection) -> None:
+    with Session(engine) as session, session.begin():
+        first = enqueue(client, session, "send_receipt", {"order": 9}, queue="mail", unique_key="receipt:9")
+        again = enqueue(client, session, "send_receipt", {"order": 9}, queue="mail", unique_key="receipt:9")
+        assert (again.id, again.duplicate) == (first.id, True)
+    assert count(conn) == 1

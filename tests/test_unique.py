@@ -297,3 +297,35 @@ def test_the_job_that_runs_carries_the_last_payload_enqueued_before_it_started(d
 
 def _now(conn: Connection) -> Any:
     return conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+
+
+def test_group_members_keep_their_keys_and_a_chained_step_with_a_key_is_refused(
+    client: Client, conn: Connection
+) -> None:
+    group = client.group(
+        [JobSpec("t", {"n": 1}, unique_key="g"), JobSpec("t", {"n": 2}, unique_key="g")], then=JobSpec("t")
+    )
+    assert [m.duplicate for m in group.members] == [False, True] and group.members[1].id == group.members[0].id
+    with pytest.raises(InvalidInput, match="step 1: a job with depends_on cannot have a unique_key"):
+        client.chain([JobSpec("t"), JobSpec("t", unique_key="c")])
+    assert count(conn) == 2  # the group's member and its callback; nothing of the chain
+
+
+def test_a_periodic_tasks_jobs_keep_their_unique_key_and_a_replacing_one_is_refused(dsn: str, conn: Connection) -> None:
+    from miniqueue import ConfigError, Reaper, ReaperConfig
+
+    app = App()
+
+    @app.task("nightly", queue="reports", cron="* * * * *", unique_key="nightly")
+    def nightly(job: Any) -> None:
+        pass
+
+    # The schedule last ran a minute and a half ago: the slot since is due.
+    conn.execute("INSERT INTO miniqueue_periodic (name, last_slot) VALUES ('nightly', now() - interval '90 seconds')")
+    Reaper(dsn, ReaperConfig(prune=False, vacuum=False), app=app).run_once()
+    assert count(conn, "unique_key = 'nightly'") == 1
+    with pytest.raises(ConfigError, match="replaces or debounces"):
+
+        @app.task("hourly", cron="0 * * * *", unique_key="hourly", on_conflict="replace")
+        def hourly(job: Any) -> None:
+            pass

@@ -228,6 +228,9 @@ class BaseClient:
     def _chain_in_one(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
         filled, undeclared = yield from self._declared_steps(steps, "step")
         self._check_all(filled, "step")
+        for index, step in enumerate(filled[1:], start=1):  # each step after the first waits for the one before
+            if step.unique_key is not None or step.sequence_key is not None:
+                raise InvalidInput(f"step {index}: {_KEYS_WITH_PARENTS}")
         results: list[EnqueueResult] = []
         for step in filled:
             before = [results[-1].id] if results else []

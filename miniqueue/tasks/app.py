@@ -252,6 +252,13 @@ class App:
         schedule = Periodic(name or task, cron, task, payload, catch_up, grace)
         if schedule.name in self.schedules:
             raise ConfigError(f"periodic schedule {schedule.name!r} is registered twice")
+        declared = self.tasks.get(task)
+        if declared is not None and declared.on_conflict not in (None, "keep"):
+            raise ConfigError(
+                f"periodic schedule {schedule.name!r}: task {task!r} replaces or debounces on a conflict of its "
+                "unique key, and a slot's job carries an idempotency key (each slot is enqueued once), which "
+                "cannot go with it; give the schedule a task that keeps the first job"
+            )
         self.schedules[schedule.name] = schedule
         return schedule
 
