@@ -329,3 +329,5 @@ def test_a_periodic_tasks_jobs_keep_their_unique_key_and_a_replacing_one_is_refu
         @app.task("hourly", cron="0 * * * *", unique_key="hourly", on_conflict="replace")
         def hourly(job: Any) -> None:
             pass
+
+    assert "hourly" not in app.tasks  # refused before anything was registered

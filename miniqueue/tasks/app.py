@@ -193,6 +193,8 @@ class App:
                 )
             if cron is not None and task_name not in self.schedules:
                 Periodic(task_name, cron, task_name)  # validate before registering anything
+                if on_conflict not in (None, "keep"):
+                    raise ConfigError(_replacing_schedule(task_name, task_name))
             if task_name in self.tasks:
                 raise ConfigError(f"task {task_name!r} is registered twice")
             if callable(concurrency_key) or callable(rate_limit_key):
@@ -254,11 +256,7 @@ class App:
             raise ConfigError(f"periodic schedule {schedule.name!r} is registered twice")
         declared = self.tasks.get(task)
         if declared is not None and declared.on_conflict not in (None, "keep"):
-            raise ConfigError(
-                f"periodic schedule {schedule.name!r}: task {task!r} replaces or debounces on a conflict of its "
-                "unique key, and a slot's job carries an idempotency key (each slot is enqueued once), which "
-                "cannot go with it; give the schedule a task that keeps the first job"
-            )
+            raise ConfigError(_replacing_schedule(schedule.name, task))
         self.schedules[schedule.name] = schedule
         return schedule
 
@@ -350,6 +348,14 @@ _OVERRIDABLE = frozenset(
         "expires_at",
     }
 )
+
+
+def _replacing_schedule(schedule: str, task: str) -> str:
+    return (
+        f"periodic schedule {schedule!r}: task {task!r} replaces or debounces on a conflict of its unique key, "
+        "and a slot's job carries an idempotency key (each slot is enqueued once), which cannot go with it; "
+        "give the schedule a task that keeps the first job"
+    )
 
 
 def _check_declared_keys(
