@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from . import claim, cpu, drain, enqueue, fairness, iobound, keys, latency, limits, scale, workflow
+from . import claim, cpu, drain, enqueue, fairness, iobound, keys, latency, limits, online, scale, workflow
 from .database import scratch_database
 from .measure import Sample, load_average
 from .registry import Benchmark, Context
@@ -24,6 +24,7 @@ BENCHMARKS: list[Benchmark] = [
     *scale.BENCHMARKS,
     *limits.BENCHMARKS,
     *keys.BENCHMARKS,
+    *online.BENCHMARKS,
     *workflow.BENCHMARKS,
 ]
 
