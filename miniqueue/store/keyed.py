@@ -320,8 +320,8 @@ class KeyedEnqueuing(StoreBase):
         results = [EnqueueResult(id=row[1], duplicate=row[2]) for row in stored]
         for i, result in enumerate(results):
             if result.id is None:  # the holder of the key committed after the statement's snapshot
-                keys = {"key": jobs[i].idempotency_key, "unique": jobs[i].keys.unique_key}
-                held: list[tuple[Any, ...]] = yield Query(self._holder, keys)
+                lookup = {"key": jobs[i].idempotency_key, "unique": jobs[i].keys.unique_key}
+                held: list[tuple[Any, ...]] = yield Query(self._holder, lookup)
                 if not held:
                     raise InvalidInput(f"job {i}: its key changed hands while it was enqueued; enqueue it again")
                 results[i] = EnqueueResult(id=held[0][0], duplicate=True)
