@@ -89,10 +89,10 @@ def test_the_reaper_warns_once_naming_the_holder(
 
     def warned() -> list[str]:
         reaper.run_once()
-        return [r.getMessage() for r in caplog.records if "MVCC horizon" in r.getMessage()]
+        return [r.getMessage() for r in caplog.records if f"pid {snapshot_held} " in r.getMessage()]
 
     [line] = wait_until(warned, what="the reaper's warning")
-    assert f"transaction pid {snapshot_held} 'nightly-report' idle in transaction since" in line
+    assert f"MVCC horizon is held back by transaction pid {snapshot_held} 'nightly-report' idle in transaction" in line
     reaper.run_once()
     assert len(warned()) == 1  # once per holder, not at every pass
 

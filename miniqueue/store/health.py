@@ -17,9 +17,11 @@ from ..core.records import HorizonHolder, TableHealth
 from ..core.steps import Query, Steps, run
 from .base import Statement, StoreBase
 
-# What holds the oldest snapshots back, oldest first: sessions with a snapshot or a transaction
-# id (a write not yet committed holds the horizon as a snapshot does; this session left out),
-# prepared transactions, replication slots, and standbys' feedback. `age` is how many
+# What holds the oldest snapshots back for the queue's tables, oldest first: sessions of this
+# database with a snapshot or a transaction id (a write not yet committed holds the horizon as
+# a snapshot does; this session left out), its prepared transactions, and, for every database,
+# replication slots' xmin and standbys' feedback. (A session of another database, or a logical
+# slot's catalog_xmin, holds back only its own tables or the catalogs, not the jobs table.) `age` is how many
 # transactions ago the snapshot was taken (xid age); `since` when it began, where the server
 # knows (a slot has no such time).
 _HORIZON = """
@@ -29,13 +31,14 @@ SELECT kind, pid, name, state, since, extract(epoch FROM now() - since)::float8 
            left(query, 200) AS query
       FROM pg_stat_activity
      WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
-       AND backend_type = 'client backend'
+       AND backend_type = 'client backend' AND datname = current_database()
     UNION ALL
-    SELECT 'prepared transaction', NULL, gid, NULL, prepared, age(transaction), NULL FROM pg_prepared_xacts
+    SELECT 'prepared transaction', NULL, gid, NULL, prepared, age(transaction), NULL
+      FROM pg_prepared_xacts WHERE database = current_database()
     UNION ALL
     SELECT 'replication slot', active_pid, slot_name, CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL,
-           greatest(age(xmin), age(catalog_xmin)), NULL
-      FROM pg_replication_slots WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+           age(xmin), NULL
+      FROM pg_replication_slots WHERE xmin IS NOT NULL
     UNION ALL
     SELECT 'standby feedback', pid, nullif(application_name, ''), state, backend_start, age(backend_xmin), NULL
       FROM pg_stat_replication WHERE backend_xmin IS NOT NULL

@@ -2225,13 +2225,14 @@ SELECT kind, pid, name, state, since, extract(epoch FROM now() - since)::float8 
            left(query, 200) AS query
       FROM pg_stat_activity
      WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
-       AND backend_type = 'client backend'
+       AND backend_type = 'client backend' AND datname = current_database()
     UNION ALL
-    SELECT 'prepared transaction', NULL, gid, NULL, prepared, age(transaction), NULL FROM pg_prepared_xacts
+    SELECT 'prepared transaction', NULL, gid, NULL, prepared, age(transaction), NULL
+      FROM pg_prepared_xacts WHERE database = current_database()
     UNION ALL
     SELECT 'replication slot', active_pid, slot_name, CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL,
-           greatest(age(xmin), age(catalog_xmin)), NULL
-      FROM pg_replication_slots WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+           age(xmin), NULL
+      FROM pg_replication_slots WHERE xmin IS NOT NULL
     UNION ALL
     SELECT 'standby feedback', pid, nullif(application_name, ''), state, backend_start, age(backend_xmin), NULL
       FROM pg_stat_replication WHERE backend_xmin IS NOT NULL
