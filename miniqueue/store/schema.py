@@ -15,6 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import psycopg
 
@@ -23,6 +24,7 @@ from ..core.errors import MiniqueueError
 from .base import Statement, Statements, StoreBase
 
 log = logging.getLogger("miniqueue.migrate")
+T = TypeVar("T")
 
 #: How long a migration's statement waits for a lock before it gives way and tries again.
 LOCK_TIMEOUT_SECONDS = 2.0
@@ -35,8 +37,10 @@ _HAS_VERSIONS = "SELECT to_regclass(%(versions)s) IS NOT NULL"
 _SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM {migrations}"
 _WORKERS_FROM = "SELECT coalesce(max(workers_from), 0) FROM {migrations}"
 
-# Migrations: one migrator at a time per schema (a session lock: a migration outside a
-# transaction needs it across several); the others wait on the lock, then find nothing to do.
+# Migrations: one migrator at a time per schema; the others wait on the lock, then find nothing
+# to do. A transaction's lock for the migrations that run in one, a session's (taken and given
+# back) for one that runs outside a transaction, statement by statement: the two conflict.
+_MIGRATION_XACT_LOCK = "SELECT pg_advisory_xact_lock(hashtext('miniqueue-migrate:' || %(schema)s))"
 _MIGRATION_LOCK = "SELECT pg_advisory_lock(hashtext('miniqueue-migrate:' || %(schema)s))"
 _MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(hashtext('miniqueue-migrate:' || %(schema)s))"
 _MIGRATION_DDL = [
@@ -91,48 +95,65 @@ class SchemaStatements(StoreBase):
             return 0
 
     def apply_migrations(self, conn: Connection, migrations: Sequence[tuple[int, str, str]]) -> set[int]:
-        """Apply the ``(version, name, sql)`` migrations not yet recorded, under an advisory
-        lock: each run of those that go in a transaction in one transaction, each that says
-        ``-- miniqueue: no transaction`` statement by statement; return the versions this call
-        applied. ``conn`` is in autocommit."""
+        """Apply the ``(version, name, sql)`` migrations not yet recorded, and return the versions
+        this call applied. ``conn`` is in autocommit. Each run of the files that go in a
+        transaction is applied in one, under a transaction-scoped advisory lock (so it works
+        through a transaction pooler too); a file that says ``-- miniqueue: no transaction`` is
+        applied statement by statement under a session lock, which needs a connection of its
+        own to the server (a direct one, or a session pooler)."""
+        applied: set[int] = set()
         with translate_errors():
-            conn.execute(_MIGRATION_LOCK, {"schema": self.schema})
-            try:
-                exists = self._rows(conn, _HAS_VERSIONS, {"versions": self._versions_table})[0][0]
-                applied = {row[0] for row in conn.execute(self._applied_versions)} if exists else set()
-                pending = [m for m in migrations if m[0] not in applied]
-                for batch in _batches(pending):
-                    if _outside_a_transaction(batch[0][2]):
-                        self._apply_outside_a_transaction(conn, batch[0])
-                    else:
-                        _retrying_locks(functools.partial(self._apply_in_one_transaction, conn, batch), batch[0][1])
-            finally:
-                conn.execute(_MIGRATION_UNLOCK, {"schema": self.schema})
-        return {m[0] for m in pending}
+            # (Read again under the lock before anything is applied: this only spares a file
+            # outside a transaction that is recorded already the session lock.)
+            exists = self._rows(conn, _HAS_VERSIONS, {"versions": self._versions_table})[0][0]
+            recorded = {row[0] for row in conn.execute(self._applied_versions)} if exists else set()
+            for batch in _batches(list(migrations)):
+                if _outside_a_transaction(batch[0][2]):
+                    if batch[0][0] not in recorded:
+                        applied |= self._apply_outside_a_transaction(conn, batch[0])
+                else:
+                    attempt = functools.partial(self._apply_in_one_transaction, conn, batch)
+                    applied |= _retrying_locks(attempt, batch[0][1])
+        return applied
 
-    def _apply_in_one_transaction(self, conn: Connection, batch: list[tuple[int, str, str]]) -> None:
+    def _pending(self, conn: Connection, batch: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+        """The migrations of ``batch`` not recorded yet (read under the migration lock)."""
+        recorded = {row[0] for row in conn.execute(self._applied_versions)}
+        return [m for m in batch if m[0] not in recorded]
+
+    def _apply_in_one_transaction(self, conn: Connection, batch: list[tuple[int, str, str]]) -> set[int]:
         with conn.transaction():  # the migrations table too: a failure leaves nothing behind
+            conn.execute(_MIGRATION_XACT_LOCK, {"schema": self.schema})
             for ddl in self._migration_ddl:
                 conn.execute(ddl)
+            pending = self._pending(conn, batch)
             conn.execute(_LOCK_TIMEOUT, {"timeout": f"{LOCK_TIMEOUT_SECONDS * 1000:.0f}ms", "local": True})
             conn.execute(self._pin_search_path)
-            for version, name, text in batch:
+            for version, name, text in pending:
                 conn.execute(text.encode())
                 conn.execute(self._record_version, {"version": version, "name": name, "workers_from": _workers(text)})
+        return {m[0] for m in pending}
 
-    def _apply_outside_a_transaction(self, conn: Connection, migration: tuple[int, str, str]) -> None:
+    def _apply_outside_a_transaction(self, conn: Connection, migration: tuple[int, str, str]) -> set[int]:
         version, name, text = migration
-        for ddl in self._migration_ddl:
-            conn.execute(ddl)
-        conn.execute(_LOCK_TIMEOUT, {"timeout": f"{LOCK_TIMEOUT_SECONDS * 1000:.0f}ms", "local": False})
-        conn.execute(self._pin_session_search_path)
+        conn.execute(_MIGRATION_LOCK, {"schema": self.schema})
         try:
-            for statement in split_statements(text):
-                _retrying_locks(functools.partial(conn.execute, statement.encode()), name)
-            conn.execute(self._record_version, {"version": version, "name": name, "workers_from": _workers(text)})
+            for ddl in self._migration_ddl:
+                conn.execute(ddl)
+            if not self._pending(conn, [migration]):
+                return set()
+            conn.execute(_LOCK_TIMEOUT, {"timeout": f"{LOCK_TIMEOUT_SECONDS * 1000:.0f}ms", "local": False})
+            conn.execute(self._pin_session_search_path)
+            try:
+                for statement in split_statements(text):
+                    _retrying_locks(functools.partial(conn.execute, statement.encode()), name)
+                conn.execute(self._record_version, {"version": version, "name": name, "workers_from": _workers(text)})
+            finally:
+                conn.execute(_RESET_SEARCH_PATH)
+                conn.execute(_RESET_LOCK_TIMEOUT)
         finally:
-            conn.execute(_RESET_SEARCH_PATH)
-            conn.execute(_RESET_LOCK_TIMEOUT)
+            conn.execute(_MIGRATION_UNLOCK, {"schema": self.schema})
+        return {version}
 
 
 def _batches(pending: list[tuple[int, str, str]]) -> list[list[tuple[int, str, str]]]:
@@ -147,12 +168,11 @@ def _batches(pending: list[tuple[int, str, str]]) -> list[list[tuple[int, str, s
     return batches
 
 
-def _retrying_locks(attempt: Callable[[], object], name: str) -> None:
+def _retrying_locks(attempt: Callable[[], T], name: str) -> T:
     """Call ``attempt`` until it gets its locks within the lock timeout, LOCK_ATTEMPTS times at most."""
     for tries in range(1, LOCK_ATTEMPTS + 1):
         try:
-            attempt()
-            return
+            return attempt()
         except psycopg.errors.LockNotAvailable:
             if tries == LOCK_ATTEMPTS:
                 raise MiniqueueError(
@@ -161,6 +181,7 @@ def _retrying_locks(attempt: Callable[[], object], name: str) -> None:
                 ) from None
             log.warning("migration %s: a lock was not free within %gs, trying again", name, LOCK_TIMEOUT_SECONDS)
             time.sleep(min(5.0, 0.2 * 2**tries))
+    raise AssertionError("unreachable")
 
 
 def _outside_a_transaction(text: str) -> bool:
