@@ -5,7 +5,8 @@ One transaction anywhere that keeps an old snapshot (a long query, a session idl
 transaction, a prepared transaction, a replication slot, a standby's feedback) stops every
 vacuum from removing the rows dead since it began: each claim then wades through more of them.
 Every reading here comes from the server's statistics views, at a cost that does not grow with
-the jobs table.
+the jobs table, under the monitoring queries' statement timeout (the sizes need a lock on the
+table, which a migration may hold).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 
 from ..core.db import Connection
 from ..core.records import HorizonHolder, TableHealth
-from ..core.steps import Query, Steps, run
+from ..core.steps import Query, Steps, atomic, run
 from .base import Statement, StoreBase
+from .rows import monitoring
 
 # What holds the oldest snapshots back for the queue's tables, oldest first: sessions of this
 # database with a snapshot or a transaction id (a write not yet committed holds the horizon as
@@ -80,7 +82,7 @@ class Health(StoreBase):
 
     def horizon_steps(self, limit: int = 5) -> Steps[list[HorizonHolder]]:
         """:meth:`horizon` as steps."""
-        rows: list[dict[str, Any]] = yield Query(self._horizon, {"limit": limit}, named=True)
+        rows: list[dict[str, Any]] = yield from atomic(monitoring(Query(self._horizon, {"limit": limit}, named=True)))
         return [HorizonHolder(**row) for row in rows]
 
     def table_health(self, conn: Connection) -> TableHealth:
@@ -90,7 +92,7 @@ class Health(StoreBase):
     def table_health_steps(self) -> Steps[TableHealth]:
         """:meth:`table_health` as steps."""
         params = {"table": self.table_name, "claim_index": f"{self.identifiers['schema']}.idx_miniqueue_jobs_claim"}
-        rows: list[dict[str, Any]] = yield Query(self._table_health, params, named=True)
+        rows: list[dict[str, Any]] = yield from atomic(monitoring(Query(self._table_health, params, named=True)))
         row = rows[0]
         settings = {
             "vacuum_scale_factor": float(row["vacuum_scale_factor"]),

@@ -23,6 +23,7 @@ from ..core.records import BlockedSequence, EnqueueResult
 from ..core.steps import Query, Steps, atomic, rows, run
 from ..core.validation import NewJob
 from .base import Statement, StoreBase
+from .rows import monitoring
 
 # Which jobs hold their unique key: the predicate of idx_miniqueue_jobs_unique_key, word for word
 # (an ON CONFLICT names the index by it).
@@ -349,8 +350,8 @@ class KeyedEnqueuing(StoreBase):
 
     def blocked_sequences_steps(self, limit: int = 1000) -> Steps[list[BlockedSequence]]:
         """The sequence keys a failed or dead job blocks, by key."""
-        rows: list[tuple[Any, ...]] = yield Query(self._blocked_sequences, {"limit": limit})
-        return [BlockedSequence(*row) for row in rows]
+        found: list[tuple[Any, ...]] = yield from atomic(monitoring(Query(self._blocked_sequences, {"limit": limit})))
+        return [BlockedSequence(*row) for row in found]
 
 
 def _column(values: list[Any]) -> list[Any]:
