@@ -331,3 +331,34 @@ def test_a_periodic_tasks_jobs_keep_their_unique_key_and_a_replacing_one_is_refu
             pass
 
     assert "hourly" not in app.tasks  # refused before anything was registered
+
+
+def test_a_large_batch_of_unique_keys_goes_by_copy_and_a_held_key_by_the_statement(
+    client: Client, conn: Connection, dsn: str
+) -> None:
+    fresh = client.enqueue_many([JobSpec("t", {"n": n}, unique_key=f"big{n}", expires_in=60) for n in range(600)])
+    assert not any(r.duplicate for r in fresh) and count(conn) == 600
+    deadline = conn.execute(
+        "SELECT min(expires_at - created_at), max(expires_at - created_at) FROM miniqueue_jobs"
+    ).fetchone()
+    assert deadline is not None and {d.total_seconds() for d in deadline} == {60.0}
+    # A key held already, and one twice in the batch: the COPY gives way to the batch statement.
+    again = [JobSpec("t", {"n": n}, unique_key=f"next{n}") for n in range(599)] + [JobSpec("t", unique_key="big7")]
+    results = client.enqueue_many([*again, JobSpec("t", unique_key="next3")])
+    assert results[599] == (fresh[7].id, True, False) and results[600] == (results[3].id, True, False)
+    assert sum(not r.duplicate for r in results) == 599 and count(conn) == 1199
+    # Inside the caller's transaction too: the failed COPY rolls back to its savepoint only.
+    with psycopg.connect(dsn) as own:
+        own.execute("INSERT INTO miniqueue_served_queues (queue) VALUES ('mine')")
+        inside = client.enqueue_many([JobSpec("t", unique_key=f"big{n}") for n in range(500)], conn=own)
+        assert all(r.duplicate for r in inside)
+        own.commit()
+    assert count(conn) == 1199 and conn.execute("SELECT count(*) FROM miniqueue_served_queues").fetchone() == (1,)
+
+
+def test_a_bad_job_in_a_large_keyed_batch_stores_nothing(client: Client, conn: Connection) -> None:
+    jobs = [JobSpec("t", {"n": n}, unique_key=f"k{n}") for n in range(600)]
+    jobs[550] = JobSpec("t", {"n": float("nan")}, unique_key="bad")
+    with pytest.raises(InvalidInput, match="job 550"):
+        client.enqueue_many(jobs)
+    assert count(conn) == 0

@@ -28,6 +28,7 @@ from ..core.records import (
 from ..core.steps import Steps, atomic
 from ..core.validation import (
     JOB_ID_RANGE,
+    NewJob,
     check_depends_on,
     check_int_range,
     check_queue_name,
@@ -193,6 +194,16 @@ class BaseClient:
             return (
                 yield from self.store.copy_many_steps(
                     len(specs), checked, scheduled=scheduled, notify=self.notify, trace_context=trace_context
+                )
+            )
+        if len(specs) >= self.store.copy_threshold and all(_plain(s) or _copyable(s) for s in specs):
+            # As above, and a held key makes the store fall back on the batch statement.
+            def by_statement(jobs: list[NewJob]) -> Steps[list[EnqueueResult]]:
+                return self.store.enqueue_many_steps(jobs, notify=self.notify, trace_context=trace_context)
+
+            return (
+                yield from self.store.copy_keyed_steps(
+                    len(specs), checked, by_statement, notify=self.notify, trace_context=trace_context
                 )
             )
         return (
@@ -370,6 +381,19 @@ def _plain(spec: JobSpec) -> bool:
         and spec.sequence_key is None
         and spec.expires_in is None
         and spec.expires_at is None
+    )
+
+
+def _copyable(spec: JobSpec) -> bool:
+    """Whether a job's keys can go by COPY (see Store.copy_keyed_steps): unique keys kept on a
+    conflict, without a window, and deadlines; no idempotency key, limits or sequence."""
+    return (
+        spec.idempotency_key is None
+        and spec.concurrency_key is None
+        and spec.rate_limit is None
+        and spec.sequence_key is None
+        and spec.unique_window is None
+        and spec.on_conflict in (None, "keep")
     )
 
 

@@ -208,14 +208,6 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
  ORDER BY s.ord
 """
 
-# A large batch without idempotency keys goes by COPY: 25% faster than the statement above at
-# 10,000 jobs, though its four extra round trips make it slower below a few hundred. Its ids are
-# drawn first (to return them), with the transaction's now(): the database clock that every
-# job's scheduled_at counts from, exactly as the column default would.
-_DRAW_IDS = """
-SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
-                      FROM generate_series(1, %(count)s))
-"""
 
 # The COPY itself: a batch due at once leaves scheduled_at to its default; a traced batch (see
 # miniqueue.observability.tracing) sends its one trace context with every row.
@@ -227,9 +219,6 @@ _COPY_DUE_TRACED = """
 COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN"""
 _COPY_SCHEDULED_TRACED = """
 COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN"""  # noqa: E501
-
-# Wake the workers of each queue the COPY gave a job due at once.
-_NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
 
 
 class Enqueuing(KeyedEnqueuing):
@@ -247,12 +236,10 @@ class Enqueuing(KeyedEnqueuing):
     _by_key = Statement(_BY_IDEMPOTENCY_KEY)
     _enqueue_many = Statement(_ENQUEUE_MANY)
     _enqueue_many_limited = Statement(_ENQUEUE_MANY_LIMITED)
-    _draw_ids = Statement(_DRAW_IDS)
     _copy_due = Statement(_COPY_DUE)
     _copy_scheduled = Statement(_COPY_SCHEDULED)
     _copy_due_traced = Statement(_COPY_DUE_TRACED)
     _copy_scheduled_traced = Statement(_COPY_SCHEDULED_TRACED)
-    _notify_queues = Statement(_NOTIFY_QUEUES)
 
     def enqueue(
         self, conn: Connection, job: NewJob, *, notify: bool = True, trace_context: str | None = None

@@ -11,7 +11,8 @@ key holds it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import datetime as dt
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -20,7 +21,7 @@ from ..core.db import Connection
 from ..core.errors import InvalidInput
 from ..core.keys import JobKeys
 from ..core.records import BlockedSequence, EnqueueResult
-from ..core.steps import Query, Steps, atomic, rows, run
+from ..core.steps import CopyIn, Query, Steps, atomic, rows, run
 from ..core.validation import NewJob
 from .base import Statement, StoreBase
 from .rows import monitoring
@@ -212,6 +213,28 @@ SELECT s.ord,
  ORDER BY s.ord
 """
 
+# A large batch without keys goes by COPY (enqueue.Enqueuing.copy_many): 25% faster than the batch
+# statement (enqueue._ENQUEUE_MANY) at 10,000 jobs, though its four extra round trips make it
+# slower below a few hundred. Its ids are
+# drawn first (to return them), with the transaction's now(): the database clock that every
+# job's scheduled_at counts from, exactly as the column default would.
+_DRAW_IDS = """
+SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
+                      FROM generate_series(1, %(count)s))
+"""
+
+# Wake the workers of each queue the COPY gave a job due at once.
+_NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
+
+# A large batch whose jobs have unique keys (kept on a conflict, without a window) or deadlines,
+# and nothing else of the keyed statements, goes by COPY, as a batch without keys does (the rows
+# stream while the client checks the next ones: _ENQUEUE_MANY_KEYED reached 0.6x of a COPY).
+# A COPY cannot pass over a row, so a key held already, or twice in the batch, aborts it, and
+# the batch goes by _ENQUEUE_MANY_KEYED instead, in the same transaction.
+_COPY_KEYED = """
+COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
+             unique_key, unique_while_running, expires_at) FROM STDIN"""
+
 # Hand a blocked sequence key on: its failed or dead head stays as it is, and the key's next job
 # runs (miniqueue_sequence_advance, forced). Returns the job that blocked it (no row: the key is
 # not blocked).
@@ -254,6 +277,9 @@ class KeyedEnqueuing(StoreBase):
     _lock_window = Statement(_LOCK_WINDOW)
     _open_window = Statement(_OPEN_WINDOW)
     _enqueue_many_keyed = Statement(_ENQUEUE_MANY_KEYED)
+    _copy_keyed = Statement(_COPY_KEYED)
+    _draw_ids = Statement(_DRAW_IDS)
+    _notify_queues = Statement(_NOTIFY_QUEUES)
     _release_sequence = Statement(_RELEASE_SEQUENCE)
     _blocked_sequences = Statement(_BLOCKED_SEQUENCES)
     _sequence = Statement(_SEQUENCE)
@@ -328,6 +354,42 @@ class KeyedEnqueuing(StoreBase):
                 results[i] = EnqueueResult(id=held[0][0], duplicate=True)
         return results
 
+    def copy_keyed_steps(
+        self,
+        count: int,
+        jobs: Iterable[NewJob],
+        fallback: Callable[[list[NewJob]], Steps[list[EnqueueResult]]],
+        *,
+        notify: bool = True,
+        trace_context: str | None = None,
+    ) -> Steps[list[EnqueueResult]]:
+        """Insert ``count`` jobs whose keys a COPY can store (see _COPY_KEYED: unique keys kept
+        on a conflict, deadlines) by COPY in one transaction, ``jobs`` consumed as the rows
+        stream; if a unique key is held (or held twice in the batch), store them all by
+        ``fallback`` (the batch statement) instead. Results are in input order."""
+        seen: list[NewJob] = []
+        stream = iter(jobs)
+        copied = atomic(self._copy_keyed_in_one(count, stream, seen, notify, trace_context))
+        try:
+            results: list[EnqueueResult] = yield from refusing_stale_deadlines(copied)
+            return results
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "idx_miniqueue_jobs_unique_key":
+                raise
+        return (yield from fallback([*seen, *stream]))
+
+    def _copy_keyed_in_one(
+        self, count: int, jobs: Iterator[NewJob], seen: list[NewJob], notify: bool, trace_context: str | None
+    ) -> Steps[list[EnqueueResult]]:
+        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
+        [(now, ids)] = drawn
+        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
+        due: set[str] = set()
+        yield CopyIn(self._copy_keyed, _keyed_rows(ids, jobs, seen, now, due, trace_context))
+        if notify and due:
+            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
+        return [EnqueueResult(id=job_id) for job_id in ids]
+
     def release_sequence_steps(self, key: str) -> Steps[tuple[int, int | None]]:
         """Hand sequence ``key`` on from the failed or dead job that blocks it to its next job;
         return ``(blocking job, job holding it now or None)``. InvalidInput when it is not blocked."""
@@ -352,6 +414,53 @@ class KeyedEnqueuing(StoreBase):
         """The sequence keys a failed or dead job blocks, by key."""
         found: list[tuple[Any, ...]] = yield from atomic(monitoring(Query(self._blocked_sequences, {"limit": limit})))
         return [BlockedSequence(*row) for row in found]
+
+
+def copyable(job: NewJob) -> bool:
+    """Whether a job's keys are ones a COPY can store (see _COPY_KEYED)."""
+    keys = job.keys
+    return (
+        job.idempotency_key is None
+        and not job.scopes
+        and keys.sequence_key is None
+        and keys.unique_window is None
+        and keys.on_conflict == "keep"
+    )
+
+
+def _keyed_rows(
+    ids: Sequence[int],
+    jobs: Iterator[NewJob],
+    seen: list[NewJob],
+    now: dt.datetime,
+    due: set[str],
+    trace_context: str | None,
+) -> Iterator[tuple[Any, ...]]:
+    """The rows of _COPY_KEYED, made as they stream (each job kept in ``seen``); adds to ``due``
+    each queue given a job due at once. Times count from ``now``, the transaction's database clock."""
+    for job_id, job in zip(ids, jobs, strict=False):
+        seen.append(job)
+        if not copyable(job):
+            raise ValueError("copy_keyed_steps() was given a job whose keys a COPY cannot store: use enqueue_many()")
+        keys = job.keys
+        at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
+        expires = keys.expires_at or (None if keys.expires_in is None else now + dt.timedelta(seconds=keys.expires_in))
+        if at <= now:
+            due.add(job.queue)
+        yield (
+            job_id,
+            job.queue,
+            job.task,
+            job.payload_json,
+            job.priority,
+            job.max_attempts,
+            job.max_attempts,
+            at,
+            trace_context,
+            keys.unique_key,
+            keys.unique_while_running,
+            expires,
+        )
 
 
 def _column(values: list[Any]) -> list[Any]:

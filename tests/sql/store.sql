@@ -161,10 +161,6 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
  WHERE (SELECT count(*) FROM notified) >= 0
  ORDER BY s.ord;
 
--- _draw_ids
-SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
-                      FROM generate_series(1, %(count)s));
-
 -- _copy_due
 COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN;
 
@@ -176,9 +172,6 @@ COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts
 
 -- _copy_scheduled_traced
 COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN;
-
--- _notify_queues
-SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
 
 -- _enqueue_keyed
 WITH scoped AS (
@@ -335,6 +328,17 @@ SELECT s.ord,
   LEFT JOIN ins iu ON i.id IS NULL AND ik.id IS NULL AND iu.unique_key = s.uniq
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM advanced) >= 0
  ORDER BY s.ord;
+
+-- _copy_keyed
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
+             unique_key, unique_while_running, expires_at) FROM STDIN;
+
+-- _draw_ids
+SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
+                      FROM generate_series(1, %(count)s));
+
+-- _notify_queues
+SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
 
 -- _release_sequence
 WITH blocked AS (
