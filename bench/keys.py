@@ -13,9 +13,9 @@ measured in the same invocation: each row names its baseline (``Benchmark.baseli
   miniqueue_sequence_advance, in the completing statement). Baseline ``drain-2-default``. A run
   fails unless every key's jobs completed in id order.
 - ``enqueue-unique``: ``Client.enqueue_many`` of 10 x --jobs jobs (100,000 by default) in calls
-  of 1,000, each job with a unique key of its own, so by ``_ENQUEUE_MANY_KEYED`` (an ``INSERT
-  ... ON CONFLICT`` through the unique index); its baseline ``enqueue-plain`` enqueues the same
-  count in the same calls without keys, so by COPY. One spawned process each, timed as the
+  of 1,000, each job with a unique key of its own, so by COPY too (``Store.copy_keyed_steps``: no
+  key is held, so no batch gives way to ``_ENQUEUE_MANY_KEYED``); its baseline ``enqueue-plain``
+  enqueues the same count in the same calls without keys. One spawned process each, timed as the
   ``enqueue-many-*`` rows are. ``enqueue-idempotent`` is the same with an idempotency key per
   job: the other enqueue that is an ``INSERT ... ON CONFLICT``, for reference.
 - ``debounce``: 100 enqueues of one unique key 50 ms apart with ``Debounce(wait=1, max_wait=3)``
