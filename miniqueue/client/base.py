@@ -201,9 +201,10 @@ class BaseClient:
             def by_statement(jobs: list[NewJob]) -> Steps[list[EnqueueResult]]:
                 return self.store.enqueue_many_steps(jobs, notify=self.notify, trace_context=trace_context)
 
+            due = trace_context is None and all(_due_and_held_while_running(s) for s in specs)
             return (
                 yield from self.store.copy_keyed_steps(
-                    len(specs), checked, by_statement, notify=self.notify, trace_context=trace_context
+                    len(specs), checked, by_statement, due=due, notify=self.notify, trace_context=trace_context
                 )
             )
         return (
@@ -394,6 +395,17 @@ def _copyable(spec: JobSpec) -> bool:
         and spec.sequence_key is None
         and spec.unique_window is None
         and spec.on_conflict in (None, "keep")
+    )
+
+
+def _due_and_held_while_running(spec: JobSpec) -> bool:
+    """Whether a job is due at once, without a deadline, and holds its unique key (if any) while it runs."""
+    return (
+        spec.run_at is None
+        and spec.delay is None
+        and spec.expires_in is None
+        and spec.expires_at is None
+        and (spec.unique_states is None or "running" in spec.unique_states)
     )
 
 

@@ -333,6 +333,9 @@ SELECT s.ord,
 COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
              unique_key, unique_while_running, expires_at) FROM STDIN;
 
+-- _copy_keyed_due
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN;
+
 -- _draw_ids
 SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
                       FROM generate_series(1, %(count)s));
