@@ -1,4 +1,5 @@
-"""Enqueue: one job, one job waiting for others, a batch by one statement, a large batch by COPY.
+"""Enqueue: one job, one job waiting for others, a batch by one statement (a large batch goes by
+COPY: :mod:`miniqueue.store.copying`).
 
 Every insert that makes a job due at once notifies the queue's channel in the same statement (or
 transaction), so the notification is delivered exactly when the job is there to claim.
@@ -6,8 +7,7 @@ transaction), so the notification is delivered exactly when the job is there to 
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -16,10 +16,11 @@ from ..core.db import Connection, translate_errors
 from ..core.errors import InvalidInput
 from ..core.limits import Scope
 from ..core.records import REQUEUEABLE_STATES, EnqueueResult, State
-from ..core.steps import CopyIn, Query, Steps, atomic, run
+from ..core.steps import Query, Steps, atomic, run
 from ..core.validation import NewJob
 from .base import Statement
-from .keyed import KeyedEnqueuing, refusing_stale_deadlines
+from .copying import refusing_stale_deadlines
+from .keyed import KeyedEnqueuing
 
 # Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
@@ -209,23 +210,8 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
 """
 
 
-# The COPY itself: a batch due at once leaves scheduled_at to its default; a traced batch (see
-# miniqueue.observability.tracing) sends its one trace context with every row.
-_COPY_DUE = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN"""
-_COPY_SCHEDULED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN"""
-_COPY_DUE_TRACED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN"""
-_COPY_SCHEDULED_TRACED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN"""  # noqa: E501
-
-
 class Enqueuing(KeyedEnqueuing):
     """Inserting jobs (those with keys or a deadline through :class:`KeyedEnqueuing`)."""
-
-    #: The smallest batch without idempotency keys worth sending by :meth:`copy_many`.
-    copy_threshold = 500
 
     _enqueue = Statement(_ENQUEUE)
     _enqueue_limited = Statement(_ENQUEUE_LIMITED)
@@ -236,10 +222,6 @@ class Enqueuing(KeyedEnqueuing):
     _by_key = Statement(_BY_IDEMPOTENCY_KEY)
     _enqueue_many = Statement(_ENQUEUE_MANY)
     _enqueue_many_limited = Statement(_ENQUEUE_MANY_LIMITED)
-    _copy_due = Statement(_COPY_DUE)
-    _copy_scheduled = Statement(_COPY_SCHEDULED)
-    _copy_due_traced = Statement(_COPY_DUE_TRACED)
-    _copy_scheduled_traced = Statement(_COPY_SCHEDULED_TRACED)
 
     def enqueue(
         self, conn: Connection, job: NewJob, *, notify: bool = True, trace_context: str | None = None
@@ -387,57 +369,6 @@ class Enqueuing(KeyedEnqueuing):
                 results[i] = EnqueueResult(id=held[0][0], duplicate=True)
         return results
 
-    def copy_many(
-        self,
-        conn: Connection,
-        count: int,
-        jobs: Iterable[NewJob],
-        *,
-        scheduled: bool,
-        notify: bool = True,
-        trace_context: str | None = None,
-    ) -> list[EnqueueResult]:
-        """Insert ``count`` jobs without idempotency keys by COPY, in one transaction; results are
-        in input order. Each queue given a job that is due at once is notified.
-
-        ``jobs`` is consumed as the rows stream to the server, so a caller can check each job
-        as it goes (its checks then overlap the server's inserts): an exception from it aborts
-        the COPY and stores nothing. Unless ``scheduled`` (some job has a ``run_at`` or a
-        delay), scheduled_at is left to its default, now(): parsing 10,000 timestamps cost the
-        server a tenth of the COPY. Every job stores ``trace_context`` (see :meth:`enqueue`).
-        """
-        return run(
-            conn, self.copy_many_steps(count, jobs, scheduled=scheduled, notify=notify, trace_context=trace_context)
-        )
-
-    def copy_many_steps(
-        self,
-        count: int,
-        jobs: Iterable[NewJob],
-        *,
-        scheduled: bool,
-        notify: bool = True,
-        trace_context: str | None = None,
-    ) -> Steps[list[EnqueueResult]]:
-        """:meth:`copy_many` as steps."""
-        return atomic(self._copy_many(count, jobs, scheduled, notify, trace_context))
-
-    def _copy_many(
-        self, count: int, jobs: Iterable[NewJob], scheduled: bool, notify: bool, trace_context: str | None
-    ) -> Steps[list[EnqueueResult]]:
-        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
-        [(now, ids)] = drawn
-        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
-        due: set[str] = set()
-        if trace_context is None:
-            statement = self._copy_scheduled if scheduled else self._copy_due
-        else:
-            statement = self._copy_scheduled_traced if scheduled else self._copy_due_traced
-        yield CopyIn(statement, _copy_rows(ids, jobs, now, scheduled, due, trace_context))
-        if notify and due:
-            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
-        return [EnqueueResult(id=job_id) for job_id in ids]
-
     def listen(self, conn: Connection) -> None:
         """Subscribe ``conn`` to this schema's enqueue notifications (payload: the queue name)."""
         with translate_errors():
@@ -462,42 +393,6 @@ def _check_parents(ids: list[int], states: dict[int, State]) -> None:
             f"depends_on names job {job_id}, which ended {state.value}: a job waiting for it would "
             "never run (requeue it first)"
         )
-
-
-def _copy_rows(
-    ids: Sequence[int],
-    jobs: Iterable[NewJob],
-    now: dt.datetime,
-    scheduled: bool,
-    due: set[str],
-    trace_context: str | None,
-) -> Iterator[tuple[Any, ...]]:
-    """The COPY rows of :meth:`Enqueuing.copy_many`, made as they stream; adds to ``due`` each
-    queue given a job that is due at once. A traced batch sends its trace context with every row."""
-    for job_id, job in zip(ids, jobs, strict=True):
-        if job.idempotency_key is not None or job.scopes or job.keys.keyed:
-            raise ValueError("copy_many() takes jobs without keys, limits or deadlines: use enqueue_many()")
-        row: tuple[Any, ...] = (
-            job_id,
-            job.queue,
-            job.task,
-            job.payload_json,
-            job.priority,
-            job.max_attempts,
-            job.max_attempts,
-        )
-        if trace_context is not None:
-            row = (*row, trace_context)
-        if scheduled:
-            at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
-            yield (*row, at)
-        elif job.run_at is None and not job.delay_seconds:
-            at = now
-            yield row
-        else:
-            raise ValueError("copy_many() was given a scheduled job without scheduled=True")
-        if at <= now:
-            due.add(job.queue)
 
 
 def _scope_columns(scopes: Iterable[Scope]) -> dict[str, list[Any]]:

@@ -1,5 +1,5 @@
 """Enqueue with keys: unique keys (kept, replaced or debounced on conflict, with an optional time
-window), sequence keys and deadlines; and the sequences as operators see and release them.
+window), sequence keys and deadlines.
 
 A unique key is enforced by PostgreSQL: the partial unique index idx_miniqueue_jobs_unique_key
 (migration 021) says which jobs hold a key, and every insert here names it in its ON CONFLICT,
@@ -11,20 +11,16 @@ key holds it.
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import psycopg
-
-from ..core.db import Connection
 from ..core.errors import InvalidInput
 from ..core.keys import JobKeys
-from ..core.records import BlockedSequence, EnqueueResult
-from ..core.steps import CopyIn, Query, Steps, atomic, rows, run
+from ..core.records import EnqueueResult
+from ..core.steps import Query, Steps, atomic, rows
 from ..core.validation import NewJob
-from .base import Statement, StoreBase
-from .rows import monitoring
+from .base import Statement
+from .copying import Copying, refusing_stale_deadlines
 
 # Which jobs hold their unique key: the predicate of idx_miniqueue_jobs_unique_key, word for word
 # (an ON CONFLICT names the index by it).
@@ -213,68 +209,10 @@ SELECT s.ord,
  ORDER BY s.ord
 """
 
-# A large batch without keys goes by COPY (enqueue.Enqueuing.copy_many): 25% faster than the batch
-# statement (enqueue._ENQUEUE_MANY) at 10,000 jobs, though its four extra round trips make it
-# slower below a few hundred. Its ids are
-# drawn first (to return them), with the transaction's now(): the database clock that every
-# job's scheduled_at counts from, exactly as the column default would.
-_DRAW_IDS = """
-SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
-                      FROM generate_series(1, %(count)s))
-"""
 
-# Wake the workers of each queue the COPY gave a job due at once.
-_NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue)"
-
-# A large batch whose jobs have unique keys (kept on a conflict, without a window) or deadlines,
-# and nothing else of the keyed statements, goes by COPY, as a batch without keys does (the rows
-# stream while the client checks the next ones: _ENQUEUE_MANY_KEYED reached 0.6x of a COPY).
-# A COPY cannot pass over a row, so a key held already, or twice in the batch, aborts it, and
-# the batch goes by _ENQUEUE_MANY_KEYED instead, in the same transaction.
-# A batch of jobs due at once, without deadlines, untraced, whose keys are held while they run,
-# leaves scheduled_at and unique_while_running to their defaults, as copy_many does (parsing
-# the timestamps cost the server a tenth of the COPY).
-_COPY_KEYED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
-             unique_key, unique_while_running, expires_at) FROM STDIN"""
-_COPY_KEYED_DUE = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN"""
-
-# Hand a blocked sequence key on: its failed or dead head stays as it is, and the key's next job
-# runs (miniqueue_sequence_advance, forced). Returns the job that blocked it (no row: the key is
-# not blocked).
-_RELEASE_SEQUENCE = """
-WITH blocked AS (
-    SELECT s.head FROM {sequences} s JOIN {jobs} h ON h.id = s.head
-     WHERE s.key = %(key)s AND h.state IN ('failed', 'dead')
-       FOR UPDATE OF s
-), released AS (
-    SELECT {advance}(ARRAY[%(key)s::text], {queue_channel}, force => true) WHERE EXISTS (SELECT 1 FROM blocked)
-)
-SELECT head FROM blocked WHERE (SELECT count(*) FROM released) >= 0
-"""
-
-# The sequence keys a failed or dead job blocks, with that job, its state and how many jobs wait
-# behind it (read from the sequences' waiting index: its cost grows with the jobs waiting).
-_BLOCKED_SEQUENCES = """
-SELECT s.key, s.head, h.state, h.task, h.last_error,
-       (SELECT count(*) FROM {jobs} w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
-  FROM {sequences} s JOIN {jobs} h ON h.id = s.head
- WHERE h.state IN ('failed', 'dead') AND s.on_failure = 'block'
- ORDER BY s.key LIMIT %(limit)s
-"""
-
-# One sequence key: the job holding it (NULL: none) and its state, and the jobs waiting behind it.
-_SEQUENCE = """
-SELECT s.head, h.state, s.on_failure,
-       (SELECT count(*) FROM {jobs} w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
-  FROM {sequences} s LEFT JOIN {jobs} h ON h.id = s.head
- WHERE s.key = %(key)s
-"""
-
-
-class KeyedEnqueuing(StoreBase):
-    """Inserting jobs with unique keys, sequence keys or deadlines; the sequences' state."""
+class KeyedEnqueuing(Copying):
+    """Inserting jobs with unique keys, sequence keys or deadlines (a large batch of kept unique keys
+    by :class:`~miniqueue.store.copying.Copying`)."""
 
     _enqueue_keyed = Statement(_ENQUEUE_KEYED)
     _enqueue_replacing = Statement(_ENQUEUE_REPLACING)
@@ -282,13 +220,6 @@ class KeyedEnqueuing(StoreBase):
     _lock_window = Statement(_LOCK_WINDOW)
     _open_window = Statement(_OPEN_WINDOW)
     _enqueue_many_keyed = Statement(_ENQUEUE_MANY_KEYED)
-    _copy_keyed = Statement(_COPY_KEYED)
-    _copy_keyed_due = Statement(_COPY_KEYED_DUE)
-    _draw_ids = Statement(_DRAW_IDS)
-    _notify_queues = Statement(_NOTIFY_QUEUES)
-    _release_sequence = Statement(_RELEASE_SEQUENCE)
-    _blocked_sequences = Statement(_BLOCKED_SEQUENCES)
-    _sequence = Statement(_SEQUENCE)
 
     def enqueue_keyed_steps(self, job: NewJob, params: dict[str, Any], *, notify: bool = True) -> Steps[EnqueueResult]:
         """Insert one job with keys or a deadline (``params``: its columns, as the plain enqueue
@@ -360,161 +291,6 @@ class KeyedEnqueuing(StoreBase):
                 results[i] = EnqueueResult(id=held[0][0], duplicate=True)
         return results
 
-    def copy_keyed_steps(
-        self,
-        count: int,
-        jobs: Iterable[NewJob],
-        fallback: Callable[[list[NewJob]], Steps[list[EnqueueResult]]],
-        *,
-        due: bool,
-        notify: bool = True,
-        trace_context: str | None = None,
-    ) -> Steps[list[EnqueueResult]]:
-        """Insert ``count`` jobs whose keys a COPY can store (see _COPY_KEYED: unique keys kept
-        on a conflict, deadlines) by COPY in one transaction, ``jobs`` consumed as the rows
-        stream; if a unique key is held (or held twice in the batch), store them all by
-        ``fallback`` (the batch statement) instead. Results are in input order. ``due``: every
-        job is due at once, without a deadline, and holds its key while it runs (and the batch
-        is untraced), so scheduled_at is left to its default."""
-        seen: list[NewJob] = []
-        stream = iter(jobs)
-        copied = atomic(self._copy_keyed_in_one(count, stream, seen, due, notify, trace_context))
-        try:
-            results: list[EnqueueResult] = yield from refusing_stale_deadlines(copied)
-            return results
-        except psycopg.errors.UniqueViolation as exc:
-            if exc.diag.constraint_name != "idx_miniqueue_jobs_unique_key":
-                raise
-        return (yield from fallback([*seen, *stream]))
-
-    def _copy_keyed_in_one(
-        self,
-        count: int,
-        jobs: Iterator[NewJob],
-        seen: list[NewJob],
-        due: bool,
-        notify: bool,
-        trace_context: str | None,
-    ) -> Steps[list[EnqueueResult]]:
-        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
-        [(now, ids)] = drawn
-        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
-        queues: set[str] = set()
-        if due:
-            yield CopyIn(self._copy_keyed_due, _due_keyed_rows(ids, jobs, seen, queues))
-        else:
-            yield CopyIn(self._copy_keyed, _keyed_rows(ids, jobs, seen, now, queues, trace_context))
-        if notify and queues:
-            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(queues)})
-        return [EnqueueResult(id=job_id) for job_id in ids]
-
-    def release_sequence_steps(self, key: str) -> Steps[tuple[int, int | None]]:
-        """Hand sequence ``key`` on from the failed or dead job that blocks it to its next job;
-        return ``(blocking job, job holding it now or None)``. InvalidInput when it is not blocked."""
-        return atomic(self._release_sequence_in_one(key))
-
-    def _release_sequence_in_one(self, key: str) -> Steps[tuple[int, int | None]]:
-        released: list[tuple[Any, ...]] = yield Query(self._release_sequence, {"key": key})
-        found: list[tuple[Any, ...]] = yield Query(self._sequence, {"key": key})
-        if released:
-            return released[0][0], found[0][0]
-        if not found:
-            raise InvalidInput(f"sequence key {key!r} is unknown: no job of it is waiting, running or blocking it")
-        head, state, _, waiting = found[0]
-        holder = "no job holds it" if head is None else f"job {head} holds it ({state})"
-        raise InvalidInput(f"sequence key {key!r} is not blocked: {holder}, {waiting} waiting")
-
-    def blocked_sequences(self, conn: Connection, limit: int = 1000) -> list[BlockedSequence]:
-        """The sequence keys a failed or dead job blocks, by key."""
-        return run(conn, self.blocked_sequences_steps(limit))
-
-    def blocked_sequences_steps(self, limit: int = 1000) -> Steps[list[BlockedSequence]]:
-        """The sequence keys a failed or dead job blocks, by key."""
-        found: list[tuple[Any, ...]] = yield from atomic(monitoring(Query(self._blocked_sequences, {"limit": limit})))
-        return [BlockedSequence(*row) for row in found]
-
-
-def copyable(job: NewJob) -> bool:
-    """Whether a job's keys are ones a COPY can store (see _COPY_KEYED)."""
-    keys = job.keys
-    return (
-        job.idempotency_key is None
-        and not job.scopes
-        and keys.sequence_key is None
-        and keys.unique_window is None
-        and keys.on_conflict == "keep"
-    )
-
-
-def _keyed_rows(
-    ids: Sequence[int],
-    jobs: Iterator[NewJob],
-    seen: list[NewJob],
-    now: dt.datetime,
-    due: set[str],
-    trace_context: str | None,
-) -> Iterator[tuple[Any, ...]]:
-    """The rows of _COPY_KEYED, made as they stream (each job kept in ``seen``); adds to ``due``
-    each queue given a job due at once. Times count from ``now``, the transaction's database clock."""
-    for job_id, job in zip(ids, jobs, strict=False):
-        seen.append(job)
-        if not copyable(job):
-            raise ValueError("copy_keyed_steps() was given a job whose keys a COPY cannot store: use enqueue_many()")
-        keys = job.keys
-        at = job.run_at or now + dt.timedelta(seconds=job.delay_seconds)
-        expires = keys.expires_at or (None if keys.expires_in is None else now + dt.timedelta(seconds=keys.expires_in))
-        if at <= now:
-            due.add(job.queue)
-        yield (
-            job_id,
-            job.queue,
-            job.task,
-            job.payload_json,
-            job.priority,
-            job.max_attempts,
-            job.max_attempts,
-            at,
-            trace_context,
-            keys.unique_key,
-            keys.unique_while_running,
-            expires,
-        )
-
-
-def _due_keyed_rows(
-    ids: Sequence[int], jobs: Iterator[NewJob], seen: list[NewJob], queues: set[str]
-) -> Iterator[tuple[Any, ...]]:
-    """The rows of _COPY_KEYED_DUE, made as they stream (each job kept in ``seen``); adds each
-    job's queue to ``queues`` (all are due at once)."""
-    for job_id, job in zip(ids, jobs, strict=False):
-        seen.append(job)
-        keys = job.keys
-        # One expression rather than copyable() and the rest: it runs for every row of the batch.
-        if not (
-            job.run_at is None
-            and not job.delay_seconds
-            and job.idempotency_key is None
-            and not job.scopes
-            and keys.sequence_key is None
-            and keys.expires_at is None
-            and keys.expires_in is None
-            and keys.unique_window is None
-            and keys.on_conflict == "keep"
-            and keys.unique_while_running
-        ):
-            raise ValueError("copy_keyed_steps(due=True) was given a job it cannot store so: use due=False")
-        queues.add(job.queue)
-        yield (
-            job_id,
-            job.queue,
-            job.task,
-            job.payload_json,
-            job.priority,
-            job.max_attempts,
-            job.max_attempts,
-            keys.unique_key,
-        )
-
 
 def _column(values: list[Any]) -> list[Any]:
     """A batch's column, or an empty array when every job leaves it NULL."""
@@ -533,17 +309,3 @@ def _key_params(keys: JobKeys) -> dict[str, Any]:
         "wait": keys.debounce_wait,
         "max_wait": keys.debounce_max_wait,
     }
-
-
-def refusing_stale_deadlines(steps: Steps[Any]) -> Steps[Any]:
-    """``steps``, with a deadline that is not after the enqueue (on the database clock) refused
-    as bad input: such a job could never start."""
-    try:
-        return (yield from steps)
-    except psycopg.errors.CheckViolation as exc:
-        if exc.diag.constraint_name != "expires_after_enqueue":
-            raise
-        raise InvalidInput(
-            "expires_at is not in the future on the database clock: a job that expired before it was enqueued "
-            "would never start; give a later expires_at, or expires_in"
-        ) from exc

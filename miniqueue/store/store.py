@@ -6,8 +6,9 @@ it runs, written whole as module-level text (see :mod:`miniqueue.store.base` for
 substituted into them, the schema's names):
 
 - :mod:`~miniqueue.store.enqueue`: inserting jobs (one, waiting for others, a batch, by COPY);
-- :mod:`~miniqueue.store.keyed`: inserting jobs with unique or sequence keys or a deadline, and
-  the sequences' state;
+- :mod:`~miniqueue.store.keyed`: inserting jobs with unique or sequence keys or a deadline;
+- :mod:`~miniqueue.store.copying`: large batches by COPY, with keys a COPY can store or without;
+- :mod:`~miniqueue.store.sequences`: the sequence keys a failed job blocks, and their release;
 - :mod:`~miniqueue.store.claim`: leasing jobs, limits admitted (the statements in ``claim.sql``);
 - :mod:`~miniqueue.store.outcomes`: a worker's reports (complete, fail, snooze, release, renew);
 - :mod:`~miniqueue.store.maintenance`: recovery of expired leases, pruning, recounts, vacuum;
@@ -40,6 +41,7 @@ from .outcomes import Failure, Outcomes, Release
 from .registry import Registry
 from .rows import columns as _columns
 from .schema import SchemaStatements
+from .sequences import Sequences
 from .settings import Settings
 
 __all__ = [
@@ -65,6 +67,7 @@ class Store(
     Registry,
     SchemaStatements,
     Health,
+    Sequences,
 ):
     """All of miniqueue's SQL, for the queue tables in one schema.
 

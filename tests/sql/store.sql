@@ -161,18 +161,6 @@ SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
  WHERE (SELECT count(*) FROM notified) >= 0
  ORDER BY s.ord;
 
--- _copy_due
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN;
-
--- _copy_scheduled
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN;
-
--- _copy_due_traced
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN;
-
--- _copy_scheduled_traced
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN;
-
 -- _enqueue_keyed
 WITH scoped AS (
     INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
@@ -329,13 +317,6 @@ SELECT s.ord,
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM advanced) >= 0
  ORDER BY s.ord;
 
--- _copy_keyed
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
-             unique_key, unique_while_running, expires_at) FROM STDIN;
-
--- _copy_keyed_due
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN;
-
 -- _draw_ids
 SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
                       FROM generate_series(1, %(count)s));
@@ -343,28 +324,24 @@ SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id
 -- _notify_queues
 SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
 
--- _release_sequence
-WITH blocked AS (
-    SELECT s.head FROM "public"."miniqueue_sequences" s JOIN "public"."miniqueue_jobs" h ON h.id = s.head
-     WHERE s.key = %(key)s AND h.state IN ('failed', 'dead')
-       FOR UPDATE OF s
-), released AS (
-    SELECT "public"."miniqueue_sequence_advance"(ARRAY[%(key)s::text], 'miniqueue_public', force => true) WHERE EXISTS (SELECT 1 FROM blocked)
-)
-SELECT head FROM blocked WHERE (SELECT count(*) FROM released) >= 0;
+-- _copy_due
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN;
 
--- _blocked_sequences
-SELECT s.key, s.head, h.state, h.task, h.last_error,
-       (SELECT count(*) FROM "public"."miniqueue_jobs" w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
-  FROM "public"."miniqueue_sequences" s JOIN "public"."miniqueue_jobs" h ON h.id = s.head
- WHERE h.state IN ('failed', 'dead') AND s.on_failure = 'block'
- ORDER BY s.key LIMIT %(limit)s;
+-- _copy_scheduled
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN;
 
--- _sequence
-SELECT s.head, h.state, s.on_failure,
-       (SELECT count(*) FROM "public"."miniqueue_jobs" w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
-  FROM "public"."miniqueue_sequences" s LEFT JOIN "public"."miniqueue_jobs" h ON h.id = s.head
- WHERE s.key = %(key)s;
+-- _copy_due_traced
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN;
+
+-- _copy_scheduled_traced
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN;
+
+-- _copy_keyed
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
+             unique_key, unique_while_running, expires_at) FROM STDIN;
+
+-- _copy_keyed_due
+COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN;
 
 -- _claim_one
 WITH RECURSIVE 
@@ -2262,3 +2239,26 @@ SELECT pg_stat_get_live_tuples(c.oid) AS live_rows, pg_stat_get_dead_tuples(c.oi
        extract(epoch FROM now())::float8 AS database_clock
   FROM pg_class c
  WHERE c.oid = %(table)s::regclass;
+
+-- _release_sequence
+WITH blocked AS (
+    SELECT s.head FROM "public"."miniqueue_sequences" s JOIN "public"."miniqueue_jobs" h ON h.id = s.head
+     WHERE s.key = %(key)s AND h.state IN ('failed', 'dead')
+       FOR UPDATE OF s
+), released AS (
+    SELECT "public"."miniqueue_sequence_advance"(ARRAY[%(key)s::text], 'miniqueue_public', force => true) WHERE EXISTS (SELECT 1 FROM blocked)
+)
+SELECT head FROM blocked WHERE (SELECT count(*) FROM released) >= 0;
+
+-- _blocked_sequences
+SELECT s.key, s.head, h.state, h.task, h.last_error,
+       (SELECT count(*) FROM "public"."miniqueue_jobs" w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
+  FROM "public"."miniqueue_sequences" s JOIN "public"."miniqueue_jobs" h ON h.id = s.head
+ WHERE h.state IN ('failed', 'dead') AND s.on_failure = 'block'
+ ORDER BY s.key LIMIT %(limit)s;
+
+-- _sequence
+SELECT s.head, h.state, s.on_failure,
+       (SELECT count(*) FROM "public"."miniqueue_jobs" w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
+  FROM "public"."miniqueue_sequences" s LEFT JOIN "public"."miniqueue_jobs" h ON h.id = s.head
+ WHERE s.key = %(key)s;
