@@ -101,10 +101,8 @@ def check_keys(spec: JobSpec) -> JobKeys:
     return JobKeys(unique, while_running, window, mode, wait, max_wait, sequence, on_failure, expires_at, expires_in)
 
 
-def _check_states(states: Collection[str] | None) -> bool:
+def _check_states(states: Collection[str]) -> bool:
     """Whether the unique key is held while the job runs, from the states it conflicts in."""
-    if states is None:
-        return True
     if isinstance(states, str) or not isinstance(states, Collection):
         raise InvalidInput(f"unique_states {show(states)} is invalid: give a collection of state names")
     chosen = set(states)

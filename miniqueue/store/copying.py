@@ -262,17 +262,12 @@ def _due_keyed_rows(
     for job_id, job in zip(ids, jobs, strict=False):
         seen.append(job)
         keys = job.keys
-        # One expression rather than copyable() and the rest: it runs for every row of the batch.
         if not (
-            job.run_at is None
+            copyable(job)
+            and job.run_at is None
             and not job.delay_seconds
-            and job.idempotency_key is None
-            and not job.scopes
-            and keys.sequence_key is None
             and keys.expires_at is None
             and keys.expires_in is None
-            and keys.unique_window is None
-            and keys.on_conflict == "keep"
             and keys.unique_while_running
         ):
             raise ValueError("copy_keyed_steps(due=True) was given a job it cannot store so: use due=False")
