@@ -99,3 +99,34 @@ def long(job: Job) -> None:
 async def short_async(job: Job) -> None:
     """The mixed app's coroutine task: the same millisecond, awaited."""
     await asyncio.sleep(0.001)
+
+
+durable_app = App()
+STEPS_TASK = "bench.steps10"
+PLAIN_TASK = "bench.plain"
+SLEEP_TASK = "bench.sleep"
+#: How long each job of the sleep row sleeps.
+SLEEP_SECONDS = 0.5
+
+
+def _nothing() -> None:
+    """A step that does nothing: what remains is what recording a step costs."""
+
+
+@durable_app.task(PLAIN_TASK, queue=QUEUE)
+def plain(job: Job) -> None:
+    """The steps row's baseline, in the same app: no step at all."""
+
+
+@durable_app.task(STEPS_TASK, queue=QUEUE)
+def ten_steps(job: Job) -> None:
+    """Ten steps that do nothing, each recorded (one fenced UPDATE apiece)."""
+    for n in range(10):
+        job.step(f"s{n}", _nothing)
+
+
+@durable_app.task(SLEEP_TASK, queue=QUEUE)
+def sleep_then_step(job: Job) -> None:
+    """A durable sleep, then a step: its record's time, less the sleep's end, is the resume latency."""
+    job.sleep(SLEEP_SECONDS)
+    job.step("woke", _nothing)

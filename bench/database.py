@@ -56,7 +56,7 @@ def settle(dsn: str) -> None:
     from being flushed during the timed part.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("ANALYZE miniqueue_jobs")
+        conn.execute("ANALYZE miniqueue_jobs_live")
         # CHECKPOINT needs superuser or pg_checkpoint; without it the runs are only noisier.
         with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
             conn.execute("CHECKPOINT")

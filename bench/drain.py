@@ -7,14 +7,17 @@ It stops at the last completion, ``max(completed_at)``, so the figure is commit-
 completion on one clock, independent of how quickly this process notices the end (it polls
 two index-only lookups every 10 ms). A run fails loudly unless every job completed on its
 first charged attempt (see :data:`RAN_ONCE`). The worker processes' RSS is sampled with psutil
-before the supervisor stops.
+before the supervisor stops. Over several databases of one server (:func:`drain_databases`)
+the clock starts once the last database's transaction committed and stops at the last
+completion on any of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from miniqueue import Client, JobSpec
 from miniqueue.core.db import Connection, connect
@@ -89,18 +92,38 @@ def _noop_jobs(ctx: Context) -> list[JobSpec]:
     return [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.jobs * DRAIN_SCALE)]
 
 
+#: Enqueues a drain's jobs and returns the database clock read right after its last commit, on
+#: the connection it is given (to the first database of the drain).
+Enqueue = Callable[[Connection], dt.datetime]
+
+
 def drain_through_supervisor(dsn: str, options: SuperviseOptions, jobs: Sequence[JobSpec]) -> Sample:
     """Start the supervisor, enqueue ``jobs`` in one transaction, time commit to last completion."""
-    settle(dsn)
-    with supervised(dsn, options) as supervisor, connect(dsn, purpose="bench-drain") as conn:
+    return drain_databases([dsn], options, len(jobs), lambda conn: enqueue_in_one_transaction(dsn, conn, jobs))
+
+
+def drain_databases(dsns: Sequence[str], options: SuperviseOptions, jobs: int, enqueue: Enqueue) -> Sample:
+    """Start the supervisor (``options.shards`` names the databases of a map, ``dsns[0]`` is the
+    database otherwise), ``enqueue`` ``jobs`` jobs, time its commit to the last completion on any
+    of ``dsns`` (every job must run once on one of them)."""
+    for dsn in dsns:
+        settle(dsn)
+    with supervised(dsns[0], options) as supervisor, contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(connect(dsn, purpose="bench-drain")) for dsn in dsns]
         cpu_before = supervisor.worker_cpu_seconds()  # idle workers: the enqueue costs them nothing
-        before = conn.execute(_LAST_ID).fetchone()
-        committed_at = enqueue_in_one_transaction(dsn, conn, jobs)
-        wait_drained(conn)
+        befores = [_last_id(conn) for conn in conns]
+        committed_at = enqueue(conns[0])
+        for conn in conns:  # no job moves between databases: one found drained stays drained
+            wait_drained(conn)
         cpu = supervisor.worker_cpu_seconds() - cpu_before
         rss_mb = supervisor.worker_rss_mb()
-        seconds = _check_outcome(conn, committed_at, len(jobs), before[0] if before else 0)
-    return Sample(jobs=len(jobs), seconds=seconds, p50_ms=None, p99_ms=None, rss_mb=rss_mb, worker_cores=cpu / seconds)
+        seconds = check_outcomes(list(zip(conns, befores, strict=True)), committed_at, jobs)
+    return Sample(jobs=jobs, seconds=seconds, p50_ms=None, p99_ms=None, rss_mb=rss_mb, worker_cores=cpu / seconds)
+
+
+def _last_id(conn: Connection) -> int:
+    row = conn.execute(_LAST_ID).fetchone()
+    return int(row[0]) if row else 0
 
 
 def enqueue_in_one_transaction(dsn: str, conn: Connection, jobs: Sequence[JobSpec]) -> dt.datetime:
@@ -109,10 +132,15 @@ def enqueue_in_one_transaction(dsn: str, conn: Connection, jobs: Sequence[JobSpe
         with conn.transaction():
             for start in range(0, len(jobs), ENQUEUE_BATCH):
                 client.enqueue_many(jobs[start : start + ENQUEUE_BATCH], conn=conn)
-        row = conn.execute("SELECT clock_timestamp()").fetchone()
+        return database_clock(conn)
+
+
+def database_clock(conn: Connection) -> dt.datetime:
+    """The server's ``clock_timestamp()`` now (not the transaction's start, as ``now()`` is)."""
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
     assert row is not None
-    committed_at: dt.datetime = row[0]
-    return committed_at
+    now: dt.datetime = row[0]
+    return now
 
 
 def wait_drained(conn: Connection) -> None:
@@ -129,15 +157,25 @@ def wait_drained(conn: Connection) -> None:
 
 def _check_outcome(conn: Connection, committed_at: dt.datetime, jobs: int, before: int) -> float:
     """Seconds from the commit to the last completion; raises unless every job ran once (RAN_ONCE)."""
-    row = conn.execute(_OUTCOME, {"committed": committed_at, "before": before}).fetchone()
-    assert row is not None
-    total, completed, ran_once, seconds, handed_back = int(row[0]), int(row[1]), int(row[2]), row[3], int(row[4])
-    if not total == completed == ran_once == jobs or seconds is None:
+    return check_outcomes([(conn, before)], committed_at, jobs)
+
+
+def check_outcomes(databases: Sequence[tuple[Connection, int]], committed_at: dt.datetime, jobs: int) -> float:
+    """Seconds from the commit to the last completion on any of ``databases`` (each a connection
+    and the last id it held before the enqueue); raises unless, over all of them, every job
+    ran once (RAN_ONCE)."""
+    rows = [
+        conn.execute(_OUTCOME, {"committed": committed_at, "before": before}).fetchone() for conn, before in databases
+    ]
+    found = [row for row in rows if row is not None]
+    total, completed, ran_once, handed_back = (sum(int(row[i]) for row in found) for i in (0, 1, 2, 4))
+    ends = [float(row[3]) for row in found if row[3] is not None]
+    if not total == completed == ran_once == jobs or not ends:
         raise RuntimeError(
             f"{jobs} jobs enqueued, {total} stored, {completed} completed, {ran_once} on their first charged "
             f"attempt ({handed_back} handed back unstarted at least once)"
         )
-    return float(seconds)
+    return max(ends)
 
 
 BENCHMARKS: list[Benchmark] = [

@@ -75,10 +75,10 @@ def check_plans(server_dsn: str, *, tiny: bool = False) -> list[PlanCheck]:
     and enqueue_many plans."""
     with scratch_database(server_dsn, "plans") as dsn, connect(dsn, purpose="bench-plans") as conn:
         # Keep the statistics the migration left until we ANALYZE on purpose.
-        conn.execute("ALTER TABLE miniqueue_jobs SET (autovacuum_enabled = false)")
+        conn.execute("ALTER TABLE miniqueue_jobs_live SET (autovacuum_enabled = false)")
         seed_jobs(dsn, TINY_QUEUED_JOBS if tiny else QUEUED_JOBS)
         checks = [check_claim(conn, "statistics from the migration only")]
-        conn.execute("ANALYZE miniqueue_jobs")
+        conn.execute("ANALYZE miniqueue_jobs_live")
         return [
             *checks,
             check_claim(conn, "after ANALYZE"),

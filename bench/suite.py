@@ -5,7 +5,25 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from . import claim, cpu, drain, enqueue, fairness, iobound, keys, latency, limits, online, scale, workflow
+from . import (
+    batch,
+    claim,
+    cpu,
+    drain,
+    durable,
+    enqueue,
+    fairness,
+    history,
+    horizon,
+    iobound,
+    keys,
+    latency,
+    limits,
+    online,
+    scale,
+    shards,
+    workflow,
+)
 from .database import scratch_database
 from .measure import Sample, load_average
 from .registry import Benchmark, Context
@@ -25,7 +43,12 @@ BENCHMARKS: list[Benchmark] = [
     *limits.BENCHMARKS,
     *keys.BENCHMARKS,
     *online.BENCHMARKS,
+    *history.BENCHMARKS,
+    *durable.BENCHMARKS,
+    *shards.BENCHMARKS,
+    *horizon.BENCHMARKS,
     *workflow.BENCHMARKS,
+    *batch.BENCHMARKS,
 ]
 
 Progress = Callable[[int, Benchmark, Sample], None]

@@ -10,13 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .batch import TARGETS as BATCH_TARGETS
 from .cpu import BASELINE, Calibration
+from .durable import TARGETS as DURABLE_TARGETS
 from .fairness import ROWS as FAIRNESS_ROWS
+from .history import TARGETS as HISTORY_TARGETS
 from .keys import TARGETS as KEYED_TARGETS
 from .report import RowResult, markdown_table
+from .shards import ROUTING_TARGETS, routed_share
+from .shards import TARGETS as SHARD_TARGETS
 
 #: Rows whose RSS is a miniqueue worker process's (the others measure the bench's own workers).
-SUPERVISED_PREFIXES = ("drain-", "latency-", "cpu-", "fairness")
+SUPERVISED_PREFIXES = ("drain-", "latency-", "cpu-", "fairness", "batch-")
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,16 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
 
     def best(prefix: str) -> RowResult | None:
         # The keyed rows have targets of their own, against their baselines: never the best plain row.
-        found = [r for r in rows if r.benchmark.name.startswith(prefix) and r.benchmark.name not in KEYED_TARGETS]
+        found = [
+            r
+            for r in rows
+            if r.benchmark.name.startswith(prefix)
+            and r.benchmark.name not in KEYED_TARGETS
+            and r.benchmark.name not in HISTORY_TARGETS
+            and r.benchmark.name not in DURABLE_TARGETS
+            and r.benchmark.name not in SHARD_TARGETS
+            and r.benchmark.name not in ROUTING_TARGETS
+        ]
         return max(found, key=lambda row: row.jobs_per_s) if found else None
 
     if drain := best("drain-"):
@@ -114,7 +128,8 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                     f"limits-keys-{workers} / drain-{workers}-default",
                 )
             )
-    for name, (baseline, share) in KEYED_TARGETS.items():
+    same_run = {**KEYED_TARGETS, **HISTORY_TARGETS, **DURABLE_TARGETS, **SHARD_TARGETS, **BATCH_TARGETS}
+    for name, (baseline, share) in same_run.items():
         keyed, plain = by_name.get(name), by_name.get(baseline)
         if keyed and plain and plain.jobs_per_s:
             verdicts.append(
@@ -125,6 +140,11 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                     lambda v: f"{v:.2f}x",
                     f"{name} / {baseline}",
                 )
+            )
+    for name, share in ROUTING_TARGETS.items():
+        if (row := by_name.get(name)) and (value := routed_share(row)) is not None:
+            verdicts.append(
+                _at_least(f"{name}: routed / plain enqueue_many (same run)", value, share, lambda v: f"{v:.2f}x", name)
             )
     if (debounced := by_name.get("debounce")) and (runs := debounced.median_of("jobs")) is not None:
         # 100 enqueues over 5 s, a wait of 1 s and a max_wait of 3 s: the first run is due 3 s

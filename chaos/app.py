@@ -22,12 +22,17 @@ A keyed job's execution also records when its work was done (``ended``, before i
 commits: inside the effect transaction for an effect job), so the checks can tell whether two
 executions of one key overlapped. A sequence job with ``"fail"`` in its payload raises every time
 (:data:`PLANNED_FAILURE`) until it is dead.
+
+Over several databases (``--databases``) the supervisors get the shard map's file in
+:data:`SHARDS_ENV`, and each job's evidence goes to its own database, the one its id names: the
+checks read each database's records, and a database that is down holds up only its own jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -38,10 +43,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from miniqueue import App, Job
+from miniqueue.core.shards import ShardMap
 
 TASK = "chaos"
 UNIQUE_TASK = "chaos-unique"
 SEQUENCE_TASK = "chaos-sequence"
+#: The durable task (``--durable``: see chaos.durable), whose jobs the durable checks judge alone.
+DURABLE_TASK = "chaos-durable"
 QUEUE = "chaos"
 #: What the handler of a sequence job planned to die raises (its attempts are not a fault's).
 PLANNED_FAILURE = "chaos: planned failure"
@@ -50,6 +58,8 @@ PLANNED_FAILURE = "chaos: planned failure"
 APP_NAME = "chaos:app"
 #: How long recording an execution retries through a PostgreSQL restart before giving up.
 RECORD_RETRY_SECONDS = 20.0
+#: With ``--databases``: the shard map's file, which says where each job's evidence goes.
+SHARDS_ENV = "CHAOS_SHARDS"
 
 app = App()
 async_app = App()
@@ -99,34 +109,57 @@ def _result(job: Job) -> dict[str, int]:
     return {"attempt": job.attempt}
 
 
-def _connection() -> psycopg.Connection[Any]:
-    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
+@functools.cache
+def _shard_map() -> ShardMap | None:
+    source = os.environ.get(SHARDS_ENV)
+    return ShardMap.load(source) if source else None
+
+
+def _evidence_url(job_id: int | None = None) -> str:
+    """Where a job's evidence goes: its own database over several, else the run's one."""
+    shards = _shard_map()
+    if shards is None or job_id is None:
+        return os.environ["DATABASE_URL"]
+    return shards.database_of(job_id).url
+
+
+def _thread_connections() -> dict[str, psycopg.Connection[Any]]:
+    """This handler thread's connections, by URL (one per database it recorded on)."""
+    conns: dict[str, psycopg.Connection[Any]] | None = getattr(_local, "conns", None)
+    if conns is None:
+        conns = _local.conns = {}
+    return conns
+
+
+def _connection(url: str) -> psycopg.Connection[Any]:
+    conns = _thread_connections()
+    conn = conns.get(url)
     if conn is None or conn.closed:
-        conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, application_name=APP_NAME)
-        _local.conn = conn
+        conn = psycopg.connect(url, autocommit=True, application_name=APP_NAME)
+        conns[url] = conn
     return conn
 
 
-def _drop_connection() -> None:
-    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
-    _local.conn = None
+def _drop_connection(url: str) -> None:
+    conn = _thread_connections().pop(url, None)
     if conn is not None:
         with contextlib.suppress(psycopg.Error):
             conn.close()
 
 
-def _execute(query: str, params: tuple[object, ...]) -> None:
-    """Run one autocommit statement, reconnecting through a restart. The caller makes the
-    statement idempotent (a token, ON CONFLICT), since a retry may follow a lost reply to a
-    statement that did commit."""
+def _execute(query: str, params: tuple[object, ...], job_id: int | None = None) -> None:
+    """Run one autocommit statement on ``job_id``'s database, reconnecting through a restart.
+    The caller makes the statement idempotent (a token, ON CONFLICT), since a retry may follow a
+    lost reply to a statement that did commit."""
+    url = _evidence_url(job_id)
     deadline = time.monotonic() + RECORD_RETRY_SECONDS
     delay = 0.05
     while True:
         try:
-            _connection().execute(query, params)
+            _connection(url).execute(query, params)
             return
         except psycopg.OperationalError:
-            _drop_connection()
+            _drop_connection(url)
             if time.monotonic() > deadline:
                 raise
             time.sleep(delay)
@@ -137,12 +170,12 @@ def _execute(query: str, params: tuple[object, ...]) -> None:
 def chaos(job: Job) -> dict[str, int] | None:
     """Record the execution, work a little, then (for effect jobs) complete transactionally."""
     execution = _execution(job)
-    _execute(_RECORD, execution)
+    _execute(_RECORD, execution, job.id)
     time.sleep(float(job.payload.get("ms", 0)) / 1000)
     keyed = _keyed(job)
     if not job.payload.get("effect"):
         if keyed:
-            _execute(_ENDED, execution[:1])
+            _execute(_ENDED, execution[:1], job.id)
         if job.payload.get("fail"):
             raise PlannedFailure(PLANNED_FAILURE)
         return _result(job)
@@ -153,10 +186,10 @@ def chaos(job: Job) -> dict[str, int] | None:
             # attempt is late. Note it outside the transaction (it happened), and inside it: that
             # row survives only if this transaction commits, i.e. if fencing let a second
             # completion through, which is exactly a duplicated effect.
-            _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
+            _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()), job.id)
             conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
         if keyed:
-            _execute(_ENDED, execution[:1])  # on its own connection, before this transaction commits
+            _execute(_ENDED, execution[:1], job.id)  # on its own connection, before this transaction commits
     return None  # the result was stored with the completion, in the transaction
 
 

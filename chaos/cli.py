@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .options import LIMIT_KEYS, SCENARIOS, OptionError, Options
+from .options import LIMIT_KEYS, SCENARIOS, OptionError, Options, sharded_defaults
 
 
 def parser() -> argparse.ArgumentParser:
@@ -18,8 +18,21 @@ def parser() -> argparse.ArgumentParser:
         "no job was lost or completed twice and that every re-execution was caused by a fault.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--jobs", type=int, default=300, help="jobs to enqueue")
-    p.add_argument("--workers", type=int, default=4, help="worker processes per supervisor")
+    # No argparse default for these three: theirs depends on --databases (see options_from).
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="jobs to enqueue (default: 300; with --databases N, 10 per database per second of "
+        "--outage-after + --outage: 450 for 3)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="worker processes per supervisor (default: 4; with --databases N, 2 per "
+        "database and 2 more for the stopped one: 8 for 3)",
+    )
     p.add_argument("--concurrency", type=int, default=1, help="handler threads (coroutines with --async) per worker")
     p.add_argument(
         "--async", dest="async_handlers", action="store_true", help="run the chaos task as an async def handler"
@@ -47,8 +60,8 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         nargs=2,
         metavar=("MIN", "MAX"),
-        default=[10, 100],
-        help="handler sleep in milliseconds, drawn per job",
+        default=argparse.SUPPRESS,
+        help="handler sleep in milliseconds, drawn per job (default: 10 100; with --databases, 200 300)",
     )
     p.add_argument("--max-attempts", type=int, default=25, help="attempts per job before it goes dead")
     p.add_argument("--allow-dead", action="store_true", help="report dead jobs instead of failing on them")
@@ -91,6 +104,31 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sequence-keys", type=int, default=10, help="sequence keys (with --sequences)")
     p.add_argument("--sequence-length", type=int, default=5, help="jobs per sequence key (with --sequences)")
+    p.add_argument(
+        "--durable",
+        action="store_true",
+        help="also enqueue durable jobs (5 steps, one transactional, 2 sleeps, a signal each) and check that "
+        "no recorded step ran again, each transactional effect happened once, no sleep or wait spent an attempt",
+    )
+    p.add_argument("--durable-jobs", type=int, default=40, help="durable jobs (with --durable)")
+    p.add_argument(
+        "--databases",
+        type=int,
+        default=1,
+        help="run over this many databases, each on a server of the harness's own, one shard map over them; "
+        "with 2 or more, one server is stopped mid-run (the run's only fault) and the others' throughput "
+        "meanwhile is checked (see chaos/README.md, 'Several databases')",
+    )
+    p.add_argument("--outage", type=float, default=10.0, help="seconds the stopped server stays down (--databases)")
+    p.add_argument(
+        "--outage-after", type=float, default=5.0, help="seconds after the enqueue the server is stopped (--databases)"
+    )
+    p.add_argument(
+        "--kill-in-outage",
+        action="store_true",
+        help="also SIGKILL the stopped database's supervisor while its server is down (--databases): the process "
+        "above it must start it again, and every supervisor must still drain and exit 0",
+    )
     p.add_argument("--json", dest="json_path", type=Path, help="also write the result to this JSON file")
     return p
 
@@ -98,9 +136,13 @@ def parser() -> argparse.ArgumentParser:
 def options_from(argv: list[str] | None) -> Options:
     args = parser().parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    jobs, workers, sleep_ms = (
+        sharded_defaults(args.databases, args.outage, args.outage_after) if args.databases > 1 else (300, 4, (10, 100))
+    )
+    given = vars(args)
     return Options(
-        jobs=args.jobs,
-        workers=args.workers,
+        jobs=given.get("jobs", jobs),
+        workers=given.get("workers", workers),
         concurrency=args.concurrency,
         async_handlers=args.async_handlers,
         duration=args.duration,
@@ -110,7 +152,7 @@ def options_from(argv: list[str] | None) -> Options:
         database_url=args.database_url,
         lease=args.lease,
         effect_share=args.effect_share,
-        sleep_ms=(args.sleep_ms[0], args.sleep_ms[1]),
+        sleep_ms=tuple(given["sleep_ms"]) if "sleep_ms" in given else sleep_ms,
         max_attempts=args.max_attempts,
         allow_dead=args.allow_dead,
         drain_timeout=args.drain_timeout,
@@ -131,6 +173,12 @@ def options_from(argv: list[str] | None) -> Options:
         sequences=args.sequences,
         sequence_keys=args.sequence_keys,
         sequence_length=args.sequence_length,
+        durable=args.durable,
+        durable_jobs=args.durable_jobs,
+        databases=args.databases,
+        outage=args.outage,
+        outage_after=args.outage_after,
+        kill_in_outage=args.kill_in_outage,
     ).validated()
 
 
@@ -146,13 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .fleet import CrashLoop
     from .run import run
+    from .sharded import run_sharded
 
     # TERM (and INT, even when a background shell ignores it) unwind through the run's cleanup,
     # which kills every supervisor's process group and stops the harness's own server.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
     try:
-        return run(options)
+        return run_sharded(options) if options.sharded else run(options)
     except CrashLoop as exc:
         print(f"python -m chaos: error: {exc}", file=sys.stderr)
         return 3

@@ -7,9 +7,11 @@ at the start), so they compare with the times the harness recorded its faults at
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .app import DURABLE_TASK
 from .keyed import KeyedEvidence
 from .server import Harness
 
@@ -68,11 +70,16 @@ class Evidence:
     @classmethod
     def load(cls, db: Harness, clock_offset: float) -> Evidence:
         found = cls()
-        for job, state, attempt in db.rows("SELECT id, state, attempt FROM miniqueue_jobs"):
+        # The durable jobs sleep and wait by design (leases that end unfinished, with no fault):
+        # chaos.durable judges them alone.
+        for job, state, attempt in db.rows(
+            "SELECT id, state, attempt FROM miniqueue_jobs WHERE task <> %s", [DURABLE_TASK]
+        ):
             found.states[int(job)] = (str(state), int(attempt))
         transitions = db.rows(
             "SELECT job_id, attempt, from_state, to_state, worker, error, extract(epoch FROM at)::float8 "
-            "FROM chaos_transitions ORDER BY id"
+            "FROM chaos_transitions WHERE job_id NOT IN (SELECT id FROM miniqueue_jobs WHERE task = %s) ORDER BY id",
+            [DURABLE_TASK],
         )
         for job, attempt, before, after, worker, error, at in transitions:
             found._transition(int(job), int(attempt), before, after, worker, error, float(at) - clock_offset)
@@ -88,6 +95,25 @@ class Evidence:
             found.effect_conflicts.append((int(job), int(attempt), int(pid)))
         found.keyed = KeyedEvidence.load(db, clock_offset)
         return found
+
+    @classmethod
+    def merged(cls, parts: list[Evidence]) -> Evidence:
+        """The account of several databases as one (``--databases``). Every check reads it by
+        job id, and no two databases of a map hold the same id, so each check judges each
+        database's jobs by that database's own records. Times are already this host's."""
+        whole = cls()
+        for part in parts:
+            for f in dataclasses.fields(cls):
+                mine, theirs = getattr(whole, f.name), getattr(part, f.name)
+                if isinstance(mine, list):
+                    mine.extend(theirs)
+                elif isinstance(mine, dict):
+                    mine.update(theirs)  # a Counter's counts add up; a dict's keys are one database's jobs
+                elif theirs != KeyedEvidence():  # no keyed jobs over several databases (options refuse them)
+                    raise ValueError(f"evidence {f.name!r} cannot be merged over several databases")
+        whole.leases.sort(key=lambda lease: lease.claimed)
+        whole.executions.sort(key=lambda execution: execution.at)
+        return whole
 
     def _transition(
         self, job: int, attempt: int, before: str | None, after: str, worker: str | None, error: str | None, at: float

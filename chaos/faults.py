@@ -50,6 +50,8 @@ class Fault:
     pids: tuple[int, ...] = ()
     leases: tuple[tuple[int, int], ...] = ()
     detail: str = ""
+    #: The index of the database it hit, over several (``--databases``); None: the run's only one.
+    database: int | None = None
 
 
 @dataclass

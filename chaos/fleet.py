@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from harness import SupervisorFailed
 
 from .options import Options
@@ -36,8 +38,18 @@ class CrashLoop(RuntimeError):
 class Fleet:
     """Starts and watches ``miniqueue-supervise`` processes."""
 
-    def __init__(self, dsn: str, options: Options, logdir: Path, code: Path, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        options: Options,
+        logdir: Path,
+        code: Path,
+        say: Callable[[str], None],
+        shards: Path | None = None,
+    ) -> None:
         self.dsn, self.options, self.logdir, self.code, self.say = dsn, options, logdir, code, say
+        #: With --databases: the shard map's file, which every supervisor runs over (--shards).
+        self.shards = shards
         self.supervisors: list[Supervisor] = []
         self.tracker = Tracker()
         self.problems: list[str] = []
@@ -52,7 +64,7 @@ class Fleet:
     # -- supervisors ---------------------------------------------------------------------------
 
     def start(self) -> Supervisor:
-        supervisor = Supervisor(len(self.supervisors) + 1, self.dsn, self.options, self.logdir, self.code)
+        supervisor = Supervisor(len(self.supervisors) + 1, self.dsn, self.options, self.logdir, self.code, self.shards)
         self.supervisors.append(supervisor)
         self.say(f"started supervisor {supervisor.number} (pid {supervisor.pid})")
         return supervisor
@@ -175,6 +187,18 @@ class Fleet:
             self.monitor(keep_alive=False)
             time.sleep(0.1)
         self.monitor(keep_alive=False)
+
+    def leftovers(self) -> tuple[list[str], list[str]]:
+        """At the end: the children seen during the run that still exist, as (alive, zombies)."""
+        survivors, zombies = [], []
+        for tracked in self.tracker.survivors():
+            label = f"{tracked.slot} pid {tracked.pid} (supervisor {tracked.supervisor})"
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(tracked.pid).status() == psutil.STATUS_ZOMBIE:
+                    zombies.append(label)
+                    continue
+            survivors.append(label)
+        return survivors, zombies
 
     def kill_everything(self) -> None:
         """Cleanup after an error: no process of this run may outlive the harness."""

@@ -30,6 +30,21 @@ WEIGHTS = {
 
 KILLS = ("kill-worker", "kill-reaper", "kill-supervisor")
 
+#: With ``--databases N``: the one fault, a database's server stopped mid-run and started again.
+STOP_DATABASE = "stop-database"
+#: The stopped database's weight in the map (the others': 1). Its jobs wait out the outage, so it
+#: has the most left afterwards; twice the workers drain that in about half the time, which keeps
+#: the short form short. The rate the rule compares is the other databases', so it is unaffected.
+STOPPED_WEIGHT = 2
+#: ``--databases``' defaults: workers per unit of weight, the handler's sleep, and jobs per
+#: database per second of (outage_after + outage). Two workers sleeping 250 ms on average finish
+#: at most 8 jobs a second, so 10 leave a quarter to spare: the other databases still have jobs
+#: waiting when the outage ends, however idle the machine. The sleep dwarfs the few ms a job
+#: costs in CPU, so a busy machine (CI runs tests beside it) moves the rate little.
+SHARDED_WORKERS_PER_WEIGHT = 2
+SHARDED_SLEEP_MS = (200, 300)
+SHARDED_JOBS_PER_SECOND = 10
+
 #: With ``--limits``: the concurrency keys a share of the jobs carry, and each one's
 #: ``max_concurrent``. Every job naming a key is enqueued with that key's limit.
 LIMIT_KEYS = {"key-0": 1, "key-1": 1, "key-2": 1, "key-3": 1, "key-4": 2}
@@ -37,6 +52,13 @@ LIMIT_KEYS = {"key-0": 1, "key-1": 1, "key-2": 1, "key-3": 1, "key-4": 2}
 #: With ``--unique`` and ``--sequences``: how the keys are named (``unique-0``, ``seq-0``, ...).
 UNIQUE_PREFIX = "unique-"
 SEQUENCE_PREFIX = "seq-"
+
+
+def sharded_defaults(databases: int, outage: float, outage_after: float) -> tuple[int, int, tuple[int, int]]:
+    """``--jobs``, ``--workers`` and ``--sleep-ms`` when a run over ``databases`` leaves them out."""
+    jobs = databases * round(SHARDED_JOBS_PER_SECOND * (outage_after + outage))
+    workers = SHARDED_WORKERS_PER_WEIGHT * (databases - 1 + STOPPED_WEIGHT)
+    return jobs, workers, SHARDED_SLEEP_MS
 
 
 class OptionError(ValueError):
@@ -89,6 +111,18 @@ class Options:
     sequences: bool = False
     sequence_keys: int = 10
     sequence_length: int = 5
+    #: Enqueue ``durable_jobs`` durable jobs (five steps, two sleeps, a signal: chaos.durable) and
+    #: check that no recorded step ran again and no sleep or wait spent an attempt.
+    durable: bool = False
+    durable_jobs: int = 40
+    #: Run over this many databases, each on an embedded server of the harness's own, one shard
+    #: map over them (``--databases``; see chaos.sharded). With more than one, the run's fault is
+    #: one server stopped ``outage_after`` seconds after the enqueue, for ``outage`` seconds.
+    databases: int = 1
+    outage: float = 10.0
+    outage_after: float = 5.0
+    #: Also SIGKILL the stopped database's supervisor while its server is down.
+    kill_in_outage: bool = False
 
     # Short miniqueue intervals, so that lease expiry and recovery happen many times a run.
     poll_interval: float = 0.2
@@ -101,7 +135,8 @@ class Options:
     @property
     def app(self) -> str:
         """The app reference the supervisors run."""
-        return "chaos.app:async_app" if self.async_handlers else "chaos.app:app"
+        module = "chaos.durable" if self.durable else "chaos.app"  # chaos.durable adds its task to chaos.app's
+        return f"{module}:async_app" if self.async_handlers else f"{module}:app"
 
     @property
     def heartbeat(self) -> float:
@@ -111,7 +146,16 @@ class Options:
     def enqueue_spread(self) -> float:
         """Jobs become available over this many seconds, so the queue drains under fire
         instead of emptying before the first fault."""
-        return self.duration * 0.8 if self.spread is None else self.spread
+        if self.spread is not None:
+            return self.spread
+        # Over several databases every job is due at once: the workers stay busy, so the rate
+        # measured around the outage is theirs, not the arrival rate.
+        return 0.0 if self.sharded else self.duration * 0.8
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the run is over several databases (``--databases`` above 1)."""
+        return self.databases > 1
 
     @property
     def stop_bounds(self) -> tuple[float, float]:
@@ -186,6 +230,7 @@ class Options:
             (0 <= self.unique_share <= 1, f"--unique-share {self.unique_share}: use a fraction from 0 to 1"),
             (self.unique_keys >= 1, f"--unique-keys {self.unique_keys}: use 1 or more"),
             (self.sequence_keys >= 1, f"--sequence-keys {self.sequence_keys}: use 1 or more"),
+            (self.durable_jobs >= 1, f"--durable-jobs {self.durable_jobs}: use 1 or more"),
             (
                 self.sequence_length >= 3,
                 f"--sequence-length {self.sequence_length}: use 3 or more (the blocked key's second job dies, "
@@ -197,10 +242,39 @@ class Options:
                 f"{self.workflow_jobs + self.sequence_jobs} (groups, chains and sequences)",
             ),
         ]
-        for ok, message in checks:
+        for ok, message in [*checks, *self._sharded_checks()]:
             if not ok:
                 raise OptionError(message)
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown or not self.scenarios:
             raise OptionError(f"--scenarios {','.join(self.scenarios)}: choose among {','.join(SCENARIOS)}")
         return self
+
+    def _sharded_checks(self) -> list[tuple[bool, str]]:
+        """What ``--databases`` needs: servers of its own, plain jobs, a worker per database."""
+        n = self.databases
+        modes = {
+            "--database-url": self.database_url is not None,
+            "--async": self.async_handlers,
+            "--limits": self.limits,
+            "--workflow": self.workflow,
+            "--unique": self.unique,
+            "--sequences": self.sequences,
+            "--durable": self.durable,
+            "--scenarios": self.scenarios != SCENARIOS,
+        }
+        given = [flag for flag, on in modes.items() if on]
+        return [
+            (1 <= n <= 8, f"--databases {n}: use 1 to 8 (each is a server of the harness's own)"),
+            (
+                n == 1 or not given,
+                f"--databases {n}: runs plain jobs on servers of its own; drop {', '.join(given)}",
+            ),
+            (n == 1 or self.workers >= n, f"--workers {self.workers}: --databases {n} needs one per database"),
+            (self.outage > 0, f"--outage {self.outage}: use a positive number of seconds"),
+            (
+                self.outage_after >= 2,
+                f"--outage-after {self.outage_after}: use 2 or more seconds (the rate before the outage "
+                "is measured from 1 s after the enqueue)",
+            ),
+        ]

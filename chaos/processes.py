@@ -22,6 +22,7 @@ import psutil
 
 from harness import SupervisorProcess
 
+from .app import SHARDS_ENV
 from .options import Options
 from .server import code_env
 
@@ -68,9 +69,12 @@ class Child:
 
 class Supervisor(SupervisorProcess):
     """One ``miniqueue-supervise`` (started by ``harness``) in its own session, its
-    output in a file, run from the code snapshot ``code``."""
+    output in a file, run from the code snapshot ``code``; with ``shards`` (a shard map's file),
+    ``--shards``: a supervisor per database under it."""
 
-    def __init__(self, number: int, dsn: str, options: Options, logdir: Path, code: Path) -> None:
+    def __init__(
+        self, number: int, dsn: str, options: Options, logdir: Path, code: Path, shards: Path | None = None
+    ) -> None:
         self.number = number
         argv = [
             "--app",
@@ -92,7 +96,11 @@ class Supervisor(SupervisorProcess):
             "--log-level",
             "INFO",
         ]
-        super().__init__(argv, log=logdir / f"supervisor-{number}.log", dsn=dsn, env=code_env(code), cwd=code)
+        env = code_env(code)
+        if shards is not None:
+            argv += ["--shards", str(shards)]
+            env[SHARDS_ENV] = str(shards)  # where the chaos app records each job's evidence
+        super().__init__(argv, log=logdir / f"supervisor-{number}.log", dsn=dsn, env=env, cwd=code)
         self.started = time.time()
         self.ended: float | None = None
         #: Why the harness ended it ("killed", "stopped"), or None while it is ours to keep alive.

@@ -12,8 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
+from .durable import Signaller, durable_rows, enqueue_durable
 from .evidence import Evidence
 from .faults import Fault, Injector
 from .feeder import Blocked, Feeder, reconcile, release_blocked
@@ -22,7 +21,7 @@ from .options import Options
 from .processes import become_subreaper
 from .report import table, write_json
 from .schedule import drain, run_chaos
-from .server import Harness, Server, snapshot_code
+from .server import Harness, Server, clock_offset, snapshot_code
 from .verify import RunRecord, Verdict, judge
 from .workload import Workload, enqueue
 
@@ -53,13 +52,6 @@ def _extras(workload: Workload) -> str:
     return "".join(f", {part}" for part in parts)
 
 
-def clock_offset(db: Harness) -> float:
-    """The server's clock minus this host's, from the middle of a round trip."""
-    before = time.time()
-    server_now = float(db.value("SELECT extract(epoch FROM clock_timestamp())::float8"))
-    return server_now - (before + time.time()) / 2
-
-
 def run(options: Options) -> int:
     say = Narrator()
     rng = random.Random(options.seed)
@@ -74,6 +66,7 @@ def run(options: Options) -> int:
     fleet: Fleet | None = None
     db: Harness | None = None
     feeder: Feeder | None = None
+    signaller: Signaller | None = None
     ok = False
     try:
         code = snapshot_code(REPO_ROOT, workdir)
@@ -89,6 +82,13 @@ def run(options: Options) -> int:
             f"enqueued {len(workload.ids)} jobs ({len(workload.effect_jobs)} with a transactional effect"
             f"{_extras(workload)}), available over {options.enqueue_spread:.0f}s; chaos for {options.duration:g}s"
         )
+        durable_ids: list[int] = []
+        sent_ahead = 0
+        if options.durable:
+            durable_ids, sent_ahead = enqueue_durable(dsn, options.durable_jobs, options.sleep_ms)
+            signaller = Signaller(dsn)
+            signaller.start()
+            say(f"enqueued {len(durable_ids)} durable jobs ({sent_ahead} of their signals sent ahead)")
         injector = Injector(options, fleet, db, server, rng, say)
         started = time.monotonic()
         if workload.feeds:
@@ -103,6 +103,8 @@ def run(options: Options) -> int:
         except TimeoutError as exc:
             drain_error = str(exc)
             say(f"PROBLEM: {exc}")
+        if signaller is not None:
+            signaller.stop()
         blocked: Blocked | None = None
         if options.sequences and drain_error is None:
             blocked = release_blocked(dsn, workload, db, fleet, injector, say)
@@ -115,15 +117,19 @@ def run(options: Options) -> int:
         verdict = _judge(
             options, db, offset, fleet, injector, workload, drain_seconds, drain_error, blocked, feeder_problem
         )
+        if options.durable:
+            verdict.rows += durable_rows(db, durable_ids, sent_ahead, injector.stops, verdict.data)
         title.append(f"chaos + drain {elapsed:.0f}s; run directory {workdir}")
         print(table(title, verdict), flush=True)
         if options.json_path:
-            write_json(options.json_path, title, verdict, _extra(options, injector.faults, say.t0, workdir))
+            write_json(options.json_path, title, verdict, run_facts(options, injector.faults, say.t0, workdir))
         ok = verdict.ok
         return 0 if ok else 1
     except BaseException:
         if feeder is not None:
             feeder.stop()
+        if signaller is not None:
+            signaller.stop()
         if fleet is not None:
             fleet.kill_everything()
         raise
@@ -143,14 +149,7 @@ def _judge(
     blocked: Blocked | None,
     feeder_problem: str | None,
 ) -> Verdict:
-    survivors, zombies = [], []
-    for tracked in fleet.tracker.survivors():
-        label = f"{tracked.slot} pid {tracked.pid} (supervisor {tracked.supervisor})"
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(tracked.pid).status() == psutil.STATUS_ZOMBIE:
-                zombies.append(label)
-                continue
-        survivors.append(label)
+    survivors, zombies = fleet.leftovers()
     record = RunRecord(
         options=options,
         enqueued=workload.ids,
@@ -210,10 +209,13 @@ def _modes(options: Options) -> str:
         modes.append(f"{options.unique_jobs} unique enqueues over {options.unique_keys} keys")
     if options.sequences:
         modes.append(f"{options.sequence_keys} sequence keys x {options.sequence_length}")
+    if options.durable:
+        modes.append(f"{options.durable_jobs} durable jobs")
     return "".join(f"{mode}, " for mode in modes)
 
 
-def _extra(options: Options, faults: list[Fault], t0: float, workdir: Path) -> dict[str, object]:
+def run_facts(options: Options, faults: list[Fault], t0: float, workdir: Path) -> dict[str, object]:
+    """What the JSON adds to the verdict: the options, every fault injected, the run directory."""
     offset = time.time() - (time.monotonic() - t0)  # epoch seconds at the run's start
     return {
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(options).items()},

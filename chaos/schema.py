@@ -1,10 +1,13 @@
 """The harness's own tables in the chaos database, and the audit trigger on the queue table.
 
-``chaos_transitions`` is filled by a trigger on ``miniqueue_jobs``: every state change and
+``chaos_transitions`` is filled by triggers on ``miniqueue_jobs``: every state change and
 every claim, in the transaction that made it, with the worker that held the job and the
-error that ended an attempt. It turns "completed more than once" into something the database
-can count (completions per job) and gives each attempt a start, an end and a cause. It also
-records a dependent's release (``waiting`` to ``available``, in its last parent's completion).
+error that ended an attempt. A change that moves a job to another partition (a finish, a
+requeue) fires DELETE on the partition it leaves and INSERT on the one it enters, not UPDATE:
+the INSERT turns the DELETE it follows, in the same transaction, into the transition. It turns
+"completed more than once" into something the database can count (completions per job) and
+gives each attempt a start, an end and a cause. It also records a dependent's release
+(``waiting`` to ``available``, in its last parent's completion).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+
+from .durable import DDL as DURABLE_DDL
 
 DDL = """
 CREATE TABLE chaos_executions (
@@ -64,14 +69,17 @@ CREATE TABLE chaos_transitions (
     -- the changes: a change a function makes inside a statement (a sequence's next job released by
     -- miniqueue_settle) is stamped before the change of the statement itself (the completion),
     -- whose AFTER trigger fires when the statement ends.
-    xact       BIGINT NOT NULL DEFAULT txid_current()
+    xact       BIGINT NOT NULL DEFAULT txid_current(),
+    -- A DELETE's: how many entries the job's error history had (a move's INSERT compares).
+    errors_before INT
 );
+CREATE INDEX chaos_transitions_job ON chaos_transitions (job_id);
 
 CREATE FUNCTION chaos_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker)
-        VALUES (OLD.id, OLD.attempt, OLD.state, 'deleted', OLD.leased_by);
+        INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker, errors_before)
+        VALUES (OLD.id, OLD.attempt, OLD.state, 'deleted', OLD.leased_by, jsonb_array_length(OLD.errors));
         RETURN NULL;
     END IF;
     INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker, error)
@@ -98,16 +106,27 @@ CREATE TABLE chaos_keyed (
     at           TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()  -- stored (after its unique index let it in)
 );
 
-CREATE FUNCTION chaos_record_keyed() RETURNS trigger LANGUAGE plpgsql AS $$
+-- An INSERT is a job's enqueue, or the arrival of a job that a change moved from another
+-- partition: the DELETE just recorded for it in this transaction becomes that change (as the
+-- UPDATE trigger would have recorded it).
+CREATE FUNCTION chaos_record_arrival() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO chaos_keyed (job_id, unique_key, sequence_key) VALUES (NEW.id, NEW.unique_key, NEW.sequence_key);
+    UPDATE chaos_transitions t
+       SET to_state = NEW.state,
+           error = CASE WHEN NEW.state IN ('available', 'dead', 'failed') THEN left(
+               CASE WHEN jsonb_array_length(NEW.errors) > t.errors_before
+                    THEN NEW.errors -> -1 ->> 'error' ELSE NEW.last_error END, 4000) END
+     WHERE t.id = (SELECT max(id) FROM chaos_transitions
+                    WHERE job_id = NEW.id AND xact = txid_current() AND to_state = 'deleted');
+    IF NOT FOUND AND (NEW.unique_key IS NOT NULL OR NEW.sequence_key IS NOT NULL) THEN
+        INSERT INTO chaos_keyed (job_id, unique_key, sequence_key) VALUES (NEW.id, NEW.unique_key, NEW.sequence_key);
+    END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE TRIGGER chaos_keyed_insert AFTER INSERT ON miniqueue_jobs FOR EACH ROW
-    WHEN (NEW.unique_key IS NOT NULL OR NEW.sequence_key IS NOT NULL)
-    EXECUTE FUNCTION chaos_record_keyed();
+CREATE TRIGGER chaos_arrival AFTER INSERT ON miniqueue_jobs FOR EACH ROW
+    EXECUTE FUNCTION chaos_record_arrival();
 CREATE TRIGGER chaos_transitions_update AFTER UPDATE ON miniqueue_jobs FOR EACH ROW
     WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.attempt IS DISTINCT FROM NEW.attempt)
     EXECUTE FUNCTION chaos_record_transition();
@@ -120,3 +139,4 @@ def install(conn: psycopg.Connection[Any]) -> None:
     """Create the harness's tables and the audit trigger (the queue's tables must exist)."""
     with conn.transaction():
         conn.execute(DDL)
+        conn.execute(DURABLE_DDL)

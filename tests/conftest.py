@@ -18,11 +18,20 @@ from miniqueue.core.db import Connection, connect
 from miniqueue.store.store import Store
 from miniqueue.testing import database as testing_db
 
+from .servers import start_servers
+
 
 @pytest.fixture(scope="session")
 def server_dsn() -> str:
     """A DSN for the server the tests use (any database on it)."""
     return testing_db.server_dsn()
+
+
+@pytest.fixture(scope="session")
+def servers(server_dsn: str) -> list[str]:
+    """Three servers for the tests of several databases: the suite's and two embedded ones of the
+    session's own (started on first use, stopped and deleted when the test process exits)."""
+    return start_servers(server_dsn)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from miniqueue.core.db import Connection
+from miniqueue.core.records import Lease
+from miniqueue.store.store import Store
 
 T = TypeVar("T")
 
@@ -45,6 +47,31 @@ def expire_lease(conn: Connection, job_id: int) -> None:
     conn.execute("UPDATE miniqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job_id])
 
 
+def take_lease_away(conn: Connection, store: Store, job_id: int) -> None:
+    """Expire a running job's lease and recover it as the reaper does, in one transaction.
+
+    Its worker may still be heartbeating beside the test: done apart, a renewal landing
+    between the expiry and the recovery would leave the job leased. Here the renewal waits
+    for the row and then finds its lease gone.
+    """
+    with conn.transaction():
+        expire_lease(conn, job_id)
+        assert job_id in store.recover_expired_leases(conn), f"job {job_id} was not recovered"
+
+
 def make_due(conn: Connection, job_id: int) -> None:
     """Bring a retried job's next run to now (as if its retry delay had passed)."""
     conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() WHERE id = %s", [job_id])
+
+
+def take_over(conn: Connection, store: Store, job_id: int, worker_id: str) -> Lease:
+    """Make a recovered job due and claim it for `worker_id` in one transaction.
+
+    A worker still running beside the test cannot claim the job back in between: the job
+    becomes due to others only when it is already leased to `worker_id`.
+    """
+    with conn.transaction():
+        make_due(conn, job_id)
+        (lease,) = store.claim(conn, ["default"], worker_id, 30, 1)
+    assert lease.id == job_id
+    return lease

@@ -31,12 +31,13 @@ class Running:
 StartWorker = Callable[..., Running]
 
 
-def worker_starter(dsn: str) -> Iterator[StartWorker]:
-    """The body of a ``start_worker`` fixture: starts workers, stops them all at the end."""
+def worker_starter(dsn: str, **defaults: Any) -> Iterator[StartWorker]:
+    """The body of a ``start_worker`` fixture: starts workers (FAST, with ``defaults`` and then
+    each call's options over it), stops them all at the end."""
     started: list[Running] = []
 
     def start(app: App, **config: Any) -> Running:
-        running = Running(Worker(app, dsn, dataclasses.replace(FAST, **config)))
+        running = Running(Worker(app, dsn, dataclasses.replace(FAST, **{**defaults, **config})))
         started.append(running)
         return running
 

@@ -37,6 +37,25 @@ def free_port() -> int:
         return port
 
 
+def free_ports_after(count: int) -> int:
+    """A port ``P`` such that ``P + 1`` to ``P + count`` are free on 127.0.0.1 right now (for
+    ``miniqueue-supervise --shards``, whose database number ``i`` serves on ``P + i``)."""
+    for _ in range(100):
+        base, taken = free_port(), []
+        try:
+            for offset in range(1, count + 1):
+                sock = socket.socket()
+                taken.append(sock)
+                sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in taken:
+                sock.close()
+    raise AssertionError(f"no {count} free ports in a row found on 127.0.0.1")
+
+
 class Supervised:
     """A running miniqueue-supervise (see ``harness``); its stdout and stderr go to
     files in ``folder``. Without ``dsn`` it uses the embedded server (or ``env``'s DATABASE_URL)."""

@@ -23,7 +23,7 @@ from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job, PermanentError, Snooze
 
 from . import test_worker
-from .helpers import count, expire_lease, make_due, row, wait_until
+from .helpers import count, row, take_lease_away, take_over, wait_until
 from .running import StartWorker
 from .supervised import Fleet, StartSupervisor
 
@@ -221,10 +221,8 @@ def test_lease_lost_cancels_the_coroutine_and_its_outcome_is_discarded(
     job_id = app.enqueue(client, "contested").id
     start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
     assert started.wait(10)
-    expire_lease(conn, job_id)
-    Reaper(dsn).run_once()
-    make_due(conn, job_id)  # its retry delay passed
-    (lease,) = store.claim(conn, ["default"], "other-worker", 30, 1)
+    take_lease_away(conn, store, job_id)  # as the reaper does, while the worker still heartbeats
+    lease = take_over(conn, store, job_id, "other-worker")  # as if its retry delay passed
     store.complete(conn, job_id, "other-worker", lease.attempt)
     wait_until(lambda: stops.seen, what="the coroutine cancelled")
     assert stops.seen == [("lease lost", True, "the job should stop: lease lost")]

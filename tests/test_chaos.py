@@ -13,17 +13,26 @@ It runs twice: with the chaos task as a ``def`` handler, and as an ``async def``
 chaos): every scenario is still injected, each one once early on, and the suite stays near its
 minute and a half.
 
-A third run adds ``--unique --sequences`` (20 s of chaos, 200 jobs: 30 enqueues of 4 unique
-keys over the run, duplicates expected, and 10 sequence keys of 5 jobs, one of which dies and
-blocks its key until the harness releases it), and checks their rules: no two jobs of a unique key
-held it or ran at once, each sequence ran one job at a time in enqueue order, the dead job blocked
-its key until it was released.
+A third run adds ``--unique --sequences --durable`` (20 s of chaos, 200 jobs: 30 enqueues of 4
+unique keys over the run, duplicates expected, and 10 sequence keys of 5 jobs, one of which dies
+and blocks its key until the harness releases it; and 40 durable jobs of five steps, two sleeps
+and a signal), and checks their rules: no two jobs of a unique key held it or ran at once, each
+sequence ran one job at a time in enqueue order, the dead job blocked its key until it was
+released, no durable job's recorded step ran again and its transactional step's effect happened
+once.
 
 The rules of the modes are also shown to catch what they are meant to catch, on records built by
 hand: leases of one key held at once, a dependent claimed before its parent completed, and two
 runs of one key at once (allowed only past a lost lease); and the keyed SQL on rows made by hand
 in a database of the session's server (an overlap, two holders of a unique key, a sequence job
 released, claimed and run before its turn).
+
+A fourth run is ``--databases 3`` (three embedded servers, one shard map, ``miniqueue-supervise
+--shards``): one server is stopped 5 s after the enqueue and started again 10 s later; the other
+two databases' throughput meanwhile must hold (at least 0.8x of before) and every job of all three
+completes exactly once. Quick tests show that a database fault explains lost attempts on its own
+database only, and that the supervisors' log rules catch a claim loop that retries without
+waiting and a database's supervisor that exits.
 """
 
 from __future__ import annotations
@@ -43,11 +52,15 @@ from chaos.check_limits import peak
 from chaos.check_unique import judge_overlaps
 from chaos.check_workflow import workflow_rows
 from chaos.evidence import Attempt, Evidence, Execution
+from chaos.faults import Fault
 from chaos.keyed import Holding, KeyedEvidence, Overlap, Run
 from chaos.options import LIMIT_KEYS
 from chaos.server import Harness
+from chaos.supervisors import SupervisorLog, supervisor_rows
+from chaos.verify import explain
 from chaos.workload import CHAIN_STEP, Workload
 from miniqueue.core.db import connect
+from miniqueue.core.shards import ID_BASE, MODULUS
 from miniqueue.testing import database as testing_db
 
 SHORT_FORM = [
@@ -97,7 +110,9 @@ KEYED_FORM = [
     "1",
     "--unique",
     "--sequences",
+    "--durable",
 ]
+DATABASES_FORM = ["--databases", "3", "--seed", "1"]
 SCENARIOS = ("kill-worker", "kill-reaper", "stop-worker", "terminate-backend", "kill-supervisor", "two-supervisors")
 
 
@@ -159,8 +174,13 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
 
 
 @pytest.mark.timeout(150)
-def test_short_chaos_run_keeps_unique_keys_and_sequences(tmp_path: Path, repo_root: Path) -> None:
+def test_short_chaos_run_keeps_unique_keys_sequences_and_durable_steps(tmp_path: Path, repo_root: Path) -> None:
     result = _run_chaos(KEYED_FORM, tmp_path, repo_root)
+    # --durable: 40 jobs of five steps (one transactional), two sleeps and a signal each, judged
+    # apart (their sleeps and waits end leases by design): each completed once, each effect once,
+    # no recorded step ran again, no step recorded by a stale attempt, no attempt spent by a sleep.
+    assert (result["durable_jobs"], result["durable_completed"]) == (40, 40)
+    assert result["durable_replayed_steps"] == []
     blocked = result["blocked"]
     # Every job stored completed once, but the one planned to die (it blocked its key).
     assert result["planned_dead"] == [blocked["job"]]
@@ -194,6 +214,82 @@ def test_short_chaos_run_keeps_unique_keys_and_sequences(tmp_path: Path, repo_ro
     assert blocked["key"] == "seq-9" and blocked["state"] == "dead", blocked
     assert blocked["behind"] and set(blocked["behind"].values()) == {"waiting"}, blocked
     assert blocked["problems"] == [] and blocked["completed_after"] is not None, blocked
+
+
+@pytest.mark.timeout(120)
+def test_a_database_stopped_for_10_s_leaves_the_others_running_and_loses_nothing(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    # Three databases of 150 jobs each (handlers sleep 200-300 ms, so the other two still have
+    # jobs waiting when the outage ends); db0 (weight 2: 4 of the 8 workers) is stopped.
+    result = _run_chaos(DATABASES_FORM, tmp_path, repo_root)
+    outage = result["outage"]
+    assert outage["down_seconds"] >= 10.0, outage
+    assert outage["ratio"] >= 0.8, f"the others' throughput fell while {outage['database']} was down: {outage}"
+    assert all(min(counts) > 0 for counts in outage["backlog"].values()), "a database ran out of jobs"
+    assert outage["first_completion_after_start"] is not None, "the stopped database never completed a job again"
+    assert result["faults"] == {"stop-database": 1}
+    assert (result["enqueued"], result["completed"], result["lost"]) == (450, 450, [])
+    for name, database in result["databases"].items():
+        assert database["enqueued"] == database["completed_once"] == 150, (name, database)
+    for broken in ("completed_more_than_once", "duplicated_effects", "effect_mismatches", "unexplained"):
+        assert result[broken] == [], (broken, result[broken])
+    assert result["process_problems"] == []
+    supervisors = result["supervisors"]
+    assert supervisors["exits"] == [] and supervisors["child_exits"] == [] and supervisors["early_retries"] == []
+
+
+def test_a_database_fault_explains_lost_attempts_on_its_own_database_only() -> None:
+    on_db1, on_db2 = ID_BASE + 1, ID_BASE + 2  # ids carry their database's index modulo MODULUS
+    assert (on_db1 % MODULUS, on_db2 % MODULUS) == (1, 2)
+    stop = Fault("stop-database", 10.0, 20.0, database=1)
+    lost = "worker lost: vm:500:w stopped renewing its lease"
+    assert explain(Attempt(on_db1, 1, "vm:500:w", 9.0, 21.0, "available", lost), [stop]) == "stop-database"
+    assert explain(Attempt(on_db2, 1, "vm:501:w", 9.0, 21.0, "available", lost), [stop]) is None
+
+
+def test_the_supervisor_log_rules_catch_a_claim_loop_that_does_not_wait_and_a_supervisor_exit() -> None:
+    def line(second: float, who: str, logger: str, message: str) -> str:
+        return f"2026-01-01 10:00:{second:06.3f}".replace(".", ",") + f" [{who}] INFO {logger}: {message}"
+
+    log = [
+        line(
+            0.0, "supervisor 10", "miniqueue.supervisor", "started the supervisor of database db0 (pid 11, 1 workers)"
+        ),
+        line(
+            0.0, "supervisor 10", "miniqueue.supervisor", "started the supervisor of database db1 (pid 12, 1 workers)"
+        ),
+        line(0.1, "supervisor 11", "miniqueue.supervisor", "spawned worker-1 (pid 21)"),
+        line(0.1, "supervisor 12", "miniqueue.supervisor", "spawned worker-1 (pid 22)"),
+        # db0's worker backs off as it says; db1's says 5 s and retries every 10 ms.
+        *[
+            line(
+                1 + 0.1 * 2**n,
+                "worker-1 21",
+                "miniqueue.worker",
+                f"w: database unavailable; retrying in {0.1 * 2**n:.1f}s",
+            )
+            for n in range(5)
+        ],
+        *[
+            line(1 + 0.01 * n, "worker-1 22", "miniqueue.worker", "w: database unavailable; retrying in 5.0s")
+            for n in range(20)
+        ],
+        line(
+            5.0,
+            "supervisor 10",
+            "miniqueue.supervisor",
+            "the supervisor of database db1 (pid 12) exited with 1: starting it again",
+        ),
+    ]
+    parsed = SupervisorLog.parse("\n".join(log))
+    assert parsed.owner == {11: "db0", 12: "db1", 21: "db0", 22: "db1"}
+    rows = {row.label.strip(): row for row in supervisor_rows(parsed, "db0", up=0.0, kill=None, data={})}
+    assert [o.split(":")[0] for o in rows["workers retrying sooner than their back-off (over 5 times)"].offenders] == [
+        "pid 22"
+    ]
+    exits = rows["a database's supervisor exited, not killed by the harness"].offenders
+    assert len(exits) == 1 and exits[0].startswith("db1: pid 12 exited with 1"), exits
 
 
 def _lease(job: int, claimed: float, ended: float | None, attempt: int = 1) -> Attempt:

@@ -29,6 +29,7 @@ enqueued to a queue that no worker of the page's app serves stays available, and
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -46,7 +47,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import miniqueue
 from miniqueue import Client, JobSpec
+from miniqueue.client.sharded import migrate_shards
 from miniqueue.core.db import Connection
+from miniqueue.core.shards import ShardMap
+from miniqueue.testing import database as testing_db
 from miniqueue.testing import run_jobs
 
 from .test_sqlalchemy import sqlalchemy_url
@@ -280,6 +284,29 @@ def kit_page(ctx: Context) -> Setup:
     return Setup(then=then)
 
 
+SHARD_NAMES = ("main", "mail", "events")
+
+
+def shards_page(ctx: Context) -> Setup:
+    """The page's map in ``$MINIQUEUE_SHARDS``: three databases of the test server, the page's own
+    (joining a map is for good), migrated and joined (its shell block, which would do it, starts
+    workers too)."""
+    dsns = {name: testing_db.create_database(ctx.server_dsn, prefix=f"miniqueue_docs_{name}") for name in SHARD_NAMES}
+    shards = {
+        "databases": {name: {"url": dsn, "index": i} for i, (name, dsn) in enumerate(dsns.items())},
+        "queues": {"emails": ["mail"], "clicks": ["main", "events"]},
+    }
+    migrate_shards(ShardMap.parse(shards))
+    ctx.monkeypatch.setenv("MINIQUEUE_SHARDS", json.dumps(shards))
+
+    def then(names: dict[str, Any]) -> None:
+        names["client"].close()
+        for dsn in dsns.values():
+            testing_db.drop_database(ctx.server_dsn, dsn)
+
+    return Setup(then=then)
+
+
 SETUPS: dict[str, Callable[[Context], Setup]] = {
     "README.md": resize_helpers,
     "docs/guides/tasks.md": resize_helpers,
@@ -287,12 +314,15 @@ SETUPS: dict[str, Callable[[Context], Setup]] = {
     "docs/guides/enqueue.md": enqueue_page,
     "docs/guides/limits.md": app_and_client,
     "docs/guides/keys.md": keys_page,
+    "docs/guides/durable.md": app_and_client,
+    "docs/guides/middleware.md": app_and_client,
     "docs/guides/periodic.md": app_and_client,
     "docs/guides/results.md": results_page,
     "docs/guides/transactions.md": transactions_page,
     "docs/guides/django-sqlalchemy.md": sqlalchemy_page,
     "docs/operations/dashboard.md": dashboard_page,
     "docs/guides/testing.md": kit_page,
+    "docs/guides/shards.md": shards_page,
 }
 
 

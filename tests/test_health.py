@@ -20,7 +20,7 @@ from miniqueue.cli.main import main
 from miniqueue.core import health
 from miniqueue.core.db import Connection
 from miniqueue.core.health import Reading, check_horizon, diagnose
-from miniqueue.core.records import HorizonHolder, TableHealth
+from miniqueue.core.records import HorizonHolder, Partition, TableHealth
 from miniqueue.web import create_app, pages
 
 from .helpers import wait_until
@@ -50,7 +50,7 @@ def test_doctor_says_all_is_well_on_a_quiet_database(dsn: str, conn: Connection)
     assert checks["autovacuum"]["ok"] == autovacuum
     assert all(c["ok"] for name, c in checks.items() if name != "autovacuum"), checks
     assert out.exit_code == (0 if autovacuum else 1)
-    assert set(checks) == {"horizon", "dead rows", "sizes", "autovacuum", "connections", "schema", "clock"}
+    assert set(checks) == {"horizon", "dead rows", "sizes", "history", "autovacuum", "connections", "schema", "clock"}
 
 
 def test_a_long_transaction_is_named_by_doctor_with_its_pid_and_application(dsn: str, snapshot_held: int) -> None:
@@ -116,6 +116,13 @@ def test_the_dashboard_shows_a_banner_naming_the_holder(
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
 TABLE = TableHealth(1000, 10, 8192, 16384, 8192, None, True, 0.01, 1000, NOW.timestamp())
+HOUR, DAY = dt.timedelta(hours=1), dt.timedelta(days=1)
+#: The history's partitions as a reaper leaves them: this hour's and this day's, and the next ones.
+HISTORY = (
+    Partition("miniqueue_jobs_done_20261201t12", "done", NOW, NOW + HOUR, 1200, 8192),
+    Partition("miniqueue_jobs_done_20261201t13", "done", NOW + HOUR, NOW + 2 * HOUR, 0, 8192),
+    Partition("miniqueue_jobs_failed_20261201", "failed", NOW - 12 * HOUR, NOW + 12 * HOUR, 3, 8192),
+)
 
 
 def reading(**changes: Any) -> Reading:
@@ -126,6 +133,7 @@ def reading(**changes: Any) -> Reading:
         schema_version=21,
         latest_version=21,
         host_clock=NOW.timestamp(),
+        history=HISTORY,
     )
     return base._replace(**changes)
 
@@ -164,6 +172,8 @@ def test_a_fresh_snapshot_is_fine_and_a_slot_always_counts() -> None:
         ({"schema_version": 20}, "schema"),
         ({"schema_version": 22}, "schema"),
         ({"host_clock": NOW.timestamp() + 5}, "clock"),
+        ({"history": HISTORY[1:]}, "history"),  # no partition of completed jobs for this hour
+        ({"history": ()}, "history"),
     ],
 )
 def test_each_check_says_when_it_needs_a_human(changes: dict[str, Any], failing: str) -> None:

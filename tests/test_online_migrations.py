@@ -25,7 +25,7 @@ from .helpers import count, wait_until
 CONCURRENT_INDEX = """-- miniqueue: no transaction
 -- An index built without blocking the queue (a failed build leaves it invalid: drop it first).
 DROP INDEX CONCURRENTLY IF EXISTS idx_test_by_task;
-CREATE INDEX CONCURRENTLY idx_test_by_task ON miniqueue_jobs (task) WHERE state = 'available';
+CREATE INDEX CONCURRENTLY idx_test_by_task ON miniqueue_jobs_live (task) WHERE state = 'available';
 """
 
 

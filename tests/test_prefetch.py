@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -117,6 +118,27 @@ def test_jobs_waiting_behind_a_long_job_are_handed_back_for_another_worker(
         release.set()
     wait_until(lambda: row(conn, long_id)["state"] == "completed", what="the long job completed")
     assert first.worker.worker_id != second.worker.worker_id
+
+
+def test_a_prefetched_job_whose_lease_may_have_ended_is_handed_back_at_once_and_runs(
+    client: Client,
+    conn: Connection,
+    start_worker: StartWorker,  # noqa: F811
+) -> None:
+    app = App()
+    app.task("slow")(lambda job: time.sleep(1.5))  # the handler's work, outlasting the next job's start-by time
+    app.task("next")(lambda job: None)
+    with conn.transaction():  # one commit: the worker's first claim takes both
+        slow = app.enqueue(client, "slow", priority=1, conn=conn).id
+        waiting = app.enqueue(client, "next", conn=conn).id
+    # A lease of 2 s renewed every 1.9 s: the prefetched job may start for 1 s after its claim or
+    # renewal, so it is overdue when the slow job ends, as after a stall of the whole process.
+    start_worker(app, concurrency=1, prefetch=1, lease_seconds=2.0, heartbeat_seconds=1.9)
+    wait_until(lambda: row(conn, waiting)["state"] == "completed", what="the handed-back job completed")
+    [note] = [e["error"] for e in row(conn, waiting)["errors"]]
+    assert note.startswith("handed back unstarted: its lease may have ended before it could start")
+    assert row(conn, waiting)["max_attempts"] - row(conn, waiting)["attempt"] == 4, "no attempt spent"
+    wait_until(lambda: row(conn, slow)["state"] == "completed", what="the slow job completed")
 
 
 @pytest.mark.parametrize("slow_kind", ["def", "async def"])

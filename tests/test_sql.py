@@ -10,6 +10,7 @@ from pathlib import Path
 
 from miniqueue.core.db import Connection
 from miniqueue.core.records import Lease
+from miniqueue.store.base import Statement, Statements
 from miniqueue.store.claim import load_statements
 from miniqueue.store.keyed import HELD
 from miniqueue.store.store import Store
@@ -28,7 +29,9 @@ COMPLETE_AND_CLAIMS = [
 # The statements that finish jobs (and count them, and settle them), and those that remove
 # finished ones (and count them off).
 FINISHING = ["_complete", "_record_failures", "_fail", "_recover", "_expire", "_cancel", *COMPLETE_AND_CLAIMS]
-REMOVING = ["_requeue", "_prune", "_delete"]
+REMOVING = ["_requeue", "_prune", "_prune_defaults", "_delete"]
+#: The statements that delete finished jobs, and with them their idempotency keys (`unkeyed`).
+UNKEYING = ["_prune", "_prune_defaults", "_delete"]
 # The worker-side transitions, fenced; those that add to a job's error history.
 FENCED = ["_complete", "_renew", "_record_failures", "_fail", "_snooze", "_release", *COMPLETE_AND_CLAIMS]
 WITH_HISTORY = ["_record_failures", "_fail", "_release", "_recover", "_expire"]
@@ -120,6 +123,15 @@ def _copies(store: Store, pattern: str, names: list[str]) -> dict[str, str]:
     return copies
 
 
+def _as_counted_on(counted: str) -> str:
+    """A `counted` that takes jobs off the counts, in the hours they finished in, written as one
+    that counts them on, in this hour (the two differ in these three places alone)."""
+    hour = "date_trunc('hour', finished_at, 'UTC')"
+    return counted.replace(f"{hour}, -count(*)", "date_trunc('hour', now(), 'UTC'), count(*)").replace(
+        f"GROUP BY queue, state, {hour}", "GROUP BY queue, state"
+    )
+
+
 def test_the_parts_written_in_several_statements_stay_identical() -> None:
     store = Store("public")
     parts = {
@@ -133,12 +145,13 @@ def test_the_parts_written_in_several_statements_stay_identical() -> None:
         ),
         "the limits' rows": (r"scoped AS \((.*?)\n\)", LIMITED),
         "a single job's sequence row": (r"sequenced AS \((.*?)\n\)", ["_enqueue_keyed", "_enqueue_replacing"]),
+        "the keys let go": (r"unkeyed AS \(\n    DELETE FROM \S+ k USING \w+ (gone .*?)\n\)", UNKEYING),
     }
     for part, (pattern, names) in parts.items():
         copies = _copies(store, pattern, names)
-        if part == "counted":  # a statement that removes finished jobs counts them off
+        if part == "counted":  # a statement that removes finished jobs counts them off, in their hour
             assert all(("-count(*)" in copy) == (name in REMOVING) for name, copy in copies.items())
-            copies = {name: copy.replace("-count(*)", "count(*)") for name, copy in copies.items()}
+            copies = {name: _as_counted_on(copy) for name, copy in copies.items()}
         assert len(set(copies.values())) == 1, f"the copies of {part} differ: {copies}"
     for name in store.statement_names():  # and no other statement has one it should not
         text = str(getattr(store, name))
@@ -223,3 +236,17 @@ def test_the_store_names_the_arguments_of_the_functions_it_calls() -> None:
         assert calls > 0
         for name in names:
             assert len(re.findall(rf"\b{name} => ", text)) == calls, f"{function} called without {name} => "
+
+
+def test_no_two_parts_of_the_store_name_a_statement_alike() -> None:
+    """Each part's statements are attributes of the one Store: two parts that named one alike
+    would each run the other's (the later base silently wins)."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for part in Store.__mro__:
+        for name, value in vars(part).items():
+            if isinstance(value, (Statement, Statements)):
+                if name in seen:
+                    clashes.append(f"{name}: {seen[name]} and {part.__name__}")
+                seen[name] = part.__name__
+    assert not clashes

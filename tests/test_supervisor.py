@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -460,7 +461,10 @@ def test_a_worker_that_dies_after_it_was_ready_has_its_cause_logged(
     try:
         sup = fleet.start("--schema", schema, workers=1)
         sup.wait_ready(1)
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))  # under the worker's feet
+        drop = sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema))  # under the worker's feet
+        # The drop takes the tables' locks one by one while the worker's claim takes them too:
+        # PostgreSQL may pick the drop as a deadlock's victim, which only means try again.
+        wait_until(lambda: _without_deadlock(conn, drop), what="the schema dropped under the worker")
         cause = (
             r"worker-1 \(pid (\d+)\) exited with code 1\n.* worker-1 \(pid \1\) reported: "
             r"miniqueue\.SchemaOutOfDate: the miniqueue tables are missing"
@@ -469,3 +473,12 @@ def test_a_worker_that_dies_after_it_was_ready_has_its_cause_logged(
     finally:
         fleet.stop_all()
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _without_deadlock(conn: Connection, statement: sql.Composed) -> bool:
+    """Run ``statement``; False if PostgreSQL chose it as a deadlock's victim."""
+    try:
+        conn.execute(statement)
+    except psycopg.errors.DeadlockDetected:
+        return False
+    return True

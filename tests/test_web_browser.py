@@ -23,6 +23,7 @@ from miniqueue import App, Client, JobSpec, Worker, WorkerConfig
 from miniqueue.core.db import Connection
 from miniqueue.core.records import ProcessInfo
 from miniqueue.store.store import Store
+from miniqueue.tasks.job import encode_progress
 from miniqueue.web import create_app, redact_keys
 
 from .helpers import row, wait_until
@@ -212,6 +213,32 @@ def test_requeue_a_dead_job_and_see_its_state_change(
     assert {row(conn, i)["state"] for i in dead} == {"available"}
 
 
+def test_a_running_job_page_shows_its_progress_live(
+    page: Page, server: str, client: Client, store: Store, conn: Connection
+) -> None:
+    """Progress written by the worker's lease renewal appears on an open job page without a
+    reload, and stays once the job completed."""
+    from playwright.sync_api import expect
+
+    job_id = client.enqueue("build_report", {"month": 7}, queue="reports").id
+    [lease] = store.claim(conn, ["reports"], WORKER_ID, 30, 1)
+
+    def renew(percent: float, rows: int) -> None:  # as the worker's heartbeat writes it
+        progress = {lease.id: encode_progress(percent, {"rows": rows})}
+        store.renew_leases(conn, WORKER_ID, [(lease.id, lease.attempt)], 30, progress=progress)
+
+    renew(10, 100)
+    page.goto(f"{server}/jobs/{job_id}")
+    shown = page.locator("dd.progress")
+    expect(shown).to_contain_text("10%")
+    renew(60, 600)
+    expect(shown.locator("progress")).to_have_attribute("value", "60.0")  # by live polling
+    expect(shown).to_contain_text('{"rows": 600}')
+    store.complete(conn, lease.id, WORKER_ID, lease.attempt)
+    expect(page.get_by_role("heading", level=1).locator(".state")).to_have_text("completed")
+    expect(shown).to_contain_text("60%")
+
+
 def test_pausing_a_queue_stops_a_real_worker_claiming_from_it(
     page: Page, server: str, client: Client, store: Store, conn: Connection, dsn: str
 ) -> None:
@@ -306,5 +333,5 @@ def test_workers_and_periodic_pages(page: Page, server: str, store: Store, conn:
     expect(page.get_by_role("heading", level=1)).to_contain_text("build_report")
     page.goto(f"{server}/periodic")
     nightly = page.get_by_role("row").filter(has=page.get_by_role("rowheader", name="nightly-summary"))
-    expect(nightly.locator(".badge")).to_have_text("disabled")
+    expect(nightly.locator(".badge.paused")).to_have_text("disabled")
     shoot(page, "periodic")

@@ -18,7 +18,7 @@ from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job, PermanentError, Snooze
 from miniqueue.worker.worker import Worker, WorkerConfig
 
-from .helpers import count, expire_lease, make_due, row, wait_until
+from .helpers import count, expire_lease, row, take_lease_away, take_over, wait_until
 from .running import FAST, Running, StartWorker, worker_starter
 
 
@@ -207,10 +207,8 @@ def test_lease_lost_mid_handler_is_signalled_and_its_completion_rejected(
     start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
     assert first_started.wait(10)
     # Take the job away from the worker: expire it, recover it, and complete it elsewhere.
-    expire_lease(conn, job_id)
-    Reaper(dsn).run_once()
-    make_due(conn, job_id)  # its retry delay passed
-    (lease,) = store.claim(conn, ["default"], "other-worker", 30, 1)
+    take_lease_away(conn, store, job_id)  # as the reaper does, while the worker still heartbeats
+    lease = take_over(conn, store, job_id, "other-worker")  # as if its retry delay passed
     store.complete(conn, job_id, "other-worker", lease.attempt)
     wait_until(lambda: reasons, what="the first handler told its lease was lost")
     assert reasons == ["lease lost"]

@@ -12,6 +12,7 @@ import time
 import click
 
 from ..client.client import Client
+from ..client.sharded import migrate_shards
 from ..core.db import mask_dsn
 from ..core.records import State
 from ..store.migrate import run_migrations
@@ -19,13 +20,20 @@ from ..supervise.health import probe_database, probe_url
 from .database import current_schema, database_option, open_client, resolve_database
 from .errors import friendly_errors
 from .params import Duration, Seconds
+from .shards import load_map, shards_option
 
 
 @click.command()
 @database_option
+@shards_option
 @friendly_errors
-def migrate(database_url: str | None) -> None:
-    """Create or upgrade the queue's tables (safe to run concurrently)."""
+def migrate(database_url: str | None, shards_source: str | None) -> None:
+    """Create or upgrade the queue's tables (safe to run concurrently); with a shard map, on
+    every database of the map, each then joining it (its ids carry its index from then on)."""
+    if shards_source:
+        for name, joined in migrate_shards(load_map(shards_source), schema=current_schema()).items():
+            click.echo(f"{name}: migrated{', joined the shard map' if joined else ''}")
+        return
     dsn = resolve_database(database_url)
     applied = run_migrations(dsn, current_schema())
     names = ", ".join(f"{m.version:03d}_{m.name}" for m in applied)

@@ -35,7 +35,9 @@ def doctor(as_json: bool, horizon_seconds: float, database_url: str | None) -> N
     healthy = all(check.ok for check in checks)
     if as_json:
         holders = [h._asdict() for h in reading.horizon]
-        click.echo(to_json({"healthy": healthy, "checks": [c._asdict() for c in checks], "horizon": holders}))
+        partitions = [p._asdict() for p in reading.history]
+        checks_json = [c._asdict() for c in checks]
+        click.echo(to_json({"healthy": healthy, "checks": checks_json, "horizon": holders, "history": partitions}))
     else:
         for check in checks:
             click.echo(f"{'ok  ' if check.ok else 'FAIL'}  {check.name:<12} {check.detail}")

@@ -1,8 +1,10 @@
-"""Commands on jobs: ``enqueue``, ``jobs list``, ``jobs show``, ``requeue`` and ``cancel``."""
+"""Commands on jobs: ``enqueue``, ``jobs list``, ``jobs show``, ``jobs why``, ``requeue`` and
+``cancel`` (``jobs list`` and ``jobs show`` over a shard map too: ``--shards``)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -12,6 +14,7 @@ from .database import database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json
 from .params import JOB_ID, JsonText
+from .shards import finish_map, open_map, shards_option
 
 
 @click.command()
@@ -39,6 +42,11 @@ from .params import JOB_ID, JsonText
 @click.option("--sequence-key", help="Run one at a time with the other jobs of this key, in enqueue order.")
 @click.option("--on-failure", type=click.Choice(["block", "continue"]), help="What a failed job does to its sequence.")
 @click.option("--expires-in", type=float, help="Never start later than this many seconds from now (then: expired).")
+@click.option(
+    "--rate-cost",
+    type=int,
+    help="Tokens the job takes from its task's rate limit (see docs/guides/limits.md). Default: the task's (else 1).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @database_option
 @friendly_errors
@@ -60,6 +68,7 @@ def enqueue(
     sequence_key: str | None,
     on_failure: str | None,
     expires_in: float | None,
+    rate_cost: int | None,
     as_json: bool,
     database_url: str | None,
 ) -> None:
@@ -83,6 +92,7 @@ def enqueue(
             on_conflict=conflict,
             sequence_key=sequence_key,
             on_failure=on_failure,
+            rate_cost=rate_cost,
             expires_in=expires_in,
         )
     if as_json:
@@ -111,8 +121,9 @@ def jobs() -> None:
     """Inspect jobs."""
 
 
-#: A line of `jobs list`: id, state, queue, task, attempt, created, last error or parents.
-_JOB_LINE = "{:>10}  {:<9}  {:<16} {:<24} {:>9}  {:<19}  {}"
+#: A line of `jobs list`: id (as wide as the widest, 10 at least), state, queue, task, attempt,
+#: created, last error or parents.
+_JOB_LINE = "{:>{id}}  {:<9}  {:<16} {:<24} {:>9}  {:<19}  {}"
 
 
 @jobs.command("list")
@@ -120,9 +131,10 @@ _JOB_LINE = "{:>10}  {:<9}  {:<16} {:<24} {:>9}  {:<19}  {}"
 @click.option("--state", type=click.Choice([s.value for s in State]))
 @click.option("--task")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-@click.option("--before", "before_id", type=JOB_ID, help="Only jobs with a smaller id (the next page).")
+@click.option("--before", "before_id", type=JOB_ID, help="Only jobs listed after this job id (the next page).")
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON array, newest first.")
 @database_option
+@shards_option
 @friendly_errors
 def list_jobs(
     queue: str | None,
@@ -132,17 +144,38 @@ def list_jobs(
     before_id: int | None,
     as_json: bool,
     database_url: str | None,
+    shards_source: str | None,
 ) -> None:
-    """Jobs matching the filters, newest first (a waiting job: the parents it waits for)."""
+    """Jobs matching the filters, newest first (a waiting job: the parents it waits for); with a
+    shard map, over every database by creation time, each job with its database (a database
+    that does not answer is named, exit 1)."""
+    filters: dict[str, Any] = {"state": State(state) if state else None, "queue": queue, "task": task}
+    if shards_source:
+        with open_map(shards_source) as sharded:
+            page = sharded.jobs_page(before_id=before_id, limit=limit, **filters)
+        rows = [(sharded.shards.database_of(job.id).name, job) for job in page.jobs]
+        if as_json:
+            finish_map(page.unreachable, [{"database": name, **_job_dict(job)} for name, job in rows], "jobs")
+            return
+        _print_jobs(rows)
+        finish_map(page.unreachable, None, "jobs")
+        return
     with open_client(database_url) as client:
-        found = client.list_jobs(
-            state=State(state) if state else None, queue=queue, task=task, before_id=before_id, limit=limit
-        )
+        found = client.list_jobs(before_id=before_id, limit=limit, **filters)
     if as_json:
         click.echo(to_json([_job_dict(job) for job in found]))
         return
-    click.echo(_JOB_LINE.format("ID", "STATE", "QUEUE", "TASK", "ATTEMPT", "CREATED", "LAST ERROR OR PARENTS").rstrip())
-    for job in found:
+    _print_jobs([("", job) for job in found])
+
+
+def _print_jobs(rows: Sequence[tuple[str, JobRecord]]) -> None:
+    """The table of ``jobs list``, with a database column when the rows name databases."""
+    sharded = any(name for name, _ in rows)
+    width = max([len("DATABASE"), *(len(name) for name, _ in rows)])
+    ids = max([10, *(len(str(job.id)) for _, job in rows)])
+    header = _JOB_LINE.format("ID", "STATE", "QUEUE", "TASK", "ATTEMPT", "CREATED", "LAST ERROR OR PARENTS", id=ids)
+    click.echo((f"{'DATABASE':<{width}}  {header}" if sharded else header).rstrip())
+    for name, job in rows:
         note = (job.last_error or "").strip().splitlines()[-1:] or [""]
         if job.state is State.WAITING and job.sequence_key is not None:
             note = [f"waiting its turn in sequence {job.sequence_key}"]
@@ -157,31 +190,67 @@ def list_jobs(
             f"{job.created_at:%Y-%m-%d %H:%M:%S}",
             note[0][:80],
         )
-        click.echo(_JOB_LINE.format(*fields).rstrip())
+        line = _JOB_LINE.format(*fields, id=ids)
+        click.echo((f"{name:<{width}}  {line}" if sharded else line).rstrip())
 
 
 @jobs.command("show")
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @database_option
+@shards_option
 @friendly_errors
-def show_job(job_id: int, as_json: bool, database_url: str | None) -> None:
-    """Every field of one job (its result, parents and dependents too), with its error history."""
-    with open_client(database_url) as client:
-        job = client.get(job_id)
-    fields = _job_dict(job)
+def show_job(job_id: int, as_json: bool, database_url: str | None, shards_source: str | None) -> None:
+    """Every field of one job (its result, parents and dependents too), with its error history;
+    with a shard map, from the database its id names (shown first)."""
+    where: dict[str, Any] = {}
+    if shards_source:
+        with open_map(shards_source) as sharded:
+            database, job = sharded.find(job_id)
+            progress = sharded.read_on(database, lambda client: client.progress(job_id)).progress
+        where = {"database": database.name}
+    else:
+        with open_client(database_url) as client:
+            job = client.get(job_id)
+            progress = client.progress(job_id).progress
+    fields = {**where, **_job_dict(job), "progress": None if progress is None else progress.__dict__}
     if as_json:
         click.echo(to_json(fields))
         return
     history = fields.pop("errors")
+    del fields["steps"]
     # Attempts as people read them, charged of the budget (the attempt number is a fencing token).
     fields = {key: value for key, value in fields.items() if key not in ("max_attempts", "attempt_budget")}
     fields["attempt"] = job.describe_attempts().removeprefix("attempt ")
+    fields["progress"] = "-" if progress is None else f"{progress.describe()} at {progress.at}"
     for key, value in fields.items():
         shown = to_json(value) if key in ("payload", "result", "parents", "dependents") else value
         click.echo(f"{key:>16}: {shown}")
+    for number, step in enumerate(job.steps, 1):
+        click.echo(f"{'step ' + str(number):>16}: {step.describe()} (run {step.attempt})")
     for entry in history:  # each entry names the run it ended (the attempt number at the time)
         click.echo(f"--- run {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
+
+
+@jobs.command("why")
+@click.argument("job_id", type=JOB_ID)
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
+@database_option
+@friendly_errors
+def why_job(job_id: int, as_json: bool, database_url: str | None) -> None:
+    """Why job JOB_ID has not run: each cause that holds it back, most decisive first (its
+    deadline, a blocked sequence, a paused queue, no worker, parents, a signal, its turn, a
+    schedule, a full limit, an expired lease), or that it ran, runs, or is due."""
+    with open_client(database_url) as client:
+        diagnosis = client.why(job_id)
+    if as_json:
+        click.echo(to_json(diagnosis.to_dict()))
+        return
+    click.echo(
+        f"job {job_id} ({diagnosis.task}, queue {diagnosis.queue}): {diagnosis.state.value}, {diagnosis.attempts}"
+    )
+    for cause in diagnosis.causes:
+        click.echo(f"- {cause.message}")
 
 
 def _job_dict(job: JobRecord) -> dict[str, Any]:
@@ -189,6 +258,7 @@ def _job_dict(job: JobRecord) -> dict[str, Any]:
     fields["state"] = job.state.value
     fields["charged_attempts"] = job.charged_attempts
     fields["errors"] = [e.__dict__ for e in job.errors]
+    fields["steps"] = [s.__dict__ for s in job.steps]
     return fields
 
 

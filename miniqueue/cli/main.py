@@ -18,6 +18,8 @@ from .periodic import periodic
 from .queues import limits, queues, stats
 from .sequences import sequences
 from .serve import supervise, web
+from .shards import shards
+from .signals import signal, signals
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,6 +43,9 @@ for _command in (
     queues,
     limits,
     sequences,
+    signal,
+    signals,
+    shards,
     periodic,
     migrate,
     prune,

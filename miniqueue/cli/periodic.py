@@ -1,12 +1,23 @@
-"""``periodic``: list the schedules of an app, enable and disable them."""
+"""``periodic``: list the schedules of an app and those created at run time; add, change and
+delete the latter; enable and disable either."""
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
 import click
 
-from ..tasks.app import load_app
+from ..client.schedules import UNCHANGED, as_periodic
+from ..core.errors import InvalidInput
+from ..core.records import Schedule
+from ..core.validation import parse_json
+from ..tasks.loading import load_app
+from ..tasks.periodic import Periodic
 from .database import database_option, open_client
 from .errors import friendly_errors
+from .output import to_json
+from .params import JsonText, Seconds
 
 
 @click.group()
@@ -16,20 +27,154 @@ def periodic() -> None:
 
 @periodic.command("list")
 @click.option("--app", "app_ref", required=True, help="The app whose schedules to list, as module:attribute.")
+@click.option("--json", "as_json", is_flag=True, help="Print the schedules as a JSON array, one object each.")
 @database_option
 @friendly_errors
-def list_periodic(app_ref: str, database_url: str | None) -> None:
-    """Each schedule of the app: cron, task, enabled, last and next slot."""
+def list_periodic(app_ref: str, as_json: bool, database_url: str | None) -> None:
+    """Each schedule, the app's (code) and those created at run time (runtime): cron, time zone,
+    task, enabled, last and next slot (in its zone)."""
     app = load_app(app_ref)
     with open_client(database_url) as client:
         state = client.periodic_state()
+        runtime = client.schedules.list()
         now = client.now()
+    rows = []
     for name, schedule in sorted(app.schedules.items()):
         last, enabled = state.get(name, (None, True))
+        rows.append(_listed(schedule, "code", last, enabled, now))
+    shown = [r for r in runtime if r.name not in app.schedules]  # the code's wins (see client.schedules)
+    rows += [_listed(as_periodic(r), "runtime", r.last_slot, r.enabled, now) for r in shown]
+    if as_json:
+        click.echo(to_json(rows))
+        return
+    for row in rows:
         click.echo(
-            f"{name:<24} {schedule.cron:<16} task {schedule.task:<20} {'enabled ' if enabled else 'disabled'} "
-            f"last {last or '-'}  next {schedule.next_slot(now)}"
+            f"{row['name']:<24} {row['cron']:<16} {row['timezone']:<16} {row['kind']:<7} task {row['task']:<20} "
+            f"{'enabled ' if row['enabled'] else 'disabled'} last {row['last_slot'] or '-'}  next {row['next_slot']}"
         )
+
+
+def _listed(schedule: Periodic, kind: str, last: dt.datetime | None, enabled: bool, now: dt.datetime) -> dict[str, Any]:
+    """One schedule as listed: its slots on its zone's clock."""
+    return {
+        "name": schedule.name,
+        "kind": kind,
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
+        "task": schedule.task,
+        "payload": schedule.payload,
+        "enabled": enabled,
+        "last_slot": schedule.local(last) if last else None,
+        "next_slot": schedule.local(schedule.next_slot(now)),
+    }
+
+
+def _show(schedule: Schedule, as_json: bool, done: str) -> None:
+    if as_json:
+        click.echo(to_json(schedule._asdict()))
+    else:
+        click.echo(f"schedule {schedule.name} {done}: {schedule.cron} ({schedule.timezone}), task {schedule.task}")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the schedule as a JSON object.")
+
+
+@periodic.command("add")
+@click.argument("name")
+@click.argument("cron")
+@click.option("--task", required=True, help="The task of the jobs it enqueues.")
+@click.option("--payload", type=JsonText(), default=None, help="The jobs' payload, as JSON.  [default: none]")
+@click.option("--timezone", default="UTC", show_default=True, help="The tz database zone whose clock CRON is read on.")
+@click.option(
+    "--catch-up",
+    type=click.Choice(["skip", "latest"]),
+    default="skip",
+    show_default=True,
+    help="A slot missed longer than --grace: skip it, or run the latest one late.",
+)
+@click.option(
+    "--grace",
+    type=Seconds(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds a slot may run late and still run (with --catch-up skip).",
+)
+@click.option("--disabled", is_flag=True, help="Create it disabled (enable it later).")
+@json_option
+@database_option
+@friendly_errors
+def add_periodic(
+    name: str,
+    cron: str,
+    task: str,
+    payload: Any,
+    timezone: str,
+    catch_up: str,
+    grace: float,
+    disabled: bool,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Create schedule NAME at run time: a job of --task at each slot of CRON, from the next one.
+
+    Every reaper of the database schedules it from its next pass. A name a schedule of the code
+    already has is refused."""
+    with open_client(database_url) as client:
+        made = client.schedules.create(
+            name,
+            cron,
+            task=task,
+            payload=payload,
+            timezone=timezone,
+            catch_up=catch_up,
+            grace=grace,
+            enabled=not disabled,
+        )
+    _show(made, as_json, "created")
+
+
+@periodic.command("change")
+@click.argument("name")
+@click.option("--cron", default=None, help="A new cron expression.")
+@click.option("--payload", default=None, help="A new payload, as JSON (null: none).")
+@click.option("--timezone", default=None, help="A new time zone for the cron.")
+@click.option("--enable/--disable", "enabled", default=None, help="Enable or disable it.")
+@json_option
+@database_option
+@friendly_errors
+def change_periodic(
+    name: str,
+    cron: str | None,
+    payload: str | None,
+    timezone: str | None,
+    enabled: bool | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Change schedule NAME, created at run time; the reapers follow from their next pass."""
+    given = UNCHANGED if payload is None else _payload(payload)
+    with open_client(database_url) as client:
+        changed = client.schedules.change(name, cron=cron, payload=given, timezone=timezone, enabled=enabled)
+    _show(changed, as_json, "changed")
+
+
+def _payload(text: str) -> Any:
+    """``--payload`` of ``change``, read here: ``null`` is a payload (none), not the option left out."""
+    try:
+        return parse_json(text)
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), param_hint="'--payload'") from None
+
+
+@periodic.command("delete")
+@click.argument("name")
+@database_option
+@friendly_errors
+def delete_periodic(name: str, database_url: str | None) -> None:
+    """Delete schedule NAME, created at run time: it enqueues nothing more (its jobs stay)."""
+    with open_client(database_url) as client:
+        client.schedules.delete(name)
+    click.echo(f"schedule {name} deleted")
 
 
 schedule_app_option = click.option(

@@ -6,10 +6,16 @@ from typing import Any
 
 import click
 
+from ..client.merging import TOTAL, QueueSetting, answered, total_settings, total_waits, unreachable
+from ..client.sharded import ShardedClient, summed
+from ..core.errors import DatabaseUnavailable
 from ..core.records import QueueStats, State
-from .database import database_option, open_client
+from ..core.shards import ShardMap
+from ..store.store import LimitWait
+from .database import current_schema, database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json
+from .shards import finish_map, load_map, open_map, shards_option
 
 
 @click.command()
@@ -20,11 +26,16 @@ from .output import ids_line, to_json
     help="First recount finished jobs from the table (a repair after migrating with workers running; reads every row).",
 )
 @database_option
+@shards_option
 @friendly_errors
-def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
-    """Per queue: jobs by state, the oldest waiting job's age, running and expired leases.
+def stats(as_json: bool, recount: bool, database_url: str | None, shards_source: str | None) -> None:
+    """Per queue: jobs by state, the oldest waiting job's age, running and expired leases; with
+    a shard map, per database and in total (a database that does not answer is named, exit 1).
 
     Finished jobs are counted as they finish, so this costs the same at any table size."""
+    if shards_source:
+        _sharded_stats(load_map(shards_source), as_json, recount)
+        return
     with open_client(database_url) as client:
         if recount:
             client.recount()
@@ -32,18 +43,7 @@ def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
     if as_json:
         click.echo(to_json([_stats_dict(q) for q in queues]))
         return
-    headers = ["queue", *(s.value for s in State), "scheduled", "oldest waiting (s)", "expired leases"]
-    table = [headers]
-    for q in queues:
-        oldest = "-" if q.oldest_available_seconds is None else f"{q.oldest_available_seconds:.1f}"
-        table.append([q.queue, *(str(q.counts[s]) for s in State), str(q.scheduled), oldest, str(q.expired_leases)])
-    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
-    for row in table:
-        click.echo(
-            "  ".join(
-                cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+    _print_table([("", q) for q in queues])
     for q in queues:
         if q.stranded:
             click.echo(
@@ -51,6 +51,52 @@ def stats(as_json: bool, recount: bool, database_url: str | None) -> None:
                 '(see "Tasks and their options" in docs/guides/tasks.md)',
                 err=True,
             )
+
+
+def _sharded_stats(shards: ShardMap, as_json: bool, recount: bool) -> None:
+    """``stats`` over every database of a map: each database's rows, then each queue's total."""
+    with ShardedClient(shards, schema=current_schema()) as client:
+        if recount:
+            for name in shards.databases:
+                client.client(name).recount()
+        by_database = client.queue_stats_by_database()
+    rows: list[tuple[str, QueueStats]] = []
+    totals: dict[str, QueueStats] = {}
+    down = {name: str(found) for name, found in by_database.items() if isinstance(found, DatabaseUnavailable)}
+    for name, found in by_database.items():
+        for q in [] if isinstance(found, DatabaseUnavailable) else found:
+            rows.append((name, q))
+            totals[q.queue] = q if q.queue not in totals else summed(totals[q.queue], q)
+    rows += [("total", totals[queue]) for queue in sorted(totals)]
+    if as_json:
+        found_rows = [{"database": name, **_stats_dict(q)} for name, q in rows]
+        click.echo(to_json(found_rows + [{"database": name, "unreachable": why} for name, why in down.items()]))
+    else:
+        _print_table(rows)
+        for name, why in down.items():
+            click.echo(f"database {name}: unreachable ({why}): its queues are not counted above", err=True)
+    if down:
+        raise SystemExit(1)
+
+
+def _print_table(rows: list[tuple[str, QueueStats]]) -> None:
+    """The stats table, with a database column when the rows name databases."""
+    sharded = any(name for name, _ in rows)
+    headers = ["queue", *(s.value for s in State), "scheduled", "oldest waiting (s)", "expired leases"]
+    table = [["database", *headers] if sharded else headers]
+    for name, q in rows:
+        oldest = "-" if q.oldest_available_seconds is None else f"{q.oldest_available_seconds:.1f}"
+        cells = [q.queue, *(str(q.counts[s]) for s in State), str(q.scheduled), oldest, str(q.expired_leases)]
+        table.append([name, *cells] if sharded else cells)
+    headers = table[0]
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    for row in table:
+        click.echo(
+            "  ".join(
+                cell.ljust(w) if i <= int(sharded) else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
 
 
 def _stats_dict(q: QueueStats) -> dict[str, Any]:
@@ -120,9 +166,15 @@ def limit_queue(name: str, max_running: int | None, remove: bool, create: bool, 
     "--json", "as_json", is_flag=True, help='Print the queues as a JSON array of {"queue", "paused", "max_running"}.'
 )
 @database_option
+@shards_option
 @friendly_errors
-def list_queues(as_json: bool, database_url: str | None) -> None:
-    """Every queue that has jobs, is paused or capped: whether it is paused, and its cap."""
+def list_queues(as_json: bool, database_url: str | None, shards_source: str | None) -> None:
+    """Every queue that has jobs, is paused or capped: whether it is paused, and its cap; with a
+    shard map, per database (each holds its own cap) and each queue's total (a database that
+    does not answer is named, exit 1)."""
+    if shards_source:
+        _sharded_queues(shards_source, as_json)
+        return
     with open_client(database_url) as client:
         found = client.list_queues()
         caps = client.queue_limits()
@@ -136,6 +188,35 @@ def list_queues(as_json: bool, database_url: str | None) -> None:
         click.echo(f"{name:<32} {'paused' if found.get(name) else 'active':<8} {cap}")
 
 
+def _sharded_queues(shards_source: str, as_json: bool) -> None:
+    """``queues list`` over every database of a map: each database's queues, then each queue's
+    total (paused on which databases, and the sum of the caps)."""
+    with open_map(shards_source) as client:
+        answers = client.queue_settings_by_database()
+    found = answered(answers)
+    rows = [(name, setting) for name, settings in found.items() for setting in settings]
+    rows += [(TOTAL, total) for total in total_settings(found)]
+    if as_json:
+        finish_map(unreachable(answers), [_setting_dict(name, s) for name, s in rows], "queues")
+        return
+    width = max([len("DATABASE"), *(len(name) for name, _ in rows)])
+    click.echo(f"{'DATABASE':<{width}}  {'QUEUE':<32} {'STATE':<16} CAP")
+    for name, setting in rows:
+        paused = "paused" if setting.paused else "active"
+        if setting.paused_on and not setting.paused:
+            paused = f"paused on {', '.join(setting.paused_on)}"
+        cap = "no cap" if setting.max_running is None else f"at most {setting.max_running} running"
+        if name == TOTAL and setting.max_running is not None:
+            cap += " in all"
+        click.echo(f"{name:<{width}}  {setting.queue:<32} {paused:<16} {cap}")
+    finish_map(unreachable(answers), None, "queues")
+
+
+def _setting_dict(name: str, setting: QueueSetting) -> dict[str, Any]:
+    found = {"database": name, "queue": setting.queue, "paused": setting.paused, "max_running": setting.max_running}
+    return {**found, "paused_on": list(setting.paused_on)} if name == TOTAL else found
+
+
 @click.command("limits")
 @click.option("--json", "as_json", is_flag=True, help="Print the limits as a JSON array.")
 @click.option(
@@ -147,26 +228,77 @@ def list_queues(as_json: bool, database_url: str | None) -> None:
     help="Show at most this many limits (those with the most jobs waiting, then slots held).",
 )
 @database_option
+@shards_option
 @friendly_errors
-def limits(as_json: bool, count: int, database_url: str | None) -> None:
+def limits(as_json: bool, count: int, database_url: str | None, shards_source: str | None) -> None:
     """The limits jobs wait on or hold slots of: for each, the due jobs that name it, and its
-    slots held and by which jobs, or its tokens left (see docs/guides/limits.md)."""
+    slots held and by which jobs, or its tokens left (see docs/guides/limits.md); with a shard
+    map, per database (each enforces its own) and in total (a database that does not answer is
+    named, exit 1)."""
+    if shards_source:
+        _sharded_limits(shards_source, count, as_json)
+        return
     with open_client(database_url) as client:
         waits = client.limit_waits(count)
     if as_json:
-        click.echo(to_json([w._asdict() for w in waits]))
+        click.echo(to_json([_wait_dict(w) for w in waits]))
         return
     if not waits:
         click.echo("no job is waiting on a limit or holding a slot")
         return
     click.echo(f"{'LIMIT':<48} {'WAITING':>8}  STATE")
     for w in waits:
-        if w.max_running is not None:
-            state = f"{w.held or 0}/{w.max_running} slots held"
-            if w.holders:
-                state += f" by job{'s' if len(w.holders) > 1 else ''} {ids_line(w.holders)}"
-        elif w.rate is not None:
-            state = f"{w.rate:g}/s, {w.tokens or 0:.1f} tokens left"
-        else:
-            state = "no limit row (enqueue again to create it)"
-        click.echo(f"{w.scope:<48} {w.waiting:>8}  {state}")
+        click.echo(f"{w.scope:<48} {w.waiting:>8}  {_wait_state(w)}")
+
+
+def _wait_dict(w: LimitWait) -> dict[str, Any]:
+    """A limit as ``limits --json`` shows it: ``paused_until`` and ``paused_by`` only while it
+    is paused (back-pressure)."""
+    found = w._asdict()
+    if w.paused_until is None:
+        del found["paused_until"], found["paused_by"]
+    return found
+
+
+def _wait_state(w: LimitWait) -> str:
+    """A limit's state as ``limits`` shows it: slots held and by whom, or tokens left; and
+    until when it is paused, by which job (back-pressure)."""
+    state = _room_state(w)
+    if w.paused_until is not None:
+        state += f"; paused until {w.paused_until.isoformat(timespec='seconds')} by job {w.paused_by}"
+    return state
+
+
+def _room_state(w: LimitWait) -> str:
+    """Slots held and by whom, or tokens left."""
+    if w.max_running is not None:
+        state = f"{w.held or 0}/{w.max_running} slots held"
+        if w.holders:
+            state += f" by job{'s' if len(w.holders) > 1 else ''} {ids_line(w.holders)}"
+        return state
+    if w.rate is not None:
+        return f"{w.rate:g}/s, {w.tokens or 0:.1f} tokens left"
+    return "no limit row (enqueue again to create it)"
+
+
+def _sharded_limits(shards_source: str, count: int, as_json: bool) -> None:
+    """``limits`` over every database of a map: each limit's row on each database, then its
+    total (the fleet's slots and tokens are the sums: each database enforces it alone)."""
+    with open_map(shards_source) as client:
+        answers = client.limit_waits_by_database(count)
+    found = answered(answers)
+    totals = total_waits(found, count)
+    shown = {w.scope for w in totals}
+    rows = [(name, w) for name, waits in found.items() for w in waits if w.scope in shown]
+    rows += [(TOTAL, w) for w in totals]
+    if as_json:
+        finish_map(unreachable(answers), [{"database": name, **w._asdict()} for name, w in rows], "limits")
+        return
+    if not rows:
+        click.echo("no job is waiting on a limit or holding a slot")
+    else:
+        width = max([len("DATABASE"), *(len(name) for name, _ in rows)])
+        click.echo(f"{'DATABASE':<{width}}  {'LIMIT':<48} {'WAITING':>8}  STATE")
+        for name, w in rows:
+            click.echo(f"{name:<{width}}  {w.scope:<48} {w.waiting:>8}  {_wait_state(w)}")
+    finish_map(unreachable(answers), None, "limits")

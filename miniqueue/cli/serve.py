@@ -18,6 +18,7 @@ import click
 
 from .database import current_schema, database_option, resolve_database
 from .errors import OneLineCommand, friendly_errors
+from .shards import load_map, shards_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,6 +41,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
 @click.option("--app", "app_ref", help="Your app (module:attribute): schedules' cron and next run, and run now.")
 @database_option
+@shards_option
 @friendly_errors
 def web(
     host: str,
@@ -49,8 +51,10 @@ def web(
     read_only: bool,
     app_ref: str | None,
     database_url: str | None,
+    shards_source: str | None,
 ) -> None:
-    """Serve the dashboard (needs the `web` extra: pip install '.[web]' from a checkout)."""
+    """Serve the dashboard (needs the `web` extra: pip install '.[web]' from a checkout); with a
+    shard map, over every database of the map (see docs/operations/dashboard.md)."""
     from ..core.errors import ConfigError
     from ..core.process import set_label, set_title
 
@@ -68,7 +72,7 @@ def web(
         click.echo(f"Error: {exc}", err=True)
         raise click.exceptions.Exit(2) from None
     serve(
-        resolve_database(database_url),
+        load_map(shards_source) if shards_source else resolve_database(database_url),
         schema=current_schema(),
         host=host,
         port=port,
@@ -150,6 +154,7 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
+@shards_option
 @database_option
 @friendly_errors
 def supervise(
@@ -176,8 +181,10 @@ def supervise(
     log_format: str,
     log_level: str,
     database_url: str | None,
+    shards_source: str | None,
 ) -> None:
-    """Run worker processes and a reaper under a prefork supervisor.
+    """Run worker processes and a reaper under a prefork supervisor (with a shard map: one
+    supervisor per database, the workers shared by weight; see README.md, "Several databases").
 
     Signals: TERM/INT drain and exit; a second INT or QUIT exits fast; HUP replaces the workers;
     TTIN/TTOU add or remove one worker.
@@ -217,6 +224,10 @@ def supervise(
         metrics_host=metrics_host,
         metrics_interval=metrics_interval,
     ).validated()
+    if shards_source:
+        from ..supervise.shards import ShardedSupervisor
+
+        sys.exit(ShardedSupervisor(config, load_map(shards_source)).run())
     announce = logging.getLogger("miniqueue.embedded").warning
     config = dataclasses.replace(config, dsn=resolve_database(database_url, announce))
     sys.exit(Supervisor(config).run())

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
 from ..core.db import AsyncConnection, aconnect, conninfo, create_async_pool, translate_errors
+from ..core.diagnosis import Diagnosis
 from ..core.records import (
     BlockedSequence,
     Debounce,
     EnqueueResult,
     GroupResult,
+    JobProgress,
     JobRecord,
     JobSpec,
     QueueCount,
@@ -32,8 +34,10 @@ from ..core.records import (
 from ..core.steps import Steps, arun
 from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_job_ids
 from ..store.store import LimitWait
-from .base import BaseClient, _check_wait
-from .results import await_for
+from .base import BaseClient, _check_wait, group_callbacks
+from .results import await_for, awatch, progress_steps
+from .schedules import AsyncSchedules
+from .why import why_steps
 
 if TYPE_CHECKING:
     from ..tasks.app import App
@@ -67,6 +71,8 @@ class AsyncClient(BaseClient):
         notify: bool = True,
     ) -> None:
         super().__init__(schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
+        #: Periodic schedules created, changed and deleted at run time.
+        self.schedules = AsyncSchedules(self)
         self._dsn: str | None = None
         self._opened = asyncio.Lock()
         if isinstance(dsn_or_pool, str):
@@ -129,7 +135,9 @@ class AsyncClient(BaseClient):
         max_concurrent: int | None = None,
         rate_limit: str | None = None,
         rate_limit_key: str | None = None,
+        rate_cost: int | None = None,
         depends_on: Sequence[int] | None = None,
+        allow_failure: bool = False,
         unique_key: str | None = None,
         unique_states: Collection[str] | None = None,
         unique_window: float | dt.timedelta | None = None,
@@ -154,7 +162,9 @@ class AsyncClient(BaseClient):
             max_concurrent=max_concurrent,
             rate_limit=rate_limit,
             rate_limit_key=rate_limit_key,
+            rate_cost=rate_cost,
             depends_on=depends_on,
+            allow_failure=allow_failure,
             unique_key=unique_key,
             unique_states=unique_states,
             unique_window=unique_window,
@@ -195,11 +205,19 @@ class AsyncClient(BaseClient):
         return await self._run(self._chain_steps(steps), conn)
 
     async def group(
-        self, members: Sequence[JobSpec], *, then: JobSpec, conn: AsyncConnection | None = None
+        self,
+        members: Sequence[JobSpec],
+        *,
+        then: JobSpec | None = None,
+        on_success: JobSpec | None = None,
+        on_complete: JobSpec | None = None,
+        on_failure: JobSpec | None = None,
+        conn: AsyncConnection | None = None,
     ) -> GroupResult:
-        """Enqueue jobs that run in parallel and a callback after all of them (see
+        """Enqueue jobs that run in parallel and callbacks after them (see
         :meth:`miniqueue.Client.group`)."""
-        return await self._run(self._group_steps(members, then), conn)
+        callbacks = group_callbacks(then, on_success, on_complete, on_failure)
+        return await self._run(self._group_steps(members, callbacks), conn)
 
     async def result(self, job_id: int) -> Any:
         """The result of job ``job_id`` (see :meth:`miniqueue.Client.result`)."""
@@ -212,9 +230,25 @@ class AsyncClient(BaseClient):
         dsn = self._dsn if self._dsn is not None else await _pool_dsn(self._pool)
         return await await_for(self.store, dsn, job_id, timeout)
 
+    async def progress(self, job_id: int, *, conn: AsyncConnection | None = None) -> JobProgress:
+        """Job ``job_id``'s state and last progress (see :meth:`miniqueue.Client.progress`)."""
+        return await self._run(progress_steps(self.store, job_id), conn)
+
+    async def watch(self, job_id: int, *, timeout: float = 60.0) -> AsyncIterator[JobProgress]:
+        """Follow job ``job_id`` up to its end: ``async for item in client.watch(id)`` (see
+        :meth:`miniqueue.Client.watch`); an ``AsyncConnection`` of its own is held meanwhile."""
+        job_id, timeout = _check_wait(job_id, timeout)
+        dsn = self._dsn if self._dsn is not None else await _pool_dsn(self._pool)
+        async for item in awatch(self.store, dsn, job_id, timeout):
+            yield item
+
     async def get(self, job_id: int, *, conn: AsyncConnection | None = None) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""
         return await self._run(self._get_steps(job_id), conn)
+
+    async def why(self, job_id: int, *, conn: AsyncConnection | None = None) -> Diagnosis:
+        """Why job ``job_id`` has not run (see :meth:`miniqueue.Client.why`)."""
+        return await self._run(why_steps(self.store, job_id), conn)
 
     async def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""
@@ -258,6 +292,16 @@ class AsyncClient(BaseClient):
     ) -> int:
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""
         return await self._run(self._requeue_matching_steps(states, queue, task))
+
+    async def signal(self, key: str, data: Any = None, *, conn: AsyncConnection | None = None) -> int | None:
+        """Send signal ``key`` with ``data`` (see :meth:`miniqueue.Client.signal`)."""
+        return (await self._run(self._signal_steps([(key, data)]), conn))[0]
+
+    async def signal_many(
+        self, signals: Iterable[tuple[str, Any]], *, conn: AsyncConnection | None = None
+    ) -> list[int | None]:
+        """Send signals in one statement (see :meth:`miniqueue.Client.signal_many`)."""
+        return await self._run(self._signal_steps(signals), conn)
 
     async def cancel(self, job_ids: Sequence[int], *, conn: AsyncConnection | None = None) -> list[int]:
         """Cancel available or running jobs (see :meth:`miniqueue.Client.cancel`)."""

@@ -36,6 +36,7 @@ from ..core.validation import (
     check_seconds,
     check_task_name,
     declared,
+    encode_value,
     validate,
     validate_each,
 )
@@ -153,16 +154,23 @@ class BaseClient:
         self._warn_undeclared(undeclared)
         return result
 
-    def _store_one_steps(self, spec: JobSpec, trace_context: str | None) -> Steps[EnqueueResult]:
-        """Store one job whose options are all filled."""
+    def _store_one_steps(
+        self, spec: JobSpec, trace_context: str | None, run_when: str | None = None
+    ) -> Steps[EnqueueResult]:
+        """Store one job whose options are all filled (``run_when``: see
+        :meth:`~miniqueue.store.store.Store.enqueue_waiting_steps`; ``allow_failure`` is
+        ``"finished"``)."""
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
         parents = check_depends_on(spec.depends_on)
         if parents is not None and (job.keys.unique_key is not None or job.keys.sequence_key is not None):
             raise InvalidInput(_KEYS_WITH_PARENTS)
         if parents is None:
             return (yield from self.store.enqueue_steps(job, notify=self.notify, trace_context=trace_context))
+        when = run_when or ("finished" if spec.allow_failure else None)
         return (
-            yield from self.store.enqueue_waiting_steps(job, parents, notify=self.notify, trace_context=trace_context)
+            yield from self.store.enqueue_waiting_steps(
+                job, parents, notify=self.notify, trace_context=trace_context, run_when=when
+            )
         )
 
     def _enqueue_many_steps(
@@ -251,20 +259,33 @@ class BaseClient:
         self._warn_undeclared(undeclared)
         return results
 
-    def _group_steps(self, members: Sequence[JobSpec], then: JobSpec) -> Steps[GroupResult]:
+    def _group_steps(self, members: Sequence[JobSpec], callbacks: dict[str, JobSpec | None]) -> Steps[GroupResult]:
         if not members:
             raise InvalidInput("a group needs at least one member")
+        given = {role: spec for role, spec in callbacks.items() if spec is not None}
+        if not given:
+            raise InvalidInput("a group needs a callback: then (on_success), on_complete or on_failure")
         members_steps = self._enqueue_many_steps(members)
-        check_task_name(then.task)
-        return atomic(self._group_in_one(members_steps, then))
+        for spec in given.values():
+            check_task_name(spec.task)
+        return atomic(self._group_in_one(members_steps, given))
 
-    def _group_in_one(self, members_steps: Steps[list[EnqueueResult]], then: JobSpec) -> Steps[GroupResult]:
+    def _group_in_one(
+        self, members_steps: Steps[list[EnqueueResult]], callbacks: dict[str, JobSpec]
+    ) -> Steps[GroupResult]:
         enqueued = yield from members_steps
-        parents = [*dict.fromkeys(r.id for r in enqueued), *(then.depends_on or ())]
-        (filled,), undeclared = yield from self._declared_steps([then._replace(depends_on=parents)])
-        callback = yield from self._store_one_steps(filled, None)
-        self._warn_undeclared(undeclared)
-        return GroupResult(members=enqueued, then=callback)
+        stored: dict[str, EnqueueResult] = {}
+        for role, spec in callbacks.items():
+            parents = [*dict.fromkeys(r.id for r in enqueued), *(spec.depends_on or ())]
+            (filled,), undeclared = yield from self._declared_steps([spec._replace(depends_on=parents)])
+            stored[role] = yield from self._store_one_steps(filled, None, _GROUP_RUN_WHEN[role])
+            self._warn_undeclared(undeclared)
+        return GroupResult(
+            members=enqueued,
+            on_success=stored.get("then"),
+            on_complete=stored.get("on_complete"),
+            on_failure=stored.get("on_failure"),
+        )
 
     def _result_steps(self, job_id: int) -> Steps[Any]:
         return result_steps(self.store, check_int_range("job id", job_id, JOB_ID_RANGE))
@@ -279,6 +300,13 @@ class BaseClient:
         if not create:
             yield from self._check_known_queues([queue])
         yield from self.store.set_queue_limit_steps(queue, max_running)
+
+    def _signal_steps(self, signals: Iterable[tuple[str, Any]]) -> Steps[list[int | None]]:
+        keys, data = [], []
+        for key, value in signals:
+            keys.append(check_key("signal key", key))
+            data.append(encode_value(f"the data of signal {key!r}", value, max_bytes=self.max_payload_bytes))
+        return self.store.signal_steps(keys, data)
 
     def _release_sequence_steps(self, key: str) -> Steps[tuple[int, int | None]]:
         return self.store.release_sequence_steps(check_key("sequence key", key))
@@ -417,6 +445,20 @@ def _one_by_one(spec: JobSpec) -> bool:
         spec.unique_window is not None or (spec.on_conflict is not None and spec.on_conflict != "keep")
     )
 
+
+def group_callbacks(
+    then: JobSpec | None, on_success: JobSpec | None, on_complete: JobSpec | None, on_failure: JobSpec | None
+) -> dict[str, JobSpec | None]:
+    """A group's callbacks by role (``on_success`` is ``then``'s alias: one of the two)."""
+    if then is not None and on_success is not None:
+        raise InvalidInput("then and on_success name the same callback: give one of them")
+    return {"then": then or on_success, "on_complete": on_complete, "on_failure": on_failure}
+
+
+#: When each of a group's callbacks runs (see Store.enqueue_waiting_steps): ``then`` once every
+#: member completed, ``on_complete`` once every member finished, ``on_failure`` once every member
+#: finished and one did not complete.
+_GROUP_RUN_WHEN: dict[str, str | None] = {"then": None, "on_complete": "finished", "on_failure": "failed"}
 
 _KEYS_WITH_PARENTS = (
     "a job with depends_on cannot have a unique_key or a sequence_key: its turn would depend on two "

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
 from ..core.db import Connection, connect, create_pool, translate_errors
+from ..core.diagnosis import Diagnosis
 from ..core.health import Reading
 from ..core.records import (
     BlockedSequence,
@@ -25,6 +26,7 @@ from ..core.records import (
     EnqueueResult,
     GroupResult,
     HorizonHolder,
+    JobProgress,
     JobRecord,
     JobSpec,
     QueueCount,
@@ -38,9 +40,11 @@ from ..core.validation import (
 )
 from ..store.migrate import latest_version
 from ..store.store import LimitWait
-from .base import BaseClient, _check_wait
+from .base import BaseClient, _check_wait, group_callbacks
 from .inspection import Inspection
-from .results import wait_for
+from .results import progress_steps, wait_for, watch
+from .schedules import Schedules
+from .why import why_steps
 
 if TYPE_CHECKING:
     from ..tasks.app import App
@@ -71,6 +75,8 @@ class Client(BaseClient, Inspection):
         notify: bool = True,
     ) -> None:
         super().__init__(schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
+        #: Periodic schedules created, changed and deleted at run time.
+        self.schedules = Schedules(self)
         self._dsn: str | None = None
         if isinstance(dsn_or_pool, str):
             # Fail fast, with libpq's own reason, rather than after the pool's retries time out.
@@ -116,7 +122,9 @@ class Client(BaseClient, Inspection):
         max_concurrent: int | None = None,
         rate_limit: str | None = None,
         rate_limit_key: str | None = None,
+        rate_cost: int | None = None,
         depends_on: Sequence[int] | None = None,
+        allow_failure: bool = False,
         unique_key: str | None = None,
         unique_states: Collection[str] | None = None,
         unique_window: float | dt.timedelta | None = None,
@@ -137,13 +145,17 @@ class Client(BaseClient, Inspection):
 
         Limits (see docs/guides/limits.md): with a ``concurrency_key``, at most ``max_concurrent``
         (default 1) jobs of this task with that key run at once; with a ``rate_limit``
-        (``"100/s"``), at most that many jobs of the task (per ``rate_limit_key`` if given) start.
+        (``"100/s"``), at most that many jobs of the task (per ``rate_limit_key`` if given) start,
+        each taking ``rate_cost`` tokens (default 1, at most the limit's jobs per second).
 
         ``depends_on`` names jobs that must complete first: the job is ``waiting`` until the
         last of them completes (released in that completion's transaction), and is cancelled,
         with an error naming the parent, if one of them ends failed, dead or cancelled. Its
         handler reads their results as ``job.parent_results``. Every id must name a job that
-        exists and has not ended without completing, else InvalidInput (nothing stored).
+        exists and has not ended without completing, else InvalidInput (nothing stored). With
+        ``allow_failure=True`` the job runs once every parent finished, however it ended (a
+        parent that ended already counts as finished), and reads how each did in
+        ``job.parent_outcomes``.
 
         Keys and deadlines (see docs/guides/keys.md): a ``unique_key`` conflicts with the job
         that holds it (by default from its enqueue until it finishes; ``unique_states`` without
@@ -169,7 +181,9 @@ class Client(BaseClient, Inspection):
             max_concurrent=max_concurrent,
             rate_limit=rate_limit,
             rate_limit_key=rate_limit_key,
+            rate_cost=rate_cost,
             depends_on=depends_on,
+            allow_failure=allow_failure,
             unique_key=unique_key,
             unique_states=unique_states,
             unique_window=unique_window,
@@ -219,17 +233,33 @@ class Client(BaseClient, Inspection):
         """
         return self._run(self._chain_steps(steps), conn)
 
-    def group(self, members: Sequence[JobSpec], *, then: JobSpec, conn: Connection | None = None) -> GroupResult:
-        """Enqueue ``members`` to run in parallel, and ``then`` to run once after every member
-        completed; its handler reads the members' results as ``job.parent_results`` (by
-        member id, in the order given). One transaction: all are stored, or none.
+    def group(
+        self,
+        members: Sequence[JobSpec],
+        *,
+        then: JobSpec | None = None,
+        on_success: JobSpec | None = None,
+        on_complete: JobSpec | None = None,
+        on_failure: JobSpec | None = None,
+        conn: Connection | None = None,
+    ) -> GroupResult:
+        """Enqueue ``members`` to run in parallel, and callbacks to run once after them; a
+        callback's handler reads the members' results as ``job.parent_results`` (by member id,
+        in the order given) and how each ended as ``job.parent_outcomes``. One transaction: all
+        are stored, or none. Give at least one callback:
 
-        ``then`` is a job whose parents are the members, released by the completion of the
-        last one in that completion's transaction: it becomes runnable exactly once, however
-        the members' workers die. If a member ends failed, dead or cancelled, ``then`` is
-        cancelled with an error naming it.
+        - ``then`` (or its alias ``on_success``) runs once every member completed; if one ends
+          failed, dead or cancelled, it is cancelled with an error naming that member;
+        - ``on_complete`` runs once every member finished, however each ended;
+        - ``on_failure`` runs once every member finished, if one of them did not complete (if
+          all completed, it is cancelled).
+
+        Each callback's parents are the members, released in the transaction of the last
+        member's finish: it becomes runnable exactly once, however the members' workers die. A
+        running member can add jobs to its group (``job.add_to_group``): the callbacks wait for
+        them too.
         """
-        return self._run(self._group_steps(members, then), conn)
+        return self._run(self._group_steps(members, group_callbacks(then, on_success, on_complete, on_failure)), conn)
 
     def result(self, job_id: int) -> Any:
         """The result job ``job_id``'s handler returned (None if it returned nothing).
@@ -250,9 +280,39 @@ class Client(BaseClient, Inspection):
         job_id, timeout = _check_wait(job_id, timeout)
         return wait_for(self.store, session_dsn(self._dsn, self._pool.conninfo), job_id, timeout)
 
+    def progress(self, job_id: int, *, conn: Connection | None = None) -> JobProgress:
+        """Job ``job_id``'s state and the progress its handler last reported (``job.progress()``;
+        ``progress`` is None until it reports some), with its result or last error once it
+        finished. Raises JobNotFound.
+
+        Progress is written with the worker's lease renewals (every heartbeat interval), so it
+        may trail the handler's latest report by that long; the last report is written as the
+        job completes.
+        """
+        return self._run(progress_steps(self.store, job_id), conn)
+
+    def watch(self, job_id: int, *, timeout: float = 60.0) -> Iterator[JobProgress]:
+        """Follow job ``job_id``: yield it as it is now, then each change of its progress or
+        state as it is written, up to its end, the last item (``item.finished``: its state,
+        result or last error).
+
+        Woken by notifications (no polling); a connection of its own is held while iterating.
+        Raises WaitTimeout (a TimeoutError) if the job has not finished within ``timeout``
+        seconds, JobNotFound for an unknown id.
+        """
+        job_id, timeout = _check_wait(job_id, timeout)
+        return watch(self.store, session_dsn(self._dsn, self._pool.conninfo), job_id, timeout)
+
     def get(self, job_id: int, *, conn: Connection | None = None) -> JobRecord:
         """Every field of one job, with its error history; raises JobNotFound."""
         return self._run(self._get_steps(job_id), conn)
+
+    def why(self, job_id: int, *, conn: Connection | None = None) -> Diagnosis:
+        """Why job ``job_id`` has not run: each cause that holds it back, most decisive first,
+        each a sentence and its facts (see :class:`~miniqueue.core.diagnosis.CauseKind`), read in
+        one transaction on the database's clock; or the one cause that says it ran, runs, or is
+        due with nothing in its way. Raises JobNotFound for an unknown id."""
+        return self._run(why_steps(self.store, job_id), conn)
 
     def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""
@@ -304,6 +364,22 @@ class Client(BaseClient, Inspection):
         """Requeue every failed/dead/cancelled job matching the filter; return how many."""
         return self._run(self._requeue_matching_steps(states, queue, task))
 
+    def signal(self, key: str, data: Any = None, *, conn: Connection | None = None) -> int | None:
+        """Send signal ``key`` with ``data`` (JSON): it resumes the oldest job waiting for it
+        (``job.wait_for(key)``) and returns that job's id, or, if none waits, it is kept until one
+        does and this returns None. Delivered once. Inside ``conn``'s transaction, it takes effect
+        when that commits (see docs/guides/durable.md)."""
+        return self._run(self._signal_steps([(key, data)]), conn)[0]
+
+    def signal_many(self, signals: Iterable[tuple[str, Any]], *, conn: Connection | None = None) -> list[int | None]:
+        """Send ``(key, data)`` signals in one statement, as :meth:`signal` each (two of one key
+        resume its two oldest waiters); per signal, the job it resumed or None (kept)."""
+        return self._run(self._signal_steps(signals), conn)
+
+    def kept_signals(self, key: str | None = None) -> list[tuple[str, int, dt.datetime]]:
+        """The signals kept for no job yet: ``(key, how many, the oldest's sending time)``."""
+        return self._run(self.store.kept_signals_steps(key))
+
     def cancel(self, job_ids: Sequence[int], *, conn: Connection | None = None) -> list[int]:
         """Cancel available or running jobs (a running handler is told at its next heartbeat).
 
@@ -338,6 +414,8 @@ class Client(BaseClient, Inspection):
                 schema_version=self.store.schema_version(c),
                 latest_version=latest_version(),
                 host_clock=host_clock,
+                history=tuple(self.store.partitions(c)),
+                legacy=self.store.has_legacy(c),
             )
 
     # -- queues and schedules (operator calls) ---------------------------------------------------

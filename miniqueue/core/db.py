@@ -462,6 +462,15 @@ class translate_errors:  # lower case: it reads as the function it replaced, `wi
             # A program limit (a value or statement too large for the server): the connection
             # is fine and the same statement would fail again, so never "database unavailable".
             raise InvalidInput(f"the database refused the statement: {_first_line(exc)}") from exc
+        if isinstance(exc, psycopg.errors.SerializationFailure):
+            # A row the statement waited for moved to another partition of the jobs table under
+            # it (its job finished, was requeued or cancelled at that moment): transient, like an
+            # outage, but nothing is down. Outside a transaction the statement ran again already
+            # (miniqueue.core.steps.fetch); inside one, the transaction is lost.
+            raise DatabaseUnavailable(
+                f"a job changed under this transaction (finished, requeued or cancelled at the same moment): "
+                f"{_first_line(exc)}; run the transaction again"
+            ) from exc
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             detail = _first_line(exc)
             if self.dsn:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .records import HorizonHolder, TableHealth
+from .records import HorizonHolder, Partition, TableHealth
 
 #: A snapshot held longer than this (seconds) is reported: by the reaper's log, the gauge's
 #: reader, the dashboard and ``miniqueue doctor``.
 HORIZON_WARN_SECONDS = 30.0
-#: Dead rows in the jobs table past this many (and past its live rows) are reported.
+#: Dead rows in the hot table past this many (and past its live rows) are reported.
 DEAD_ROWS_WARN = 100_000
 #: The share of the server's connections in use past which headroom is reported.
 CONNECTIONS_WARN_SHARE = 0.8
@@ -40,6 +40,9 @@ class Reading(NamedTuple):
     latest_version: int
     #: This host's clock when the database's was read (seconds since the epoch).
     host_clock: float
+    #: The history's partitions, and whether finished jobs from before the history still move.
+    history: tuple[Partition, ...] = ()
+    legacy: bool = False
 
 
 def held_too_long(holder: HorizonHolder, seconds: float = HORIZON_WARN_SECONDS) -> bool:
@@ -75,7 +78,7 @@ def diagnose(reading: Reading, *, horizon_seconds: float = HORIZON_WARN_SECONDS)
         Check(
             "dead rows",
             not dead,
-            f"{table.dead_rows:,} dead and {table.live_rows:,} live rows in the jobs table"
+            f"{table.dead_rows:,} dead and {table.live_rows:,} live rows in the hot table"
             + (" (vacuum is behind: see the horizon, and autovacuum below)" if dead else ""),
         ),
         Check(
@@ -84,6 +87,7 @@ def diagnose(reading: Reading, *, horizon_seconds: float = HORIZON_WARN_SECONDS)
             f"table {_size(table.table_bytes)}, indexes {_size(table.index_bytes)}"
             + (f" (claim index {_size(table.claim_index_bytes)})" if table.claim_index_bytes is not None else ""),
         ),
+        check_history(reading.history, reading.legacy, table.database_clock),
         Check(
             "autovacuum",
             table.autovacuum,
@@ -109,6 +113,20 @@ def diagnose(reading: Reading, *, horizon_seconds: float = HORIZON_WARN_SECONDS)
             f"this host's clock is {skew:+.3f}s from the database's",
         ),
     ]
+
+
+def check_history(partitions: tuple[Partition, ...], legacy: bool, now: float) -> Check:
+    """The history's partitions, and whether one covers this hour and this day: none does when
+    no reaper has run for a while (finished jobs then land in the default partitions)."""
+    kinds = {p.kind for p in partitions if p.starts_at.timestamp() <= now < p.ends_at.timestamp()}
+    missing = sorted({"done", "failed"} - kinds)
+    detail = (
+        f"{len(partitions)} partitions, {_size(sum(p.bytes for p in partitions))}, about "
+        f"{sum(p.rows for p in partitions):,} finished jobs"
+        + (f"; none covers now for {', '.join(missing)} jobs: is a reaper running?" if missing else "")
+        + ("; finished jobs from before the upgrade are still moving (the reaper moves them)" if legacy else "")
+    )
+    return Check("history", not missing, detail)
 
 
 def _size(n: int) -> str:

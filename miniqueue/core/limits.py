@@ -72,6 +72,23 @@ def check_key(name: str, key: object) -> str:
     return key
 
 
+def check_rate_cost(cost: object, scopes: tuple[Scope, ...]) -> int:
+    """A job's cost in its rate limit's tokens: a whole number from 1 to the bucket's size. A
+    cost above the bucket could never be paid (the bucket never holds more), so it is refused
+    here rather than left to wait for ever; a cost without a rate limit has nothing to pay."""
+    bucket = next((scope.burst for scope in scopes if scope.rate is not None), None)
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+        raise InvalidInput(f"rate_cost {cost!r} is invalid: use a whole number of tokens, at least 1")
+    if bucket is None:
+        raise InvalidInput(f"rate_cost {cost!r} needs a rate_limit: it is the tokens a job takes from its bucket")
+    if cost > bucket:
+        raise InvalidInput(
+            f"rate_cost {cost!r} is invalid: the rate limit's bucket never holds more than {bucket:g} tokens "
+            "(its jobs per second, at least 1), so the job could never start"
+        )
+    return cost
+
+
 _CONCURRENCY = "concurrency "
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -86,6 +87,12 @@ class JobSpec(NamedTuple):
     #: database clock from the enqueue; the two are mutually exclusive.
     expires_in: float | dt.timedelta | None = None
     expires_at: dt.datetime | None = None
+    #: With ``depends_on``: run once every parent finished, in any state (its handler reads how
+    #: each ended in ``job.parent_outcomes``), instead of only after they all completed.
+    allow_failure: bool = False
+    #: Tokens the job takes from its rate limit's bucket when it starts (a whole number from 1
+    #: to the bucket's size; needs a ``rate_limit``): None for the task's declared cost, else 1.
+    rate_cost: int | None = None
 
 
 class Debounce(NamedTuple):
@@ -138,12 +145,35 @@ class TaskDeclaration(NamedTuple):
     backoff_cap: float | None = None
     #: Its keys and deadline; None for a task that declares none.
     keys: KeyOptions | None = None
+    #: Tokens each of its jobs takes from its rate limit's bucket; None for 1.
+    rate_cost: int | None = None
 
 
 #: The options of a job whose task declares none (no app that has run on the database knows it).
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 0
 DEFAULT_MAX_ATTEMPTS = 5
+
+
+class Schedule(NamedTuple):
+    """A periodic schedule created at run time (``client.schedules``), as stored.
+
+    ``enabled`` and ``last_slot`` (the latest slot a scheduler claimed, a UTC instant; at first
+    the schedule's creation) are kept where every schedule's are, code or runtime; ``updated_at``
+    changes with every change of the definition.
+    """
+
+    name: str
+    cron: str
+    task: str
+    payload: Any
+    timezone: str
+    catch_up: str
+    grace: float
+    enabled: bool
+    last_slot: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
 
 
 class EnqueueResult(NamedTuple):
@@ -215,11 +245,96 @@ class TableHealth(NamedTuple):
     database_clock: float
 
 
-class GroupResult(NamedTuple):
-    """What :meth:`miniqueue.Client.group` enqueued: the members, and the job that runs after them."""
+class Partition(NamedTuple):
+    """One partition of the history of finished jobs (see docs/guides/retention.md)."""
+
+    name: str
+    #: ``done`` (completed and cancelled jobs) or ``failed`` (failed, dead and expired ones).
+    kind: str
+    starts_at: dt.datetime
+    ends_at: dt.datetime
+    #: The server's estimate (as of the partition's last vacuum or analyze).
+    rows: int
+    bytes: int
+
+
+class ParentOutcome(NamedTuple):
+    """How one of a job's parents ended (``job.parent_outcomes``): its state, its result (None
+    unless it completed with one), and its last error (None if it had none)."""
+
+    state: State
+    result: Any
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A running handler's last report of its progress (``job.progress(percent, **meta)``), as
+    written by its worker: ``at`` is when it was written (the database's clock)."""
+
+    percent: float
+    meta: dict[str, Any]
+    at: dt.datetime | None
+
+    @classmethod
+    def of(cls, value: Any) -> Progress | None:
+        """The record of a job's ``progress`` column (None: nothing reported)."""
+        if not isinstance(value, dict):
+            return None
+        at = value.get("at")
+        return cls(float(value.get("percent", 0)), dict(value.get("meta") or {}), _instant(at))
+
+    def describe(self) -> str:
+        """One line for people: ``42% (rows=420, of=1000)``."""
+        meta = ", ".join(f"{key}={json.dumps(item)}" for key, item in self.meta.items())
+        return f"{self.percent:g}%" + (f" ({meta})" if meta else "")
+
+
+def _instant(text: Any) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(text) if isinstance(text, str) else None
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Where a job is (``client.progress(id)``, and each item ``client.watch(id)`` yields): its
+    state, its last progress (None until its handler reports some), and once it finished, its
+    result (None unless it completed with one) or last error."""
+
+    id: int
+    state: State
+    progress: Progress | None
+    result: Any = None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, job_id: int, state: State, progress: Any, result: Any, error: str | None) -> JobProgress:
+        finished = state in TERMINAL_STATES
+        return cls(job_id, state, Progress.of(progress), result if finished else None, error if finished else None)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job reached a terminal state (its outcome is final)."""
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What :meth:`miniqueue.Client.group` enqueued: the members, and the callbacks that run after
+    them (None where none was given): ``on_success`` (``then``) once every member completed,
+    ``on_complete`` once every member finished, ``on_failure`` once every member finished and
+    one did not complete."""
 
     members: list[EnqueueResult]
-    then: EnqueueResult
+    on_success: EnqueueResult | None = None
+    on_complete: EnqueueResult | None = None
+    on_failure: EnqueueResult | None = None
+
+    @property
+    def then(self) -> EnqueueResult:
+        """The callback given as ``then=`` (or ``on_success=``); LookupError for a group without one."""
+        if self.on_success is None:
+            raise LookupError("this group has no then (on_success) callback: read on_complete or on_failure")
+        return self.on_success
 
 
 @dataclass(frozen=True)
@@ -277,6 +392,50 @@ def describe_attempts(attempt: int, max_attempts: int, budget: int) -> str:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """One step a durable job recorded: ``kind`` ``step`` (with its ``value``), ``sleep`` (until
+    ``until``) or ``signal`` (of ``key``: its data as ``value``, or ``timed_out``, or still
+    ``waiting``), by which run (``attempt``), at ``at`` (the database clock's time, as text)."""
+
+    name: str
+    kind: str
+    attempt: int
+    at: str
+    value: Any = None
+    key: str | None = None
+    until: str | None = None
+    waiting: bool = False
+    timed_out: bool = False
+
+    @classmethod
+    def of(cls, entry: dict[str, Any]) -> StepRecord:
+        """The record of one entry of a job's ``steps`` column."""
+        return cls(
+            name=str(entry.get("name")),
+            kind=str(entry.get("kind")),
+            attempt=int(entry.get("attempt", 0)),
+            at=str(entry.get("at", "")),
+            value=entry.get("value"),
+            key=entry.get("key"),
+            until=entry.get("until"),
+            waiting=bool(entry.get("waiting")),
+            timed_out=bool(entry.get("timed_out")),
+        )
+
+    def describe(self) -> str:
+        """One line for people: ``2 charge (step): {"id": 7}``, ``3 approval (signal): waiting``."""
+        if self.kind == "sleep":
+            outcome = f"until {self.until}"
+        elif self.waiting:
+            outcome = f"waiting for {self.key!r}"
+        elif self.timed_out:
+            outcome = f"timed out waiting for {self.key!r}"
+        else:
+            outcome = json.dumps(self.value)
+        return f"{self.name} ({self.kind}): {outcome}"
+
+
+@dataclass(frozen=True)
 class JobRecord:
     """A full row of the jobs table, as returned by :meth:`miniqueue.Client.get`."""
 
@@ -311,6 +470,11 @@ class JobRecord:
     unique_while_running: bool = True
     sequence_key: str | None = None
     expires_at: dt.datetime | None = None
+    #: The steps its handler recorded, in order (see docs/guides/durable.md).
+    steps: tuple[StepRecord, ...] = ()
+    #: The signal key it is parked on (state ``waiting``), or None; and until when (None: no timeout).
+    signal_key: str | None = None
+    signal_timeout_at: dt.datetime | None = None
 
     @property
     def charged_attempts(self) -> int:
@@ -346,6 +510,8 @@ class QueueStats:
     #: Whether any worker has ever served the queue (a job waiting in one that none has is
     #: waiting for nobody: see docs/guides/tasks.md).
     served: bool = True
+    #: Of the waiting jobs, those parked until a signal (see docs/guides/durable.md).
+    signal_waits: int = 0
 
     @property
     def stranded(self) -> int:

@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import psycopg
+
 from .db import AsyncConnection, Connection, acursor_for, anamed_cursor, cursor_for, named_cursor, translate_errors
 
 T = TypeVar("T")
@@ -95,16 +97,39 @@ def run(conn: Connection, steps: Steps[T]) -> T:
         return _drive(conn, steps)
 
 
+#: How many times a statement that is its own transaction runs again after a row it needed moved
+#: to another partition under it (see :func:`fetch`).
+MOVED_ROW_RETRIES = 5
+
+
 def fetch(conn: Connection, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
     """Run one statement on ``conn`` and return its rows (none for a statement that returns none).
 
     A pooled connection's own cursor runs it (see :class:`~miniqueue.db.PooledConnection`).
+    A statement that waited for a row's lock while another moved that row to another partition
+    of the jobs table (a job finished, requeued or cancelled meanwhile) fails with a
+    serialization failure where it would have read the row's new version: run outside a
+    transaction, it runs again, on a new snapshot that finds the row where it went. Inside a
+    transaction the error propagates (the transaction is lost).
     """
     cur = cursor_for(conn)
-    cur.execute(sql, params)
+    for attempt in range(MOVED_ROW_RETRIES + 1):
+        try:
+            cur.execute(sql, params)
+            break
+        except psycopg.errors.SerializationFailure:
+            if attempt == MOVED_ROW_RETRIES or not _ran_alone(conn):
+                raise
     # (rownumber is None when the statement returned no rows; description would build Column
     # objects, which cost the one-by-one enqueue more than its validation.)
     return cur.fetchall() if cur.rownumber is not None else []
+
+
+def _ran_alone(conn: Connection | AsyncConnection) -> bool:
+    """Whether a statement that just failed was its own transaction (read after the failure, so
+    that a statement that succeeds pays nothing for it): in autocommit, outside a transaction
+    block, the connection is idle again; inside one, the transaction is in error."""
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 def _drive(conn: Connection, steps: Steps[T]) -> T:
@@ -177,7 +202,13 @@ async def _ado(conn: AsyncConnection, request: Request) -> Any:
                 await cur.execute(request.sql, request.params)
                 return await cur.fetchall()
         acur = acursor_for(conn)
-        await acur.execute(request.sql, request.params)
+        for attempt in range(MOVED_ROW_RETRIES + 1):  # as in fetch()
+            try:
+                await acur.execute(request.sql, request.params)
+                break
+            except psycopg.errors.SerializationFailure:
+                if attempt == MOVED_ROW_RETRIES or not _ran_alone(conn):
+                    raise
         return await acur.fetchall() if acur.rownumber is not None else []
     if type(request) is Atomic:
         async with conn.transaction():

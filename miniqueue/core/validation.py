@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .errors import InvalidInput
 from .keys import NO_KEYS, JobKeys, check_keys, computed_key_message, declared_keys, show
-from .limits import Scope, job_scopes
+from .limits import Scope, check_rate_cost, job_scopes
 from .records import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, DEFAULT_QUEUE, JobSpec, TaskDeclaration
 
 QUEUE_NAME_RE = re.compile(r"[a-z0-9_-]{1,64}")
@@ -71,6 +71,8 @@ class NewJob(NamedTuple):
     scopes: tuple[Scope, ...] = ()
     #: Its unique and sequence keys and its deadline (NO_KEYS for none).
     keys: JobKeys = NO_KEYS
+    #: Tokens it takes from its rate limit's bucket when it starts.
+    rate_cost: int = 1
 
 
 def check_queue_name(queue: object) -> str:
@@ -148,6 +150,12 @@ def encode_result(value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
     None (a handler that returns nothing) stays None: the job has no result. ``False``, ``0``,
     ``""`` and ``[]`` are results like any other."""
     return None if value is None else _encode_value("result", value, max_bytes)
+
+
+def encode_value(what: str, value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+    """``value`` as JSON text by the result's rules (None is JSON null), or InvalidInput naming
+    ``what`` (a step's value, a signal's data)."""
+    return "null" if value is None else _encode_value(what, value, max_bytes)
 
 
 def _encode_value(what: str, value: Any, max_bytes: int) -> str:
@@ -258,6 +266,7 @@ def declared(spec: JobSpec, declaration: TaskDeclaration | None) -> JobSpec:
         max_concurrent=d.max_concurrent if spec.max_concurrent is None else spec.max_concurrent,
         rate_limit=d.rate_limit if spec.rate_limit is None else spec.rate_limit,
         rate_limit_key=d.rate_limit_key if spec.rate_limit_key is None else spec.rate_limit_key,
+        rate_cost=d.rate_cost if spec.rate_cost is None else spec.rate_cost,
     )
     if filled.concurrency_key is None and d.concurrency_key_computed:
         raise InvalidInput(computed_key_message(spec.task, "concurrency_key"))
@@ -272,6 +281,11 @@ def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
     if spec.queue is None or spec.priority is None or spec.max_attempts is None:
         spec = declared(spec, None)
     run_at, delay_seconds = check_schedule(spec.run_at, spec.delay)
+    if spec.allow_failure is not True and spec.allow_failure is not False:
+        raise InvalidInput(f"allow_failure {show(spec.allow_failure)} is invalid: use True or False")
+    if spec.allow_failure and spec.depends_on is None:
+        raise InvalidInput("allow_failure needs depends_on: it says what a parent's failure does to this job")
+    scopes = job_scopes(spec.task, spec.concurrency_key, spec.max_concurrent, spec.rate_limit, spec.rate_limit_key)
     return NewJob(
         queue=check_queue_name(spec.queue),
         task=check_task_name(spec.task),
@@ -281,8 +295,9 @@ def validate(spec: JobSpec, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
         run_at=run_at,
         delay_seconds=delay_seconds,
         idempotency_key=check_idempotency_key(spec.idempotency_key),
-        scopes=job_scopes(spec.task, spec.concurrency_key, spec.max_concurrent, spec.rate_limit, spec.rate_limit_key),
+        scopes=scopes,
         keys=check_keys(spec),
+        rate_cost=1 if spec.rate_cost is None else check_rate_cost(spec.rate_cost, scopes),
     )
 
 

@@ -3,24 +3,29 @@ finished jobs, and (given an app) enqueues the app's periodic jobs as their slot
 
 It is the backstop for workers that vanish without anyone noticing (a lost host, a killed
 process whose supervisor died too). Recovery is one conditional UPDATE per batch that
-re-checks the expiry in the same statement. Pruning deletes finished jobs past their
-retention period, oldest first, in small batches so that it never holds long locks.
+re-checks the expiry in the same statement. Pruning drops the history's partitions (see
+:mod:`miniqueue.store.history`) once every job in one is past its retention, and deletes row by
+row, in small batches, only the jobs that finished outside them; neither holds a lock for long.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.db import Connection, connect
 from ..core.errors import ConfigError, DatabaseUnavailable
 from ..core.health import HORIZON_WARN_SECONDS, held_too_long
-from ..core.records import State
+from ..core.records import DEFAULT_QUEUE, State
+from ..core.steps import run
+from ..store.history import CLASSES
 from ..store.store import Store
 from ..tasks.app import App
-from .scheduler import schedule_due
+from .scheduler import read_runtime, schedule_due
 from .vacuum import Vacuum
 
 #: The longest a pass spends pruning before it goes back to recovering leases (seconds).
@@ -51,6 +56,10 @@ class ReaperConfig:
     vacuum: bool = True
     #: A snapshot held longer than this (seconds) is logged as a warning, once.
     horizon_seconds: float = HORIZON_WARN_SECONDS
+    #: Which periodic jobs this reaper enqueues, by their queue (None: all). Over a shard map each
+    #: database's reaper takes those of the queues it is the first database of, so that each slot
+    #: is enqueued once over the map (see README.md, "Several databases").
+    schedules_here: Callable[[str], bool] | None = None
 
     def validated(self) -> ReaperConfig:
         if not self.interval > 0:
@@ -75,6 +84,10 @@ class ReaperResult:
     scheduled: int = 0
     #: Pruning stopped at its time slice with more to delete: the next pass should come at once.
     more_to_prune: bool = False
+    #: Rows moved from the jobs table an upgrade found (see miniqueue.store.history).
+    moved: int = 0
+    #: Jobs that waited for a signal past their timeout, resumed.
+    timed_out: int = 0
 
 
 class Reaper:
@@ -84,8 +97,13 @@ class Reaper:
         self.dsn = dsn
         self.config = (config or ReaperConfig()).validated()
         self.store = Store(self.config.schema)
-        self.schedules = list(app.schedules.values()) if app else []
-        self.specs = {s.name: app.task_spec(s.task, s.payload) for s in self.schedules} if app else {}
+        specs = {s.name: app.task_spec(s.task, s.payload) for s in app.schedules.values()} if app else {}
+        here = self.config.schedules_here or (lambda queue: True)
+        self.specs = {name: spec for name, spec in specs.items() if here(spec.queue or DEFAULT_QUEUE)}
+        self.schedules = [s for s in app.schedules.values() if s.name in self.specs] if app else []
+        self.app, self._here = app, here
+        # The runtime schedules this reaper logged as skipped (each is named once).
+        self._runtime_warned: set[str] = set()
         self._stopping = threading.Event()
         self._conn: Connection | None = None
         # What _watch_horizon has warned about and still sees (a holder is named once).
@@ -120,13 +138,26 @@ class Reaper:
             if len(states) < self.config.batch_size:
                 break
         self._expire(self._conn, result)
+        self._time_out_waits(self._conn, result)
         self.store.drop_ended_keys(self._conn, self.config.batch_size)
         self._watch_horizon(self._conn)
+        self.store.ensure_partitions(self._conn)
         if self.config.prune:
             result.pruned, result.more_to_prune = self._prune(self._conn)
-        result.scheduled = len(schedule_due(self._conn, self.store, self.schedules, self.specs))
+        self._move_legacy(self._conn, result)
+        result.scheduled = len(self.schedule_periodic())
         self.store.trim_throughput(self._conn)
         return result
+
+    def schedule_periodic(self, now: dt.datetime | None = None) -> list[int]:
+        """Enqueue the due slot of each schedule, the code's and those created at run time (read
+        now, so a change takes effect at this pass); return the jobs' ids. Slots fall due by the
+        database clock, or by ``now`` (tests travel in time with it)."""
+        if self._conn is None:
+            self._conn = connect(self.dsn, purpose="reaper", schema=self.config.schema)
+        runtime = read_runtime(self._conn, self.store, self.app, self._here, self._runtime_warned)
+        schedules = self.schedules + runtime.schedules
+        return schedule_due(self._conn, self.store, schedules, self.specs | runtime.specs, now, runtime.revisions)
 
     def _expire(self, conn: Connection, result: ReaperResult) -> None:
         """Expire every job whose deadline passed before it was claimed, in batches; each leaves a log line."""
@@ -136,6 +167,17 @@ class Reaper:
                 log.warning("job(s) %s expired: not started by their deadline", ", ".join(map(str, expired)))
             result.expired += len(expired)
             if len(expired) < self.config.batch_size:
+                return
+
+    def _time_out_waits(self, conn: Connection, result: ReaperResult) -> None:
+        """Resume, in batches, every job whose wait for a signal timed out: its handler runs
+        again and its wait raises SignalTimeout (see docs/guides/durable.md)."""
+        while not self._stopping.is_set():
+            resumed = run(conn, self.store.time_out_waits_steps(self.config.batch_size))
+            if resumed:
+                log.info("job(s) %s: no signal before the timeout; they run again", ", ".join(map(str, resumed)))
+            result.timed_out += len(resumed)
+            if len(resumed) < self.config.batch_size:
                 return
 
     def _watch_horizon(self, conn: Connection) -> None:
@@ -152,27 +194,46 @@ class Reaper:
         self._horizon_warned = set(late)
 
     def _prune(self, conn: Connection) -> tuple[int, bool]:
-        """Delete finished jobs past retention, in batches, for at most PRUNE_SLICE seconds: a
-        backlog of millions (retention just lowered, pruning just turned on) must not hold up
+        """Drop the history's partitions past retention, then delete, in batches, the jobs past it
+        in the default partitions, for at most PRUNE_SLICE seconds: a backlog of millions there
+        (finished while no reaper ran to make partitions) must not hold up
         lease recovery and periodic scheduling, which come first in every pass; :meth:`run` then
         rests as long before the next pass. Returns how many were deleted and whether more are due."""
         deadline = time.monotonic() + PRUNE_SLICE
-        rules = [
-            ((State.COMPLETED, State.CANCELLED), self.config.completed_retention),
-            ((State.DEAD, State.FAILED, State.EXPIRED), self.config.failed_retention),
-        ]
         pruned = 0
-        for states, retention in rules:
-            if retention is None:
-                continue
+        for kind, retention in self._retention().items():
+            dropped = self.store.drop_partitions(conn, kind, retention)
+            if dropped:
+                log.info("dropped history partition(s) past retention: %s", ", ".join(dropped))
+            states = CLASSES[kind]
             while not self._stopping.is_set():
-                deleted = self.store.prune(conn, states, retention, self.config.batch_size)
+                deleted = self.store.prune(conn, states, retention, self.config.batch_size, outside_partitions=True)
                 pruned += deleted
                 if deleted < self.config.batch_size:
                     break
                 if time.monotonic() >= deadline:
                     return pruned, True
         return pruned, False
+
+    def _retention(self) -> dict[str, float]:
+        """Each history table's retention (seconds), for those that have one."""
+        kept = {"done": self.config.completed_retention, "failed": self.config.failed_retention}
+        return {kind: keep for kind, keep in kept.items() if keep is not None}
+
+    def _move_legacy(self, conn: Connection, result: ReaperResult) -> None:
+        """Move the rows an upgrade found in the old jobs table, in batches, for at most
+        PRUNE_SLICE seconds a pass (see miniqueue.store.history)."""
+        if not self.store.has_legacy(conn):
+            return
+        deadline = time.monotonic() + PRUNE_SLICE
+        back = {kind: self._retention().get(kind, 7 * DAY) for kind in CLASSES}
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            moved = self.store.move_legacy(conn, back, self.config.batch_size * 10)
+            result.moved += moved
+            if moved == 0:
+                log.info("the finished jobs from before the upgrade have all moved to the history")
+                return
+        result.more_to_prune = True
 
     def run(self) -> None:
         """Run a pass every ``interval`` seconds until :meth:`stop`; database errors are retried."""

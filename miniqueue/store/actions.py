@@ -28,7 +28,7 @@ T = TypeVar("T")
 # now cannot be requeued: the unique index refuses it (see :meth:`OperatorActions.requeue`).
 _REQUEUE = """
 WITH picked AS (
-    SELECT id, queue, state FROM {jobs}
+    SELECT id, queue, state, finished_at FROM {jobs}
      WHERE state = ANY(%(states)s::text[])
        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
        AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -40,13 +40,13 @@ WITH picked AS (
            max_attempts = j.attempt + j.attempt_budget,
            finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
       FROM picked p WHERE j.id = p.id
-    RETURNING j.id, p.queue, p.state, j.sequence_key
+    RETURNING j.id, p.queue, p.state, p.finished_at, j.sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM requeued
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM requeued
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), advanced AS (
 SELECT {advance}(ARRAY(SELECT DISTINCT sequence_key FROM requeued WHERE sequence_key IS NOT NULL), {queue_channel})
  WHERE EXISTS (SELECT 1 FROM requeued WHERE sequence_key IS NOT NULL))
@@ -54,20 +54,22 @@ SELECT id FROM requeued WHERE (SELECT count(*) FROM advanced) >= 0
 """
 
 # Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat;
-# a waiting job's dependents are cancelled with it (`settled`). `counted`, `per_minute` and
+# a waiting job's dependents are cancelled with it (`settled`); a parked one stops waiting for
+# its signal. `counted`, `per_minute` and
 # `settled` as in outcomes._COMPLETE.
 _CANCEL = """
 WITH cancelled AS (
 UPDATE {jobs}
-   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0
+   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0,
+       signal_key = NULL, signal_timeout_at = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM cancelled
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM cancelled
@@ -88,20 +90,23 @@ SELECT {settle}(
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501
 
-# Delete jobs that are not running. `counted` takes the finished ones off the counts (as
-# outcomes._COMPLETE counts them on, with -count(*)). The dependents of a job deleted before it
+# Delete jobs that are not running, and the idempotency keys they held (`unkeyed`). `counted`
+# takes the finished ones off the counts (as outcomes._COMPLETE counts them on, with -count(*),
+# in the hour each finished in). The dependents of a job deleted before it
 # finished are cancelled (`settled` as in outcomes._COMPLETE, of `unfinished`): it will never
 # complete. A deleted job of a sequence, finished or not, hands its key on.
 _DELETE = """
 WITH deleted AS (
     DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
-    RETURNING id, queue, state, dependents, awaited, sequence_key
+    RETURNING id, queue, state, finished_at, dependents, awaited, sequence_key, idempotency_key
+), unkeyed AS (
+    DELETE FROM {idempotency_keys} k USING deleted gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM deleted
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), unfinished AS (
     SELECT id, 'deleted' AS state, CASE WHEN state IN ('available', 'waiting') THEN dependents END AS dependents,
            awaited AND state IN ('available', 'waiting') AS awaited, sequence_key

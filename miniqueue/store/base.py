@@ -4,8 +4,9 @@ running one statement on a sync connection.
 Each part of the :class:`~miniqueue.store.store.Store` (a class per concern, in its own module)
 declares its statements as :class:`Statement` attributes made from module-level SQL text. That
 text is the statement as the store sends it, but for its ``{name}`` placeholders: each is one of
-:data:`IDENTIFIERS` (a table or function of the queue's schema) or a notification channel, and
-becomes that schema's quoted name (``"public"."miniqueue_jobs"``) or the channel's literal once,
+:data:`IDENTIFIERS` (a table or function of the queue's schema), a notification channel or
+the job ids' sequence, and becomes that schema's quoted name (``"public"."miniqueue_jobs"``) or
+the channel's (or sequence's) literal once,
 when the store is made. Nothing else is substituted; every value is a bound parameter.
 """
 
@@ -24,6 +25,12 @@ from ..core.steps import fetch
 #: The placeholder of each table and function of a schema, and its name there.
 IDENTIFIERS = {
     "jobs": "miniqueue_jobs",
+    "live": "miniqueue_jobs_live",
+    "done_default": "miniqueue_jobs_done_default",
+    "failed_default": "miniqueue_jobs_failed_default",
+    "legacy": "miniqueue_jobs_legacy",
+    "idempotency_keys": "miniqueue_idempotency_keys",
+    "history_partitions": "miniqueue_history_partitions",
     "migrations": "miniqueue_migrations",
     "periodic": "miniqueue_periodic",
     "queues": "miniqueue_queues",
@@ -37,6 +44,9 @@ IDENTIFIERS = {
     "retry_delay": "miniqueue_retry_delay",
     "sequences": "miniqueue_sequences",
     "unique_windows": "miniqueue_unique_windows",
+    "signals": "miniqueue_signals",
+    "shard": "miniqueue_shard",
+    "id_sequence": "miniqueue_jobs_id_seq",
     "advance": "miniqueue_sequence_advance",
 }
 
@@ -113,10 +123,14 @@ class StoreBase:
         #: Where the statements that finish a job someone waits for notify (payload: the job id).
         self.finished_channel = FINISHED_CHANNEL.format(schema=schema)
         self.table_name = sql.Identifier(schema, IDENTIFIERS["jobs"]).as_string()
+        #: The hot table: the partition of the jobs that can still run (migration 022).
+        self.live_table_name = sql.Identifier(schema, IDENTIFIERS["live"]).as_string()
         #: What each placeholder of a statement stands for in this schema.
         self.identifiers: dict[str, str] = {
             **{key: sql.Identifier(schema, name).as_string() for key, name in IDENTIFIERS.items()},
             "schema": sql.Identifier(schema).as_string(),
+            # The sequence every job id is drawn from, as nextval() takes it.
+            "job_ids": sql.Literal(sql.Identifier(schema, "miniqueue_jobs_id_seq").as_string()).as_string(),
             "queue_channel": sql.Literal(self.channel).as_string(),
             "finished_channel": sql.Literal(self.finished_channel).as_string(),
         }

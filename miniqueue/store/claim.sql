@@ -40,14 +40,19 @@
 --                up that worker's completion of it until this claim commits;
 --   need, blocked, admitted
 --                the limited jobs admitted in every scope they need: groups that share a scope
---                take its room in job order;
+--                take its room in job order, each job its rate cost of a rate scope's tokens (one
+--                slot of any other scope's), so a job whose cost the tokens left cannot cover waits
+--                (and so do the group's jobs behind it, which could otherwise keep it waiting);
 --   chosen       the best of the unlimited candidates and the admitted ones;
---   taken        the chosen jobs' slots and tokens, recorded with the lease they belong to, and
---                the holders that ended pruned. (A scope's new holders are listed in no particular
+--   taken        the chosen jobs' slots and tokens (their rate costs summed), recorded with the
+--                lease they belong to, and the holders that ended pruned. (A scope's new holders are listed in no particular
 --                order, ids and attempts aligned: ordering them took a sort per scope, a thousand
 --                small sorts in a claim of 1,000 keys.)
 --   claimed      the chosen jobs leased: running, leased to %(worker)s for %(lease)s seconds, their
 --                attempt one higher.
+-- A paused scope (back-pressure: its `paused_until` not yet passed, see migration 027) is
+-- passed over in `looked` as one with no room, by one more predicate on the row it reads anyway:
+-- its groups are not admitted, and jobs without limits never read a scope row.
 -- A job held back stays available and spends no attempt.
 -- A job past its deadline (expires_at) is passed over, whatever its limits: the reaper expires it.
 --
@@ -89,6 +94,9 @@
 -- jobs must take its room in turn. In one queue, groups are distinct sets of scopes, so only a
 -- group of more than one (a key under a cap, a key and a rate limit) can share; most claims have
 -- none, and skip the ranking. Across queues, one key's jobs in two queues share it: `true`.
+-- Weighing (migration 028): a job that costs more than one token needs the running sums too,
+-- even in a group of its own, whose room counts jobs (`limited` takes up to that many): `OR
+-- EXISTS` of one in `limited`, so that jobs of cost 1 (every job without a cost) skip it still.
 --
 -- Up or down (`groups`). The two directions a claim steps through the groups in, from the
 -- caller's cursor: a worker goes round them one way (`limits > ... ORDER BY limits`), its
@@ -154,7 +162,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -170,10 +178,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -182,7 +191,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -190,24 +199,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -222,7 +233,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -291,7 +302,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -307,10 +318,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -319,7 +331,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -327,24 +339,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -359,7 +373,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -424,7 +438,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -440,10 +454,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -452,7 +467,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -460,24 +475,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -492,7 +509,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -561,7 +578,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -577,10 +594,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -589,7 +607,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -597,24 +615,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -629,7 +649,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -655,11 +675,11 @@ UPDATE {jobs}
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -726,7 +746,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -743,10 +763,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -755,7 +776,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -763,24 +784,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -796,7 +819,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -824,11 +847,11 @@ UPDATE {jobs}
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -899,7 +922,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -916,10 +939,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -928,7 +952,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -936,24 +960,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -969,7 +995,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -997,11 +1023,11 @@ UPDATE {jobs}
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1068,7 +1094,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -1085,10 +1111,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -1097,7 +1124,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -1105,24 +1132,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1138,7 +1167,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -1166,11 +1195,11 @@ UPDATE {jobs}
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1241,7 +1270,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -1258,10 +1287,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -1270,7 +1300,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -1278,24 +1308,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1311,7 +1343,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),

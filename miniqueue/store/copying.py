@@ -22,8 +22,7 @@ from .base import Statement, StoreBase
 # drawn first (to return them), with the transaction's now(): the database clock that every
 # job's scheduled_at counts from, exactly as the column default would.
 _DRAW_IDS = """
-SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
-                      FROM generate_series(1, %(count)s))
+SELECT now(), ARRAY(SELECT nextval({job_ids}) FROM generate_series(1, %(count)s))
 """
 
 # Wake the workers of each queue the COPY gave a job due at once.
@@ -31,14 +30,16 @@ _NOTIFY_QUEUES = "SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::t
 
 # The COPY itself: a batch due at once leaves scheduled_at to its default; a traced batch (see
 # miniqueue.observability.tracing) sends its one trace context with every row.
+# No job with limits goes by COPY (see copyable, and copy_many's check), so every row leaves
+# rate_cost to its default of 1, which is the cost of a job without a rate limit.
 _COPY_DUE = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN"""
+COPY {live} (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN"""
 _COPY_SCHEDULED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN"""
+COPY {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN"""
 _COPY_DUE_TRACED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN"""
+COPY {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN"""
 _COPY_SCHEDULED_TRACED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN"""  # noqa: E501
+COPY {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN"""  # noqa: E501
 
 
 # A large batch whose jobs have unique keys (kept on a conflict, without a window) or deadlines,
@@ -50,10 +51,10 @@ COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, t
 # and unique_while_running to their defaults, as copy_many does (parsing the timestamps cost the
 # server a tenth of the COPY).
 _COPY_KEYED = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
+COPY {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
              unique_key, unique_while_running, expires_at) FROM STDIN"""
 _COPY_KEYED_DUE = """
-COPY {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN"""
+COPY {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN"""
 
 
 class Copying(StoreBase):
@@ -109,7 +110,7 @@ class Copying(StoreBase):
     def _copy_many(
         self, count: int, jobs: Iterable[NewJob], scheduled: bool, notify: bool, trace_context: str | None
     ) -> Steps[list[EnqueueResult]]:
-        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
+        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"count": count})
         [(now, ids)] = drawn
         ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
         due: set[str] = set()
@@ -158,7 +159,7 @@ class Copying(StoreBase):
         notify: bool,
         trace_context: str | None,
     ) -> Steps[list[EnqueueResult]]:
-        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"table": self.table_name, "count": count})
+        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"count": count})
         [(now, ids)] = drawn
         ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
         queues: set[str] = set()

@@ -24,28 +24,39 @@ from .keyed import KeyedEnqueuing
 
 # Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
+# An idempotency key is held in miniqueue_idempotency_keys (migration 022), for finished jobs too:
+# `held` takes it with the new job's id, and the job goes in only if it did (a job without a key
+# goes in with an id of its own). A key held already returns its job; a key whose holder has not
+# committed yet makes `held` wait for it, and returns nothing if it did (the caller looks again).
 _ENQUEUE = """
-WITH ins AS (
-    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+WITH held AS (
+    INSERT INTO {idempotency_keys} (key, job_id)
+    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb)
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM {jobs}
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+SELECT job_id, true, NULL FROM {idempotency_keys}
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
 # _ENQUEUE for a job with limits: the same statement also creates (or updates) the rows of the
 # job's scopes, so that the claim finds them (`scoped`). A new rate scope starts with one token,
 # so that its first job starts at once; a changed limit is updated (the latest enqueue's limit is
-# the one in force).
+# the one in force). Only a job with limits writes its rate cost: the others keep the column's
+# default of 1, which no claim reads.
 _ENQUEUE_LIMITED = """
 WITH scoped AS (
     INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
@@ -54,44 +65,58 @@ WITH scoped AS (
            AS s(scope, max_running, rate, burst)
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-),
-ins AS (
-    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb)
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+), held AS (
+    INSERT INTO {idempotency_keys} (key, job_id)
+    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, rate_cost)
+    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb, %(rate_cost)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM {jobs}
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+SELECT job_id, true, NULL FROM {idempotency_keys}
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
-# _ENQUEUE for a job with parents: inserted waiting for those not completed yet (`pending`), with
-# its deadline if it has one.
+# _ENQUEUE for a job with parents: inserted waiting for those not completed yet (`pending`; of a
+# job that runs whatever their outcome, `run_when`, those not finished yet, and `failed` those that
+# finished without completing), with its deadline if it has one.
 _ENQUEUE_WAITING = """
-WITH ins AS (
-    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
-            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+WITH held AS (
+    INSERT INTO {idempotency_keys} (key, job_id)
+    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
+                        run_when, failed_parents)
+    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb,
+           CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+           %(run_when)s, %(failed)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM {jobs}
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+SELECT job_id, true, NULL FROM {idempotency_keys}
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
 # _ENQUEUE for a job with parents and limits (see the two above).
@@ -103,24 +128,31 @@ WITH scoped AS (
            AS s(scope, max_running, rate, burst)
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-),
-ins AS (
-    INSERT INTO {jobs} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
-            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+), held AS (
+    INSERT INTO {idempotency_keys} (key, job_id)
+    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
+                        run_when, failed_parents, rate_cost)
+    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb,
+           CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+           %(run_when)s, %(failed)s, %(rate_cost)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM {jobs}
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
+SELECT job_id, true, NULL FROM {idempotency_keys}
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
 """
 
 # Lock a new job's parents (in id order, so concurrent enqueues never deadlock) and read their
@@ -134,43 +166,48 @@ UPDATE {jobs} SET dependents = array_append(dependents, %(child)s::bigint) WHERE
 """
 
 # Look up the job holding an idempotency key (when a concurrent insert won the race).
-_BY_IDEMPOTENCY_KEY = "SELECT id FROM {jobs} WHERE idempotency_key = %(key)s"
+_BY_IDEMPOTENCY_KEY = "SELECT job_id FROM {idempotency_keys} WHERE key = %(key)s"
 
 # Insert many jobs in one statement. Ids are drawn up front so each input row can be matched
-# to its outcome (inserted, duplicate of an existing job, or duplicate within the batch).
+# to its outcome (inserted, duplicate of an existing job, or duplicate within the batch: `held`
+# takes each key once, for the first job of the batch that has it, as in _ENQUEUE).
 # A job's limits travel as one text, its scope names joined by U+001F (which no scope name holds).
 _ENQUEUE_MANY = """
 WITH src AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+    SELECT nextval({job_ids}) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
                   %(limits)b::text[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+), held AS (
+    INSERT INTO {idempotency_keys} (key, job_id)
+    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, job_id
 ), ins AS (
-    INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
            %(trace)s::jsonb
-      FROM src ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, scheduled_at, idempotency_key
+      FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
+    RETURNING id, queue, scheduled_at
 ), notified AS (
     SELECT pg_notify(%(channel)s, queue)
       FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
      WHERE %(notify)s
 )
-SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
-  LEFT JOIN {jobs} e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+  LEFT JOIN held h ON i.id IS NULL AND h.key = s.key
+  LEFT JOIN {idempotency_keys} e ON i.id IS NULL AND h.key IS NULL AND e.key = s.key
  WHERE (SELECT count(*) FROM notified) >= 0
  ORDER BY s.ord
 """
 
 # _ENQUEUE_MANY for a batch with limits: `scoped` as in _ENQUEUE_LIMITED, for every scope the
-# batch names.
+# batch names; a job's rate cost NULL (an empty array: every job of the batch costs 1) for 1.
 _ENQUEUE_MANY_LIMITED = """
 WITH scoped AS (
     INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
@@ -181,30 +218,35 @@ WITH scoped AS (
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ),
 src AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+    SELECT nextval({job_ids}) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
-                  %(limits)b::text[])
-           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+                  %(limits)b::text[], %(rate_costs)b::int[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, rate_cost,
+                                ord)
+), held AS (
+    INSERT INTO {idempotency_keys} (key, job_id)
+    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, job_id
 ), ins AS (
-    INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context)
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, rate_cost)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
-           %(trace)s::jsonb
-      FROM src ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, scheduled_at, idempotency_key
+           %(trace)s::jsonb, COALESCE(rate_cost, 1)
+      FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
+    RETURNING id, queue, scheduled_at
 ), notified AS (
     SELECT pg_notify(%(channel)s, queue)
       FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
      WHERE %(notify)s
 )
-SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
-  LEFT JOIN {jobs} e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+  LEFT JOIN held h ON i.id IS NULL AND h.key = s.key
+  LEFT JOIN {idempotency_keys} e ON i.id IS NULL AND h.key IS NULL AND e.key = s.key
  WHERE (SELECT count(*) FROM notified) >= 0
  ORDER BY s.ord
 """
@@ -262,6 +304,7 @@ class Enqueuing(KeyedEnqueuing):
             "channel": self.channel,
             "limits": [scope.name for scope in job.scopes] or None,
             "trace": trace_context,
+            "rate_cost": job.rate_cost,
         }
         return {**params, **_scope_columns(job.scopes)} if job.scopes else params
 
@@ -287,23 +330,36 @@ class Enqueuing(KeyedEnqueuing):
         return run(conn, self.enqueue_waiting_steps(job, parents, notify=notify, trace_context=trace_context))
 
     def enqueue_waiting_steps(
-        self, job: NewJob, parents: Sequence[int], *, notify: bool = True, trace_context: str | None = None
+        self,
+        job: NewJob,
+        parents: Sequence[int],
+        *,
+        notify: bool = True,
+        trace_context: str | None = None,
+        run_when: str | None = None,
     ) -> Steps[EnqueueResult]:
-        """:meth:`enqueue_waiting` as steps."""
-        steps = self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify, trace_context)
+        """:meth:`enqueue_waiting` as steps. ``run_when`` (the column of that name): None, the job
+        runs once every parent completed; ``"finished"``, once every parent finished, in any
+        state; ``"failed"``, once every parent finished and one did not complete."""
+        steps = self._enqueue_waiting_in_one(job, list(dict.fromkeys(parents)), notify, trace_context, run_when)
         return refusing_stale_deadlines(atomic(steps))
 
     def _enqueue_waiting_in_one(
-        self, job: NewJob, ids: list[int], notify: bool, trace_context: str | None
+        self, job: NewJob, ids: list[int], notify: bool, trace_context: str | None, run_when: str | None
     ) -> Steps[EnqueueResult]:
         locked: list[tuple[Any, ...]] = yield Query(self._lock_parents, {"ids": ids})
         states = {row[0]: State(row[1]) for row in locked}
-        _check_parents(ids, states)
-        pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED)
+        _check_parents(ids, states, tolerant=run_when is not None)
+        failed = sum(1 for job_id in ids if states[job_id] in REQUEUEABLE_STATES)
+        pending = sum(1 for job_id in ids if states[job_id] is not State.COMPLETED) - (failed if run_when else 0)
+        if run_when == "failed" and not pending and not failed:
+            raise InvalidInput("every parent completed already: a job that runs only if one does not would never run")
         params = {
             **self._job_params(job, notify and not pending, trace_context),
             "parents": ids,
             "pending": pending,
+            "run_when": run_when,
+            "failed": failed if run_when else 0,
             "expires_at": job.keys.expires_at,
             "expires_in": job.keys.expires_in,
         }
@@ -340,7 +396,6 @@ class Enqueuing(KeyedEnqueuing):
         run_ats = [j.run_at for j in jobs]
         delays = [j.delay_seconds for j in jobs]
         params = {
-            "table": self.table_name,
             "queues": [j.queue for j in jobs],
             "tasks": [j.task for j in jobs],
             "payloads": [j.payload_json for j in jobs],
@@ -352,12 +407,17 @@ class Enqueuing(KeyedEnqueuing):
             "delays": delays if any(delays) else [],
             "keys": keys if any(keys) else [],
             "limits": ["\x1f".join(scope.name for scope in j.scopes) or None for j in jobs] if limited else [],
+            "rate_costs": [j.rate_cost for j in jobs] if any(j.rate_cost != 1 for j in jobs) else [],
             "notify": notify,
             "channel": self.channel,
             "trace": trace_context,
         }
         if limited or any(j.keys.keyed for j in jobs):
             params.update(_scope_columns({scope.name: scope for j in jobs for scope in j.scopes}.values()))
+        if any(j.idempotency_key is not None and j.keys.unique_key is not None for j in jobs):
+            # A job with both keys goes alone (see enqueue_keyed_steps): the batch, one by one, in
+            # one transaction.
+            return (yield from atomic(self._one_by_one(jobs, notify, trace_context)))
         if any(j.keys.keyed for j in jobs):
             return (yield from self.enqueue_many_keyed_steps(jobs, params, notify=notify))
         query = self._enqueue_many_limited if limited else self._enqueue_many
@@ -369,15 +429,23 @@ class Enqueuing(KeyedEnqueuing):
                 results[i] = EnqueueResult(id=held[0][0], duplicate=True)
         return results
 
+    def _one_by_one(
+        self, jobs: Sequence[NewJob], notify: bool, trace_context: str | None
+    ) -> Steps[list[EnqueueResult]]:
+        results = []
+        for job in jobs:
+            results.append((yield from self.enqueue_steps(job, notify=notify, trace_context=trace_context)))
+        return results
+
     def listen(self, conn: Connection) -> None:
         """Subscribe ``conn`` to this schema's enqueue notifications (payload: the queue name)."""
         with translate_errors():
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
 
 
-def _check_parents(ids: list[int], states: dict[int, State]) -> None:
-    """Reject parents that do not exist, or that ended without completing (a dependent of
-    theirs could never run)."""
+def _check_parents(ids: list[int], states: dict[int, State], *, tolerant: bool = False) -> None:
+    """Reject parents that do not exist, or (unless the dependent is ``tolerant``: it runs
+    whatever their outcome) that ended without completing (a dependent could never run)."""
     if not ids:
         raise InvalidInput("depends_on is empty: name at least one job, or leave it out")
     missing = [job_id for job_id in ids if job_id not in states]
@@ -387,7 +455,7 @@ def _check_parents(ids: list[int], states: dict[int, State]) -> None:
             f"depends_on names job(s) that do not exist: {shown}; a job can only depend on jobs enqueued before it"
         )
     ended = [(job_id, states[job_id]) for job_id in ids if states[job_id] in REQUEUEABLE_STATES]
-    if ended:
+    if ended and not tolerant:
         job_id, state = ended[0]
         raise InvalidInput(
             f"depends_on names job {job_id}, which ended {state.value}: a job waiting for it would "

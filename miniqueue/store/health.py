@@ -91,7 +91,10 @@ class Health(StoreBase):
 
     def table_health_steps(self) -> Steps[TableHealth]:
         """:meth:`table_health` as steps."""
-        params = {"table": self.table_name, "claim_index": f"{self.identifiers['schema']}.idx_miniqueue_jobs_claim"}
+        params = {
+            "table": self.live_table_name,
+            "claim_index": f"{self.identifiers['schema']}.idx_miniqueue_jobs_claim",
+        }
         rows: list[dict[str, Any]] = yield from atomic(monitoring(Query(self._table_health, params, named=True)))
         row = rows[0]
         settings = {

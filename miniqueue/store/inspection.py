@@ -14,7 +14,7 @@ from psycopg import sql
 
 from ..core.db import Connection
 from ..core.errors import JobNotFound
-from ..core.records import AttemptError, JobRecord, QueueCount, QueueStats, State
+from ..core.records import AttemptError, JobRecord, ParentOutcome, QueueCount, QueueStats, State, StepRecord
 from ..core.steps import Atomic, Query, Steps, atomic, run
 from .base import Statement, StoreBase
 from .rows import monitoring
@@ -25,7 +25,8 @@ _STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[
 # One job, every column (JobRecord's fields).
 _GET = """SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
+       steps, signal_key, signal_timeout_at
   FROM {jobs} WHERE id = %(id)s"""
 
 # What a job's result is, or why there is none.
@@ -46,7 +47,8 @@ RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify
 _LIST = """
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
+       steps, signal_key, signal_timeout_at
   FROM {jobs}
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -76,7 +78,8 @@ _IDS_MATCHING = """SELECT id FROM {jobs} WHERE (%(state)s::text IS NULL OR state
    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) ORDER BY id LIMIT %(limit)s"""
 
 # Per queue: counts by state, jobs scheduled for later, the age of the oldest job waiting to
-# run, and leases that expired without the reaper having recovered them yet. Its cost does not
+# run, leases that expired without the reaper having recovered them yet, and the waiting jobs
+# that wait for a signal. Its cost does not
 # grow with finished rows: available and running jobs are read from their partial indexes (the
 # claim index, the reaper's lease index), finished ones from the counters.
 _QUEUE_STATS = """
@@ -89,7 +92,8 @@ WITH ready AS (
             SELECT queue, scheduled_at FROM {jobs} WHERE state = 'available' AND limits IS NOT NULL) a
      GROUP BY queue
 ), blocked AS (
-    SELECT queue, count(*) AS waiting FROM {jobs} WHERE state = 'waiting' GROUP BY queue
+    SELECT queue, count(*) AS waiting, count(*) FILTER (WHERE signal_key IS NOT NULL) AS signal_waits
+      FROM {jobs} WHERE state = 'waiting' GROUP BY queue
 ), leased AS (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
       FROM {jobs} WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
@@ -105,19 +109,21 @@ WITH ready AS (
 SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
        coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
        coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(expired, 0) AS expired,
-       coalesce(scheduled, 0) AS scheduled, oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
+       coalesce(scheduled, 0) AS scheduled, oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases,
+       coalesce(signal_waits, 0) AS signal_waits
   FROM ready FULL JOIN blocked USING (queue) FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
  WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
        + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) + coalesce(expired, 0) > 0
  ORDER BY queue
 """
 
-# A job's parents' results, one row per parent in the order of its parents (a parent pruned
-# since is left out). Read when a handler asks for them, never by the claim: aggregated there,
+# A job's parents' outcomes (state, result, last error), one row per parent in the order of its
+# parents (a parent pruned since is left out). Read when a handler asks for them, never by the claim: aggregated there,
 # the results of a large group (each within the result limit) overflowed jsonb's 256 MB array
 # limit and failed the whole claim, again at every retry.
 _PARENT_RESULTS = """
-SELECT p.id, p.result FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN {jobs} p ON p.id = u.id
+SELECT p.id, p.state, p.result, p.last_error
+  FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN {jobs} p ON p.id = u.id
  ORDER BY u.ord
 """
 
@@ -126,6 +132,8 @@ SELECT p.id, p.result FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, or
 # attempt that took the slot) and the tokens left. Read from the limited jobs' index, the claim
 # index of capped queues and the expired-lease index (running jobs, one per busy handler): its
 # cost grows with the jobs waiting on limits and the jobs running, never with finished rows.
+# A paused limit (back-pressure) is listed even with no job waiting, with when its pause ends and
+# the job that paused it: found by a scan of the limit rows, one per key.
 _LIMIT_WAITS = """
 WITH waiting AS (
     SELECT s.scope, count(*) AS waiting
@@ -143,18 +151,21 @@ WITH waiting AS (
     SELECT DISTINCT s.scope, 0
       FROM {jobs} j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
      WHERE j.state = 'running' AND j.lease_expires_at IS NOT NULL AND j.limits IS NOT NULL
+    UNION ALL
+    SELECT scope, 0 FROM {limits} WHERE paused_until > now()
 ), scopes AS (
     SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
 )
 SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
        least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
-       h.holders
+       h.holders, CASE WHEN l.paused_until > now() THEN l.paused_until END,
+       CASE WHEN l.paused_until > now() THEN l.paused_by END
   FROM scopes w LEFT JOIN {limits} l USING (scope)
  CROSS JOIN LATERAL (
        SELECT ARRAY(SELECT h.id FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                       JOIN {jobs} j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                      ORDER BY h.id) AS holders) h
- WHERE w.waiting > 0 OR cardinality(h.holders) > 0
+ WHERE w.waiting > 0 OR cardinality(h.holders) > 0 OR l.paused_until > now()
  ORDER BY w.waiting DESC, cardinality(h.holders) DESC, w.scope
  LIMIT %(limit)s
 """
@@ -185,7 +196,8 @@ _STATE_ORDER = (
 class LimitWait(NamedTuple):
     """One limit that jobs wait on or hold slots of: its scope name, how many due jobs wait, and
     its state (a concurrency limit's ``max_running``, slots ``held`` and the ids of the jobs
-    holding them, ``holders``; or a rate limit's ``rate`` per second and ``tokens`` left)."""
+    holding them, ``holders``; or a rate limit's ``rate`` per second and ``tokens`` left), and
+    while it is paused (back-pressure: RateLimited), until when and by which job."""
 
     scope: str
     waiting: int
@@ -194,6 +206,8 @@ class LimitWait(NamedTuple):
     held: int | None
     tokens: float | None
     holders: list[int]
+    paused_until: dt.datetime | None = None
+    paused_by: int | None = None
 
 
 class Inspection(StoreBase):
@@ -255,9 +269,10 @@ class Inspection(StoreBase):
         """The ids of up to ``limit`` jobs matching ``filters``, oldest first."""
         return [row[0] for row in self._rows(conn, self._ids_matching, {**job_filter(**filters), "limit": limit})]
 
-    def parent_results(self, conn: Connection, parents: Sequence[int]) -> list[tuple[int, Any]]:
+    def parent_results(self, conn: Connection, parents: Sequence[int]) -> list[tuple[int, ParentOutcome]]:
         """Each of ``parents``' results, in their order (pruned parents left out)."""
-        return [(row[0], row[1]) for row in self._rows(conn, self._parent_results, {"ids": list(parents)})]
+        rows = self._rows(conn, self._parent_results, {"ids": list(parents)})
+        return [(row[0], ParentOutcome(State(row[1]), row[2], row[3])) for row in rows]
 
     # -- results ------------------------------------------------------------------------------------
 
@@ -306,6 +321,7 @@ class Inspection(StoreBase):
                     scheduled=int(row["scheduled"]),
                     oldest_available_seconds=None if oldest is None else float(oldest),
                     expired_leases=int(row["expired_leases"]),
+                    signal_waits=int(row["signal_waits"]),
                 )
             )
         return stats
@@ -374,7 +390,8 @@ def _record(row: dict[str, Any]) -> JobRecord:
         AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row["errors"]
     )
     links = {"parents": tuple(row["parents"] or ()), "dependents": tuple(row["dependents"] or ())}
-    return JobRecord(**{**row, "state": State(row["state"]), "errors": history, **links})
+    steps = tuple(StepRecord.of(entry) for entry in row["steps"] or ())
+    return JobRecord(**{**row, "state": State(row["state"]), "errors": history, **links, "steps": steps})
 
 
 def _parse_timestamp(text: str) -> dt.datetime:

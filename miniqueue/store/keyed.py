@@ -28,9 +28,11 @@ HELD = """unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
            OR state = 'running' AND unique_while_running)"""
 
-# Insert one job with keys or a deadline; a conflict of its idempotency key or unique key stores
-# nothing and returns the job that holds the key (`held`; when that job committed after this
-# statement's snapshot, nothing: the caller looks again with _HOLDER). `scoped` as in
+# Insert one job with keys or a deadline; a conflict of its idempotency key (`held`, as in
+# enqueue._ENQUEUE) or unique key stores nothing and returns the job that holds the key (when that
+# job committed after this statement's snapshot, nothing: the caller looks again with _HOLDER),
+# with the id its idempotency key was taken for when the unique key kept the job out (the caller
+# gives the key back, in the same transaction). `scoped` as in
 # enqueue._ENQUEUE_LIMITED (no rows for a job without limits). `sequenced` creates or locks the
 # row of the job's sequence key, the job goes in `waiting`, and `advanced` hands it the key if
 # no job holds it (which notifies its queue).
@@ -47,27 +49,36 @@ WITH scoped AS (
     SELECT %(sequence)s, %(on_failure)s WHERE %(sequence)s::text IS NOT NULL
     ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
     RETURNING key
+), held AS (
+    INSERT INTO {{idempotency_keys}} (key, job_id)
+    SELECT %(key)s, nextval({{job_ids}}) WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
 ), ins AS (
-    INSERT INTO {{jobs}} (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+    INSERT INTO {{live}} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
-                        sequence_key, state)
-    SELECT %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+                        sequence_key, state, rate_cost)
+    SELECT coalesce((SELECT job_id FROM held), nextval({{job_ids}})), %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
            %(limits)s::text[], %(trace)s::jsonb,
            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
            %(unique)s, %(while_running)s, (SELECT key FROM sequenced),
-           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END
+           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END, %(rate_cost)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     ON CONFLICT DO NOTHING
     RETURNING id, queue, scheduled_at, state
 ), advanced AS (
     SELECT {{advance}}(ARRAY[%(sequence)s::text], %(channel)s) WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'waiting')
 )
-SELECT id, false, CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+SELECT id, false, CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END,
+       NULL::bigint
   FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
 UNION ALL
-(SELECT id, true, NULL FROM {{jobs}}
+(SELECT holder, true, NULL, (SELECT job_id FROM held)
+   FROM (SELECT job_id AS holder FROM {{idempotency_keys}} WHERE key = %(key)s
+         UNION ALL
+         SELECT id FROM {{live}} WHERE unique_key = %(unique)s AND {HELD}) h
   WHERE NOT EXISTS (SELECT 1 FROM ins)
-    AND (idempotency_key = %(key)s OR unique_key = %(unique)s AND {HELD})
   LIMIT 1)
 """  # noqa: E501
 
@@ -93,17 +104,18 @@ WITH scoped AS (
     ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
     RETURNING key
 ), new AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id
+    SELECT nextval({{job_ids}}) AS id
 ), ins AS (
-    INSERT INTO {{jobs}} AS j (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                             limits, trace_context, expires_at, unique_key, unique_while_running, sequence_key, state)
+    INSERT INTO {{live}} AS j (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                             limits, trace_context, expires_at, unique_key, unique_while_running, sequence_key, state,
+                             rate_cost)
     SELECT new.id, %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
            CASE WHEN %(wait)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(wait)s::float8)
                 ELSE COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)) END,
            %(limits)s::text[], %(trace)s::jsonb,
            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
            %(unique)s, %(while_running)s, (SELECT key FROM sequenced),
-           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END
+           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END, %(rate_cost)s
       FROM new
     ON CONFLICT (unique_key) WHERE {HELD}
     DO UPDATE SET payload = excluded.payload, priority = excluded.priority,
@@ -120,17 +132,21 @@ SELECT id, replaced, replaced,
        CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
 UNION ALL
-(SELECT id, true, false, NULL FROM {{jobs}} WHERE NOT EXISTS (SELECT 1 FROM ins) AND unique_key = %(unique)s AND {HELD}
+(SELECT id, true, false, NULL FROM {{live}} WHERE NOT EXISTS (SELECT 1 FROM ins) AND unique_key = %(unique)s AND {HELD}
   LIMIT 1)
 """
 
 # The job holding an idempotency key or a unique key, looked up again when the holder committed
 # after the enqueue's snapshot was taken.
 _HOLDER = f"""
-SELECT id FROM {{jobs}}
- WHERE idempotency_key = %(key)s OR unique_key = %(unique)s AND {HELD}
+SELECT job_id FROM {{idempotency_keys}} WHERE key = %(key)s
+UNION ALL
+SELECT id FROM {{live}} WHERE unique_key = %(unique)s AND {HELD}
  LIMIT 1
 """
+
+# Give back an idempotency key that _ENQUEUE_KEYED took for a job its unique key then kept out.
+_DROP_KEY = "DELETE FROM {idempotency_keys} WHERE key = %(key)s AND job_id = %(id)s"
 
 # Lock the time window of a unique key (making its row, open, if there is none) and say whether
 # it is still running, and for which job. The lock holds until the enqueue commits, so a second
@@ -168,24 +184,31 @@ WITH scoped AS (
     ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
     RETURNING key
 ), src AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+    SELECT nextval({job_ids}) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
                   %(limits)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[], %(uniques)b::text[],
-                  %(while_running)b::boolean[], %(sequences)b::text[])
+                  %(while_running)b::boolean[], %(sequences)b::text[], %(rate_costs)b::int[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, expires_at,
-                                expires_in, uniq, while_running, sequence, ord)
+                                expires_in, uniq, while_running, sequence, rate_cost, ord)
+), held AS (
+    INSERT INTO {idempotency_keys} (key, job_id)
+    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, job_id
 ), ins AS (
-    INSERT INTO {jobs} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
-                        sequence_key, state)
+                        sequence_key, state, rate_cost)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
            %(trace)s::jsonb, COALESCE(expires_at, now() + make_interval(secs => expires_in)), uniq,
-           COALESCE(while_running, true), sequence, CASE WHEN sequence IS NULL THEN 'available' ELSE 'waiting' END
-      FROM src WHERE (SELECT count(*) FROM sequenced) >= 0 ORDER BY ord
+           COALESCE(while_running, true), sequence, CASE WHEN sequence IS NULL THEN 'available' ELSE 'waiting' END,
+           COALESCE(rate_cost, 1)
+      FROM src WHERE (SELECT count(*) FROM sequenced) >= 0 AND (key IS NULL OR id IN (SELECT job_id FROM held))
+     ORDER BY ord
     ON CONFLICT DO NOTHING
-    RETURNING id, queue, scheduled_at, state, idempotency_key, unique_key, sequence_key
+    RETURNING id, queue, scheduled_at, state, unique_key, sequence_key
 ), advanced AS (
     SELECT {advance}(ARRAY(SELECT DISTINCT sequence_key FROM ins WHERE sequence_key IS NOT NULL), %(channel)s)
      WHERE EXISTS (SELECT 1 FROM ins WHERE sequence_key IS NOT NULL)
@@ -195,16 +218,16 @@ WITH scoped AS (
      WHERE %(notify)s
 )
 SELECT s.ord,
-       COALESCE(i.id, ik.id, iu.id,
-                (SELECT id FROM {jobs} WHERE idempotency_key = s.key),
-                (SELECT id FROM {jobs} WHERE unique_key = s.uniq AND unique_key IS NOT NULL
+       COALESCE(i.id, ik.job_id, iu.id,
+                (SELECT job_id FROM {idempotency_keys} WHERE key = s.key),
+                (SELECT id FROM {live} WHERE unique_key = s.uniq AND unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
            OR state = 'running' AND unique_while_running))),
        i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
-  LEFT JOIN ins iu ON i.id IS NULL AND ik.id IS NULL AND iu.unique_key = s.uniq
+  LEFT JOIN held ik ON i.id IS NULL AND ik.key = s.key
+  LEFT JOIN ins iu ON i.id IS NULL AND ik.job_id IS NULL AND iu.unique_key = s.uniq
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM advanced) >= 0
  ORDER BY s.ord
 """
@@ -217,6 +240,7 @@ class KeyedEnqueuing(Copying):
     _enqueue_keyed = Statement(_ENQUEUE_KEYED)
     _enqueue_replacing = Statement(_ENQUEUE_REPLACING)
     _holder = Statement(_HOLDER)
+    _drop_key = Statement(_DROP_KEY)
     _lock_window = Statement(_LOCK_WINDOW)
     _open_window = Statement(_OPEN_WINDOW)
     _enqueue_many_keyed = Statement(_ENQUEUE_MANY_KEYED)
@@ -226,18 +250,23 @@ class KeyedEnqueuing(Copying):
         binds them): on a conflict of its unique key, keep, replace or debounce as it says; a
         unique window is locked and checked first, in one transaction with the insert."""
         keyed = {**params, **_key_params(job.keys), "notify": notify, "channel": self.channel}
-        if job.keys.unique_window is None:
-            return refusing_stale_deadlines(self._insert_keyed(job, keyed))
-        return refusing_stale_deadlines(atomic(self._insert_in_window(job, keyed)))
+        if job.keys.unique_window is not None:
+            return refusing_stale_deadlines(atomic(self._insert_in_window(job, keyed)))
+        if job.idempotency_key is not None and job.keys.unique_key is not None:
+            # Two keys: the idempotency key is taken before the unique key can keep the job out,
+            # and given back then, in the same transaction (see _insert_keyed).
+            return refusing_stale_deadlines(atomic(self._insert_keyed(job, keyed)))
+        return refusing_stale_deadlines(self._insert_keyed(job, keyed))
 
     def _insert_keyed(self, job: NewJob, params: dict[str, Any]) -> Steps[EnqueueResult]:
         replacing = job.keys.on_conflict != "keep"
         query = self._enqueue_replacing if replacing else self._enqueue_keyed
-        params = {**params, "table": self.table_name} if replacing else params
         for _ in range(3):
             rows: list[tuple[Any, ...]] = yield Query(query, params)
             if rows:
                 row = rows[0]
+                if not replacing and row[3] is not None:  # its idempotency key, taken for nothing
+                    yield Query(self._drop_key, {"key": params["key"], "id": row[3]})
                 return EnqueueResult(id=row[0], duplicate=row[1], replaced=replacing and row[2])
             # The holder of the key committed after this statement's snapshot: a new statement
             # sees it, unless it has let go of the key meanwhile, and then the insert goes again.

@@ -42,11 +42,11 @@ UPDATE {jobs}
    AND state = 'running' AND lease_expires_at < now()
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM recovered
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM recovered
@@ -68,8 +68,9 @@ SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501
 
 # Expire the jobs whose deadline passed before any worker claimed them (the claim passes over
-# them): 'expired', a final state that requeue takes like 'dead', with an entry in the history.
-# The outer WHERE re-checks in the same statement, so a job claimed meanwhile is left alone.
+# them; a job parked for a signal was claimed, and stays): 'expired', a final state that requeue
+# takes like 'dead', with an entry in the history. The outer WHERE re-checks in the same
+# statement, so a job claimed meanwhile is left alone.
 # Then `counted`, `per_minute` and `settled` as in outcomes._COMPLETE: the dependents of an
 # expired job are cancelled, and a job of a sequence hands its key on.
 _EXPIRE = """
@@ -82,16 +83,17 @@ UPDATE {jobs}
  WHERE id = ANY(ARRAY(
         SELECT id FROM {jobs}
          WHERE expires_at <= now() AND expires_at IS NOT NULL AND state IN ('available', 'waiting')
+           AND signal_key IS NULL
          ORDER BY expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-   AND state IN ('available', 'waiting') AND expires_at <= now()
+   AND state IN ('available', 'waiting') AND expires_at <= now() AND signal_key IS NULL
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM expired
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM expired
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM expired
@@ -137,19 +139,21 @@ _RECOUNT = [
     "LOCK TABLE {counts} IN EXCLUSIVE MODE",
     "DELETE FROM {counts}",
     """
-INSERT INTO {counts} (queue, state, shard, count)
-SELECT queue, state, 0, count(*) FROM {jobs}
+INSERT INTO {counts} (queue, state, shard, bucket, count)
+SELECT queue, state, 0, date_trunc('hour', finished_at, 'UTC'), count(*) FROM {jobs}
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
 """,
 ]
 
 # The throughput's minutes the chart no longer shows (the reaper, every pass).
 _TRIM_MINUTES = "DELETE FROM {finished_minutes} WHERE minute < now() - interval '2 hours'"
 
-# Delete a batch of jobs that finished longer ago than `age` seconds. The literal state list
-# lets the planner use the partial finished_at index. `counted` takes them off the finished
-# counts (as outcomes._COMPLETE counts them on, with -count(*)); the minutes they finished in
+# Delete a batch of jobs that finished longer ago than `age` seconds, row by row (an operator's
+# prune: the reaper drops the history's partitions whole, see miniqueue.store.history). The
+# literal state list lets the planner read only the history. `unkeyed` lets go of their
+# idempotency keys, and `counted` takes them off the finished counts (as outcomes._COMPLETE
+# counts them on, with -count(*), in the hour each finished in); the minutes they finished in
 # keep them.
 _PRUNE = """
 WITH pruned AS (
@@ -159,24 +163,57 @@ WITH pruned AS (
              WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') AND state = ANY(%(states)s::text[])
                AND finished_at < now() - make_interval(secs => %(age)s)
              LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-    RETURNING queue, state
+    RETURNING id, queue, state, finished_at, idempotency_key
+), unkeyed AS (
+    DELETE FROM {idempotency_keys} k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM pruned
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1)
 SELECT count(*) FROM pruned
 """
 
-# The jobs table's churn, for the reaper's upkeep (see miniqueue.maintenance.vacuum): live rows,
-# rows inserted and updated since the server's statistics began (a claim and a completion update
-# one each), rows changed since the planner's statistics were taken, when a vacuum and an analyze
-# last finished, and whether this role may vacuum and analyze the table (it owns it).
+# _PRUNE for the jobs that finished where no partition of the history was made (the reaper's):
+# they are in the history tables' default partitions, read here by name, so that no partition
+# of the history is read (a partition is dropped whole once past retention).
+_PRUNE_DEFAULTS = """
+WITH pruned AS (
+    DELETE FROM {jobs}
+     WHERE id = ANY(ARRAY(SELECT id FROM {done_default}
+                           WHERE state = ANY(%(states)s::text[])
+                             AND finished_at < now() - make_interval(secs => %(age)s)
+                           LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+                    || ARRAY(SELECT id FROM {failed_default}
+                           WHERE state = ANY(%(states)s::text[])
+                             AND finished_at < now() - make_interval(secs => %(age)s)
+                           LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+       AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') AND state = ANY(%(states)s::text[])
+    RETURNING id, queue, state, finished_at, idempotency_key
+), unkeyed AS (
+    DELETE FROM {idempotency_keys} k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
+), counted AS (
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM pruned
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
+SELECT count(*) FROM pruned
+"""
+
+# The hot table's churn, for the reaper's upkeep (see miniqueue.maintenance.vacuum): live rows,
+# rows inserted and changed since the server's statistics began (a claim updates one, and a
+# completion moves it out to the history: a delete here), rows changed since the planner's
+# statistics were taken, when a vacuum and an analyze last finished, and whether this role may
+# vacuum and analyze the table (it owns it). The history is written once per row and needs none
+# of this: autovacuum's defaults serve it.
 _JOBS_CHURN = """
 SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid) AS inserted,
-       pg_stat_get_tuples_updated(c.oid) AS updated, pg_stat_get_mod_since_analyze(c.oid) AS changed,
+       pg_stat_get_tuples_updated(c.oid) + pg_stat_get_tuples_deleted(c.oid) AS updated,
+       pg_stat_get_mod_since_analyze(c.oid) AS changed,
        greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
        greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
        pg_has_role(c.relowner, 'USAGE') AS may_maintain
@@ -185,8 +222,8 @@ SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid
 """
 
 # SKIP_LOCKED: when autovacuum (or an operator) is already at it, there is nothing to add.
-_VACUUM_JOBS = "VACUUM (SKIP_LOCKED, ANALYZE) {jobs}"
-_ANALYZE_JOBS = "ANALYZE (SKIP_LOCKED) {jobs}"
+_VACUUM_JOBS = "VACUUM (SKIP_LOCKED, ANALYZE) {live}"
+_ANALYZE_JOBS = "ANALYZE (SKIP_LOCKED) {live}"
 
 # How many connections the server allows, keeps for superusers, and has in use by clients.
 _CONNECTION_CAPACITY = """
@@ -220,6 +257,7 @@ class Maintenance(StoreBase):
     _recount = Statements(_RECOUNT)
     _trim_minutes = Statement(_TRIM_MINUTES)
     _prune = Statement(_PRUNE)
+    _prune_defaults = Statement(_PRUNE_DEFAULTS)
     _jobs_churn = Statement(_JOBS_CHURN)
     _vacuum_jobs = Statement(_VACUUM_JOBS)
     _analyze_jobs = Statement(_ANALYZE_JOBS)
@@ -241,12 +279,24 @@ class Maintenance(StoreBase):
             sequences = conn.execute(self._drop_idle_sequences, {"limit": limit}).rowcount
         return windows + sequences
 
-    def prune(self, conn: Connection, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> int:
+    def prune(
+        self,
+        conn: Connection,
+        states: Iterable[State],
+        older_than_seconds: float,
+        limit: int = 1000,
+        *,
+        outside_partitions: bool = False,
+    ) -> int:
         """Delete up to ``limit`` jobs in ``states`` (terminal states only) that finished more than
-        ``older_than_seconds`` ago; return how many were deleted."""
-        return run(conn, self.prune_steps(states, older_than_seconds, limit))
+        ``older_than_seconds`` ago, one by one (``outside_partitions``: only those in the history's
+        default partitions, which the reaper prunes this way while it drops the partitions
+        whole); return how many were deleted."""
+        return run(conn, self.prune_steps(states, older_than_seconds, limit, outside_partitions=outside_partitions))
 
-    def prune_steps(self, states: Iterable[State], older_than_seconds: float, limit: int = 1000) -> Steps[int]:
+    def prune_steps(
+        self, states: Iterable[State], older_than_seconds: float, limit: int = 1000, *, outside_partitions: bool = False
+    ) -> Steps[int]:
         """:meth:`prune` as steps."""
         chosen = sorted(State(s).value for s in states)
         if not chosen or any(State(s) not in TERMINAL_STATES for s in chosen):
@@ -255,7 +305,7 @@ class Maintenance(StoreBase):
             )
         older_than_seconds = check_seconds("prune age", older_than_seconds)
         params = {"states": chosen, "age": float(older_than_seconds), "limit": limit}
-        rows: list[tuple[Any, ...]] = yield Query(self._prune, params)
+        rows: list[tuple[Any, ...]] = yield Query(self._prune_defaults if outside_partitions else self._prune, params)
         return int(rows[0][0])
 
     def trim_throughput(self, conn: Connection) -> None:
@@ -273,7 +323,7 @@ class Maintenance(StoreBase):
 
     def jobs_churn(self, conn: Connection) -> JobsChurn:
         """The jobs table's statistics, as the reaper's upkeep reads them (see :class:`JobsChurn`)."""
-        return JobsChurn(**self._named_rows(conn, self._jobs_churn, {"table": self.table_name})[0])
+        return JobsChurn(**self._named_rows(conn, self._jobs_churn, {"table": self.live_table_name})[0])
 
     def vacuum_jobs(self, conn: Connection, *, analyze_only: bool = False) -> None:
         """VACUUM and ANALYZE the jobs table (or only ANALYZE it), unless another vacuum or

@@ -58,7 +58,10 @@ def latest_version() -> int:
 def apply_migrations(conn: Connection, schema: str = "public") -> list[Migration]:
     """Apply the pending migrations on ``conn`` (autocommit); return those applied by this call."""
     shipped = load_migrations()
-    applied = Store(schema).apply_migrations(conn, [(m.version, m.name, m.sql) for m in shipped])
+    store = Store(schema)
+    applied = store.apply_migrations(conn, [(m.version, m.name, m.sql) for m in shipped])
+    # The history's partitions of this hour and day and the next (the reaper makes the later ones).
+    store.ensure_partitions(conn)
     return [m for m in shipped if m.version in applied]
 
 

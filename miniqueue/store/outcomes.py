@@ -20,6 +20,7 @@ from ..core.errors import LeaseLost
 from ..core.records import State
 from ..core.steps import Query, Steps, run
 from .base import Statement, StoreBase
+from .progress import progress_channel
 from .rows import aligned, columns
 
 # Complete a batch of leases, storing each job's result; returns the ids that were still held.
@@ -59,11 +60,11 @@ UPDATE {jobs}
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -84,15 +85,23 @@ SELECT {settle}(
 SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0
 """  # noqa: E501
 
-# Extend a batch of leases by `lease` seconds from now; returns the ids still held.
+# Extend a batch of leases by `lease` seconds from now; returns the ids still held. The progress
+# their handlers reported since the last renewal rides along (`progress`: JSON text aligned with
+# `ids`, NULL where none was reported, or empty when none was: see miniqueue.store.progress),
+# stamped with the time written and announced for the jobs someone watches.
 _RENEW = """
+WITH renewed AS (
 UPDATE {jobs}
-   SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+   SET lease_expires_at = now() + make_interval(secs => %(lease)s),
+       progress = coalesce(((%(progress)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb
+                           || jsonb_build_object('at', now()), progress)
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, lease_expires_at
-"""
+RETURNING id, lease_expires_at, awaited AND (%(progress)b::text[])[width_bucket(id, %(ids)b::bigint[])] IS NOT NULL AS told
+)
+SELECT id, lease_expires_at, CASE WHEN told THEN pg_notify(%(channel)s, id::text) END FROM renewed
+"""  # noqa: E501
 
 # Record failed attempts: retry after the given backoff (NULL: the task's published backoff, for
 # a caller without the app: miniqueue_retry_delay, migration 020), or dead once attempts are
@@ -114,11 +123,11 @@ UPDATE {jobs} j
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
 RETURNING j.id, j.queue, j.state, j.dependents, j.awaited, j.sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
@@ -150,11 +159,11 @@ UPDATE {jobs}
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
@@ -183,6 +192,35 @@ UPDATE {jobs}
        max_attempts = max_attempts + 1, lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id
+"""
+
+# Back-pressure (RateLimited): put a job back as a snooze does, its history noting why, due when
+# the pause of its key ends, and pause the key's limit rows: every concurrency and rate scope of
+# any task whose key is %(key)s (a scope name is `<kind> <task> <key>`, and task names hold no
+# space). The job's fenced update comes first and the pause follows only if it landed, so a stale
+# attempt pauses nothing. A pause never shortens a longer one, and the job is due when the longest
+# ends. The scopes are found by a scan of the limit rows (one per key, and a RateLimited is rare):
+# an index on the key would be one more entry to rewrite on every limited claim.
+_RATE_LIMIT = """
+WITH backed AS (
+    UPDATE {jobs} j
+       SET state = 'available', max_attempts = j.max_attempts + 1, lease_expires_at = NULL, leased_by = NULL,
+           scheduled_at = greatest(now() + make_interval(secs => %(delay)s),
+                                   (SELECT max(l.paused_until) FROM {limits} l
+                                     WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s)),
+           errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', %(note)s::text))
+     WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+    RETURNING j.id
+), paused AS (
+    UPDATE {limits} l
+       SET paused_until = greatest(l.paused_until, now() + make_interval(secs => %(delay)s)),
+           paused_by = CASE WHEN l.paused_until > now() + make_interval(secs => %(delay)s) THEN l.paused_by
+                            ELSE %(id)s END
+     WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s AND EXISTS (SELECT 1 FROM backed)
+    RETURNING l.scope
+)
+SELECT id, (SELECT count(*) FROM paused) FROM backed
 """
 
 # Hand back leases without spending an attempt: prefetched jobs never started, or jobs whose
@@ -240,6 +278,7 @@ class Outcomes(StoreBase):
     _record_failures = Statement(_RECORD_FAILURES)
     _fail = Statement(_FAIL)
     _snooze = Statement(_SNOOZE)
+    _rate_limit = Statement(_RATE_LIMIT)
     _release = Statement(_RELEASE)
     _leases_of = Statement(_LEASES_OF)
 
@@ -285,13 +324,25 @@ class Outcomes(StoreBase):
             raise LeaseLost(job_id, worker_id, attempt)
 
     def renew_leases(
-        self, conn: Connection, worker_id: str, leases: Iterable[tuple[int, int]], lease_seconds: float
+        self,
+        conn: Connection,
+        worker_id: str,
+        leases: Iterable[tuple[int, int]],
+        lease_seconds: float,
+        *,
+        progress: Mapping[int, str] | None = None,
     ) -> dict[int, dt.datetime]:
-        """Extend every lease still held to ``now() + lease_seconds``; return id → new expiry."""
+        """Extend every lease still held to ``now() + lease_seconds``; return id → new expiry.
+
+        ``progress`` maps a job id to the progress its handler reported since the last renewal
+        (JSON text, validated: see :meth:`~miniqueue.Job.progress`), written with the renewal;
+        a job it leaves out keeps the progress it has.
+        """
         ids, attempts = columns(leases)
         if not ids:
             return {}
         params = {"ids": ids, "attempts": attempts, "worker": worker_id, "lease": float(lease_seconds)}
+        params |= {"progress": aligned(ids, progress), "channel": progress_channel(self.schema)}
         return {row[0]: row[1] for row in self._rows(conn, self._renew, params)}
 
     def renew_lease(
@@ -341,6 +392,20 @@ class Outcomes(StoreBase):
         params = {"id": job_id, "attempt": attempt, "worker": worker_id, "delay": float(delay_seconds)}
         if not self._rows(conn, self._snooze, params):
             raise LeaseLost(job_id, worker_id, attempt)
+
+    def rate_limit(
+        self, conn: Connection, job_id: int, worker_id: str, attempt: int, key: str, retry_after: float
+    ) -> int:
+        """Pause every job of limit key ``key`` (its concurrency and rate scopes, of any task) for
+        ``retry_after`` seconds fleet-wide, and make this job available again when the pause ends
+        without spending an attempt, its history noting why. Returns the scopes paused; raises
+        LeaseLost (pausing nothing) if the lease is no longer held."""
+        note = f"rate limited: key {key!r} paused for {retry_after:g}s (RateLimited)"
+        params = {"id": job_id, "attempt": attempt, "worker": worker_id, "key": key, "delay": float(retry_after)}
+        rows = self._rows(conn, self._rate_limit, {**params, "note": note})
+        if not rows:
+            raise LeaseLost(job_id, worker_id, attempt)
+        return int(rows[0][1])
 
     def release(self, conn: Connection, worker_id: str, releases: Sequence[Release]) -> set[int]:
         """Hand leases back without spending an attempt: each job is available again at once,

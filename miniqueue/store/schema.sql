@@ -1,6 +1,6 @@
 -- miniqueue's database schema, written out for reading: every table, column, constraint, index,
 -- storage and statistics setting and function that the migrations in `migrations/` leave behind,
--- as of migration 021 (021_unique_sequences_expiry.sql).
+-- as of migration 028 (028_rate_cost.sql).
 --
 -- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
 -- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
@@ -13,20 +13,28 @@
 -- and migrate runs with search_path pinned to that schema and then pg_catalog, which is what the
 -- functions' `SET search_path FROM CURRENT` records. Columns are listed in the order the tables
 -- have them (the order the migrations added them), which is the order `SELECT *` returns. The
--- migrations create no triggers, views or types of their own.
+-- migrations create no triggers, views or types of their own. The history's partitions by finish
+-- time are not here: `miniqueue migrate` and the reaper make them as time goes on (see
+-- miniqueue.store.history), and record each in miniqueue_history_partitions.
 
 
 -- ================================================================================================
 -- miniqueue_jobs: the queue is this table, one row per job
 -- ================================================================================================
 
+-- Partitioned by state: the jobs that can still run are in miniqueue_jobs_live, the hot table
+-- every claim reads; a statement that finishes a job moves its row (an UPDATE of its state) to
+-- the history, miniqueue_jobs_done or miniqueue_jobs_failed below, and a requeue moves it back.
+-- Readers name this table and find a job wherever it is. Ids are unique across the partitions
+-- with no index over all of them: every id is drawn from the one sequence, and a row is only
+-- ever moved, never copied.
 CREATE TABLE miniqueue_jobs (
     -- A BIGSERIAL: bigint fed by the sequence miniqueue_jobs_id_seq (start 1, increment 1,
     -- cache 1), which the column owns. The test kit's clean-up restarts it at 1.
-    id               BIGSERIAL   PRIMARY KEY,
+    id               BIGSERIAL,
     queue            TEXT        NOT NULL,
-    -- Unique among the jobs that have one, through the partial index
-    -- idx_miniqueue_jobs_idempotency_key below (not a UNIQUE constraint).
+    -- Unique among the jobs that have one, finished or not, through its row in
+    -- miniqueue_idempotency_keys (below), which the enqueue takes before it inserts the job.
     idempotency_key  TEXT,
     payload          JSONB       NOT NULL,
     -- One of the states valid_state allows: 'waiting' for parents or its turn in a sequence,
@@ -83,17 +91,41 @@ CREATE TABLE miniqueue_jobs (
     sequence_key         TEXT,
     -- A job not claimed by then never is: the reaper moves it to 'expired'.
     expires_at           TIMESTAMPTZ,
+    -- The steps the handler recorded, in order ({"name", "kind", "value" or "timed_out" or
+    -- "until", "attempt", "at"}), each appended by a fenced UPDATE; NULL: none (see docs/guides/durable.md).
+    steps                JSONB,
+    -- The key a parked job waits for: 'waiting' with a signal_key, no lease; its last step is
+    -- the wait, marked "waiting" until a signal or its timeout (signal_timeout_at; NULL: none).
+    signal_key           TEXT,
+    signal_timeout_at    TIMESTAMPTZ,
+    -- When a job with parents runs: NULL once every parent completed (a parent that does not
+    -- cancels it); 'finished' once every parent finished, in any state; 'failed' once every parent
+    -- finished and one did not complete (else it is cancelled). failed_parents counts the parents
+    -- that finished without completing.
+    run_when             TEXT,
+    failed_parents       INT         NOT NULL DEFAULT 0,
+    -- What the running handler last reported (job.progress()): {"percent", "meta", "at"}, written
+    -- by the heartbeat's fenced lease renewal and once more as the job completes; NULL: none.
+    progress             JSONB,
+    -- The tokens the job takes from its rate limit's bucket when it is claimed (1 for a job
+    -- without one, which no claim reads); checked at enqueue, from 1 to the bucket's size.
+    rate_cost            INT         NOT NULL DEFAULT 1,
 
     CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1),
     CONSTRAINT expires_after_enqueue CHECK (expires_at > created_at),
+    CONSTRAINT valid_run_when CHECK (run_when IN ('finished', 'failed')),
     CONSTRAINT valid_state
         CHECK (state IN ('available', 'running', 'completed', 'failed', 'dead', 'cancelled', 'waiting', 'expired'))
-) WITH (
-    -- Each job is inserted, updated two or three times and deleted: vacuum and analyze the table
+) PARTITION BY LIST (state);
+
+-- The hot table: the jobs that can still run.
+CREATE TABLE miniqueue_jobs_live PARTITION OF miniqueue_jobs (
+    CONSTRAINT miniqueue_jobs_live_pkey PRIMARY KEY (id)
+) FOR VALUES IN ('waiting', 'available', 'running') WITH (
+    -- Each job is inserted, updated once or twice and moved out: vacuum and analyze the table
     -- early and often (the defaults wait for 20% of the table), and leave room on each page for
     -- updates that stay on their page. The reaper vacuums and analyzes it between autovacuum's
-    -- visits; migrate analyzes it once at creation, so claims never run on a plan chosen without
-    -- statistics.
+    -- visits.
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_threshold = 1000,
     autovacuum_analyze_scale_factor = 0.02,
@@ -102,12 +134,12 @@ CREATE TABLE miniqueue_jobs (
     fillfactor = 90
 );
 
--- Planner statistics. The plans of the jobs table's statements turn on a few coarse facts (how
+-- Planner statistics. The plans of the hot table's statements turn on a few coarse facts (how
 -- many rows are available, in which queue, how many carry limits) that a small sample gives as
 -- well as the default one: target 10 (ANALYZE samples 300 rows per unit of the largest target).
 -- No plan reads a job's contents (payload, result, error history, last error, trace context), so
 -- none are collected for them: target 0.
-ALTER TABLE miniqueue_jobs
+ALTER TABLE miniqueue_jobs_live
     ALTER COLUMN id SET STATISTICS 10,
     ALTER COLUMN queue SET STATISTICS 10,
     ALTER COLUMN idempotency_key SET STATISTICS 10,
@@ -136,44 +168,38 @@ ALTER TABLE miniqueue_jobs
     ALTER COLUMN unique_key SET STATISTICS 10,
     ALTER COLUMN unique_while_running SET STATISTICS 10,
     ALTER COLUMN sequence_key SET STATISTICS 10,
-    ALTER COLUMN expires_at SET STATISTICS 10;
+    ALTER COLUMN expires_at SET STATISTICS 10,
+    ALTER COLUMN steps SET STATISTICS 0,
+    ALTER COLUMN signal_key SET STATISTICS 10,
+    ALTER COLUMN signal_timeout_at SET STATISTICS 10,
+    ALTER COLUMN run_when SET STATISTICS 10,
+    ALTER COLUMN failed_parents SET STATISTICS 10,
+    ALTER COLUMN progress SET STATISTICS 0,
+    ALTER COLUMN rate_cost SET STATISTICS 0;
 
 -- The claim index: available jobs without limits, in the claim's order (priority DESC,
 -- scheduled_at, id), so a claim reads the first entries instead of sorting. Partial, so its size
 -- never grows with finished rows, nor with a backlog held back by a limit.
 CREATE INDEX idx_miniqueue_jobs_claim
-    ON miniqueue_jobs (queue, priority DESC, scheduled_at, id)
+    ON miniqueue_jobs_live (queue, priority DESC, scheduled_at, id)
     WHERE state = 'available' AND limits IS NULL;
 
 -- Available jobs with limits, by their scopes, so that the claim steps from one group of scopes
 -- to the next (one probe per group) instead of reading a held-back group's backlog. Disjoint
 -- from the claim index: a query over every available job reads both.
 CREATE INDEX idx_miniqueue_jobs_limited
-    ON miniqueue_jobs (queue, limits, priority DESC, scheduled_at, id)
+    ON miniqueue_jobs_live (queue, limits, priority DESC, scheduled_at, id)
     WHERE state = 'available' AND limits IS NOT NULL;
 
 -- The reaper's: running jobs by lease expiry, to find expired leases without a scan.
 CREATE INDEX idx_miniqueue_jobs_expired_leases
-    ON miniqueue_jobs (lease_expires_at)
+    ON miniqueue_jobs_live (lease_expires_at)
     WHERE state = 'running' AND lease_expires_at IS NOT NULL;
-
--- Retention's: finished jobs by age, so the reaper prunes the oldest in small batches without
--- scanning live ones.
-CREATE INDEX idx_miniqueue_jobs_finished
-    ON miniqueue_jobs (finished_at)
-    WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired');
-
--- Idempotency keys are unique. Partial: most jobs carry none, and a job without a key costs no
--- index entry. Inserts name its predicate in
--- ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL.
-CREATE UNIQUE INDEX idx_miniqueue_jobs_idempotency_key
-    ON miniqueue_jobs (idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
 
 -- Waiting jobs by queue, for stats and `jobs list --state waiting`: its size grows with the jobs
 -- blocked right now, never with finished rows.
 CREATE INDEX idx_miniqueue_jobs_waiting
-    ON miniqueue_jobs (queue)
+    ON miniqueue_jobs_live (queue)
     WHERE state = 'waiting';
 
 -- Unique keys: a job holds its key while it waits to run (waiting, or available and never
@@ -181,7 +207,7 @@ CREATE INDEX idx_miniqueue_jobs_waiting
 -- With running out, "never started" is `attempt = 0`, so no retry can ever collide with a newer
 -- job. Inserts name this predicate in their ON CONFLICT, word for word.
 CREATE UNIQUE INDEX idx_miniqueue_jobs_unique_key
-    ON miniqueue_jobs (unique_key)
+    ON miniqueue_jobs_live (unique_key)
     WHERE unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
            OR state = 'running' AND unique_while_running);
@@ -189,14 +215,81 @@ CREATE UNIQUE INDEX idx_miniqueue_jobs_unique_key
 -- The jobs waiting their turn in a sequence, by key in enqueue order: the next to run is the
 -- first entry of its key, one probe, however long another key's line is.
 CREATE INDEX idx_miniqueue_jobs_sequence
-    ON miniqueue_jobs (sequence_key, id)
+    ON miniqueue_jobs_live (sequence_key, id)
     WHERE state = 'waiting' AND sequence_key IS NOT NULL;
 
 -- The reaper's: jobs that may still expire, by deadline.
 CREATE INDEX idx_miniqueue_jobs_expiring
-    ON miniqueue_jobs (expires_at)
+    ON miniqueue_jobs_live (expires_at)
     WHERE expires_at IS NOT NULL AND state IN ('available', 'waiting');
 
+-- The parked jobs (waiting for a signal): by key, oldest first, for the signal that resumes one;
+-- and by timeout, for the reaper. A job that never waits for a signal is in neither.
+CREATE INDEX idx_miniqueue_jobs_signal
+    ON miniqueue_jobs_live (signal_key, id)
+    WHERE state = 'waiting' AND signal_key IS NOT NULL;
+CREATE INDEX idx_miniqueue_jobs_signal_timeout
+    ON miniqueue_jobs_live (signal_timeout_at)
+    WHERE state = 'waiting' AND signal_timeout_at IS NOT NULL;
+
+-- The history: finished jobs by finish time, completed and cancelled ones in a partition per
+-- hour, failed, dead and expired ones in a partition per day (made ahead by the reaper, dropped
+-- whole once past retention), and in the default partition when none was made for the time.
+CREATE TABLE miniqueue_jobs_done PARTITION OF miniqueue_jobs FOR VALUES IN ('completed', 'cancelled')
+    PARTITION BY RANGE (finished_at);
+CREATE TABLE miniqueue_jobs_failed PARTITION OF miniqueue_jobs FOR VALUES IN ('failed', 'dead', 'expired')
+    PARTITION BY RANGE (finished_at);
+CREATE TABLE miniqueue_jobs_done_default PARTITION OF miniqueue_jobs_done DEFAULT;
+CREATE TABLE miniqueue_jobs_failed_default PARTITION OF miniqueue_jobs_failed DEFAULT;
+
+-- A finished job is looked up by id; the idempotency keys of a partition's jobs (few: the index
+-- is sparse) are let go before it is dropped.
+CREATE INDEX idx_miniqueue_jobs_done_id ON miniqueue_jobs_done (id);
+CREATE INDEX idx_miniqueue_jobs_failed_id ON miniqueue_jobs_failed (id);
+CREATE INDEX idx_miniqueue_jobs_done_idempotency_key ON miniqueue_jobs_done (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX idx_miniqueue_jobs_failed_idempotency_key ON miniqueue_jobs_failed (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+-- The history's partitions by finish time, as they were made: what the reaper drops, and when.
+-- A partition's name says its table and start (miniqueue_jobs_done_20261201t13,
+-- miniqueue_jobs_failed_20261201).
+CREATE TABLE miniqueue_history_partitions (
+    name      TEXT        PRIMARY KEY,
+    class     TEXT        NOT NULL CHECK (class IN ('done', 'failed')),
+    starts_at TIMESTAMPTZ NOT NULL,
+    ends_at   TIMESTAMPTZ NOT NULL
+);
+
+-- Idempotency keys, one row per key held: taken by the enqueue before it inserts the job (which
+-- goes in only if it took the key), let go when the job is deleted or pruned. A table of their
+-- own, because a key must hold for finished jobs too, and no index spans the partitions.
+CREATE TABLE miniqueue_idempotency_keys (
+    key    TEXT   PRIMARY KEY,
+    job_id BIGINT NOT NULL
+);
+
+
+-- The mailbox: signals sent while no job waited for their key, kept until one does, then
+-- delivered once, oldest first. Sender and waiter of a key take the same transaction-scoped
+-- advisory lock first, so a signal and a wait that cross are never both left waiting.
+CREATE TABLE miniqueue_signals (
+    id      BIGSERIAL   PRIMARY KEY,
+    key     TEXT        NOT NULL,
+    data    JSONB       NOT NULL,
+    sent_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX idx_miniqueue_signals_key ON miniqueue_signals (key, id);
+
+-- This database's place in a shard map (see "Several databases" in README.md), recorded when it
+-- joins one: its name and index. From then on its job ids are drawn from 2^52 up, each with the
+-- index as its residue modulo 1024 (the id sequence's increment and start, set as it joins).
+CREATE TABLE miniqueue_shard (
+    only_row  BOOLEAN     PRIMARY KEY DEFAULT true CHECK (only_row),
+    name      TEXT        NOT NULL,
+    idx       INT         NOT NULL CHECK (idx >= 0 AND idx < 1024),
+    joined_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
 
 -- miniqueue_settle: what the jobs that just finished mean for others. Called from a CTE of every
 -- statement that finishes jobs (complete, fail, record failures, recover, cancel, delete), and
@@ -209,7 +302,9 @@ CREATE INDEX idx_miniqueue_jobs_expiring
 --   cancel_children,  a dependent of a parent that ended failed, dead or cancelled (or was
 --   cancel_parents,   deleted unfinished), with that parent and how it ended: the dependent
 --   cancel_states     is cancelled with an error naming the parent, and so, in turn, are
---                     its own waiting dependents
+--                     its own waiting dependents; but one that runs whatever its parents'
+--                     outcome (run_when) counts the parent as finished without completing
+--                     (failed_parents) instead, and becomes available at 0 pending
 --   sequence_keys     the sequence keys of the jobs that finished: each is handed to its next
 --                     job if the job holding it let go (miniqueue_sequence_advance)
 --
@@ -230,26 +325,66 @@ DECLARE
     states TEXT[] := cancel_states;
     queues TEXT[];
     waited BIGINT[];
+    unneeded BIGINT[];
+    unneeded_children BIGINT[];
+    unneeded_parents BIGINT[];
 BEGIN
     PERFORM pg_notify(channel, id::text) FROM unnest(notify_ids) AS u(id);
 
+    -- A job that runs only if a parent did not complete (run_when 'failed') and whose parents all
+    -- completed is not needed: it is cancelled, and its own dependents after it.
     WITH released_jobs AS (
         UPDATE miniqueue_jobs j
            SET pending_parents = j.pending_parents - r.n,
-               state = CASE WHEN j.pending_parents - r.n <= 0 THEN 'available' ELSE 'waiting' END,
+               state = CASE WHEN j.pending_parents - r.n > 0 THEN 'waiting'
+                            WHEN j.run_when = 'failed' AND j.failed_parents = 0 THEN 'cancelled'
+                            ELSE 'available' END,
                scheduled_at = CASE WHEN j.pending_parents - r.n <= 0 THEN greatest(j.scheduled_at, now())
-                                   ELSE j.scheduled_at END
+                                   ELSE j.scheduled_at END,
+               finished_at = CASE WHEN j.pending_parents - r.n <= 0 AND j.run_when = 'failed' AND j.failed_parents = 0
+                                  THEN now() END,
+               last_error = CASE WHEN j.pending_parents - r.n <= 0 AND j.run_when = 'failed' AND j.failed_parents = 0
+                                 THEN 'cancelled: every parent completed, and it runs only if one does not'
+                                 ELSE j.last_error END
           FROM (SELECT child, count(*)::int AS n FROM unnest(released) AS u(child) GROUP BY child) r
          WHERE j.id = r.child AND j.state = 'waiting'
-        RETURNING j.queue, j.state
+        RETURNING j.id, j.queue, j.state, j.dependents, j.awaited
+    ), counted AS (
+        INSERT INTO miniqueue_counts AS k (queue, state, shard, bucket, count)
+        SELECT queue, 'cancelled', pg_backend_pid() % 64, date_trunc('hour', now(), 'UTC'), count(*)
+          FROM released_jobs WHERE state = 'cancelled' GROUP BY queue
+        ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = k.count + excluded.count
     )
-    SELECT array_agg(DISTINCT queue) FILTER (WHERE state = 'available'), count(*) INTO queues, n FROM released_jobs;
+    SELECT array_agg(DISTINCT queue) FILTER (WHERE state = 'available'), count(*),
+           coalesce(array_agg(id) FILTER (WHERE state = 'cancelled'), '{}'),
+           coalesce(array_agg(id) FILTER (WHERE state = 'cancelled' AND awaited), '{}')
+      INTO queues, n, unneeded, waited FROM released_jobs;
     PERFORM pg_notify(queue_channel, q) FROM unnest(queues) AS u(q);
+    PERFORM pg_notify(channel, id::text) FROM unnest(waited) AS u(id);
     settled := settled + n;
+    IF cardinality(unneeded) > 0 THEN  -- their dependents go too, in (parent, dependent) order
+        SELECT coalesce(array_agg(d ORDER BY j.id, d), '{}'), coalesce(array_agg(j.id ORDER BY j.id, d), '{}')
+          INTO unneeded_children, unneeded_parents
+          FROM miniqueue_jobs j, unnest(j.dependents) AS d WHERE j.id = ANY(unneeded);
+        children := children || unneeded_children;
+        parents := coalesce(parents, '{}') || unneeded_parents;
+        states := coalesce(states, '{}') || array_fill('cancelled'::text, ARRAY[cardinality(unneeded_children)]);
+    END IF;
 
-    -- Cancel dependents, then theirs, until none is left waiting on a cancelled job.
+    -- Cancel dependents, then theirs, until none is left waiting on a cancelled job. A dependent
+    -- that runs whatever its parents' outcome (run_when 'finished' or 'failed') is not cancelled:
+    -- it has one parent fewer to wait for, and one more that did not complete.
     WHILE cardinality(children) > 0 LOOP
-        WITH cancelled AS (
+        WITH tolerant AS (
+            UPDATE miniqueue_jobs j
+               SET pending_parents = j.pending_parents - r.n, failed_parents = j.failed_parents + r.n,
+                   state = CASE WHEN j.pending_parents - r.n <= 0 THEN 'available' ELSE 'waiting' END,
+                   scheduled_at = CASE WHEN j.pending_parents - r.n <= 0 THEN greatest(j.scheduled_at, now())
+                                       ELSE j.scheduled_at END
+              FROM (SELECT child, count(*)::int AS n FROM unnest(children) AS u(child) GROUP BY child) r
+             WHERE j.id = r.child AND j.state = 'waiting' AND j.run_when IS NOT NULL
+            RETURNING j.queue, j.state
+        ), cancelled AS (
             UPDATE miniqueue_jobs j
                SET state = 'cancelled', finished_at = now(), pending_parents = 0,
                    last_error = c.reason,
@@ -259,21 +394,24 @@ BEGIN
                            CASE WHEN state = 'deleted' THEN 'was deleted unfinished' ELSE 'ended ' || state END) AS reason
                       FROM unnest(children, parents, states) AS u(child, parent, state)
                      ORDER BY child, parent) c
-             WHERE j.id = c.child AND j.state = 'waiting'
+             WHERE j.id = c.child AND j.state = 'waiting' AND j.run_when IS NULL
             RETURNING j.id, j.queue, j.dependents, j.awaited
         ), counted AS (
-            INSERT INTO miniqueue_counts AS k (queue, state, shard, count)
-            SELECT queue, 'cancelled', pg_backend_pid() % 64, count(*) FROM cancelled GROUP BY queue
-            ON CONFLICT (queue, state, shard) DO UPDATE SET count = k.count + excluded.count
+            INSERT INTO miniqueue_counts AS k (queue, state, shard, bucket, count)
+            SELECT queue, 'cancelled', pg_backend_pid() % 64, date_trunc('hour', now(), 'UTC'), count(*)
+              FROM cancelled GROUP BY queue
+            ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = k.count + excluded.count
         )
         SELECT coalesce(array_agg(d.child) FILTER (WHERE d.child IS NOT NULL), '{}'),
                coalesce(array_agg(c.id) FILTER (WHERE d.child IS NOT NULL), '{}'),
                coalesce(array_agg(DISTINCT c.id) FILTER (WHERE c.awaited), '{}'),
-               count(DISTINCT c.id)
-          INTO children, parents, waited, n
+               count(DISTINCT c.id) + (SELECT count(*) FROM tolerant),
+               (SELECT array_agg(DISTINCT queue) FILTER (WHERE state = 'available') FROM tolerant)
+          INTO children, parents, waited, n, queues
           FROM cancelled c LEFT JOIN LATERAL unnest(c.dependents) AS d(child) ON true;
         states := array_fill('cancelled'::text, ARRAY[cardinality(children)]);
         PERFORM pg_notify(channel, id::text) FROM unnest(waited) AS u(id);
+        PERFORM pg_notify(queue_channel, q) FROM unnest(queues) AS u(q);
         settled := settled + n;
     END LOOP;
 
@@ -295,11 +433,15 @@ $$;
 -- pid modulo 64) so that workers committing at once seldom wait on each other's row lock; a
 -- reader sums the shards. Available and running jobs are counted from their partial indexes.
 CREATE TABLE miniqueue_counts (
-    queue TEXT     NOT NULL,
-    state TEXT     NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')),
-    shard SMALLINT NOT NULL,
-    count BIGINT   NOT NULL,
-    PRIMARY KEY (queue, state, shard)
+    queue  TEXT        NOT NULL,
+    state  TEXT        NOT NULL CHECK (state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')),
+    shard  SMALLINT    NOT NULL,
+    count  BIGINT      NOT NULL,
+    -- The hour (UTC) the counted jobs finished in: dropping a partition of the history deletes
+    -- the rows of its hours, without reading the partition. '-infinity': rows finished before
+    -- migration 022, until the reaper moves them (and their counts) to the history.
+    bucket TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (queue, state, shard, bucket)
 ) WITH (
     -- Small and updated on every batch: keep it vacuumed.
     autovacuum_vacuum_scale_factor = 0,
@@ -345,6 +487,10 @@ CREATE TABLE miniqueue_limits (
     refilled_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     holder_ids      BIGINT[]    NOT NULL DEFAULT '{}',
     holder_attempts INT[]       NOT NULL DEFAULT '{}',
+    -- A pause (back-pressure, see migration 027): no job naming this scope is claimed before
+    -- `paused_until` (NULL or past: not paused); `paused_by` is the job that paused it last.
+    paused_until    TIMESTAMPTZ,
+    paused_by       BIGINT,
     -- A scope is either a concurrency scope or a rate scope, and a rate comes with its burst.
     CONSTRAINT miniqueue_limits_check CHECK ((max_running IS NULL) <> (rate IS NULL)),
     CONSTRAINT miniqueue_limits_check1 CHECK ((rate IS NULL) = (burst IS NULL))
@@ -395,7 +541,9 @@ CREATE TABLE miniqueue_tasks (
     backoff_cap              DOUBLE PRECISION CHECK (backoff_cap > 0),
     -- What the task declares of its jobs' keys and deadline (miniqueue.core.records.KeyOptions,
     -- as a JSON object); NULL: none.
-    keys                     JSONB
+    keys                     JSONB,
+    -- The tokens each of its jobs takes from its rate limit's bucket; NULL: 1.
+    rate_cost                INT              CHECK (rate_cost > 0)
 );
 
 -- The delay before retrying `task` after its failed attempt `attempt` (1-based), in seconds:
@@ -476,16 +624,17 @@ BEGIN
         WITH free AS (
             SELECT s.key FROM miniqueue_sequences s LEFT JOIN miniqueue_jobs h ON h.id = s.head
              WHERE s.key = ANY(pending)
-               AND (h.id IS NULL OR h.state IN ('completed', 'cancelled', 'expired', 'waiting')
+               AND (h.id IS NULL OR h.state IN ('completed', 'cancelled', 'expired')
+                    OR h.state = 'waiting' AND h.signal_key IS NULL
                     OR h.state IN ('failed', 'dead') AND (force OR s.on_failure = 'continue'))
         ), nxt AS (
             SELECT f.key, (SELECT w.id FROM miniqueue_jobs w
-                            WHERE w.sequence_key = f.key AND w.state = 'waiting'
+                            WHERE w.sequence_key = f.key AND w.state = 'waiting' AND w.signal_key IS NULL
                             ORDER BY w.id LIMIT 1) AS id
               FROM free f
         ), made_available AS (
             UPDATE miniqueue_jobs j SET state = 'available', scheduled_at = greatest(j.scheduled_at, now())
-              FROM nxt WHERE j.id = nxt.id AND j.state = 'waiting'
+              FROM nxt WHERE j.id = nxt.id AND j.state = 'waiting' AND j.signal_key IS NULL
             RETURNING j.id, j.queue, j.sequence_key AS key
         ), untaken AS (  -- free keys that got no job: none waits, or its candidate went meanwhile
             SELECT key FROM nxt EXCEPT ALL SELECT key FROM made_available
@@ -526,6 +675,23 @@ CREATE TABLE miniqueue_periodic (
     last_slot  TIMESTAMPTZ NOT NULL,
     enabled    BOOLEAN     NOT NULL DEFAULT true,
     updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- Periodic schedules created at run time (client.schedules, `miniqueue periodic add`): only the
+-- definition; whether one is enabled and its last slot are its row in miniqueue_periodic, so
+-- runtime and code schedules share one namespace and one claim. Every reaper reads the table once
+-- a pass; a scheduler claims a slot only while the definition it read (updated_at) is still the
+-- stored one, so a change or a delete takes effect at the next pass (migration 026).
+CREATE TABLE miniqueue_schedules (
+    name       TEXT             PRIMARY KEY,
+    cron       TEXT             NOT NULL,
+    task       TEXT             NOT NULL,
+    payload    JSONB,
+    timezone   TEXT             NOT NULL DEFAULT 'UTC',
+    catch_up   TEXT             NOT NULL DEFAULT 'skip' CHECK (catch_up IN ('latest', 'skip')),
+    grace      DOUBLE PRECISION NOT NULL DEFAULT 300 CHECK (grace >= 0),
+    created_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
+    updated_at TIMESTAMPTZ      NOT NULL DEFAULT now()
 );
 
 -- Supervisors and their children, refreshed by each supervisor every few seconds, so that

@@ -41,15 +41,15 @@ RETURNING xmax = 0
 _PUBLISH_TASKS = """
 INSERT INTO {tasks} AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
                           max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed, backoff_base,
-                          backoff_cap, keys)
+                          backoff_cap, keys, rate_cost)
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_computed, backoff_base, backoff_cap, keys::jsonb
+       rate_limit_key, rate_computed, backoff_base, backoff_cap, keys::jsonb, rate_cost
   FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
               %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
               %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
-              %(backoff_bases)s::float8[], %(backoff_caps)s::float8[], %(keys)s::text[])
+              %(backoff_bases)s::float8[], %(backoff_caps)s::float8[], %(keys)s::text[], %(rate_costs)s::int[])
        AS d(task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
-            rate_limit_key, rate_computed, backoff_base, backoff_cap, keys)
+            rate_limit_key, rate_computed, backoff_base, backoff_cap, keys, rate_cost)
  ORDER BY 1
 ON CONFLICT (task) DO UPDATE
    SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
@@ -57,13 +57,15 @@ ON CONFLICT (task) DO UPDATE
        max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
        rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
        backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, keys = excluded.keys,
-       published_at = now()
+       rate_cost = excluded.rate_cost, published_at = now()
  WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
-        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap, t.keys)
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap, t.keys,
+        t.rate_cost)
        IS DISTINCT FROM
        (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
         excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
-        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap, excluded.keys)
+        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap, excluded.keys,
+        excluded.rate_cost)
 """
 
 # Record that a worker serves these queues (as it starts).
@@ -75,7 +77,7 @@ ON CONFLICT (queue) DO UPDATE SET served_at = now()
 # Every task declaration (a handful of rows: one per task of the apps on this database).
 _TASK_DECLARATIONS = """
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap, keys
+       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap, keys, rate_cost
   FROM {tasks}
 """
 
@@ -218,6 +220,7 @@ class Settings(StoreBase):
                 "backoff_bases": [d.backoff_base for d in ordered],
                 "backoff_caps": [d.backoff_cap for d in ordered],
                 "keys": [None if d.keys is None else json.dumps(d.keys._asdict()) for d in ordered],
+                "rate_costs": [d.rate_cost for d in ordered],
             },
         )
         if queues:
@@ -226,7 +229,7 @@ class Settings(StoreBase):
     def task_declarations_steps(self) -> Steps[dict[str, TaskDeclaration]]:
         """Every published task declaration, by task name."""
         rows: list[tuple[Any, ...]] = yield Query(self._task_declarations)
-        return {row[0]: TaskDeclaration._make((*row[:-1], _key_options(row[-1]))) for row in rows}
+        return {row[0]: TaskDeclaration._make((*row[:-2], _key_options(row[-2]), row[-1])) for row in rows}
 
     def unserved_queues_steps(self, queues: Sequence[str]) -> Steps[list[str]]:
         """Which of ``queues`` no worker has ever served."""

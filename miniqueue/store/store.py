@@ -6,18 +6,25 @@ it runs, written whole as module-level text (see :mod:`miniqueue.store.base` for
 substituted into them, the schema's names):
 
 - :mod:`~miniqueue.store.enqueue`: inserting jobs (one, waiting for others, a batch, by COPY);
+- :mod:`~miniqueue.store.groups`: jobs a running member adds to its own group;
 - :mod:`~miniqueue.store.keyed`: inserting jobs with unique or sequence keys or a deadline;
 - :mod:`~miniqueue.store.copying`: large batches by COPY, with keys a COPY can store or without;
 - :mod:`~miniqueue.store.sequences`: the sequence keys a failed job blocks, and their release;
 - :mod:`~miniqueue.store.claim`: leasing jobs, limits admitted (the statements in ``claim.sql``);
 - :mod:`~miniqueue.store.outcomes`: a worker's reports (complete, fail, snooze, release, renew);
+- :mod:`~miniqueue.store.progress`: jobs' progress, written by their workers, read and watched;
+- :mod:`~miniqueue.store.durable`: a durable job's steps, sleeps and waits, and signals;
 - :mod:`~miniqueue.store.maintenance`: recovery of expired leases, pruning, recounts, vacuum;
+- :mod:`~miniqueue.store.history`: the finished jobs' partitions, made ahead and dropped whole;
 - :mod:`~miniqueue.store.actions`: an operator's requeue, cancel and delete;
 - :mod:`~miniqueue.store.inspection`: jobs, results, per-queue figures, limits, throughput;
 - :mod:`~miniqueue.store.settings`: queues paused and capped, periodic schedules, task declarations;
+- :mod:`~miniqueue.store.schedules`: the periodic schedules created at run time;
 - :mod:`~miniqueue.store.registry`: the supervisors' process registry;
 - :mod:`~miniqueue.store.schema`: the schema's version and migrations;
-- :mod:`~miniqueue.store.health`: what holds the MVCC horizon back, the jobs table's dead rows and sizes.
+- :mod:`~miniqueue.store.shards`: a database's place in a shard map (its ids' residue);
+- :mod:`~miniqueue.store.health`: what holds the MVCC horizon back, the jobs table's dead rows and sizes;
+- :mod:`~miniqueue.store.why`: the facts that hold a job back (or say that it ran).
 
 Every value is bound as a parameter. All times come from the database clock (``now()``).
 
@@ -33,16 +40,23 @@ from __future__ import annotations
 
 from .actions import OperatorActions
 from .claim import MAX_GROUPS_PER_CLAIM, Claiming
+from .durable import Durable
 from .enqueue import Enqueuing
+from .groups import Groups
 from .health import Health
+from .history import History
 from .inspection import Inspection, LimitWait, job_filter
 from .maintenance import JobsChurn, Maintenance
 from .outcomes import Failure, Outcomes, Release
+from .progress import Progress
 from .registry import Registry
 from .rows import columns as _columns
+from .schedules import StoredSchedules
 from .schema import SchemaStatements
 from .sequences import Sequences
 from .settings import Settings
+from .shards import Shards
+from .why import Why
 
 __all__ = [
     "MAX_GROUPS_PER_CLAIM",
@@ -58,16 +72,23 @@ __all__ = [
 
 class Store(
     Enqueuing,
+    Groups,
     Claiming,
     Outcomes,
+    Progress,
+    Durable,
     Maintenance,
     OperatorActions,
     Inspection,
     Settings,
+    StoredSchedules,
     Registry,
     SchemaStatements,
     Health,
     Sequences,
+    History,
+    Shards,
+    Why,
 ):
     """All of miniqueue's SQL, for the queue tables in one schema.
 

@@ -25,8 +25,9 @@ from ..core.process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_titl
 from ..core.service import Service
 from ..maintenance.reaper import Reaper, ReaperConfig
 from ..store.store import Store
-from ..tasks.app import App, load_app
+from ..tasks.app import App
 from ..tasks.job import Job
+from ..tasks.loading import load_app
 from ..worker.claiming import goes_down
 from ..worker.inflight import InflightBoard
 from ..worker.outcomes import Outcome, WorkerHooks

@@ -42,6 +42,9 @@ class SupervisorConfig:
     metrics_port: int | None = None
     #: How often the reaper reads the queue gauges that /metrics serves (seconds).
     metrics_interval: float = 5.0
+    #: With ``--shards``: the map's name of this supervisor's database, which /readyz's problems,
+    #: and the ``database`` label of ``miniqueue_database_up`` name.
+    database: str | None = None
 
     def validated(self) -> SupervisorConfig:
         if self.workers < 1:

@@ -75,26 +75,37 @@ class _QueueCollector(Collector):
     """Queue depth by state, oldest waiting job and expired leases, as the reaper last read them,
     and process counts, as the supervisor's loop last published them: no query at scrape time."""
 
-    def __init__(self, processes: Callable[[], dict[str, int]], gauges: Callable[[], Gauges]) -> None:
+    def __init__(
+        self, processes: Callable[[], dict[str, int]], gauges: Callable[[], Gauges], database: str | None
+    ) -> None:
         self.processes, self.gauges = processes, gauges
+        # With a shard map, each database's supervisor serves its own metrics: the label says whose.
+        self.database = database
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         alive = GaugeMetricFamily("miniqueue_processes", "Child processes alive, by kind", labels=["kind"])
         for kind, count in self.processes().items():
             alive.add_metric([kind], count)
         stats, database_up, limits, sequences, horizon, dead_rows = self.gauges()
-        up = GaugeMetricFamily("miniqueue_database_up", "1 if the reaper's last reading of the gauges worked")
-        up.add_metric([], 1 if database_up else 0)
+        labels = [] if self.database is None else ["database"]
+        up = GaugeMetricFamily(
+            "miniqueue_database_up", "1 if the reaper's last reading of the gauges worked", labels=labels
+        )
+        up.add_metric([] if self.database is None else [self.database], 1 if database_up else 0)
         depth = GaugeMetricFamily("miniqueue_jobs", "Jobs in the table, by queue and state", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "miniqueue_oldest_available_seconds", "Age of the oldest runnable available job", labels=["queue"]
         )
         expired = GaugeMetricFamily("miniqueue_expired_leases", "Running jobs with an expired lease", labels=["queue"])
+        signal_waits = GaugeMetricFamily(
+            "miniqueue_signal_waiting_jobs", "Jobs parked until a signal (see docs/guides/durable.md)", labels=["queue"]
+        )
         for queue in stats:
             for state, count in queue.counts.items():
                 depth.add_metric([queue.queue, state.value], count)
             oldest.add_metric([queue.queue], queue.oldest_available_seconds or 0.0)
             expired.add_metric([queue.queue], queue.expired_leases)
+            signal_waits.add_metric([queue.queue], queue.signal_waits)
         waiting = GaugeMetricFamily(
             "miniqueue_limit_waiting_jobs", "Due jobs waiting on a limit (see docs/guides/limits.md)", labels=["limit"]
         )
@@ -120,13 +131,15 @@ class _QueueCollector(Collector):
         dead = GaugeMetricFamily("miniqueue_jobs_dead_rows", "Dead rows in the jobs table, as the server counts them")
         if dead_rows is not None:
             dead.add_metric([], dead_rows)
-        yield from (alive, up, depth, oldest, expired, waiting, blocked, held, dead)
+        yield from (alive, up, depth, oldest, expired, signal_waits, waiting, blocked, held, dead)
 
 
 class Metrics:
     """The supervisor's metrics registry."""
 
-    def __init__(self, processes: Callable[[], dict[str, int]], gauges: Callable[[], Gauges]) -> None:
+    def __init__(
+        self, processes: Callable[[], dict[str, int]], gauges: Callable[[], Gauges], *, database: str | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
         self.jobs = _JobCollector()
         self.registry.register(self.jobs)
@@ -136,7 +149,7 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
-        self.registry.register(_QueueCollector(processes, gauges))
+        self.registry.register(_QueueCollector(processes, gauges, database))
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         """Count a worker's tally of finished jobs."""

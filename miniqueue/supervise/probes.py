@@ -26,7 +26,7 @@ STALL_SECONDS = 5.0
 class Probes:
     """The metrics registry and the HTTP server in front of it."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, database: str | None = None) -> None:
         self.last_tick = time.monotonic()
         self._ready: Answer = (503, "text/plain", b"starting\n")
         self._counts: dict[str, int] = {}
@@ -36,7 +36,7 @@ class Probes:
         self._sequences_reading: dict[tuple[str, int], int] = {}
         self._horizon_reading: list[HorizonGauge] = []
         self._dead_rows_reading: int | None = None
-        self.metrics = Metrics(lambda: self._counts, lambda: self._gauges)
+        self.metrics = Metrics(lambda: self._counts, lambda: self._gauges, database=database)
         routes = {"/metrics": self.metrics.render, "/livez": self.livez, "/readyz": lambda: self._ready}
         try:
             self.http = TinyHTTPServer(host, port, routes)

@@ -185,7 +185,7 @@ def _words(report: Report) -> str:
         q = report.stats
         oldest = "-" if q.oldest_available_seconds is None else f"{q.oldest_available_seconds:.3f}"
         counts = " ".join(str(q.counts.get(state, 0)) for state in _GAUGE_STATES)
-        return f"queue {_escape(q.queue)} {counts} {q.scheduled} {oldest} {q.expired_leases}"
+        return f"queue {_escape(q.queue)} {counts} {q.scheduled} {oldest} {q.expired_leases} {q.signal_waits}"
     if isinstance(report, GaugesSent):
         return f"gauges {int(report.database_up)}"
     if isinstance(report, LimitGauge):
@@ -227,13 +227,14 @@ def decode(line: bytes) -> Report:
     if kind == "error":
         return Error(_unescape(rest))
     if kind == "queue":
-        name, *counts, scheduled, oldest, expired = rest.split(" ")
+        name, *counts, scheduled, oldest, expired, signal_waits = rest.split(" ")
         stats = QueueStats(
             queue=_unescape(name),
             counts=dict(zip(_GAUGE_STATES, map(int, counts), strict=True)),
             scheduled=int(scheduled),
             oldest_available_seconds=None if oldest == "-" else float(oldest),
             expired_leases=int(expired),
+            signal_waits=int(signal_waits),
         )
         return QueueGauges(stats)
     if kind == "gauges":

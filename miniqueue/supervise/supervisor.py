@@ -32,7 +32,9 @@ from ..core.db import mask_dsn
 from ..core.errors import AppLoadError
 from ..core.process import EXIT_BOOT_ERROR, describe_exit, host_name, set_title, signal_name
 from ..store.store import Store
-from ..tasks.app import App, load_app
+from ..tasks.app import App
+from ..tasks.batch import MAX_BATCH_SIZE
+from ..tasks.loading import load_app
 from ..worker.inflight import InflightBoard
 from ..worker.worker import new_worker_id
 from . import decisions, reports
@@ -85,7 +87,7 @@ class Supervisor:
         else:
             self.check_app()
         if self.config.metrics_port is not None:
-            self.probes = Probes(self.config.metrics_host, self.config.metrics_port)
+            self.probes = Probes(self.config.metrics_host, self.config.metrics_port, database=self.config.database)
         log.info(
             "supervisor starting %d worker(s) and a reaper for %s on %s",
             self.config.workers,
@@ -163,7 +165,8 @@ class Supervisor:
         if self.stopping:
             problems.append("draining")
         if not self.registry.db_ok:
-            problems.append("database unreachable")
+            name = self.config.database
+            problems.append("database unreachable" if name is None else f"database {name} unreachable")
         if not workers:
             problems.append("no worker ready")
         if not self.config.worker.poll_only and any(c.listening is False for c in workers):
@@ -313,9 +316,18 @@ class Supervisor:
             worker_suffix=suffix,
             worker=self.config.worker,
             max_jobs=self.config.max_jobs_per_child,
-            # Threads for def handlers and coroutines for async ones, each up to --concurrency.
-            board=InflightBoard(2 * self.config.worker.concurrency),
+            # Threads for def handlers and coroutines for async ones, each up to --concurrency,
+            # each running one job or a batch of them: every job of a running batch is charged
+            # if the worker dies.
+            board=InflightBoard(2 * self.config.worker.concurrency * self.largest_batch()),
         )
+
+    def largest_batch(self) -> int:
+        """How many jobs one handler may run at once: the app's largest batch when it was loaded
+        here (``--preload``), else the largest any task may declare."""
+        if self.app is None:
+            return MAX_BATCH_SIZE
+        return max((task.batch.size for task in self.app.tasks.values() if task.batch), default=1)
 
     def take_reports(self, child: Child) -> None:
         """Read what ``child`` said; act on what concerns more than the child itself."""

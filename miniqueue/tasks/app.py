@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib
-import inspect
-import sys
-import traceback
-from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
-from ..core.backoff import Backoff, default_backoff, published_backoff
+from ..core.backoff import Backoff, default_backoff
 from ..core.db import AsyncConnection, Connection
-from ..core.errors import AppLoadError, ConfigError, InvalidInput
+from ..core.errors import ConfigError, InvalidInput
 from ..core.keys import JobKeys, check_keys
-from ..core.limits import job_scopes
-from ..core.records import Debounce, EnqueueResult, JobSpec, KeyOptions, TaskDeclaration
+from ..core.limits import check_rate_cost, job_scopes
+from ..core.records import Debounce, EnqueueResult, GroupResult, JobSpec, TaskDeclaration
 from ..core.validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
-from .job import Job
+from .batch import Batch
+from .middleware import Middleware, MiddlewareStack, group_results
 from .periodic import CatchUp, Periodic
+from .task import Handler, KeyOf, Task, _is_async_generator
+
+#: A task's handler as the decorator returns it: of one job, or of a batch of them.
+HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
 
 
 class Producer(Protocol):
@@ -28,6 +28,10 @@ class Producer(Protocol):
 
     @property
     def enqueue(self) -> Callable[..., EnqueueResult]: ...
+    @property
+    def chain(self) -> Callable[..., list[EnqueueResult]]: ...
+    @property
+    def group(self) -> Callable[..., GroupResult]: ...
 
 
 class AsyncProducer(Protocol):
@@ -35,109 +39,13 @@ class AsyncProducer(Protocol):
 
     @property
     def enqueue(self) -> Callable[..., Awaitable[EnqueueResult]]: ...
+    @property
+    def chain(self) -> Callable[..., Awaitable[list[EnqueueResult]]]: ...
+    @property
+    def group(self) -> Callable[..., Awaitable[GroupResult]]: ...
 
 
-Handler = Callable[[Job], Any]
-#: A limit key, or how to compute it from a job's payload (None: the job is not limited).
-KeyOf = str | Callable[[Any], str | None] | None
-
-
-@dataclass(frozen=True)
-class Task:
-    """A registered task: its handler and the defaults its jobs are enqueued with.
-
-    ``timeout`` (seconds) is when :meth:`Job.should_stop` turns true; under the supervisor the
-    worker process is killed (and the attempt charged) once it is exceeded by a grace period.
-    ``concurrency_key``, ``max_concurrent``, ``rate_limit`` and ``rate_limit_key`` are the
-    limits its jobs are enqueued with (see docs/guides/limits.md).
-    """
-
-    name: str
-    handler: Handler
-    queue: str = "default"
-    max_attempts: int = 5
-    priority: int = 0
-    timeout: float | None = None
-    backoff: Backoff = default_backoff
-    concurrency_key: KeyOf = None
-    max_concurrent: int | None = None
-    rate_limit: str | None = None
-    rate_limit_key: KeyOf = None
-    unique_key: KeyOf = None
-    unique_states: tuple[str, ...] | None = None
-    unique_window: float | None = None
-    on_conflict: str | Debounce | None = None
-    sequence_key: KeyOf = None
-    on_failure: str | None = None
-    expires_in: float | None = None
-
-    def spec(self, payload: Any = None) -> JobSpec:
-        """A JobSpec of this task for ``payload``, its keys computed from the payload."""
-        return JobSpec(
-            self.name,
-            payload,
-            queue=self.queue,
-            priority=self.priority,
-            max_attempts=self.max_attempts,
-            concurrency_key=_key_of(self.concurrency_key, payload),
-            max_concurrent=self.max_concurrent,
-            rate_limit=self.rate_limit,
-            rate_limit_key=_key_of(self.rate_limit_key, payload),
-            unique_key=_key_of(self.unique_key, payload),
-            unique_states=self.unique_states,
-            unique_window=self.unique_window,
-            on_conflict=self.on_conflict,
-            sequence_key=_key_of(self.sequence_key, payload),
-            on_failure=self.on_failure,
-            expires_in=self.expires_in,
-        )
-
-    def declaration(self) -> TaskDeclaration:
-        """What this task declares, as its workers publish it for producers without the app."""
-        base, cap = published_backoff(self.backoff) or (None, None)
-        return TaskDeclaration(
-            self.name,
-            self.queue,
-            self.priority,
-            self.max_attempts,
-            concurrency_key=None if callable(self.concurrency_key) else self.concurrency_key,
-            concurrency_key_computed=callable(self.concurrency_key),
-            max_concurrent=self.max_concurrent,
-            rate_limit=self.rate_limit,
-            rate_limit_key=None if callable(self.rate_limit_key) else self.rate_limit_key,
-            rate_limit_key_computed=callable(self.rate_limit_key),
-            backoff_base=base,
-            backoff_cap=cap,
-            keys=self._key_options(),
-        )
-
-    def _key_options(self) -> KeyOptions | None:
-        """What this task declares of its jobs' keys and deadline, as published (None: nothing)."""
-        if self.unique_key is None and self.sequence_key is None and self.expires_in is None:
-            return None
-        debounce = self.on_conflict if isinstance(self.on_conflict, Debounce) else None
-        mode = "debounce" if isinstance(self.on_conflict, Debounce) else self.on_conflict
-        return KeyOptions(
-            unique_key=None if callable(self.unique_key) else self.unique_key,
-            unique_key_computed=callable(self.unique_key),
-            unique_states=self.unique_states,
-            unique_window=self.unique_window,
-            on_conflict=mode,
-            debounce_wait=None if debounce is None else _seconds(debounce.wait),
-            debounce_max_wait=None if debounce is None else _seconds(debounce.max_wait),
-            sequence_key=None if callable(self.sequence_key) else self.sequence_key,
-            sequence_key_computed=callable(self.sequence_key),
-            on_failure=self.on_failure,
-            expires_in=self.expires_in,
-        )
-
-
-def _key_of(key: KeyOf, payload: Any) -> str | None:
-    return key(payload) if callable(key) else key
-
-
-def _seconds(value: float | dt.timedelta) -> float:
-    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+M = TypeVar("M", bound=Middleware)
 
 
 class App:
@@ -146,6 +54,20 @@ class App:
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Periodic] = {}
+        self.middleware_stack = MiddlewareStack()
+
+    def middleware(self, middleware: M) -> M:
+        """Run ``middleware`` (a :class:`~miniqueue.Middleware`) around each enqueue through this
+        app (:meth:`enqueue`, :meth:`chain`, :meth:`group` and their async forms) and each run of
+        its jobs' handlers, in every worker of the app; return it.
+
+        The first registered is nearest the database: on an enqueue it sees the spec last,
+        just before it is stored; around a run it is the outermost (see docs/guides/middleware.md).
+        A job enqueued without the app (a :class:`~miniqueue.Client` given only a task name, the
+        command line) passes no enqueue hook, and its handler still runs inside the run hooks.
+        """
+        self.middleware_stack.add(middleware)
+        return middleware
 
     def task(
         self,
@@ -157,10 +79,12 @@ class App:
         timeout: float | None = None,
         backoff: Backoff | None = None,
         cron: str | None = None,
+        timezone: str | None = None,
         concurrency_key: KeyOf = None,
         max_concurrent: int | None = None,
         rate_limit: str | None = None,
         rate_limit_key: KeyOf = None,
+        rate_cost: int | None = None,
         unique_key: KeyOf = None,
         unique_states: Collection[str] | None = None,
         unique_window: float | dt.timedelta | None = None,
@@ -168,39 +92,53 @@ class App:
         sequence_key: KeyOf = None,
         on_failure: str | None = None,
         expires_in: float | dt.timedelta | None = None,
-    ) -> Callable[[Handler], Handler]:
+        batch: Batch | None = None,
+    ) -> Callable[[HandlerT], HandlerT]:
         """Register the decorated function as the handler of task ``name`` (default: its name).
 
-        ``cron`` also schedules the task periodically (see :meth:`periodic`). Limits, enforced
-        across every worker on every host: with a ``concurrency_key`` (a string, or a function
-        of the payload returning one or None), at most ``max_concurrent`` (default 1) jobs of
-        this task with the same key run at once; with a ``rate_limit`` (``"100/s"``, ``"30/min"``,
-        ``"1000/h"``), at most that many start, per task or per ``rate_limit_key``.
+        ``cron`` also schedules the task periodically, on the wall clock of ``timezone``
+        (default UTC; see :meth:`periodic`). Limits, enforced across every worker on every
+        host: with a ``concurrency_key`` (a string, or a function of the payload returning one
+        or None), at most ``max_concurrent`` (default 1) jobs of this task with the same key run
+        at once; with a ``rate_limit`` (``"100/s"``, ``"30/min"``, ``"1000/h"``), at most that
+        many start, per task or per ``rate_limit_key``, each taking ``rate_cost`` tokens (default
+        1, at most the limit's jobs per second) of the limit's bucket.
 
         Keys and deadlines, however its jobs are enqueued (see docs/guides/keys.md): a
         ``unique_key`` (a string, or a function of the payload) with its ``unique_states``,
         ``unique_window`` and ``on_conflict``; a ``sequence_key`` (jobs of one key run one at a
         time, in order) with its ``on_failure``; ``expires_in``, seconds after which a job not
         started never starts.
+
+        ``batch`` (a :class:`~miniqueue.Batch`): the handler receives a ``list[Job]`` of up to
+        ``batch.size`` jobs, waiting at most ``batch.wait`` seconds to fill one, and returns each
+        job's outcome by id (see docs/guides/tasks.md, "Batch handlers").
         """
 
-        def register(handler: Handler) -> Handler:
+        def register(handler: HandlerT) -> HandlerT:
             task_name = check_task_name(name or handler.__name__)
             if _is_async_generator(handler):
                 raise ConfigError(
                     f"task {task_name!r}: the handler is an async generator function (it yields): define "
                     "it with 'async def' and no 'yield', or with 'def'"
                 )
+            if timezone is not None and cron is None:
+                raise ConfigError(f"task {task_name!r}: timezone {timezone!r} is for a cron schedule: give cron too")
+            zone = "UTC" if timezone is None else timezone
             if cron is not None and task_name not in self.schedules:
-                Periodic(task_name, cron, task_name)  # validate before registering anything
+                Periodic(task_name, cron, task_name, timezone=zone)  # validate before registering anything
                 if on_conflict not in (None, "keep"):
                     raise ConfigError(_replacing_schedule(task_name, task_name))
             if task_name in self.tasks:
                 raise ConfigError(f"task {task_name!r} is registered twice")
             if callable(concurrency_key) or callable(rate_limit_key):
-                job_scopes(task_name, "key", max_concurrent, rate_limit, None if rate_limit_key is None else "key")
+                scopes = job_scopes(
+                    task_name, "key", max_concurrent, rate_limit, None if rate_limit_key is None else "key"
+                )
             else:
-                job_scopes(task_name, concurrency_key, max_concurrent, rate_limit, rate_limit_key)
+                scopes = job_scopes(task_name, concurrency_key, max_concurrent, rate_limit, rate_limit_key)
+            if rate_cost is not None:
+                check_rate_cost(rate_cost, scopes)
             keys = _check_declared_keys(
                 task_name, unique_key, unique_states, unique_window, on_conflict, sequence_key, on_failure, expires_in
             )
@@ -210,7 +148,7 @@ class App:
                 )
             self.tasks[task_name] = Task(
                 name=task_name,
-                handler=handler,
+                handler=cast(Handler, handler),
                 queue=check_queue_name(queue),
                 max_attempts=check_int_range("max_attempts", max_attempts, MAX_ATTEMPTS_RANGE),
                 priority=check_int_range("priority", priority, PRIORITY_RANGE),
@@ -220,6 +158,7 @@ class App:
                 max_concurrent=max_concurrent,
                 rate_limit=rate_limit,
                 rate_limit_key=rate_limit_key,
+                rate_cost=rate_cost,
                 unique_key=unique_key,
                 unique_states=None if unique_states is None else tuple(sorted(unique_states)),
                 unique_window=keys.unique_window,
@@ -227,9 +166,10 @@ class App:
                 sequence_key=sequence_key,
                 on_failure=on_failure,
                 expires_in=keys.expires_in,
+                batch=None if batch is None else batch.checked(task_name),
             )
             if cron is not None:
-                self.periodic(cron, task=task_name)
+                self.periodic(cron, task=task_name, timezone=zone)
             return handler
 
         return register
@@ -243,15 +183,22 @@ class App:
         name: str | None = None,
         catch_up: CatchUp = "skip",
         grace: float = 300.0,
+        timezone: str = "UTC",
     ) -> Periodic:
-        """Enqueue a job of ``task`` at every slot of the cron expression ``cron`` (UTC).
+        """Enqueue a job of ``task`` at every slot of the cron expression ``cron``.
+
+        The cron is read on the wall clock of ``timezone``, a tz database name (an unknown one
+        is a ConfigError). Where that clock jumps, a cron whose hour field starts with ``*``
+        runs at every instant whose time matches (none in a skipped hour, twice in a repeated
+        one); any other runs once per wall-clock time: a repeated time at its first occurrence,
+        a skipped one at the first instant after the jump (docs/guides/periodic.md).
 
         The reaper process schedules it; each slot is enqueued exactly once across every
         supervisor sharing the database. ``catch_up`` decides what happens to a slot missed
         during downtime: ``"skip"`` it if more than ``grace`` seconds late, or run the
         ``"latest"`` missed slot once.
         """
-        schedule = Periodic(name or task, cron, task, payload, catch_up, grace)
+        schedule = Periodic(name or task, cron, task, payload, catch_up, grace, timezone)
         if schedule.name in self.schedules:
             raise ConfigError(f"periodic schedule {schedule.name!r} is registered twice")
         declared = self.tasks.get(task)
@@ -289,9 +236,15 @@ class App:
     ) -> EnqueueResult:
         """Enqueue a job of a registered task with the task's queue, priority, max_attempts,
         limits, keys and deadline (each overridable by keyword: queue, priority, max_attempts,
-        concurrency_key, max_concurrent, rate_limit, rate_limit_key, unique_key, unique_states,
-        unique_window, on_conflict, sequence_key, on_failure, expires_in, expires_at)."""
-        return client.enqueue(conn=conn, **self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides))
+        concurrency_key, max_concurrent, rate_limit, rate_limit_key, rate_cost, unique_key,
+        unique_states, unique_window, on_conflict, sequence_key, on_failure, expires_in, expires_at).
+
+        The job passes the enqueue hooks of the app's middleware, inside ``conn``'s transaction
+        when one is given."""
+        spec = self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides)
+        return self.middleware_stack.enqueue(
+            [spec], lambda specs: client.enqueue(conn=conn, **specs[0]._asdict()), _alone
+        )
 
     async def aenqueue(
         self,
@@ -307,7 +260,51 @@ class App:
     ) -> EnqueueResult:
         """:meth:`enqueue` with an :class:`~miniqueue.AsyncClient` (``conn``: an ``AsyncConnection``)."""
         spec = self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides)
-        return await client.enqueue(conn=conn, **spec)
+        return await self.middleware_stack.aenqueue(
+            [spec], lambda specs: client.enqueue(conn=conn, **specs[0]._asdict()), _alone
+        )
+
+    def chain(
+        self, client: Producer, steps: Sequence[JobSpec], *, conn: Connection | None = None
+    ) -> list[EnqueueResult]:
+        """:meth:`Client.chain <miniqueue.Client.chain>`, each step through the enqueue hooks of
+        the app's middleware (in ``conn``'s transaction when one is given)."""
+        return self.middleware_stack.enqueue(steps, lambda specs: client.chain(specs, conn=conn), list)
+
+    async def achain(
+        self, client: AsyncProducer, steps: Sequence[JobSpec], *, conn: AsyncConnection | None = None
+    ) -> list[EnqueueResult]:
+        """:meth:`chain` with an :class:`~miniqueue.AsyncClient`."""
+        return await self.middleware_stack.aenqueue(steps, lambda specs: client.chain(specs, conn=conn), list)
+
+    def group(
+        self, client: Producer, members: Sequence[JobSpec], *, conn: Connection | None = None, **callbacks: JobSpec
+    ) -> GroupResult:
+        """:meth:`Client.group <miniqueue.Client.group>` (callbacks ``then``, ``on_success``,
+        ``on_complete``, ``on_failure``), each member and callback through the enqueue hooks
+        of the app's middleware (in ``conn``'s transaction when one is given)."""
+        n = len(members)
+
+        def store(specs: list[JobSpec]) -> GroupResult:
+            return client.group(specs[:n], conn=conn, **dict(zip(callbacks, specs[n:], strict=True)))
+
+        return self.middleware_stack.enqueue([*members, *callbacks.values()], store, group_results(callbacks))
+
+    async def agroup(
+        self,
+        client: AsyncProducer,
+        members: Sequence[JobSpec],
+        *,
+        conn: AsyncConnection | None = None,
+        **callbacks: JobSpec,
+    ) -> GroupResult:
+        """:meth:`group` with an :class:`~miniqueue.AsyncClient`."""
+        n = len(members)
+
+        def store(specs: list[JobSpec]) -> Awaitable[GroupResult]:
+            return client.group(specs[:n], conn=conn, **dict(zip(callbacks, specs[n:], strict=True)))
+
+        return await self.middleware_stack.aenqueue([*members, *callbacks.values()], store, group_results(callbacks))
 
     def _enqueue_spec(
         self,
@@ -317,15 +314,18 @@ class App:
         delay: float | dt.timedelta | None,
         idempotency_key: str | None,
         overrides: dict[str, Any],
-    ) -> dict[str, Any]:
-        """The enqueue arguments of a job of ``task``: the task's defaults, with ``overrides``."""
+    ) -> JobSpec:
+        """A job of ``task``: the task's defaults, with ``overrides``."""
         unknown = set(overrides) - _OVERRIDABLE
         if unknown:
             raise ConfigError(f"unknown enqueue options {sorted(unknown)}: use {', '.join(sorted(_OVERRIDABLE))}")
-        spec = self.task_spec(task, payload)._replace(
+        return self.task_spec(task, payload)._replace(
             run_at=run_at, delay=delay, idempotency_key=idempotency_key, **overrides
         )
-        return spec._asdict()
+
+
+def _alone(result: EnqueueResult) -> list[EnqueueResult]:
+    return [result]
 
 
 #: The task defaults :meth:`App.enqueue` lets a caller override.
@@ -338,6 +338,7 @@ _OVERRIDABLE = frozenset(
         "max_concurrent",
         "rate_limit",
         "rate_limit_key",
+        "rate_cost",
         "unique_key",
         "unique_states",
         "unique_window",
@@ -384,57 +385,3 @@ def _check_declared_keys(
         return check_keys(spec)
     except InvalidInput as exc:
         raise ConfigError(f"task {task!r}: {exc}") from None
-
-
-def is_async_handler(handler: Handler) -> bool:
-    """True for a handler the worker awaits on its event loop: an ``async def`` function, a
-    ``functools.partial`` of one, or a callable object with an ``async def __call__``."""
-    return any(inspect.iscoroutinefunction(candidate) for candidate in _callables(handler))
-
-
-def _is_async_generator(handler: Handler) -> bool:
-    """True for an ``async def`` handler that yields: calling it returns no awaitable."""
-    return any(inspect.isasyncgenfunction(candidate) for candidate in _callables(handler))
-
-
-def _callables(handler: Handler) -> tuple[object, ...]:
-    """The handler and its ``__call__`` method (an object's ``async def __call__``)."""
-    return (handler, getattr(handler, "__call__", None))  # noqa: B004 (the method itself)
-
-
-def _where(exc: BaseException) -> str:
-    """Where an import error was raised in the app's own code, as `` (at FILE:LINE)``: the
-    innermost frame outside the import machinery, or nothing (a module that does not exist)."""
-    frames = [
-        frame
-        for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith("<frozen ") and frame.filename not in (importlib.__file__, __file__)
-    ]
-    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-
-
-def load_app(reference: str) -> App:
-    """Import ``module:attribute`` and return the App it names, or raise AppLoadError, whose
-    message is one line naming the reference and why it failed (where, for an error the app's
-    own code raised)."""
-    module_name, sep, attribute = reference.partition(":")
-    if not sep or not module_name or not attribute:
-        raise AppLoadError(
-            f"app reference {reference!r} is invalid: use 'module:attribute', e.g. 'myproject.tasks:app'"
-        )
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # like `python -m`, let the current directory's modules be found
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a broken module can raise anything at import
-        reason = " ".join(str(exc).split())  # one line, whatever the module raised
-        raise AppLoadError(
-            f"cannot import module {module_name!r} for app {reference!r}: {type(exc).__name__}: {reason}{_where(exc)}"
-        ) from exc
-    try:
-        app = getattr(module, attribute)
-    except AttributeError:
-        raise AppLoadError(f"module {module_name!r} has no attribute {attribute!r} (app {reference!r})") from None
-    if not isinstance(app, App):
-        raise AppLoadError(f"{reference!r} is a {type(app).__name__}, not a miniqueue.App")
-    return app

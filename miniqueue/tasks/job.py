@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from psycopg import AsyncConnection
 
 from ..core.db import Connection
-from ..core.records import Lease, charged_attempts, describe_attempts
-from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result
+from ..core.errors import InvalidInput
+from ..core.limits import check_key
+from ..core.records import EnqueueResult, JobSpec, Lease, ParentOutcome, charged_attempts, describe_attempts
+from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, encode_result, encode_value
+from .durable import DurableSteps, StepStore, seconds_of
 
 
 class PermanentError(Exception):
@@ -29,15 +34,60 @@ class Snooze(Exception):
     __module__ = "miniqueue"
 
     def __init__(self, delay: float | dt.timedelta = 0.0) -> None:
-        seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else float(delay)
-        if not 0 <= seconds < float("inf"):
-            raise ValueError(f"snooze delay {delay!r} is invalid: use a non-negative number of seconds")
+        seconds = seconds_of(delay, "snooze delay")
         super().__init__(f"snoozed for {seconds:g}s")
         self.seconds = seconds
 
 
+class RateLimited(Snooze):
+    """Raise from a handler (or a middleware's run hook) when a resource says "too many
+    requests": no worker on any host claims a job of ``key`` for ``retry_after`` seconds, by the
+    database's clock, and this job goes back without spending an attempt, due when the pause ends.
+
+    ``key`` is a limit key, as jobs name it with ``rate_limit_key`` or ``concurrency_key``: the
+    pause covers every job, of any task, whose rate-limit or concurrency key is ``key`` (see
+    "Back-pressure" in docs/guides/limits.md). A pause never shortens a longer one in place.
+    """
+
+    __module__ = "miniqueue"
+
+    def __init__(self, key: str, retry_after: float | dt.timedelta) -> None:
+        try:
+            super().__init__(seconds_of(retry_after, "retry_after"))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        self.key = check_key("rate-limited key", key)
+        self.args = (f"key {key!r} rate limited for {self.seconds:g}s",)
+
+
+#: The most a progress report's ``meta`` may take, as JSON: it is written with every renewal.
+MAX_PROGRESS_META_BYTES = 4096
+
+# Guards a job's latest progress between its handler (which reports it) and the heartbeat (which
+# takes it to write): one lock for every job, as a lock per job would cost every job's start.
+_PROGRESS_LOCK = threading.Lock()
+
+
+def encode_progress(percent: object, meta: dict[str, Any]) -> str:
+    """A progress report as the JSON text the worker writes, or InvalidInput naming the rule broken."""
+    if isinstance(percent, bool) or not isinstance(percent, int | float):
+        raise InvalidInput(f"progress percent {percent!r} is not a number: use a number from 0 to 100")
+    if not math.isfinite(percent) or not 0 <= percent <= 100:
+        raise InvalidInput(f"progress percent {percent!r} is out of range: use a number from 0 to 100")
+    meta_json = encode_value("progress meta", meta, max_bytes=MAX_PROGRESS_META_BYTES)
+    return f'{{"percent":{json.dumps(float(percent))},"meta":{meta_json}}}'
+
+
 # Guards the lazy creation of a job's stop Event against a concurrent request_stop().
 _EVENT_LOCK = threading.Lock()
+
+
+class GroupAdder(Protocol):
+    """What :meth:`Job.add_to_group` asks of its worker (see :mod:`miniqueue.worker.grouping`)."""
+
+    def add(self, job: Job, conn: Connection, spec: JobSpec) -> EnqueueResult: ...
+    async def aadd(self, job: Job, conn: AsyncConnection[Any], spec: JobSpec) -> EnqueueResult: ...
+
 
 #: Opens the transaction in which a job completes (see :meth:`Job.transaction`).
 TransactionFactory = Callable[["Job"], contextlib.AbstractContextManager[Connection]]
@@ -45,7 +95,7 @@ TransactionFactory = Callable[["Job"], contextlib.AbstractContextManager[Connect
 AsyncTransactionFactory = Callable[["Job"], contextlib.AbstractAsyncContextManager[AsyncConnection[Any]]]
 
 
-class Job:
+class Job(DurableSteps):
     """A claimed job, as passed to its handler.
 
     Carries the job's fields and a way to learn that the handler should stop early:
@@ -54,6 +104,10 @@ class Job:
     task's ``timeout`` passes. Stopping is cooperative for a ``def`` handler: one that ignores
     it keeps running, but its outcome is discarded once the lease is lost. An ``async def``
     handler is also cancelled (``asyncio.CancelledError`` at its next ``await``).
+
+    A durable handler records its progress as it goes: :meth:`step` (and
+    :meth:`step_transaction`) run once per job, :meth:`sleep` and :meth:`wait_for` hand the job
+    back until a time or a signal (``async def`` handlers: :meth:`astep`, :meth:`asleep`, ...).
     """
 
     def __init__(
@@ -64,7 +118,9 @@ class Job:
         transaction: TransactionFactory | None = None,
         atransaction: AsyncTransactionFactory | None = None,
         max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        read_results: Callable[[Sequence[int]], list[tuple[int, Any]]] | None = None,
+        read_results: Callable[[Sequence[int]], list[tuple[int, ParentOutcome]]] | None = None,
+        steps: StepStore | None = None,
+        groups: GroupAdder | None = None,
     ) -> None:
         self.id: int = lease.id
         self.queue: str = lease.queue
@@ -98,13 +154,25 @@ class Job:
         self.completed_in_transaction = False
         #: The jobs this one waited for (empty for a job enqueued without ``depends_on``).
         self.parents: tuple[int, ...] = tuple(lease.parents) if lease.parents else ()
-        self._parent_results: dict[int, Any] | None = None
+        self._parent_outcomes: dict[int, ParentOutcome] | None = None
         self._read_results = read_results
         self._max_result_bytes = max_result_bytes
+        self._steps_store = steps
+        self._groups = groups
+        # The connection of the job's completing transaction while its block runs (add_to_group).
+        self._completing_on: Any = None
         #: The result set by :meth:`set_result`, as JSON text (None: none set).
         self.result_json: str | None = None
         #: This attempt's span while it runs (set by :mod:`miniqueue.tracing` when tracing is on).
         self._trace: Any = None
+        #: The latest progress reported (JSON text; None: none), and whether the heartbeat has yet to take it.
+        self.progress_json: str | None = None
+        self._progress_unsent = False
+
+    @property
+    def _on_event_loop(self) -> bool:
+        """Whether the job runs an ``async def`` handler (the worker gave it the async transaction)."""
+        return self._atransaction is not None and self._transaction is None
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.task} {self.describe_attempts()}>"
@@ -126,14 +194,21 @@ class Job:
 
         Read from the database the first time it is asked for (one query), then kept.
         """
-        if self._parent_results is None:
+        return {job_id: outcome.result for job_id, outcome in self.parent_outcomes.items()}
+
+    @property
+    def parent_outcomes(self) -> dict[int, ParentOutcome]:
+        """How each parent ended, by parent id: its state, result and last error (what a job
+        enqueued with ``allow_failure``, or a group's ``on_complete`` or ``on_failure``, reads to
+        see which parents failed). Read with :attr:`parent_results`, in the same query."""
+        if self._parent_outcomes is None:
             if not self.parents:
-                self._parent_results = {}
+                self._parent_outcomes = {}
             elif self._read_results is None:
                 raise RuntimeError(f"job {self.id}: its parents' results cannot be read outside a worker")
             else:
-                self._parent_results = dict(self._read_results(self.parents))
-        return self._parent_results
+                self._parent_outcomes = dict(self._read_results(self.parents))
+        return self._parent_outcomes
 
     @property
     def parent_result(self) -> Any:
@@ -158,6 +233,29 @@ class Job:
         rules raises InvalidInput here, which fails the attempt like any exception.
         """
         self.result_json = encode_result(value, max_bytes=self._max_result_bytes)
+
+    def progress(self, percent: float, **meta: Any) -> None:
+        """Report how far the handler has got: ``percent`` from 0 to 100, and ``meta``, small
+        JSON (4 KiB at most), such as ``rows=420``. Bad input raises InvalidInput.
+
+        Cheap enough to call in a tight loop, from ``def`` and ``async def`` handlers alike: the
+        report is kept in memory, and the worker writes the latest one with its next renewal of
+        the job's lease (every heartbeat interval) and once more as the job completes; reports
+        in between are replaced, never queued. Read it with ``client.progress(id)`` or
+        ``client.watch(id)``.
+        """
+        text = encode_progress(percent, meta)
+        with _PROGRESS_LOCK:
+            self.progress_json, self._progress_unsent = text, True
+
+    def take_progress(self) -> str | None:
+        """The progress reported since this was last called (JSON text), or None (the worker's
+        heartbeat takes it to write)."""
+        with _PROGRESS_LOCK:
+            if not self._progress_unsent:
+                return None
+            self._progress_unsent = False
+            return self.progress_json
 
     def should_stop(self) -> bool:
         """True once the handler should wrap up (see :attr:`stop_reason`)."""
@@ -222,7 +320,11 @@ class Job:
                 "(an async handler uses 'async with job.atransaction()')"
             )
         with self._transaction(self) as conn:
-            yield conn
+            self._completing_on = conn
+            try:
+                yield conn
+            finally:
+                self._completing_on = None
         self.completed_in_transaction = True
 
     def atransaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection[Any]]:
@@ -244,5 +346,25 @@ class Job:
     @contextlib.asynccontextmanager
     async def _completing(self, factory: AsyncTransactionFactory) -> AsyncIterator[AsyncConnection[Any]]:
         async with factory(self) as conn:
-            yield conn
+            self._completing_on = conn
+            try:
+                yield conn
+            finally:
+                self._completing_on = None
         self.completed_in_transaction = True
+
+    def add_to_group(self, spec: JobSpec) -> EnqueueResult:
+        """Enqueue ``spec`` into this job's group: the jobs that wait for this one (its group's
+        callbacks) wait for the new job too. Only inside ``with job.transaction()``: the new job
+        and this job's completion commit together, so a callback can never be released before
+        the job added for it exists. A job of a task this worker's app declares takes its
+        declared options."""
+        if self._groups is None or self._completing_on is None or isinstance(self._completing_on, AsyncConnection):
+            raise RuntimeError("job.add_to_group() runs inside 'with job.transaction()' of a 'def' handler")
+        return self._groups.add(self, self._completing_on, spec)
+
+    async def aadd_to_group(self, spec: JobSpec) -> EnqueueResult:
+        """:meth:`add_to_group` for an ``async def`` handler, inside ``async with job.atransaction()``."""
+        if self._groups is None or not isinstance(self._completing_on, AsyncConnection):
+            raise RuntimeError("job.aadd_to_group() runs inside 'async with job.atransaction()' of an async handler")
+        return await self._groups.aadd(self, self._completing_on, spec)

@@ -29,12 +29,16 @@ from ..store.migrate import run_migrations
 #: The server tests use when set (any database on it: each session creates its own).
 TEST_DATABASE_ENV = "TEST_DATABASE_URL"
 
-#: Every table whose rows are queue data (jobs, schedules, queue settings, processes, counts,
-#: limits, finished jobs per minute, task declarations, served queues); ``miniqueue_migrations``
-#: stays, so the schema stays migrated.
+#: Every table whose rows are queue data (jobs, their idempotency keys, schedules and those made
+#: at run time, queue settings, processes, counts, limits, finished jobs per minute, task
+#: declarations, served queues, sequence keys, unique keys' windows, signals kept for no job
+#: yet); ``miniqueue_migrations`` stays, so the schema stays migrated, and so do the history's
+#: partitions (``miniqueue_history_partitions``), which hold no rows then.
 QUEUE_TABLES = (
     "miniqueue_jobs",
+    "miniqueue_idempotency_keys",
     "miniqueue_periodic",
+    "miniqueue_schedules",
     "miniqueue_queues",
     "miniqueue_processes",
     "miniqueue_counts",
@@ -44,11 +48,16 @@ QUEUE_TABLES = (
     "miniqueue_served_queues",
     "miniqueue_sequences",
     "miniqueue_unique_windows",
+    "miniqueue_signals",
 )
 
 _CREATE_DATABASE = "CREATE DATABASE {name}"
 _DROP_DATABASE = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
 _TRUNCATE = "TRUNCATE {tables} RESTART IDENTITY"
+_LOCK_JOBS = "LOCK TABLE {jobs} IN ACCESS EXCLUSIVE MODE"
+# The partitions of the jobs table that hold rows (of a test's few jobs).
+_HOLDING = "SELECT DISTINCT c.relname FROM {jobs} j JOIN pg_class c ON c.oid = j.tableoid"
+_RESTART_IDS = "ALTER SEQUENCE {ids} RESTART"
 # A test that left a transaction open on a queue table (a handler thread still running, say)
 # makes TRUNCATE wait: fail the next test with a lock timeout rather than hang the suite.
 _LOCK_TIMEOUT = "SET lock_timeout = '10s'"
@@ -107,8 +116,18 @@ def temporary_database(server: str, *, prefix: str = "miniqueue_test", schema: s
 
 def clean_database(dsn: str, *, schema: str = "public") -> None:
     """Empty the queue: delete every job, schedule, queue setting, process, count, limit and task
-    declaration, and restart job ids at 1. The schema and its migrations stay."""
-    tables = sql.SQL(", ").join(sql.Identifier(schema, table) for table in QUEUE_TABLES)
-    with connect(dsn, purpose="testing", schema=schema) as conn:
+    declaration, and restart job ids at 1. The schema and its migrations stay.
+
+    Of the jobs table's partitions only those that hold rows are truncated (under a lock on the
+    whole table, so none fills meanwhile): a TRUNCATE makes new files for each table and index
+    it empties, and the history has a dozen partitions or more, nearly all of them empty."""
+    with connect(dsn, purpose="testing", schema=schema) as conn, conn.transaction():
         conn.execute(_LOCK_TIMEOUT)
+        conn.execute(sql.SQL(_LOCK_JOBS).format(jobs=sql.Identifier(schema, "miniqueue_jobs")))
+        holding = [
+            row[0] for row in conn.execute(sql.SQL(_HOLDING).format(jobs=sql.Identifier(schema, "miniqueue_jobs")))
+        ]
+        names = [*holding, *(table for table in QUEUE_TABLES if table != "miniqueue_jobs")]
+        tables = sql.SQL(", ").join(sql.Identifier(schema, table) for table in names)
         conn.execute(sql.SQL(_TRUNCATE).format(tables=tables))
+        conn.execute(sql.SQL(_RESTART_IDS).format(ids=sql.Identifier(schema, "miniqueue_jobs_id_seq")))

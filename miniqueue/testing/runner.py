@@ -21,6 +21,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 
 from ..client.client import Client
+from ..client.sharded import ShardedClient
 from ..core.backoff import Backoff
 from ..core.errors import ConfigError
 from ..core.records import JobRecord, State
@@ -59,7 +60,8 @@ class JobRun:
     """One handler run during :func:`run_jobs`, as the worker recorded it.
 
     ``outcome`` is ``completed`` (or ``completed_in_transaction``), ``retried``, ``dead``,
-    ``failed``, ``snoozed`` or ``lease_lost``; ``error`` is the traceback of a failed attempt;
+    ``failed``, ``snoozed``, ``slept`` (a durable sleep), ``waiting`` (parked until a signal) or
+    ``lease_lost``; ``error`` is the traceback of a failed attempt;
     ``delay`` the seconds until a retry or snoozed job is due again.
     """
 
@@ -132,7 +134,7 @@ class RunResult:
 
 def run_jobs(
     app: App,
-    target: str | Client,
+    target: str | Client | ShardedClient,
     *,
     queues: Sequence[str] | None = None,
     max_jobs: int | None = None,
@@ -142,7 +144,9 @@ def run_jobs(
 ) -> RunResult:
     """Run ``app``'s queued jobs in this process until none is due, and return what happened.
 
-    ``target`` is a DSN or a :class:`Client` (its schema is used). A real :class:`Worker` runs
+    ``target`` is a DSN, a :class:`Client` (its schema is used) or a
+    :class:`~miniqueue.ShardedClient`, whose databases are run in turn, round after round, until
+    a round finds nothing to do (a handler may enqueue on another database). A real :class:`Worker` runs
     on a thread until no job in its queues (``queues``, default the app's) is available and
     due now or running, or until it ran ``max_jobs`` jobs. Jobs scheduled for later (``delay``,
     ``run_at``, a snooze) are not waited for, and paused queues are not counted.
@@ -162,6 +166,8 @@ def run_jobs(
     """
     if retries not in ("immediate", "later"):
         raise ConfigError(f"retries {retries!r} is invalid: use 'immediate' or 'later'")
+    if isinstance(target, ShardedClient):
+        return _run_databases(app, target, queues, max_jobs, timeout, retries, concurrency)
     client = target if isinstance(target, Client) else Client(target)
     try:
         client.declare(app)  # as its worker will: jobs the handlers enqueue take their tasks' options
@@ -169,6 +175,41 @@ def run_jobs(
     finally:
         if client is not target:
             client.close()
+
+
+def _run_databases(
+    app: App,
+    sharded: ShardedClient,
+    queues: Sequence[str] | None,
+    max_jobs: int | None,
+    timeout: float,
+    retries: Retries,
+    concurrency: int,
+) -> RunResult:
+    """:func:`run_jobs` over every database of ``sharded``'s map, one after the other, round after
+    round until a round runs nothing; one result, each job's row as its last run left it."""
+    deadline = time.monotonic() + timeout
+    runs: list[JobRun] = []
+    jobs: dict[int, JobRecord] = {}
+    while True:
+        ran = len(runs)
+        for name in sharded.shards.databases:
+            left = None if max_jobs is None else max_jobs - len(runs)
+            if left == 0:
+                return RunResult(tuple(runs), tuple(jobs.values()), "max_jobs")
+            result = run_jobs(
+                app,
+                sharded.client(name),
+                queues=queues,
+                max_jobs=left,
+                timeout=max(deadline - time.monotonic(), 0.1),
+                retries=retries,
+                concurrency=concurrency,
+            )
+            runs += result.runs
+            jobs.update((job.id, job) for job in result.jobs)
+        if len(runs) == ran:
+            return RunResult(tuple(runs), tuple(jobs.values()), "idle")
 
 
 class _Run:
@@ -302,9 +343,9 @@ class _Run:
 
 
 def _app_for_run(app: App, retries: Retries, timeout: float) -> App:
-    """``app`` with each task's backoff as ``retries`` wants it (the handlers are the same)."""
+    """``app`` with each task's backoff as ``retries`` wants it (the handlers and middleware are the same)."""
     run_app = App()
-    run_app.schedules = app.schedules
+    run_app.schedules, run_app.middleware_stack = app.schedules, app.middleware_stack
     for name, task in app.tasks.items():
         backoff: Backoff = _no_backoff if retries == "immediate" else _at_least(task.backoff, timeout)
         run_app.tasks[name] = dataclasses.replace(task, backoff=backoff)

@@ -2,9 +2,15 @@
 
 Every POST has passed the CSRF and read-only middlewares before it gets here; each writes an
 audit line and redirects (303) to a page that shows the result.
+
+Over a shard map, an action on a job goes to the database its id names, an action on several
+jobs to each of their databases in turn (on every job matching a filter: database after
+database, at most the confirmed count in all), and pausing a queue to every database it lives on.
 """
 
 from __future__ import annotations
+
+import functools
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -33,10 +39,10 @@ class Actions:
         action = action_named(request.query_params.get("action", ""))
         target = Target.parse(request.query_params)
 
-        def load(client: Client, conn: Connection) -> Preview:
-            return preview(client, conn, action, target)
-
-        result = await self.dash.query(load)
+        previews = []
+        for name, part in self._by_database(target).items():
+            previews.append(await self.dash.query_on(name, functools.partial(preview, action=action, target=part)))
+        result = Preview.total(previews)
         context = {"action": action, "target": target, "preview": result, "back": target.filter.query()}
         return self.dash.render(request, "confirm.html", context)
 
@@ -49,14 +55,17 @@ class Actions:
             raise InvalidInput("the confirmed job count is missing: confirm the action first")
         expected = parse_id(str(form["expected"]), "confirmed job count")
 
-        def run(client: Client, conn: Connection) -> list[int]:
-            return apply(client, conn, action, target, expected)
-
         scope = "" if target.ids is not None else f"filter=[{target.filter.describe()}]"
+        done: list[int] = []
         try:
-            done = await self.dash.query(run)
+            for name, part in self._by_database(target).items():
+                if len(done) >= expected:
+                    break
+                run = functools.partial(apply, action=action, target=part, limit=expected - len(done))
+                done += await self.dash.query_on(name, run)
         except MiniqueueError as exc:
-            self.dash.audit(request, action.name, 0, ids=target.ids, target=scope, outcome=f"refused: {exc}")
+            what = f"refused after {len(done)}: {exc}" if done else f"refused: {exc}"
+            self.dash.audit(request, action.name, len(done), ids=done or target.ids, target=scope, outcome=what)
             raise
         self.dash.audit(request, action.name, len(done), ids=done, target=scope)
         return self._redirect(request, f"/jobs?{target.filter.query(done=action.name, n=len(done))}")
@@ -72,7 +81,7 @@ class Actions:
             return action.run(client, conn, [stored_id(job_id)])
 
         try:
-            done = await self.dash.query(run)
+            done = await self.dash.query(run, job_id=job_id)
         except MiniqueueError as exc:
             self.dash.audit(request, action.name, 0, ids=[job_id], outcome=f"refused: {exc}")
             raise
@@ -92,20 +101,30 @@ class Actions:
             # create: a queue with no job yet can be paused ahead of its first one.
             (client.pause_queues if paused else client.resume_queues)([name], create=True, conn=conn)
 
-        await self.dash.query(run)
+        for database in self.dash.queue_databases(name):
+            await self.dash.query_on(database, run)
         verb = "pause" if paused else "resume"
         self.dash.audit(request, f"{verb}-queue", 1, target=f"queue={name}")
         return self._redirect(request, f"/queues?done={verb}")
 
+    def _by_database(self, target: Target) -> dict[str, Target]:
+        """The part of ``target`` on each database: its own ids, or the filter on every one."""
+        if target.ids is None:
+            return dict.fromkeys(self.dash.databases, target)
+        return {name: Target(tuple(ids), target.filter) for name, ids in self.dash.by_database(target.ids).items()}
+
     async def schedule(self, request: Request) -> Response:
-        """Enable, disable, or run now (needs the app) a periodic schedule."""
+        """Enable, disable, or run now (needs the app) a periodic schedule; delete one created at run time."""
+        self.dash.refuse_over_map("switching or running a periodic schedule")
         name = check_task_name(request.path_params["name"])
         verb = request.path_params["action"]
         if verb == "run":
             return await self._run_schedule(request, name)
+        if verb == "delete":
+            return await self._delete_schedule(request, name)
         enabled = {"enable": True, "disable": False}.get(verb)
         if enabled is None:
-            raise InvalidInput(f"schedule action {verb!r} is invalid: use enable, disable or run")
+            raise InvalidInput(f"schedule action {verb!r} is invalid: use enable, disable, run or delete")
 
         def run(client: Client, conn: Connection) -> None:
             # create: no check that the name is known (the page lists the database's and the app's).
@@ -114,6 +133,20 @@ class Actions:
         await self.dash.query(run)
         self.dash.audit(request, f"{verb}-schedule", 1, target=f"schedule={name}")
         return self._redirect(request, f"/periodic?done={verb}")
+
+    async def confirm_schedule_delete(self, request: Request) -> Response:
+        """Show the schedule created at run time that a delete will remove, with the button that does it."""
+        self.dash.refuse_over_map("deleting a periodic schedule")
+        name = check_task_name(request.path_params["name"])
+        schedule = await self.dash.query(lambda client, conn: client.schedules.get(name, conn=conn))
+        if schedule is None:
+            raise HTTPException(404, f"no schedule {name!r} was created at run time")
+        return self.dash.render(request, "confirm_schedule.html", {"schedule": schedule})
+
+    async def _delete_schedule(self, request: Request, name: str) -> Response:
+        await self.dash.query(lambda client, conn: client.schedules.delete(name, conn=conn))
+        self.dash.audit(request, "delete-schedule", 1, target=f"schedule={name}")
+        return self._redirect(request, "/periodic?done=delete-schedule")
 
     async def _run_schedule(self, request: Request, name: str) -> Response:
         app = self.dash.app

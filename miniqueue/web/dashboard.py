@@ -1,4 +1,10 @@
-"""What every page handler shares: the database, the templates, the settings, the audit log."""
+"""What every page handler shares: the database (or the databases of a shard map), the
+templates, the settings, the audit log.
+
+Over a shard map a page reads every database (:meth:`Dashboard.query_each`: a database that
+does not answer is named, never read as empty) or the one a job's id names
+(:meth:`Dashboard.query` with ``job_id``); a page that reads one database and has no job to
+route by is not available over a map (501, naming the page)."""
 
 from __future__ import annotations
 
@@ -14,7 +20,10 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from ..client.client import Client
+from ..client.merging import Answers
+from ..client.sharded import ShardedClient
 from ..core.db import Connection
+from ..core.errors import MiniqueueError
 from ..tasks.app import App
 from . import present
 from .security import actor, audit_log, csrf_token, printable
@@ -24,20 +33,28 @@ HERE = Path(__file__).resolve().parent
 MAX_AUDIT_IDS = 50
 
 
+class NotOverMap(MiniqueueError):
+    """A page or action that reads or changes one database, asked of a dashboard over a map."""
+
+
 class Database:
-    """The dashboard's Client: the caller's, or one opened on first use from a DSN.
+    """The dashboard's Client: the caller's, or one opened on first use from a DSN; or the
+    caller's ShardedClient (each database's client opens on first use too).
 
     Opening lazily keeps ``create_app()`` free of connections, so an app created at import
     time in a pre-forking server opens its pool in each worker process, never before the fork.
     """
 
-    def __init__(self, dsn_or_client: str | Client) -> None:
-        self._dsn = dsn_or_client if isinstance(dsn_or_client, str) else None
-        self._client = dsn_or_client if isinstance(dsn_or_client, Client) else None
+    def __init__(self, source: str | Client | ShardedClient) -> None:
+        self._dsn = source if isinstance(source, str) else None
+        self._client = source if isinstance(source, Client) else None
+        self.sharded = source if isinstance(source, ShardedClient) else None
         self._lock = threading.Lock()
 
     @property
     def client(self) -> Client:
+        if self.sharded is not None:
+            raise NotOverMap("this dashboard reads a shard map: name the database (see Dashboard.query)")
         with self._lock:
             if self._client is None:
                 assert self._dsn is not None
@@ -72,16 +89,74 @@ class Dashboard:
         self.refresh_seconds = refresh_seconds
         self.templates = Jinja2Templates(env=_environment())
 
-    async def query(self, fn: Callable[[Client, Connection], T]) -> T:
+    @property
+    def sharded(self) -> ShardedClient | None:
+        """The client over the map, when the dashboard shows one."""
+        return self.database.sharded
+
+    @property
+    def databases(self) -> list[str]:
+        """The databases' names: the map's, or ``[""]`` for the one database."""
+        return list(self.sharded.shards.databases) if self.sharded else [""]
+
+    def database_of(self, job_id: int) -> str:
+        """The name of the database job ``job_id`` lives on (``""`` without a map)."""
+        return self.sharded.shards.database_of(job_id).name if self.sharded else ""
+
+    def by_database(self, job_ids: Iterable[int]) -> dict[str, list[int]]:
+        """``job_ids`` by the database each names (all under ``""`` without a map)."""
+        ids = list(job_ids)
+        return self.sharded.by_database(ids) if self.sharded else {"": ids}
+
+    def queue_databases(self, queue: str) -> list[str]:
+        """The databases queue ``queue`` lives on (``[""]`` without a map)."""
+        return [d.name for d in self.sharded.shards.databases_of(queue)] if self.sharded else [""]
+
+    async def query(self, fn: Callable[[Client, Connection], T], *, job_id: int | None = None) -> T:
         """Run ``fn(client, conn)`` in a worker thread, ``conn`` one pooled connection that
-        ``fn`` passes to each of its client calls (``conn=conn``): a page's reads share it."""
+        ``fn`` passes to each of its client calls (``conn=conn``): a page's reads share it.
+        Over a map, on the database ``job_id`` names (NotOverMap without one)."""
+        if self.sharded is None:
+            return await self.query_on("", fn)
+        if job_id is None:
+            raise NotOverMap("this page reads one database: over a shard map it is not available yet")
+        return await self.query_on(self.database_of(job_id), fn)
+
+    def refuse_over_map(self, what: str) -> None:
+        """NotOverMap naming ``what`` and the command that does it, when the dashboard shows a map."""
+        if self.sharded is not None:
+            raise NotOverMap(
+                f"{what} is not available over a shard map yet: use the command line on one database of the map "
+                "(`miniqueue periodic ... --database-url URL`)"
+            )
+
+    async def query_on(self, name: str, fn: Callable[[Client, Connection], T]) -> T:
+        """:meth:`query` on database ``name`` of the map (``""``: the one database);
+        DatabaseUnavailable naming it when it does not answer."""
+        sharded = self.sharded
 
         def call() -> T:
-            client = self.database.client
-            with client.connection() as conn:
-                return fn(client, conn)
+            if sharded is None:
+                return _on_connection(self.database.client, fn)
+            return sharded.read_on(name, lambda client: _on_connection(client, fn))
 
         return await run_in_threadpool(call)
+
+    async def query_map(self, fn: Callable[[ShardedClient], T]) -> T:
+        """Run ``fn(sharded)`` in a worker thread, on the client over the map (NotOverMap without one)."""
+        sharded = self.sharded
+        if sharded is None:
+            raise NotOverMap("this dashboard shows one database, not a shard map")
+        return await run_in_threadpool(fn, sharded)
+
+    async def query_each(self, fn: Callable[[Client, Connection], T]) -> Answers[T]:
+        """:meth:`query` on every database: per database (``""`` without a map), its answer or
+        the DatabaseUnavailable that says it did not answer. (The one database's error
+        propagates: without a map there is nothing else to show.)"""
+        sharded = self.sharded
+        if sharded is None:
+            return {"": await self.query_on("", fn)}
+        return await run_in_threadpool(sharded.read_each, lambda client: _on_connection(client, fn))
 
     def render(
         self, request: Request, template: str, context: dict[str, Any], *, live: str | None = None, status: int = 200
@@ -96,6 +171,7 @@ class Dashboard:
             "refresh_ms": int(self.refresh_seconds * 1000),
             "live_url": _live_url(request) if live else None,
             "has_app": self.app is not None,
+            "over_map": self.sharded is not None,
         }
         return self.templates.TemplateResponse(request, template, {**base, **context}, status_code=status)
 
@@ -137,6 +213,11 @@ class Dashboard:
                 }
             },
         )
+
+
+def _on_connection(client: Client, fn: Callable[[Client, Connection], T]) -> T:
+    with client.connection() as conn:
+        return fn(client, conn)
 
 
 def _live_url(request: Request) -> str:

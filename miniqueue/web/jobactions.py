@@ -106,6 +106,15 @@ class Preview:
     count: int
     skipped: dict[str, int]
 
+    @classmethod
+    def total(cls, previews: Sequence[Preview]) -> Preview:
+        """The previews of an action's parts (one per database of a map) added up."""
+        skipped: dict[str, int] = {}
+        for part in previews:
+            for label, n in part.skipped.items():
+                skipped[label] = skipped.get(label, 0) + n
+        return cls(sum(p.count for p in previews), skipped)
+
 
 def preview(client: Client, conn: Connection, action: JobAction, target: Target) -> Preview:
     """Count the jobs ``action`` would apply to now."""

@@ -7,27 +7,30 @@ live render only their fragment when asked with ``?partial=1``.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..client.client import Client
-from ..client.inspection import LimitWait
+from ..client.merging import answered, unreachable
+from ..client.schedules import as_periodic
+from ..client.sharded import ShardedClient
 from ..core.db import Connection
+from ..core.diagnosis import Diagnosis
 from ..core.errors import InvalidInput
 from ..core.health import held_too_long
 from ..core.records import (
     CANCELLABLE_STATES,
     REQUEUEABLE_STATES,
-    BlockedSequence,
     JobRecord,
     ProcessInfo,
-    QueueStats,
+    Progress,
+    Schedule,
     State,
 )
 from ..tasks.periodic import Periodic
-from . import present
+from . import merged, present
 from .dashboard import Dashboard
 from .filters import JobFilter, parse_id, stored_id
 
@@ -41,6 +44,7 @@ NOTICES = {
     "enable": "Enabled the schedule.",
     "disable": "Disabled the schedule: its slots are skipped.",
     "run": "Enqueued a run of the schedule now.",
+    "delete-schedule": "Deleted the schedule: it enqueues nothing more.",
 }
 
 
@@ -58,17 +62,8 @@ class PeriodicRow:
     enabled: bool
     last_slot: dt.datetime | None
     next_slot: dt.datetime | None
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    name: str
-    paused: bool
-    available: int
-    running: int
-    scheduled: int  # of the available jobs, those not to run before a later time
-    oldest: float | None
-    max_running: int | None = None  # the queue's cap on running jobs
+    #: Created at run time (client.schedules), not by the app's code.
+    runtime: bool = False
 
 
 class Pages:
@@ -78,16 +73,16 @@ class Pages:
         self.dash = dash
 
     async def overview(self, request: Request) -> Response:
-        def load(client: Client, conn: Connection) -> dict[str, object]:
-            now = client.now(conn=conn)
-            stats = client.queue_stats(conn=conn)  # as `miniqueue stats`: with the queues no worker serves
-            chart = present.throughput_chart(client.throughput(conn=conn), now)
-            paused = set(client.paused_queues(conn=conn))
-            held = [h for h in client.horizon(conn=conn) if held_too_long(h)]
-            totals = _totals(stats)
-            return {"now": now, "stats": stats, "paused": paused, "chart": chart, "totals": totals, "held": held}
+        def load(client: Client, conn: Connection) -> merged.Reading:
+            return merged.Reading(
+                now=client.now(conn=conn),
+                stats=client.queue_stats(conn=conn),  # as `miniqueue stats`: with the queues no worker serves
+                throughput=client.throughput(conn=conn),
+                paused=client.paused_queues(conn=conn),
+                held=[h for h in client.horizon(conn=conn) if held_too_long(h)],
+            )
 
-        data = await self.dash.query(load)
+        data = merged.overview(await self.dash.query_each(load))
         return self.dash.render(request, "overview.html", {**data, "states": list(State)}, live="_overview.html")
 
     async def jobs(self, request: Request) -> Response:
@@ -98,13 +93,19 @@ class Pages:
             context = {"filter": JobFilter(), "error": str(exc), "jobs": [], "before_id": None, "next_before_id": None}
             return self.dash.render(request, "jobs.html", {**self._jobs_context(request), **context}, status=400)
 
-        def load(client: Client, conn: Connection) -> tuple[list[JobRecord], dt.datetime]:
+        def load(client: Client, conn: Connection) -> JobsFound:
             found = []
             if flt.matchable(before_id):
                 found = client.list_jobs(before_id=before_id, limit=PAGE_SIZE + 1, conn=conn, **flt.client_kwargs())
-            return found, client.now(conn=conn)
+            return found, client.now(conn=conn), {}
 
-        found, now = await self.dash.query(load)
+        def load_map(sharded: ShardedClient) -> JobsFound:
+            if not flt.matchable(before_id):
+                return [], _clock(sharded), {}
+            page = sharded.jobs_page(before_id=before_id, limit=PAGE_SIZE + 1, **flt.client_kwargs())
+            return page.jobs, _clock(sharded), {name: str(why) for name, why in page.unreachable.items()}
+
+        found, now, down = await (self.dash.query_map(load_map) if self.dash.sharded else self.dash.query(load))
         page = found[:PAGE_SIZE]
         context = {
             "filter": flt,
@@ -114,6 +115,8 @@ class Pages:
             "before_id": before_id,
             "next_before_id": page[-1].id if len(found) > PAGE_SIZE else None,
             "previews": {j.id: present.preview(j.payload, self.dash.redact) for j in page},
+            "unreachable": down,
+            "where": {j.id: self.dash.database_of(j.id) for j in page} if self.dash.sharded else {},
         }
         return self.dash.render(request, "jobs.html", {**self._jobs_context(request), **context}, live="_jobs.html")
 
@@ -124,23 +127,31 @@ class Pages:
             "notice": notice(request),
             "queues": app.queues if app else [],
             "tasks": sorted(app.tasks) if app else [],
+            "unreachable": {},
+            "where": {},
         }
 
     async def job(self, request: Request) -> Response:
         job_id = parse_id(str(request.path_params["job_id"]))
 
-        def load(client: Client, conn: Connection) -> tuple[JobRecord, dt.datetime]:
-            return client.get(stored_id(job_id), conn=conn), client.now(conn=conn)
+        def load(client: Client, conn: Connection) -> tuple[JobRecord, Diagnosis, Progress | None]:
+            found = client.get(stored_id(job_id), conn=conn), client.why(stored_id(job_id), conn=conn)
+            return (*found, client.progress(stored_id(job_id), conn=conn).progress)
 
-        job, now = await self.dash.query(load)
+        job, why, progress = await self.dash.query(load, job_id=job_id)
         context = {
+            "database": self.dash.database_of(job_id),
             "job": job,
-            "now": now,
+            "now": why.checked_at,
+            "why": why,
             "notice": notice(request),
             "timeline": present.timeline(job),
             "payload": present.render_payload(job.payload, self.dash.redact),
             "result": present.render_payload(job.result, self.dash.redact) if job.state is State.COMPLETED else None,
             "attempts": [(e, present.parse_worker_id(e.worker)) for e in reversed(job.errors)],
+            "steps": [(step, present.preview(step.value, self.dash.redact, 200)) for step in job.steps],
+            "progress": progress,
+            "progress_meta": present.preview(progress.meta, self.dash.redact, 200) if progress else None,
             "holder": present.parse_worker_id(job.leased_by),
             "can_requeue": job.state in REQUEUEABLE_STATES,
             "can_cancel": job.state in CANCELLABLE_STATES,
@@ -152,67 +163,67 @@ class Pages:
         def load(client: Client, conn: Connection) -> tuple[list[ProcessInfo], dt.datetime]:
             return client.processes(conn=conn), client.now(conn=conn)
 
-        processes, now = await self.dash.query(load)
-        groups: dict[str, list[ProcessInfo]] = {}
-        for process in processes:
-            groups.setdefault(process.supervisor or process.id, []).append(process)
-        context = {"groups": groups, "now": now, "count": len(processes)}
+        answers = await self.dash.query_each(load)  # over a map: a supervisor per database
+        found = answered(answers)
+        now = next((now for _, now in found.values()), None) or dt.datetime.now(dt.timezone.utc)
+        groups: dict[tuple[str, str], list[ProcessInfo]] = {}
+        for name, (processes, _) in found.items():
+            for process in processes:
+                groups.setdefault((name, process.supervisor or process.id), []).append(process)
+        context = {
+            "groups": groups,
+            "now": now,
+            "count": sum(len(processes) for processes in groups.values()),
+            "unreachable": {name: str(why) for name, why in unreachable(answers).items()},
+        }
         return self.dash.render(request, "workers.html", context, live="_workers.html")
 
     async def periodic(self, request: Request) -> Response:
-        def load(client: Client, conn: Connection) -> tuple[dict[str, tuple[dt.datetime, bool]], dt.datetime]:
-            return client.periodic_state(conn=conn), client.now(conn=conn)
+        self.dash.refuse_over_map("the periodic schedules page")
 
-        state, now = await self.dash.query(load)
-        schedules = self.dash.app.schedules if self.dash.app else {}
+        def load(
+            client: Client, conn: Connection
+        ) -> tuple[dict[str, tuple[dt.datetime, bool]], list[Schedule], dt.datetime]:
+            return client.periodic_state(conn=conn), client.schedules.list(conn=conn), client.now(conn=conn)
+
+        state, stored, now = await self.dash.query(load)
+        code = self.dash.app.schedules if self.dash.app else {}
+        # A name the code uses is the code's schedule (the reapers skip a runtime one of that name).
+        runtime = {row.name: as_periodic(row) for row in stored if row.name not in code}
         rows = []
-        for name in sorted(set(schedules) | set(state)):
+        for name in sorted(set(code) | set(state) | set(runtime)):
             last, enabled = state.get(name, (None, True))
-            schedule = schedules.get(name)
+            schedule = code.get(name) or runtime.get(name)
             upcoming = schedule.next_slot(now) if schedule and enabled else None
-            rows.append(PeriodicRow(name, schedule, enabled, last, upcoming))
-        context = {"rows": rows, "now": now, "notice": notice(request)}
+            rows.append(PeriodicRow(name, schedule, enabled, last, upcoming, name in runtime))
+        context = {"rows": rows, "now": now, "notice": notice(request), "detailed": bool(code or runtime)}
         return self.dash.render(request, "periodic.html", context)
 
     async def queues(self, request: Request) -> Response:
-        def load(client: Client, conn: Connection) -> QueuesData:
+        def load(client: Client, conn: Connection) -> merged.QueuesReading:
             # (Not whether a worker serves each queue: this page does not show it.)
-            stats = client.queue_stats(check_served=False, conn=conn)
-            paused, caps = client.paused_queues(conn=conn), client.queue_limits(conn=conn)
-            return stats, paused, caps, client.limit_waits(conn=conn), client.blocked_sequences(limit=100, conn=conn)
+            return merged.QueuesReading(
+                stats=client.queue_stats(check_served=False, conn=conn),
+                paused=client.paused_queues(conn=conn),
+                caps=client.queue_limits(conn=conn),
+                waits=client.limit_waits(conn=conn),
+                blocked=client.blocked_sequences(limit=100, conn=conn),
+            )
 
-        stats, paused, caps, waits, blocked = await self.dash.query(load)
-        by_name = {s.queue: s for s in stats}
-        names = sorted(set(by_name) | set(paused) | set(caps) | set(self.dash.app.queues if self.dash.app else []))
-        rows = [
-            replace(_queue_row(name, by_name.get(name), name in paused), max_running=caps.get(name)) for name in names
-        ]
-        context = {"rows": rows, "waits": waits, "blocked": blocked, "notice": notice(request)}
-        return self.dash.render(request, "queues.html", context, live="_queues.html")
-
-
-#: What the queues page reads: queue stats, paused queues, caps, the limits jobs wait on, and the
-#: blocked sequence keys.
-QueuesData = tuple[list[QueueStats], list[str], dict[str, int], list[LimitWait], list[BlockedSequence]]
+        known = self.dash.app.queues if self.dash.app else []
+        context = merged.queues(await self.dash.query_each(load), list(known))
+        return self.dash.render(request, "queues.html", {**context, "notice": notice(request)}, live="_queues.html")
 
 
-def _queue_row(name: str, stats: QueueStats | None, paused: bool) -> QueueRow:
-    if stats is None:
-        return QueueRow(name, paused, 0, 0, 0, None)
-    counts = stats.counts
-    return QueueRow(
-        name, paused, counts[State.AVAILABLE], counts[State.RUNNING], stats.scheduled, stats.oldest_available_seconds
-    )
+#: What the jobs page reads: a page of jobs (one more than shown: is there a next page?), the
+#: database's clock, and over a map the databases that did not answer, with why.
+JobsFound = tuple[list[JobRecord], dt.datetime, dict[str, str]]
 
 
-def _totals(stats: list[QueueStats]) -> dict[str, object]:
-    waits = [s.oldest_available_seconds for s in stats if s.oldest_available_seconds is not None]
-    return {
-        "counts": {state.value: sum(s.counts[state] for s in stats) for state in State},
-        "scheduled": sum(s.scheduled for s in stats),
-        "expired": sum(s.expired_leases for s in stats),
-        "oldest": max(waits, default=None),
-    }
+def _clock(sharded: ShardedClient) -> dt.datetime:
+    """The time by the clock of the first database of the map that answers (the host's if none does)."""
+    clocks = answered(sharded.read_each(lambda client: client.now()))
+    return next(iter(clocks.values()), None) or dt.datetime.now(dt.timezone.utc)
 
 
 def _int_param(request: Request, name: str) -> int | None:

@@ -17,6 +17,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..client.client import Client
+from ..client.sharded import ShardedClient
 from ..core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -26,10 +27,12 @@ from ..core.errors import (
     MiniqueueError,
     SchemaOutOfDate,
 )
+from ..core.shards import ShardMap
 from ..observability.logs import configure_logging
-from ..tasks.app import App, load_app
+from ..tasks.app import App
+from ..tasks.loading import load_app
 from .actions import Actions
-from .dashboard import HERE, Dashboard, Database
+from .dashboard import HERE, Dashboard, Database, NotOverMap
 from .logins import LoginThrottle
 from .pages import Pages
 from .present import Redact
@@ -57,11 +60,12 @@ STATUS = {
     ConfigError: 400,
     DatabaseUnavailable: 503,
     SchemaOutOfDate: 503,
+    NotOverMap: 501,
 }
 
 
 def create_app(
-    dsn_or_client: str | Client,
+    dsn_or_client: str | Client | ShardedClient,
     *,
     read_only: bool = False,
     auth: Auth | None = None,
@@ -73,8 +77,11 @@ def create_app(
 ) -> Starlette:
     """The dashboard as a Starlette app, to serve or mount (``Mount("/queue", create_app(dsn))``).
 
-    ``dsn_or_client``: a DSN (the dashboard opens its own small pool on first request) or your
-    :class:`~miniqueue.Client`. ``auth(request) -> bool`` (may be async) admits a request;
+    ``dsn_or_client``: a DSN (the dashboard opens its own small pool on first request), your
+    :class:`~miniqueue.Client`, or your :class:`~miniqueue.ShardedClient` to show every database
+    of a shard map (see docs/operations/dashboard.md: what each page shows over a map, and a
+    database that does not answer named on the page, never shown as empty).
+    ``auth(request) -> bool`` (may be async) admits a request;
     without it, HTTP Basic auth applies when MINIQUEUE_WEB_USER and MINIQUEUE_WEB_PASSWORD are
     set (each login and failed login is an audit line, and an address that failed too often is
     answered 429 for a while), else no authentication. ``read_only`` hides every action and refuses every POST (403).
@@ -128,6 +135,7 @@ def _routes(dash: Dashboard) -> list[Route | Mount]:
         Route("/jobs/{job_id:int}/{action}", actions.job, methods=["POST"], name="job_action"),
         Route("/workers", pages.workers, name="workers"),
         Route("/periodic", pages.periodic, name="periodic"),
+        Route("/periodic/{name}/delete", actions.confirm_schedule_delete, name="confirm_schedule_delete"),
         Route("/periodic/{name}/{action}", actions.schedule, methods=["POST"], name="schedule_action"),
         Route("/queues", pages.queues, name="queues"),
         Route("/queues/{name}/{action}", actions.queue, methods=["POST"], name="queue_action"),
@@ -151,7 +159,7 @@ def _error_page(dash: Dashboard) -> Any:
 
 
 def serve(
-    dsn: str,
+    dsn: str | ShardMap,
     *,
     host: str = "127.0.0.1",
     port: int = 8080,
@@ -162,7 +170,8 @@ def serve(
     insecure_bind_public: bool = False,
     schema: str = "public",
 ) -> None:
-    """Serve the dashboard with uvicorn until interrupted (localhost by default).
+    """Serve the dashboard with uvicorn until interrupted (localhost by default), over the
+    database ``dsn`` or every database of a shard map.
 
     It answers for localhost's names, for ``host`` unless that is every address (0.0.0.0),
     and for ``allowed_hosts``. Listening beyond loopback without authentication
@@ -177,7 +186,8 @@ def serve(
         configure_logging(log_level)
     app = load_app(app_ref) if app_ref else None
     hosts = served_hosts(host, allowed_hosts)
-    asgi = create_app(Client(dsn, schema=schema), read_only=read_only, app=app, allowed_hosts=hosts)
+    source = ShardedClient(dsn, schema=schema) if isinstance(dsn, ShardMap) else Client(dsn, schema=schema)
+    asgi = create_app(source, read_only=read_only, app=app, allowed_hosts=hosts)
     if not is_loopback(host) and auth_from_env() is None:
         log.warning(
             "the dashboard listens on %s without authentication (--insecure-bind-public): anyone who "

@@ -107,7 +107,8 @@ class EventLoop(Service):
 
 
 class AsyncTransactions:
-    """The pool behind :meth:`Job.atransaction` and the fenced completion inside it."""
+    """The pool behind :meth:`Job.atransaction` and the fenced completion inside it, and behind
+    an async durable job's steps."""
 
     def __init__(self, dsn: str, store: Store, worker_id: str, *, max_size: int) -> None:
         self.dsn, self.store, self.worker_id, self.max_size = dsn, store, worker_id, max_size
@@ -119,6 +120,13 @@ class AsyncTransactions:
         async with pool.connection() as conn, conn.transaction():
             yield conn
             await arun(conn, self.store.complete_steps(job.id, self.worker_id, job.attempt, result=job.result_json))
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection of the pool (a durable job's steps run on it)."""
+        pool = await self._pool()
+        async with pool.connection() as conn:
+            yield conn
 
     async def _pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         if self._opening is None:

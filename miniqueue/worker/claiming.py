@@ -21,6 +21,7 @@ from __future__ import annotations
 from ..core.limits import holds_a_slot
 from ..core.records import Lease
 from ..store.store import MAX_GROUPS_PER_CLAIM
+from .batching import batch_capacity
 from .config import WorkerConfig
 from .prefetch import PrefetchPolicy, parse_prefetch
 from .slots import Slots
@@ -114,7 +115,8 @@ class ClaimPolicy:
         held, finishing ones included, will all count as done).
         """
         busy = self.busy_kinds(now)
-        capacity = self.handler_slots + self.prefetch.size(stuck=bool(busy))
+        # Batch tasks hold enough jobs to fill their batches, whatever the prefetch says.
+        capacity = max(self.handler_slots + self.prefetch.size(stuck=bool(busy)), batch_capacity(self.slots.batches))
         self.claim_batch = max(1, capacity // 2)
         held = self.slots.held()
         free = capacity - held + finishing

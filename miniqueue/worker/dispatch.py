@@ -16,11 +16,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from ..core.records import Lease
+from ..core.records import Lease, ParentOutcome
 from ..tasks.app import App
-from ..tasks.job import AsyncTransactionFactory, Job, TransactionFactory
+from ..tasks.durable import StepStore
+from ..tasks.job import AsyncTransactionFactory, GroupAdder, Job, TransactionFactory
 from .aio import EventLoop
 from .claiming import ClaimPolicy
 from .execute import Executor
@@ -55,13 +55,15 @@ class Dispatcher:
         kinds: tuple[bool, ...],
         transaction: TransactionFactory,
         atransaction: AsyncTransactionFactory,
-        read_results: Callable[[Sequence[int]], list[tuple[int, Any]]],
+        read_results: Callable[[Sequence[int]], list[tuple[int, ParentOutcome]]],
         max_result_bytes: int,
+        steps: StepStore | None = None,
+        groups: GroupAdder | None = None,
     ) -> None:
         self.app, self.slots, self.claims, self.outcomes, self.executor = app, slots, claims, outcomes, executor
         self.wake, self.worker_id, self.concurrency, self.kinds = wake, worker_id, concurrency, kinds
         self.transaction, self.atransaction, self.read_results = transaction, atransaction, read_results
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes, self.steps, self.groups = max_result_bytes, steps, groups
         # The recorder's queue itself: a handler appends to it and reads its length per job.
         self._queue = outcomes.queue
         self.hooks = WorkerHooks()
@@ -77,22 +79,22 @@ class Dispatcher:
         threads = self.threads
         assert threads is not None, "dispatch() before the handler threads were set"
         for run_async in self.kinds:
+            while not self.stopping and (jobs := self.slots.start_batch(self.make_job, self.concurrency, run_async)):
+                self._start_batch(jobs, threads, run_async)
             while not self.stopping and (job := self.slots.start_next(self.make_job, self.concurrency, run_async)):
                 self.hooks.on_job_start(job)
                 if self.aio is not None and run_async:
                     self.aio.spawn_threadsafe(self._work_async, job)
                 else:
                     threads.submit(functools.partial(self._work, job))
-        self._log_overdue()
 
-    def _log_overdue(self) -> None:
-        for lease in self.slots.take_overdue():
-            log.warning(
-                "job %d (%s) not started: its lease may have ended before it could start (the "
-                "worker stalled past it); it runs again once the lease is taken back",
-                lease.id,
-                lease.task,
-            )
+    def _start_batch(self, jobs: list[Job], threads: HandlerThreads, run_async: bool) -> None:
+        for job in jobs:
+            self.hooks.on_job_start(job)
+        if self.aio is not None and run_async:
+            self.aio.spawn_threadsafe(self._work_batch_async, jobs)
+        else:
+            threads.submit(functools.partial(self._work_batch, jobs))
 
     def make_job(self, lease: Lease) -> Job:
         """The job a handler receives for ``lease``."""
@@ -105,9 +107,17 @@ class Dispatcher:
                 atransaction=self.atransaction,
                 max_result_bytes=limit,
                 read_results=read,
+                steps=self.steps,
+                groups=self.groups,
             )
         return Job(
-            lease, worker_id=self.worker_id, transaction=self.transaction, max_result_bytes=limit, read_results=read
+            lease,
+            worker_id=self.worker_id,
+            transaction=self.transaction,
+            max_result_bytes=limit,
+            read_results=read,
+            steps=self.steps,
+            groups=self.groups,
         )
 
     # -- running them (handler threads, the event loop) ----------------------------------------
@@ -128,6 +138,59 @@ class Dispatcher:
         next_job = self.finish(job, await self.executor.run_async(job), run_async=True)
         if next_job is not None:
             aio.spawn(self._work_async(next_job))
+
+    def _work_batch(self, jobs: list[Job]) -> None:
+        """A handler thread's loop for batches: run one, queue its outcomes, and take the next
+        due batch, else the next ready job, straight away."""
+        batch: list[Job] = jobs
+        while batch:
+            batch = self.finish_batch(batch, self.executor.run_batch(batch))
+        self._work(self._start_next(False))
+
+    async def _work_batch_async(self, jobs: list[Job]) -> None:
+        """One async batch, as a task on the event loop. A timeout or a shutdown, which stop
+        every job of the batch alike, cancel it; one job's lost lease does not (its outcome is
+        discarded by the fenced write)."""
+        assert self.aio is not None
+        aio, task = self.aio, asyncio.current_task()
+        assert task is not None
+
+        def stop(reason: str) -> None:
+            if reason in ("timeout", "shutdown"):
+                aio.cancel_threadsafe(task, f"the batch should stop: {reason}")
+
+        for job in jobs:
+            job.on_stop(stop)
+        batch = self.finish_batch(jobs, await self.executor.run_batch_async(jobs), run_async=True)
+        if batch:
+            aio.spawn(self._work_batch_async(batch))
+        elif (next_job := self._start_next(True)) is not None:
+            aio.spawn(self._work_async(next_job))
+
+    def finish_batch(self, jobs: list[Job], outcomes: list[Outcome], run_async: bool = False) -> list[Job]:
+        """Queue a finished batch's outcomes, one per job, for the claim loop; return the next
+        due batch of the same kind, now started ([] when there is none, or when stopping)."""
+        for job, outcome in zip(jobs, outcomes, strict=True):
+            self.slots.finish(job)
+            self._queue.append((job, outcome))
+            self.claims.note_finished(job.limits)
+        if self.stopping:
+            self.wake.set()
+            return []
+        batch = self.slots.start_batch(self.make_job, self.concurrency, run_async)
+        # As for one job: wake the claim loop when a claim is due or no batch is left to run.
+        if not batch or len(self._queue) >= self.claims.claim_batch:
+            self.wake.set()
+        for job in batch:
+            self.hooks.on_job_start(job)
+        return batch
+
+    def _start_next(self, run_async: bool) -> Job | None:
+        """The next ready job of the kind, now started (None: none, or stopping)."""
+        job = None if self.stopping else self.slots.start_next(self.make_job, self.concurrency, run_async)
+        if job is not None:
+            self.hooks.on_job_start(job)
+        return job
 
     def finish(self, job: Job, outcome: Outcome, run_async: bool = False) -> Job | None:
         """Queue a finished handler's outcome for the claim loop; return the next ready job of

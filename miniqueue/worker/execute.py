@@ -1,24 +1,31 @@
-"""Running one handler, ``def`` or ``async def``, and classifying what it did as an
+"""Running one handler, ``def`` or ``async def``, inside the run hooks of its app's middleware
+(:mod:`miniqueue.tasks.middleware`), and classifying what it did as an
 :class:`~miniqueue.worker.outcomes.Outcome`.
 
 Whatever a handler does (returns, raises, returns what cannot be stored, completes its job in
-its own transaction, asks to be snoozed) becomes an outcome here, on the thread or the event
-loop that ran it; recording the outcome is the claim loop's (see
+its own transaction, asks to be snoozed, sleeps or waits for a signal) becomes an outcome here,
+on the thread or the event loop that ran it; recording the outcome is the claim loop's (see
 :mod:`miniqueue.worker.recording`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
 import traceback
+from collections.abc import Mapping
+from typing import Any, cast
 
 from ..core.db import UndecodableJson
 from ..core.errors import InvalidInput, LeaseLost
 from ..core.validation import encode_result
 from ..tasks.app import App
-from ..tasks.job import Job, PermanentError, Snooze
+from ..tasks.batch import BatchHandler
+from ..tasks.durable import JobSuspended
+from ..tasks.job import Job, PermanentError, RateLimited, Snooze
+from ..tasks.task import Handler
 from .outcomes import Outcome, WorkerHooks
 
 log = logging.getLogger("miniqueue.worker")
@@ -42,14 +49,12 @@ class Executor:
         if (unreadable := _unreadable(job)) is not None:
             return unreadable
         try:
-            self.hooks.on_handler_start(job)
+            self.hooks.on_handler_start(job)  # (a trace's span starts: it encloses the middleware)
             try:
-                returned = task.handler(job)
+                returned = self.app.middleware_stack.run(job, functools.partial(_call, task.handler))
             finally:
                 self.hooks.on_handler_end(job)
-            if inspect.isawaitable(returned):
-                raise TypeError(_not_awaited(returned, job.task))
-        except BaseException as exc:  # whatever the handler raises is its outcome
+        except BaseException as exc:  # whatever the handler (or a middleware) raises is its outcome
             return _finished(job, exc)
         return _finished(job, returned=returned, max_result_bytes=self.max_result_bytes)
 
@@ -62,12 +67,54 @@ class Executor:
         try:
             self.hooks.on_handler_start(job)
             try:
-                returned = await handler(job)
+                returned = await self.app.middleware_stack.arun(job, handler)
             finally:
                 self.hooks.on_handler_end(job)
-        except BaseException as exc:  # whatever the handler raises is its outcome
+        except BaseException as exc:  # whatever the handler (or a middleware) raises is its outcome
             return _finished(job, exc)
         return _finished(job, returned=returned, max_result_bytes=self.max_result_bytes)
+
+    def run_batch(self, jobs: list[Job]) -> list[Outcome]:
+        """Run a ``def`` batch handler on ``jobs`` (of one task) and classify what it did to
+        each (see :class:`~miniqueue.Batch`). Run hooks wrap one job's handler, so they do not
+        wrap a batch's."""
+        handler = cast(BatchHandler, self.app.tasks[jobs[0].task].handler)
+        unreadable, readable = _split_unreadable(jobs)
+        if not readable:
+            return [unreadable[job.id] for job in jobs]
+        for job in readable:
+            self.hooks.on_handler_start(job)
+        try:
+            returned = handler(readable)
+            if inspect.isawaitable(returned):
+                raise TypeError(_not_awaited(returned, jobs[0].task))
+        except BaseException as exc:  # what the handler raises is the outcome of every job
+            outcomes = {job.id: _finished(job, exc) for job in readable}
+        else:
+            outcomes = _batch_outcomes(readable, returned, self.max_result_bytes)
+        finally:
+            for job in readable:
+                self.hooks.on_handler_end(job)
+        return [unreadable.get(job.id) or outcomes[job.id] for job in jobs]
+
+    async def run_batch_async(self, jobs: list[Job]) -> list[Outcome]:
+        """Await an ``async def`` batch handler on ``jobs``, as :meth:`run_batch` runs a ``def`` one."""
+        handler = cast(BatchHandler, self.app.tasks[jobs[0].task].handler)
+        unreadable, readable = _split_unreadable(jobs)
+        if not readable:
+            return [unreadable[job.id] for job in jobs]
+        for job in readable:
+            self.hooks.on_handler_start(job)
+        try:
+            returned = await handler(readable)
+        except BaseException as exc:  # cancelled (a stop request) too: CancelledError is its outcome
+            outcomes = {job.id: _finished(job, exc) for job in readable}
+        else:
+            outcomes = _batch_outcomes(readable, returned, self.max_result_bytes)
+        finally:
+            for job in readable:
+                self.hooks.on_handler_end(job)
+        return [unreadable.get(job.id) or outcomes[job.id] for job in jobs]
 
     def _unknown_task(self, task: str) -> str:
         """The error of a job whose task this worker's app does not know; logged once per task."""
@@ -82,6 +129,14 @@ class Executor:
         return message
 
 
+def _call(handler: Handler, job: Job) -> Any:
+    """Run a ``def`` handler; one that returned an awaitable did not run, which is its error."""
+    returned = handler(job)
+    if inspect.isawaitable(returned):
+        raise TypeError(_not_awaited(returned, job.task))
+    return returned
+
+
 def _unreadable(job: Job) -> Outcome | None:
     """The outcome of a job whose payload this process could not decode: it fails for good
     without running (another try would read the same bytes), and the jobs claimed with it run."""
@@ -90,6 +145,35 @@ def _unreadable(job: Job) -> Outcome | None:
     return Outcome(
         "permanent", f"the job's payload could not be decoded ({job.payload.error}): it fails without running"
     )
+
+
+def _split_unreadable(jobs: list[Job]) -> tuple[dict[int, Outcome], list[Job]]:
+    """The outcomes of the jobs of a batch whose payload could not be decoded (they fail
+    without running), and the others, which run."""
+    unreadable = {job.id: outcome for job in jobs if (outcome := _unreadable(job)) is not None}
+    return unreadable, [job for job in jobs if job.id not in unreadable]
+
+
+def _batch_outcomes(jobs: list[Job], returned: object, max_result_bytes: int) -> dict[int, Outcome]:
+    """Each job's outcome from what a batch handler returned: None, or each job's result (or
+    the exception it should count as having raised) by job id. Anything else fails every job:
+    completing them without it could lose what the handler meant."""
+    if returned is None:
+        returned = {}
+    if not isinstance(returned, Mapping):
+        error = TypeError(
+            f"the batch handler of task {jobs[0].task!r} returned {type(returned).__name__}: return None "
+            "or a dict of each job's result (or exception) by job id"
+        )
+        return {job.id: _finished(job, error) for job in jobs}
+    outcomes = {}
+    for job in jobs:
+        value = returned.get(job.id)
+        if isinstance(value, BaseException):
+            outcomes[job.id] = _finished(job, value)
+        else:
+            outcomes[job.id] = _finished(job, returned=value, max_result_bytes=max_result_bytes)
+    return outcomes
 
 
 def _not_awaited(returned: object, task: str) -> str:
@@ -144,8 +228,12 @@ def _outcome_of(job: Job, exc: BaseException) -> Outcome:
         return Outcome("completed_in_transaction")
     if isinstance(exc, LeaseLost):
         return Outcome("lease_lost", str(exc))
+    if isinstance(exc, RateLimited):
+        return Outcome("snoozed", delay=exc.seconds, pause_key=exc.key)
     if isinstance(exc, Snooze):
         return Outcome("snoozed", delay=exc.seconds)
+    if isinstance(exc, JobSuspended):  # the sleep or the wait gave the job back already
+        return Outcome(exc.kind, delay=exc.seconds)
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
     if isinstance(exc, PermanentError):
         return Outcome("permanent", text, exception=exc)

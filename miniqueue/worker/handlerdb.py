@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from psycopg_pool import ConnectionPool
 
 from ..core.db import Connection, create_pool
+from ..core.records import ParentOutcome
 from ..store.store import Store
 from ..tasks.job import Job
 
@@ -51,7 +51,7 @@ class HandlerConnections:
             )
         return self._pool
 
-    def read_parent_results(self, parents: Sequence[int]) -> list[tuple[int, Any]]:
+    def read_parent_results(self, parents: Sequence[int]) -> list[tuple[int, ParentOutcome]]:
         with self.pool().connection() as conn:
             return self.store.parent_results(conn, parents)
 

@@ -2,9 +2,10 @@
 
 A lease that is not renewed (the job was recovered, cancelled or claimed elsewhere) is reported
 through ``on_lost`` so the handler can be told to stop; its outcome will be discarded by the
-fenced completion anyway. The heartbeat runs every ``interval`` seconds (by default a third of
-the lease, so two renewals can fail before a lease expires) and ticks more often than that to
-enforce handler timeouts.
+fenced completion anyway. The progress handlers reported since the last renewal is written by
+the same statement (a report that a failed renewal did not write is kept for the next one).
+The heartbeat runs every ``interval`` seconds (by default a third of the lease, so two renewals
+can fail before a lease expires) and ticks more often than that to enforce handler timeouts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..core.errors import DatabaseUnavailable
 from ..core.records import State
 from ..core.service import Service
 from ..store.store import Store
+from .slots import HeldLeases
 
 log = logging.getLogger("miniqueue.heartbeat")
 
@@ -38,7 +40,7 @@ class Heartbeat(Service):
         *,
         lease_seconds: float,
         interval: float,
-        leases: Callable[[], list[tuple[int, int]]],
+        leases: Callable[[], HeldLeases],
         on_lost: Callable[[dict[int, str]], None],
         on_tick: Callable[[], None] = lambda: None,
         on_renewed: Callable[[Collection[int], float], None] = lambda ids, sent_at: None,
@@ -48,31 +50,41 @@ class Heartbeat(Service):
         self.lease_seconds, self.interval = lease_seconds, interval
         self.leases, self.on_lost, self.on_tick, self.on_renewed = leases, on_lost, on_tick, on_renewed
         self._conn: Connection | None = None
+        # Progress taken from the handlers and not yet written (a renewal failed), by job id.
+        self._unwritten: dict[int, str] = {}
 
     def run(self) -> None:
         next_beat = time.monotonic() + self.interval
+        retry = 0.0
         while not self.stopping.wait(min(TICK_SECONDS, self.interval)):
             self.on_tick()
             if time.monotonic() < next_beat:
                 continue
             try:
                 self.beat()
-                next_beat = time.monotonic() + self.interval
+                next_beat, retry = time.monotonic() + self.interval, 0.0
             except DatabaseUnavailable as exc:
-                # Retry at the next tick: the lease still has two intervals of slack.
-                log.warning("heartbeat failed (%s); retrying", exc)
+                # The lease still has two intervals of slack: retry soon, backing off from a tick
+                # to half an interval while the database stays down (not a connection a tick).
+                retry = min(max(retry * 2, TICK_SECONDS), self.interval / 2)
+                log.warning("heartbeat failed (%s); retrying in %.2gs", exc, retry)
+                next_beat = time.monotonic() + retry
                 self._close()
         self._close()
 
     def beat(self) -> None:
         """Renew every held lease now; report those that were lost."""
         held = self.leases()
+        self._unwritten.update(held.progress)  # a newer report replaces an unwritten older one
         if not held:
+            self._unwritten.clear()
             return
         if self._conn is None:
             self._conn = connect(self.dsn, purpose="heartbeat", schema=self.store.schema)
         sent_at = time.monotonic()  # the renewed leases end no sooner than lease_seconds after this
-        renewed = self.store.renew_leases(self._conn, self.worker_id, held, self.lease_seconds)
+        progress = self._unwritten
+        renewed = self.store.renew_leases(self._conn, self.worker_id, held, self.lease_seconds, progress=progress)
+        self._unwritten = {}  # written, or its lease is lost: either way nothing is left to write
         self.on_renewed(renewed.keys(), sent_at)
         lost = [job_id for job_id, _ in held if job_id not in renewed]
         if lost:

@@ -10,9 +10,20 @@ from typing import Literal
 from ..tasks.job import Job
 
 #: What became of a handler run. A handler's exception is an ``error`` (recorded as ``retried``
-#: or ``dead``); a PermanentError is ``permanent`` (recorded as ``failed``).
+#: or ``dead``); a PermanentError is ``permanent`` (recorded as ``failed``). A durable sleep
+#: (``slept``) or wait for a signal (``waiting``) handed its job back already.
 OutcomeKind = Literal[
-    "completed", "completed_in_transaction", "error", "permanent", "snoozed", "lease_lost", "retried", "dead", "failed"
+    "completed",
+    "completed_in_transaction",
+    "error",
+    "permanent",
+    "snoozed",
+    "slept",
+    "waiting",
+    "lease_lost",
+    "retried",
+    "dead",
+    "failed",
 ]
 
 
@@ -27,6 +38,9 @@ class Outcome:
     duration: float = 0.0
     #: A completed handler's result as JSON text (None: it returned nothing).
     result: str | None = None
+    #: The limit key a ``snoozed`` job pauses fleet-wide for ``delay`` seconds (it raised
+    #: RateLimited); None for a plain snooze.
+    pause_key: str | None = None
     #: What the handler raised, for an ``error`` or ``permanent`` outcome (recorded on the
     #: attempt's span by :mod:`miniqueue.tracing`).
     exception: BaseException | None = field(default=None, repr=False, compare=False)

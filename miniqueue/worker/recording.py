@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,6 +86,10 @@ class OutcomeRecorder:
         self.jobs_done = 0
         # A completion was under way when the connection dropped: it may have committed.
         self._in_doubt = False
+        #: When the jobs this worker put to sleep are due again (time.monotonic(), a heap): the
+        #: claim loop looks for work then, rather than at its next poll (nothing announces a
+        #: sleep's end).
+        self.wakeups: list[float] = []
 
     def add(self, job: Job, outcome: Outcome) -> None:
         self.queue.append((job, outcome))
@@ -97,6 +103,7 @@ class OutcomeRecorder:
         recorded here, one by one, on ``conn``."""
         batch = Batch.of(list(self.queue))
         try:
+            self._write_final_progress(conn, batch)
             completed = commit(batch)
         except DatabaseUnavailable:
             self._in_doubt = bool(batch.completions)  # the commit may have landed before the drop
@@ -110,12 +117,34 @@ class OutcomeRecorder:
                 outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
             elif outcome.kind in ("error", "permanent", "snoozed"):
                 outcome = self.record(conn, job, outcome)
+            if outcome.kind == "slept":
+                heapq.heappush(self.wakeups, time.monotonic() + outcome.delay)
             if outcome.kind in LOGGED_OUTCOMES:
                 log_outcome(job, outcome)
             self.queue.popleft()
             self.slots.forget(job)
             self.jobs_done += 1
             self.hooks.on_job_end(job, outcome)
+
+    def _write_final_progress(self, conn: Connection, batch: Batch) -> None:
+        """Write the last progress of the jobs completing, just before their completion (the
+        heartbeat may not have written it yet, and cannot once they completed): one statement
+        for the batch, and none when no job of it reported progress."""
+        final = {
+            (job.id, job.attempt): job.progress_json
+            for job, outcome in batch.outcomes
+            if outcome.kind == "completed" and job.progress_json is not None
+        }
+        if final:
+            self.store.record_progress(conn, self.worker_id, final)
+
+    def wakeup_due(self, now: float) -> bool:
+        """Whether a sleep of this worker's jobs ended by ``now`` (each counts once)."""
+        due = False
+        while self.wakeups and self.wakeups[0] <= now:
+            heapq.heappop(self.wakeups)
+            due = True
+        return due
 
     def _completed_before_the_drop(
         self, conn: Connection, completions: list[tuple[int, int]], completed: set[int]
@@ -129,7 +158,8 @@ class OutcomeRecorder:
 
     def record(self, conn: Connection, job: Job, outcome: Outcome) -> Outcome:
         """Record a failure (``retried`` after its task's backoff, or ``dead``), a permanent
-        failure (``failed``) or a snooze; LeaseLost turns it into ``lease_lost``."""
+        failure (``failed``) or a snooze (one that pauses a key too: RateLimited); LeaseLost
+        turns it into ``lease_lost``."""
         try:
             if outcome.kind == "error":
                 task = self.app.tasks.get(job.task)
@@ -142,6 +172,9 @@ class OutcomeRecorder:
             if outcome.kind == "permanent":
                 self.store.fail(conn, job.id, self.worker_id, job.attempt, outcome.error or "")
                 return dataclasses.replace(outcome, kind="failed")
+            if outcome.pause_key is not None:
+                self.store.rate_limit(conn, job.id, self.worker_id, job.attempt, outcome.pause_key, outcome.delay)
+                return outcome
             self.store.snooze(conn, job.id, self.worker_id, job.attempt, outcome.delay)
             return outcome
         except LeaseLost as exc:

@@ -1,8 +1,8 @@
 """The leases a worker holds, and where each job is: ready, running or finishing.
 
 The claim loop adds leases, handler threads and the event loop move jobs through the slots,
-the heartbeat renews every lease held; one lock makes each move atomic. (Moved out of
-:mod:`miniqueue.worker` unchanged.)
+the heartbeat renews every lease held; one lock makes each move atomic. A batch task's leases start
+together, as one handler's jobs (see :mod:`miniqueue.worker.batching`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from ..core.records import Lease
+from ..tasks.batch import Batch
 from ..tasks.job import Job
+from .batching import due_batch, due_in
 
 #: A claimed job starts only while its lease has at least this much left (the larger of the two,
 #: in seconds and as a share of the lease, but at most half the lease), judged on this
@@ -33,6 +35,15 @@ def start_deadline(sent_at: float, lease_seconds: float) -> float:
     return sent_at + lease_seconds - margin
 
 
+class HeldLeases(list[tuple[int, int]]):
+    """The ``(job id, attempt)`` of every lease a worker holds, and the progress their handlers
+    reported since the heartbeat last took it (JSON text by job id), which its renewal writes."""
+
+    def __init__(self, leases: list[tuple[int, int]], progress: dict[int, str]) -> None:
+        super().__init__(leases)
+        self.progress = progress
+
+
 @dataclass
 class Slots:
     """Every job this worker holds a lease on, in one of three places: ``ready`` (claimed, not
@@ -41,6 +52,9 @@ class Slots:
     ``async_tasks`` run as coroutines, the others on threads, each kind within a limit of its own."""
 
     async_tasks: frozenset[str] = frozenset()
+    #: The batch tasks' options: their leases start together (see :meth:`start_batch`), never
+    #: one by one.
+    batches: dict[str, Batch] = field(default_factory=dict)
     ready: collections.deque[Lease] = field(default_factory=collections.deque)
     running: dict[int, Job] = field(default_factory=dict)
     finishing: dict[int, Job] = field(default_factory=dict)
@@ -50,24 +64,34 @@ class Slots:
     #: lease's end is the database's ``now()`` at the claim or renewal plus the lease; counted
     #: here from just before the statement was sent, less a margin, so it is never later.
     start_by: dict[int, float] = field(default_factory=dict)
-    #: Ready leases found past their start-by time, not started (the worker logs them).
+    #: Ready leases found past their start-by time, not started (the worker hands them back).
     overdue: list[Lease] = field(default_factory=list)
+    #: When (monotonic) each ready lease of a batch task was added: a batch waits at most its
+    #: ``wait`` from its oldest.
+    ready_since: dict[int, float] = field(default_factory=dict)
+    #: The jobs running in batches besides each batch's first, and how many of them by kind
+    #: (True: async): a batch takes one handler, as one job does.
+    batched: set[int] = field(default_factory=set)
+    batched_by_kind: dict[bool, int] = field(default_factory=lambda: {False: 0, True: 0})
 
     def held(self) -> int:
         with self.lock:
             return len(self.ready) + len(self.running) + len(self.finishing)
 
-    def leases(self) -> list[tuple[int, int]]:
+    def leases(self) -> HeldLeases:
+        """Every lease held, and the progress reported since the last call (taken: see
+        :meth:`~miniqueue.Job.take_progress`)."""
         with self.lock:
             jobs = [*self.running.values(), *self.finishing.values()]
-            return [(lease.id, lease.attempt) for lease in self.ready] + [(job.id, job.attempt) for job in jobs]
+            leases = [(lease.id, lease.attempt) for lease in self.ready] + [(job.id, job.attempt) for job in jobs]
+            progress = {job.id: text for job in jobs if (text := job.take_progress()) is not None}
+            return HeldLeases(leases, progress)
 
     def start_next(self, make_job: Callable[[Lease], Job], limit: int, run_async: bool = False) -> Job | None:
         """Move the next ready lease of the kind (async or not) to running, if fewer than
         ``limit`` jobs of that kind run."""
         with self.lock:
-            running = self.running_async if run_async else len(self.running) - self.running_async
-            if running >= limit:
+            if self._handlers(run_async) >= limit:
                 return None
             now = time.monotonic()
             while True:
@@ -81,12 +105,19 @@ class Slots:
             self.running_async += run_async
             return job
 
+    def _handlers(self, run_async: bool) -> int:
+        """Handlers of the kind running: a batch of jobs counts once."""
+        jobs = self.running_async if run_async else len(self.running) - self.running_async
+        return jobs - self.batched_by_kind[run_async]
+
     def _take(self, run_async: bool) -> Lease | None:
-        """The first ready lease of the kind, in claim order (the only kind, in most apps)."""
-        if self.is_async(self.ready[0].task) == run_async:
+        """The first ready lease of the kind, in claim order (the only kind, in most apps),
+        that is not a batch task's."""
+        first = self.ready[0].task
+        if self.is_async(first) == run_async and first not in self.batches:
             return self.ready.popleft()
         for index, lease in enumerate(self.ready):
-            if self.is_async(lease.task) == run_async:
+            if self.is_async(lease.task) == run_async and lease.task not in self.batches:
                 del self.ready[index]
                 return lease
         return None
@@ -95,6 +126,58 @@ class Slots:
         with self.lock:
             self.ready.extend(leases)
             self.start_by.update((lease.id, start_by) for lease in leases)
+            if self.batches:
+                now = time.monotonic()
+                self.ready_since.update((lease.id, now) for lease in leases if lease.task in self.batches)
+
+    def start_batch(self, make_job: Callable[[Lease], Job], limit: int, run_async: bool = False) -> list[Job]:
+        """Move the ready leases of a batch task of the kind that is due (see
+        :func:`~miniqueue.worker.batching.due_batch`) to running, as one handler's jobs, if fewer
+        than ``limit`` handlers of that kind run; [] when none is due. A lease past its start-by
+        time is not started, as in :meth:`start_next`."""
+        with self.lock:
+            if not self.batches or not self.ready or self._handlers(run_async) >= limit:
+                return []
+            now = time.monotonic()
+            for task, options in self.batches.items():
+                if self.is_async(task) != run_async:
+                    continue
+                leases = due_batch(
+                    [lease for lease in self.ready if lease.task == task], options, self.ready_since, now
+                )
+                if leases:
+                    return self._start_batch(make_job, leases, run_async, now)
+            return []
+
+    def _start_batch(
+        self, make_job: Callable[[Lease], Job], leases: list[Lease], run_async: bool, now: float
+    ) -> list[Job]:
+        taken = {lease.id for lease in leases}
+        self.ready = collections.deque(lease for lease in self.ready if lease.id not in taken)
+        jobs = []
+        for lease in leases:
+            self.ready_since.pop(lease.id, None)
+            if self.start_by.pop(lease.id, now) > now:
+                jobs.append(make_job(lease))
+            else:
+                self.overdue.append(lease)  # as in start_next: not ours to start
+        for job in jobs:
+            self.running[job.id] = job
+        self.running_async += len(jobs) if run_async else 0
+        self.batched.update(job.id for job in jobs[1:])
+        self.batched_by_kind[run_async] += max(0, len(jobs) - 1)
+        return jobs
+
+    def batch_due_in(self, now: float, limit: int) -> float:
+        """Seconds until a batch waiting to fill is due (inf: none waits, or every handler of its
+        kind is busy: the first to finish starts it)."""
+        with self.lock:
+            if not self.ready_since:
+                return float("inf")
+            free = {
+                task: options for task, options in self.batches.items() if self._handlers(self.is_async(task)) < limit
+            }
+            return due_in(self.ready, free, self.ready_since, now)
 
     def renewed(self, ids: Collection[int], start_by: float) -> None:
         """The heartbeat renewed these leases: those still ready may start until ``start_by``."""
@@ -108,16 +191,25 @@ class Slots:
             overdue, self.overdue = self.overdue, []
             return overdue
 
+    def put_overdue(self, leases: list[Lease]) -> None:
+        """Return leases taken by :meth:`take_overdue` that could not be handed back."""
+        with self.lock:
+            self.overdue[:0] = leases
+
     def forget_start_by(self, leases: Collection[Lease]) -> None:
         """Released leases need no start-by time any more."""
         with self.lock:
             for lease in leases:
                 self.start_by.pop(lease.id, None)
+                self.ready_since.pop(lease.id, None)
 
     def finish(self, job: Job) -> None:
         with self.lock:
             if self.running.pop(job.id, None) is not None and job.task in self.async_tasks:
                 self.running_async -= 1
+            if job.id in self.batched:
+                self.batched.discard(job.id)
+                self.batched_by_kind[job.task in self.async_tasks] -= 1
             self.finishing[job.id] = job
 
     def forget(self, job: Job) -> None:
@@ -147,6 +239,8 @@ class Slots:
         by_kind: dict[bool, list[float]] = {False: [], True: []}
         with self.lock:
             for job in self.running.values():
+                if job.id in self.batched:  # a batch is one handler
+                    continue
                 by_kind[self.is_async(job.task)].append(now - job.started_at)
         return by_kind
 
@@ -166,6 +260,7 @@ class Slots:
             self.ready = collections.deque(lease for lease in self.ready if lease.id not in ids)
             for job_id in ids:
                 self.start_by.pop(job_id, None)
+                self.ready_since.pop(job_id, None)
             return [job for job in self.running.values() if job.id in ids]
 
     def running_jobs(self) -> list[Job]:

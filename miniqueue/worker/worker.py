@@ -28,15 +28,19 @@ from psycopg_pool import ConnectionPool
 
 from ..core.db import Connection
 from ..core.errors import ConfigError, DatabaseUnavailable
+from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES
 from ..observability import tracing
 from ..store.store import Release, Store
-from ..tasks.app import App, is_async_handler
+from ..tasks.app import App
+from ..tasks.task import is_async_handler
 from .aio import POOL_MAX_SIZE, AsyncTransactions, EventLoop
 from .claiming import ClaimPolicy
 from .config import WorkerConfig, new_worker_id
 from .connection import ClaimConnection
 from .dispatch import Dispatcher
+from .durable import WorkerSteps
 from .execute import Executor
+from .grouping import GroupMembers
 from .handlerdb import HandlerConnections
 from .handlerthreads import HandlerThreads
 from .heartbeat import Heartbeat
@@ -90,13 +94,14 @@ class Worker:
             self.dsn, pool = (info() if callable(info) else info), dsn_or_pool
         store = Store(cfg.schema)
         pool_size = min(cfg.concurrency, POOL_MAX_SIZE)
-        self._slots = Slots(async_tasks)
+        self._slots = Slots(async_tasks, {name: task.batch for name, task in app.tasks.items() if task.batch})
         self._claims = ClaimPolicy(cfg, self._slots, kinds=kinds, handler_kinds=handler_kinds)
         self._claim_conn = ClaimConnection(self.dsn, store, app, self.queues, schema=cfg.schema)
         self._handler_db = HandlerConnections(
             self.dsn, store, self.worker_id, schema=cfg.schema, max_size=pool_size, pool=pool
         )
         self._async_transactions = AsyncTransactions(self.dsn, store, self.worker_id, max_size=pool_size)
+        self._groups = GroupMembers(app, store, self.worker_id, max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES)
         self._outcomes = OutcomeRecorder(app, store, self.worker_id, self._slots, self._claims.prefetch)
         self._executor = Executor(app, max_result_bytes=cfg.max_result_bytes)
         self._wake = threading.Event()
@@ -113,6 +118,8 @@ class Worker:
             transaction=self._handler_db.transaction,
             atransaction=self._async_transactions.transaction,
             read_results=self._handler_db.read_parent_results,
+            steps=WorkerSteps(self.worker_id, self._handler_db, self._async_transactions),
+            groups=self._groups,
             max_result_bytes=cfg.max_result_bytes,
         )
         self.store = store
@@ -128,6 +135,7 @@ class Worker:
     @store.setter
     def store(self, store: Store) -> None:
         self._store = self._claim_conn.store = self._handler_db.store = self._outcomes.store = store
+        self._async_transactions.store = self._groups.store = store
 
     @property
     def hooks(self) -> WorkerHooks:
@@ -228,18 +236,21 @@ class Worker:
             # iteration runs keeps the next wait from sleeping.
             self._wake.clear()
             try:
-                self._dispatch.dispatch()  # keep handler threads busy while we talk to the database
+                self._dispatch_ready()  # keep handler threads busy while we talk to the database
                 if self._stop_requested:
                     deadline = deadline or time.monotonic() + self.config.shutdown_timeout
                     if self._drain(deadline):
                         return
                 else:
                     self._hand_back_if_stuck()
-                    claim = self._claim_size(time.monotonic() >= next_poll)
+                    now = time.monotonic()
+                    if self._outcomes.wakeup_due(now):  # a job this worker put to sleep is due
+                        self._claims.nudge()
+                    claim = self._claim_size(now >= next_poll)
                     self._flush_outcomes(claim)
                     if claim:
                         next_poll = time.monotonic() + self._claims.poll_interval(time.monotonic())
-                self._dispatch.dispatch()
+                self._dispatch_ready()
                 delay = 0.1
             except DatabaseUnavailable as exc:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -248,7 +259,7 @@ class Worker:
                 log.warning("worker %s: %s; retrying in %.1fs", self.worker_id, exc, delay)
                 self._claim_conn.close()
                 self._claims.nudge()  # after reconnecting, poll once
-                self._sleep(delay)
+                self._back_off(delay, deadline)
                 delay = min(delay * 2, 5.0)
                 continue
             # Handlers and notifications set the wake event; only a claim we could make right
@@ -256,7 +267,34 @@ class Worker:
             # not to wait long.
             wait = 0.0 if self._claim_size(False) else max(0.0, next_poll - time.monotonic())
             wait = min(wait, self._claims.stuck_in(time.monotonic()))
+            wait = min(wait, self._slots.batch_due_in(time.monotonic(), self.config.concurrency))
+            if self._outcomes.wakeups:  # a job this worker put to sleep is due then
+                wait = min(wait, max(0.0, self._outcomes.wakeups[0] - time.monotonic()))
             self._sleep(min(wait, self.OUTCOME_DELAY) if self._outcomes else wait)
+
+    def _dispatch_ready(self) -> None:
+        """Start ready jobs; hand back at once, uncharged, those whose lease may have ended
+        before they could start (the process stalled past it): they are not this worker's to
+        start, and left to expire they would wait for the reaper."""
+        self._dispatch.dispatch()
+        overdue = self._slots.take_overdue()
+        if not overdue:
+            return
+        note = "handed back unstarted: its lease may have ended before it could start; attempt not charged"
+        try:
+            self.store.release(
+                self._claim_conn.get(), self.worker_id, [Release(lease.id, lease.attempt, note) for lease in overdue]
+            )
+        except BaseException:
+            self._slots.put_overdue(overdue)  # told again at the next turn of the loop
+            raise
+        for lease in overdue:
+            log.warning(
+                "job %d (%s) not started: its lease may have ended before it could start (the worker "
+                "stalled past it); handed back, attempt not charged",
+                lease.id,
+                lease.task,
+            )
 
     def _drain(self, deadline: float) -> bool:
         """One step of a graceful stop; True once there is nothing left to wait for."""
@@ -288,6 +326,15 @@ class Worker:
                 stuck,
             )
             self._claims.handed_back_kinds(stuck)
+
+    def _back_off(self, seconds: float, deadline: float | None) -> None:
+        """Wait ``seconds`` before trying a database that did not answer again. A stopping worker
+        waits too (up to its shutdown deadline): :meth:`_sleep` returns at once then, and the
+        retries would spin."""
+        if self._stop_requested:
+            time.sleep(max(0.0, min(seconds, (deadline or time.monotonic() + seconds) - time.monotonic())))
+        else:
+            self._sleep(seconds)
 
     def _sleep(self, seconds: float) -> None:
         """Wait until woken (outcome, notification) or ``seconds`` pass, checking the stop flag."""

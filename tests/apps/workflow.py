@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from miniqueue import App
-from miniqueue.tasks.job import Job
+from miniqueue import App, JobSpec
+from miniqueue.tasks.job import Job, PermanentError
 
 app = App()
 _conn: psycopg.Connection[Any] | None = None
@@ -35,3 +35,35 @@ def step(job: Job) -> Any:
     if job.attempt in job.payload.get("sleep_on", []):
         job.wait(job.payload.get("seconds", 30))
     return job.payload.get("value", 0) + sum(r for r in job.parent_results.values() if isinstance(r, int))
+
+
+@app.task("tally", max_attempts=3)
+def tally(job: Job) -> None:
+    """A callback whose effect commits with its completion: one row per callback, ever (a second
+    completion would collide with the first's row); it notes whether every parent had finished."""
+    record(job)
+    with job.transaction() as conn:
+        conn.execute(
+            "INSERT INTO callback_effects (job_id, parents_finished) SELECT %s, NOT EXISTS ("
+            "SELECT 1 FROM miniqueue_jobs WHERE id = ANY(%s) AND state IN ('available', 'running', 'waiting'))",
+            [job.id, list(job.parents)],
+        )
+
+
+@app.task("flaky", max_attempts=1)
+def flaky(job: Job) -> None:
+    """A member that fails for good."""
+    record(job)
+    raise PermanentError("a member that fails")
+
+
+@app.task("spawner", max_attempts=3)
+def spawner(job: Job) -> None:
+    """A member that adds two jobs to its group in its completing transaction; on the attempts in
+    ``sleep_on`` it waits first (a kill lands meanwhile: the adds of that attempt never commit)."""
+    record(job)
+    if job.attempt in job.payload.get("sleep_on", []):
+        job.wait(job.payload.get("seconds", 30))
+    with job.transaction():
+        for value in (1000, 2000):
+            job.add_to_group(JobSpec("step", {"value": value}))

@@ -1,19 +1,25 @@
 -- _enqueue
-WITH ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+WITH held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT %(key)s, nextval('"public"."miniqueue_jobs_id_seq"') WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb)
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    SELECT coalesce((SELECT job_id FROM held), nextval('"public"."miniqueue_jobs_id_seq"')),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM "public"."miniqueue_jobs"
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+SELECT job_id, true, NULL FROM "public"."miniqueue_idempotency_keys"
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
 
 -- _enqueue_limited
 WITH scoped AS (
@@ -23,41 +29,54 @@ WITH scoped AS (
            AS s(scope, max_running, rate, burst)
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-),
-ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb)
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+), held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT %(key)s, nextval('"public"."miniqueue_jobs_id_seq"') WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, rate_cost)
+    SELECT coalesce((SELECT job_id FROM held), nextval('"public"."miniqueue_jobs_id_seq"')),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb, %(rate_cost)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM "public"."miniqueue_jobs"
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+SELECT job_id, true, NULL FROM "public"."miniqueue_idempotency_keys"
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
 
 -- _enqueue_waiting
-WITH ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
-            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+WITH held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT %(key)s, nextval('"public"."miniqueue_jobs_id_seq"') WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
+                        run_when, failed_parents)
+    SELECT coalesce((SELECT job_id FROM held), nextval('"public"."miniqueue_jobs_id_seq"')),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb,
+           CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+           %(run_when)s, %(failed)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM "public"."miniqueue_jobs"
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+SELECT job_id, true, NULL FROM "public"."miniqueue_idempotency_keys"
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
 
 -- _enqueue_waiting_limited
 WITH scoped AS (
@@ -67,24 +86,31 @@ WITH scoped AS (
            AS s(scope, max_running, rate, burst)
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-),
-ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-            %(limits)s::text[], %(trace)s::jsonb,
-            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
-            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)))
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+), held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT %(key)s, nextval('"public"."miniqueue_jobs_id_seq"') WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+), ins AS (
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
+                        run_when, failed_parents, rate_cost)
+    SELECT coalesce((SELECT job_id FROM held), nextval('"public"."miniqueue_jobs_id_seq"')),
+           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
+           %(limits)s::text[], %(trace)s::jsonb,
+           CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
+           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+           %(run_when)s, %(failed)s, %(rate_cost)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 SELECT id, false,
        CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins
 UNION ALL
-SELECT id, true, NULL FROM "public"."miniqueue_jobs"
- WHERE idempotency_key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
+SELECT job_id, true, NULL FROM "public"."miniqueue_idempotency_keys"
+ WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins);
 
 -- _lock_parents
 SELECT id, state FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE;
@@ -93,34 +119,38 @@ SELECT id, state FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]
 UPDATE "public"."miniqueue_jobs" SET dependents = array_append(dependents, %(child)s::bigint) WHERE id = ANY(%(parents)s::bigint[]);
 
 -- _by_key
-SELECT id FROM "public"."miniqueue_jobs" WHERE idempotency_key = %(key)s;
+SELECT job_id FROM "public"."miniqueue_idempotency_keys" WHERE key = %(key)s;
 
 -- _enqueue_many
 WITH src AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+    SELECT nextval('"public"."miniqueue_jobs_id_seq"') AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
                   %(limits)b::text[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+), held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, job_id
 ), ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
            %(trace)s::jsonb
-      FROM src ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, scheduled_at, idempotency_key
+      FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
+    RETURNING id, queue, scheduled_at
 ), notified AS (
     SELECT pg_notify(%(channel)s, queue)
       FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
      WHERE %(notify)s
 )
-SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
-  LEFT JOIN "public"."miniqueue_jobs" e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+  LEFT JOIN held h ON i.id IS NULL AND h.key = s.key
+  LEFT JOIN "public"."miniqueue_idempotency_keys" e ON i.id IS NULL AND h.key IS NULL AND e.key = s.key
  WHERE (SELECT count(*) FROM notified) >= 0
  ORDER BY s.ord;
 
@@ -134,30 +164,35 @@ WITH scoped AS (
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ),
 src AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+    SELECT nextval('"public"."miniqueue_jobs_id_seq"') AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
-                  %(limits)b::text[])
-           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+                  %(limits)b::text[], %(rate_costs)b::int[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, rate_cost,
+                                ord)
+), held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, job_id
 ), ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context)
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                        idempotency_key, limits, trace_context, rate_cost)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
-           %(trace)s::jsonb
-      FROM src ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, scheduled_at, idempotency_key
+           %(trace)s::jsonb, COALESCE(rate_cost, 1)
+      FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
+    RETURNING id, queue, scheduled_at
 ), notified AS (
     SELECT pg_notify(%(channel)s, queue)
       FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
      WHERE %(notify)s
 )
-SELECT s.ord, COALESCE(i.id, ik.id, e.id), i.id IS NULL
+SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
-  LEFT JOIN "public"."miniqueue_jobs" e ON i.id IS NULL AND ik.id IS NULL AND e.idempotency_key = s.key
+  LEFT JOIN held h ON i.id IS NULL AND h.key = s.key
+  LEFT JOIN "public"."miniqueue_idempotency_keys" e ON i.id IS NULL AND h.key IS NULL AND e.key = s.key
  WHERE (SELECT count(*) FROM notified) >= 0
  ORDER BY s.ord;
 
@@ -174,29 +209,38 @@ WITH scoped AS (
     SELECT %(sequence)s, %(on_failure)s WHERE %(sequence)s::text IS NOT NULL
     ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
     RETURNING key
+), held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT %(key)s, nextval('"public"."miniqueue_jobs_id_seq"') WHERE %(key)s::text IS NOT NULL
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
 ), ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
-                        sequence_key, state)
-    SELECT %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+                        sequence_key, state, rate_cost)
+    SELECT coalesce((SELECT job_id FROM held), nextval('"public"."miniqueue_jobs_id_seq"')), %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
            %(limits)s::text[], %(trace)s::jsonb,
            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
            %(unique)s, %(while_running)s, (SELECT key FROM sequenced),
-           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END
+           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END, %(rate_cost)s
+     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     ON CONFLICT DO NOTHING
     RETURNING id, queue, scheduled_at, state
 ), advanced AS (
     SELECT "public"."miniqueue_sequence_advance"(ARRAY[%(sequence)s::text], %(channel)s) WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'waiting')
 )
-SELECT id, false, CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
+SELECT id, false, CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END,
+       NULL::bigint
   FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
 UNION ALL
-(SELECT id, true, NULL FROM "public"."miniqueue_jobs"
-  WHERE NOT EXISTS (SELECT 1 FROM ins)
-    AND (idempotency_key = %(key)s OR unique_key = %(unique)s AND unique_key IS NOT NULL
+(SELECT holder, true, NULL, (SELECT job_id FROM held)
+   FROM (SELECT job_id AS holder FROM "public"."miniqueue_idempotency_keys" WHERE key = %(key)s
+         UNION ALL
+         SELECT id FROM "public"."miniqueue_jobs_live" WHERE unique_key = %(unique)s AND unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
-           OR state = 'running' AND unique_while_running))
+           OR state = 'running' AND unique_while_running)) h
+  WHERE NOT EXISTS (SELECT 1 FROM ins)
   LIMIT 1);
 
 -- _enqueue_replacing
@@ -213,17 +257,18 @@ WITH scoped AS (
     ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
     RETURNING key
 ), new AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id
+    SELECT nextval('"public"."miniqueue_jobs_id_seq"') AS id
 ), ins AS (
-    INSERT INTO "public"."miniqueue_jobs" AS j (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                             limits, trace_context, expires_at, unique_key, unique_while_running, sequence_key, state)
+    INSERT INTO "public"."miniqueue_jobs_live" AS j (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+                             limits, trace_context, expires_at, unique_key, unique_while_running, sequence_key, state,
+                             rate_cost)
     SELECT new.id, %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
            CASE WHEN %(wait)s::float8 IS NOT NULL THEN now() + make_interval(secs => %(wait)s::float8)
                 ELSE COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)) END,
            %(limits)s::text[], %(trace)s::jsonb,
            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
            %(unique)s, %(while_running)s, (SELECT key FROM sequenced),
-           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END
+           CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END, %(rate_cost)s
       FROM new
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
@@ -242,17 +287,21 @@ SELECT id, replaced, replaced,
        CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
 UNION ALL
-(SELECT id, true, false, NULL FROM "public"."miniqueue_jobs" WHERE NOT EXISTS (SELECT 1 FROM ins) AND unique_key = %(unique)s AND unique_key IS NOT NULL
+(SELECT id, true, false, NULL FROM "public"."miniqueue_jobs_live" WHERE NOT EXISTS (SELECT 1 FROM ins) AND unique_key = %(unique)s AND unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
            OR state = 'running' AND unique_while_running)
   LIMIT 1);
 
 -- _holder
-SELECT id FROM "public"."miniqueue_jobs"
- WHERE idempotency_key = %(key)s OR unique_key = %(unique)s AND unique_key IS NOT NULL
+SELECT job_id FROM "public"."miniqueue_idempotency_keys" WHERE key = %(key)s
+UNION ALL
+SELECT id FROM "public"."miniqueue_jobs_live" WHERE unique_key = %(unique)s AND unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
            OR state = 'running' AND unique_while_running)
  LIMIT 1;
+
+-- _drop_key
+DELETE FROM "public"."miniqueue_idempotency_keys" WHERE key = %(key)s AND job_id = %(id)s;
 
 -- _lock_window
 INSERT INTO "public"."miniqueue_unique_windows" AS w (key, job_id, until) VALUES (%(unique)s, 0, '-infinity')
@@ -277,24 +326,31 @@ WITH scoped AS (
     ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
     RETURNING key
 ), src AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass) AS id, u.*
+    SELECT nextval('"public"."miniqueue_jobs_id_seq"') AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
                   %(limits)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[], %(uniques)b::text[],
-                  %(while_running)b::boolean[], %(sequences)b::text[])
+                  %(while_running)b::boolean[], %(sequences)b::text[], %(rate_costs)b::int[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, expires_at,
-                                expires_in, uniq, while_running, sequence, ord)
+                                expires_in, uniq, while_running, sequence, rate_cost, ord)
+), held AS (
+    INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
+    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key, job_id
 ), ins AS (
-    INSERT INTO "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+    INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
-                        sequence_key, state)
+                        sequence_key, state, rate_cost)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
            %(trace)s::jsonb, COALESCE(expires_at, now() + make_interval(secs => expires_in)), uniq,
-           COALESCE(while_running, true), sequence, CASE WHEN sequence IS NULL THEN 'available' ELSE 'waiting' END
-      FROM src WHERE (SELECT count(*) FROM sequenced) >= 0 ORDER BY ord
+           COALESCE(while_running, true), sequence, CASE WHEN sequence IS NULL THEN 'available' ELSE 'waiting' END,
+           COALESCE(rate_cost, 1)
+      FROM src WHERE (SELECT count(*) FROM sequenced) >= 0 AND (key IS NULL OR id IN (SELECT job_id FROM held))
+     ORDER BY ord
     ON CONFLICT DO NOTHING
-    RETURNING id, queue, scheduled_at, state, idempotency_key, unique_key, sequence_key
+    RETURNING id, queue, scheduled_at, state, unique_key, sequence_key
 ), advanced AS (
     SELECT "public"."miniqueue_sequence_advance"(ARRAY(SELECT DISTINCT sequence_key FROM ins WHERE sequence_key IS NOT NULL), %(channel)s)
      WHERE EXISTS (SELECT 1 FROM ins WHERE sequence_key IS NOT NULL)
@@ -304,44 +360,59 @@ WITH scoped AS (
      WHERE %(notify)s
 )
 SELECT s.ord,
-       COALESCE(i.id, ik.id, iu.id,
-                (SELECT id FROM "public"."miniqueue_jobs" WHERE idempotency_key = s.key),
-                (SELECT id FROM "public"."miniqueue_jobs" WHERE unique_key = s.uniq AND unique_key IS NOT NULL
+       COALESCE(i.id, ik.job_id, iu.id,
+                (SELECT job_id FROM "public"."miniqueue_idempotency_keys" WHERE key = s.key),
+                (SELECT id FROM "public"."miniqueue_jobs_live" WHERE unique_key = s.uniq AND unique_key IS NOT NULL
       AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
            OR state = 'running' AND unique_while_running))),
        i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN ins ik ON i.id IS NULL AND ik.idempotency_key = s.key
-  LEFT JOIN ins iu ON i.id IS NULL AND ik.id IS NULL AND iu.unique_key = s.uniq
+  LEFT JOIN held ik ON i.id IS NULL AND ik.key = s.key
+  LEFT JOIN ins iu ON i.id IS NULL AND ik.job_id IS NULL AND iu.unique_key = s.uniq
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM advanced) >= 0
  ORDER BY s.ord;
 
 -- _draw_ids
-SELECT now(), ARRAY(SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id'))::regclass)
-                      FROM generate_series(1, %(count)s));
+SELECT now(), ARRAY(SELECT nextval('"public"."miniqueue_jobs_id_seq"') FROM generate_series(1, %(count)s));
 
 -- _notify_queues
 SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)b::text[]) AS q(queue);
 
 -- _copy_due
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN;
+COPY "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget) FROM STDIN;
 
 -- _copy_scheduled
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN;
+COPY "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at) FROM STDIN;
 
 -- _copy_due_traced
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN;
+COPY "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context) FROM STDIN;
 
 -- _copy_scheduled_traced
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN;
+COPY "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, trace_context, scheduled_at) FROM STDIN;
 
 -- _copy_keyed
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
+COPY "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at, trace_context,
              unique_key, unique_while_running, expires_at) FROM STDIN;
 
 -- _copy_keyed_due
-COPY "public"."miniqueue_jobs" (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN;
+COPY "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, unique_key) FROM STDIN;
+
+-- _lock_callbacks
+SELECT id, state FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE;
+
+-- _dependents_of_held
+SELECT dependents FROM "public"."miniqueue_jobs"
+ WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+   FOR NO KEY UPDATE;
+
+-- _join_group
+WITH joined AS (
+    UPDATE "public"."miniqueue_jobs" SET parents = array_append(parents, %(id)s::bigint), pending_parents = pending_parents + 1
+     WHERE id = ANY(%(callbacks)s::bigint[]) AND state = 'waiting'
+    RETURNING id
+)
+UPDATE "public"."miniqueue_jobs" SET dependents = ARRAY(SELECT id FROM joined ORDER BY id) WHERE id = %(id)s;
 
 -- _claim_one
 WITH RECURSIVE 
@@ -393,7 +464,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -409,10 +480,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -421,7 +493,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -429,24 +501,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -461,7 +535,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -529,7 +603,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -545,10 +619,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -557,7 +632,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -565,24 +640,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -597,7 +674,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -661,7 +738,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -677,10 +754,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -689,7 +767,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -697,24 +775,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -729,7 +809,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -797,7 +877,7 @@ looked AS MATERIALIZED (
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -813,10 +893,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -825,7 +906,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -833,24 +914,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -865,7 +948,7 @@ taken AS (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -890,11 +973,11 @@ UPDATE "public"."miniqueue_jobs"
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -961,7 +1044,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -978,10 +1061,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -990,7 +1074,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -998,24 +1082,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1031,7 +1117,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -1058,11 +1144,11 @@ UPDATE "public"."miniqueue_jobs"
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1133,7 +1219,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -1150,10 +1236,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -1162,7 +1249,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -1170,24 +1257,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1203,7 +1292,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -1230,11 +1319,11 @@ UPDATE "public"."miniqueue_jobs"
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1301,7 +1390,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -1318,10 +1407,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -1330,7 +1420,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -1338,24 +1428,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1371,7 +1463,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -1398,11 +1490,11 @@ UPDATE "public"."miniqueue_jobs"
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1473,7 +1565,7 @@ looked AS MATERIALIZED (
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND NOT (l.xmax <> '0'
+                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
@@ -1490,10 +1582,11 @@ scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
      WHERE true
+        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
@@ -1502,7 +1595,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
@@ -1510,24 +1603,26 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
+      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, row_number() OVER (PARTITION BY n.scope
-                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS place
-              FROM need n WHERE true) r
+      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
+                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
+              FROM need n WHERE true
+                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
-     WHERE r.place > m.room
+     WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes FROM limited c
+    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes FROM admitted) a
+    SELECT id, attempt, scopes, rate_cost
+      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
      ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
 ),
 taken AS (
@@ -1543,7 +1638,7 @@ taken AS (
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, count(*) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
+      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
      WHERE l.scope = t.scope
 ),
@@ -1570,11 +1665,11 @@ UPDATE "public"."miniqueue_jobs"
    AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, limits, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM completed
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
@@ -1595,12 +1690,17 @@ SELECT "public"."miniqueue_settle"(
 SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _renew
+WITH renewed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+   SET lease_expires_at = now() + make_interval(secs => %(lease)s),
+       progress = coalesce(((%(progress)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb
+                           || jsonb_build_object('at', now()), progress)
  WHERE id = ANY(%(ids)b::bigint[])
    AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
    AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, lease_expires_at;
+RETURNING id, lease_expires_at, awaited AND (%(progress)b::text[])[width_bucket(id, %(ids)b::bigint[])] IS NOT NULL AS told
+)
+SELECT id, lease_expires_at, CASE WHEN told THEN pg_notify(%(channel)s, id::text) END FROM renewed;
 
 -- _record_failures
 WITH failed AS (
@@ -1618,11 +1718,11 @@ UPDATE "public"."miniqueue_jobs" j
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
 RETURNING j.id, j.queue, j.state, j.dependents, j.awaited, j.sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
@@ -1651,11 +1751,11 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM failed
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM failed
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
@@ -1682,6 +1782,27 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id;
 
+-- _rate_limit
+WITH backed AS (
+    UPDATE "public"."miniqueue_jobs" j
+       SET state = 'available', max_attempts = j.max_attempts + 1, lease_expires_at = NULL, leased_by = NULL,
+           scheduled_at = greatest(now() + make_interval(secs => %(delay)s),
+                                   (SELECT max(l.paused_until) FROM "public"."miniqueue_limits" l
+                                     WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s)),
+           errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', %(note)s::text))
+     WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+    RETURNING j.id
+), paused AS (
+    UPDATE "public"."miniqueue_limits" l
+       SET paused_until = greatest(l.paused_until, now() + make_interval(secs => %(delay)s)),
+           paused_by = CASE WHEN l.paused_until > now() + make_interval(secs => %(delay)s) THEN l.paused_by
+                            ELSE %(id)s END
+     WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s AND EXISTS (SELECT 1 FROM backed)
+    RETURNING l.scope
+)
+SELECT id, (SELECT count(*) FROM paused) FROM backed;
+
 -- _release
 UPDATE "public"."miniqueue_jobs" j
    SET state = 'available', max_attempts = j.max_attempts + 1, errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -1694,6 +1815,117 @@ RETURNING j.id, pg_notify('miniqueue_public', j.queue);
 -- _leases_of
 SELECT id, attempt FROM "public"."miniqueue_jobs"
  WHERE state = 'running' AND leased_by = %(worker)s AND lease_expires_at IS NOT NULL;
+
+-- _record_progress
+UPDATE "public"."miniqueue_jobs"
+   SET progress = ((%(progress)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb || jsonb_build_object('at', now())
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, CASE WHEN awaited THEN pg_notify(%(channel)s, id::text) END;
+
+-- _progress
+SELECT state, progress, result, last_error FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
+
+-- _steps
+SELECT steps FROM "public"."miniqueue_jobs"
+ WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s;
+
+-- _record_step
+UPDATE "public"."miniqueue_jobs"
+   SET steps = (CASE WHEN (steps -> -1) ? 'waiting' THEN steps - (-1) ELSE coalesce(steps, '[]') END)
+               || jsonb_build_array(jsonb_build_object('name', %(name)s::text, 'kind', 'step', 'value', %(value)s::jsonb,
+                                                       'attempt', attempt, 'at', now()))
+ WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+RETURNING id;
+
+-- _sleep
+UPDATE "public"."miniqueue_jobs"
+   SET steps = (CASE WHEN (steps -> -1) ? 'waiting' THEN steps - (-1) ELSE coalesce(steps, '[]') END)
+               || jsonb_build_array(jsonb_build_object('name', %(name)s::text, 'kind', 'sleep',
+                                                       'until', now() + make_interval(secs => %(seconds)s),
+                                                       'attempt', attempt, 'at', now())),
+       state = 'available', scheduled_at = now() + make_interval(secs => %(seconds)s),
+       max_attempts = max_attempts + 1, lease_expires_at = NULL, leased_by = NULL
+ WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+RETURNING id;
+
+-- _lock_keys
+SELECT count(pg_advisory_xact_lock(hashtext('miniqueue-signals:' || %(schema)s), bucket))
+  FROM (SELECT DISTINCT hashtext(key) & 255 AS bucket FROM unnest(%(keys)s::text[]) AS k(key) ORDER BY 1) buckets;
+
+-- _wait
+WITH held AS (
+    SELECT id FROM "public"."miniqueue_jobs"
+     WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
+       FOR UPDATE
+), mail AS (
+    DELETE FROM "public"."miniqueue_signals"
+     WHERE id = (SELECT id FROM "public"."miniqueue_signals" WHERE key = %(key)s ORDER BY id LIMIT 1) AND EXISTS (SELECT 1 FROM held)
+    RETURNING data
+), waited AS (
+UPDATE "public"."miniqueue_jobs" j
+   SET steps = (CASE WHEN (j.steps -> -1) ? 'waiting' THEN j.steps - (-1) ELSE coalesce(j.steps, '[]') END)
+               || jsonb_build_array(jsonb_build_object('name', %(name)s::text, 'kind', 'signal', 'key', %(key)s::text,
+                                                       'attempt', j.attempt, 'at', now())
+                                    || CASE WHEN m.data IS NULL THEN jsonb_build_object('waiting', true)
+                                            ELSE jsonb_build_object('value', m.data) END),
+       state = CASE WHEN m.data IS NULL THEN 'waiting' ELSE j.state END,
+       signal_key = CASE WHEN m.data IS NULL THEN %(key)s::text END,
+       signal_timeout_at = CASE WHEN m.data IS NULL THEN now() + make_interval(secs => %(timeout)s::float8) END,
+       max_attempts = CASE WHEN m.data IS NULL THEN j.max_attempts + 1 ELSE j.max_attempts END,
+       lease_expires_at = CASE WHEN m.data IS NULL THEN NULL ELSE j.lease_expires_at END,
+       leased_by = CASE WHEN m.data IS NULL THEN NULL ELSE j.leased_by END
+  FROM held LEFT JOIN mail m ON true
+ WHERE j.id = held.id
+RETURNING j.state, m.data
+)
+SELECT state, data FROM waited;
+
+-- _signal
+WITH sent AS (
+    SELECT s.key, s.data::jsonb AS data, s.n, row_number() OVER (PARTITION BY s.key ORDER BY s.n) AS turn
+      FROM unnest(%(keys)s::text[], %(data)s::text[]) WITH ORDINALITY AS s(key, data, n)
+), parked AS (
+    SELECT id, signal_key FROM "public"."miniqueue_jobs"
+     WHERE state = 'waiting' AND signal_key = ANY(%(keys)s::text[])
+       FOR UPDATE
+), ranked AS (
+    SELECT id, signal_key AS key, row_number() OVER (PARTITION BY signal_key ORDER BY id) AS turn FROM parked
+), delivered AS (
+UPDATE "public"."miniqueue_jobs" j
+   SET state = 'available', signal_key = NULL, signal_timeout_at = NULL, scheduled_at = now(),
+       steps = (j.steps - (-1)) || jsonb_build_array(((j.steps -> -1) - 'waiting')
+                                                     || jsonb_build_object('value', s.data, 'delivered_at', now()))
+  FROM ranked r JOIN sent s ON s.key = r.key AND s.turn = r.turn
+ WHERE j.id = r.id AND j.state = 'waiting'
+RETURNING j.id, s.n, pg_notify('miniqueue_public', j.queue)
+), kept AS (
+INSERT INTO "public"."miniqueue_signals" (key, data)
+SELECT key, data FROM sent s WHERE NOT EXISTS (SELECT 1 FROM ranked r WHERE r.key = s.key AND r.turn = s.turn)
+ ORDER BY n
+RETURNING 1)
+SELECT d.id FROM sent s LEFT JOIN delivered d ON d.n = s.n
+ WHERE (SELECT count(*) FROM kept) >= 0
+ ORDER BY s.n;
+
+-- _time_out_waits
+UPDATE "public"."miniqueue_jobs" j
+   SET state = 'available', signal_key = NULL, signal_timeout_at = NULL, scheduled_at = now(),
+       steps = (j.steps - (-1)) || jsonb_build_array(((j.steps -> -1) - 'waiting')
+                                                     || jsonb_build_object('timed_out', true, 'delivered_at', now()))
+ WHERE j.id = ANY(ARRAY(
+        SELECT id FROM "public"."miniqueue_jobs"
+         WHERE state = 'waiting' AND signal_timeout_at IS NOT NULL AND signal_timeout_at <= now()
+         ORDER BY signal_timeout_at
+         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND j.state = 'waiting' AND j.signal_timeout_at <= now()
+RETURNING j.id, pg_notify('miniqueue_public', j.queue);
+
+-- _kept
+SELECT key, count(*), min(sent_at) FROM "public"."miniqueue_signals"
+ WHERE %(key)s::text IS NULL OR key = %(key)s
+ GROUP BY key ORDER BY min(sent_at);
 
 -- _recover
 WITH recovered AS (
@@ -1715,11 +1947,11 @@ UPDATE "public"."miniqueue_jobs"
    AND state = 'running' AND lease_expires_at < now()
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM recovered
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM recovered
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM recovered
@@ -1749,16 +1981,17 @@ UPDATE "public"."miniqueue_jobs"
  WHERE id = ANY(ARRAY(
         SELECT id FROM "public"."miniqueue_jobs"
          WHERE expires_at <= now() AND expires_at IS NOT NULL AND state IN ('available', 'waiting')
+           AND signal_key IS NULL
          ORDER BY expires_at
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-   AND state IN ('available', 'waiting') AND expires_at <= now()
+   AND state IN ('available', 'waiting') AND expires_at <= now() AND signal_key IS NULL
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM expired
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM expired
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM expired
@@ -1797,10 +2030,10 @@ LOCK TABLE "public"."miniqueue_counts" IN EXCLUSIVE MODE;
 DELETE FROM "public"."miniqueue_counts";
 
 -- _recount[2]
-INSERT INTO "public"."miniqueue_counts" (queue, state, shard, count)
-SELECT queue, state, 0, count(*) FROM "public"."miniqueue_jobs"
+INSERT INTO "public"."miniqueue_counts" (queue, state, shard, bucket, count)
+SELECT queue, state, 0, date_trunc('hour', finished_at, 'UTC'), count(*) FROM "public"."miniqueue_jobs"
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state;
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC');
 
 -- _trim_minutes
 DELETE FROM "public"."miniqueue_finished_minutes" WHERE minute < now() - interval '2 hours';
@@ -1813,19 +2046,46 @@ WITH pruned AS (
              WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') AND state = ANY(%(states)s::text[])
                AND finished_at < now() - make_interval(secs => %(age)s)
              LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-    RETURNING queue, state
+    RETURNING id, queue, state, finished_at, idempotency_key
+), unkeyed AS (
+    DELETE FROM "public"."miniqueue_idempotency_keys" k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM pruned
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM pruned
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
+SELECT count(*) FROM pruned;
+
+-- _prune_defaults
+WITH pruned AS (
+    DELETE FROM "public"."miniqueue_jobs"
+     WHERE id = ANY(ARRAY(SELECT id FROM "public"."miniqueue_jobs_done_default"
+                           WHERE state = ANY(%(states)s::text[])
+                             AND finished_at < now() - make_interval(secs => %(age)s)
+                           LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+                    || ARRAY(SELECT id FROM "public"."miniqueue_jobs_failed_default"
+                           WHERE state = ANY(%(states)s::text[])
+                             AND finished_at < now() - make_interval(secs => %(age)s)
+                           LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+       AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') AND state = ANY(%(states)s::text[])
+    RETURNING id, queue, state, finished_at, idempotency_key
+), unkeyed AS (
+    DELETE FROM "public"."miniqueue_idempotency_keys" k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM pruned
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1)
 SELECT count(*) FROM pruned;
 
 -- _jobs_churn
 SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid) AS inserted,
-       pg_stat_get_tuples_updated(c.oid) AS updated, pg_stat_get_mod_since_analyze(c.oid) AS changed,
+       pg_stat_get_tuples_updated(c.oid) + pg_stat_get_tuples_deleted(c.oid) AS updated,
+       pg_stat_get_mod_since_analyze(c.oid) AS changed,
        greatest(pg_stat_get_last_vacuum_time(c.oid), pg_stat_get_last_autovacuum_time(c.oid)) AS last_vacuum,
        greatest(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid)) AS last_analyze,
        pg_has_role(c.relowner, 'USAGE') AS may_maintain
@@ -1833,14 +2093,14 @@ SELECT pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_tuples_inserted(c.oid
  WHERE c.oid = %(table)s::regclass;
 
 -- _vacuum_jobs
-VACUUM (SKIP_LOCKED, ANALYZE) "public"."miniqueue_jobs";
+VACUUM (SKIP_LOCKED, ANALYZE) "public"."miniqueue_jobs_live";
 
 -- _analyze_jobs
-ANALYZE (SKIP_LOCKED) "public"."miniqueue_jobs";
+ANALYZE (SKIP_LOCKED) "public"."miniqueue_jobs_live";
 
 -- _requeue
 WITH picked AS (
-    SELECT id, queue, state FROM "public"."miniqueue_jobs"
+    SELECT id, queue, state, finished_at FROM "public"."miniqueue_jobs"
      WHERE state = ANY(%(states)s::text[])
        AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
        AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -1852,13 +2112,13 @@ WITH picked AS (
            max_attempts = j.attempt + j.attempt_budget,
            finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
       FROM picked p WHERE j.id = p.id
-    RETURNING j.id, p.queue, p.state, j.sequence_key
+    RETURNING j.id, p.queue, p.state, p.finished_at, j.sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM requeued
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM requeued
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), advanced AS (
 SELECT "public"."miniqueue_sequence_advance"(ARRAY(SELECT DISTINCT sequence_key FROM requeued WHERE sequence_key IS NOT NULL), 'miniqueue_public')
  WHERE EXISTS (SELECT 1 FROM requeued WHERE sequence_key IS NOT NULL))
@@ -1867,15 +2127,16 @@ SELECT id FROM requeued WHERE (SELECT count(*) FROM advanced) >= 0;
 -- _cancel
 WITH cancelled AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0
+   SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0,
+       signal_key = NULL, signal_timeout_at = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, count(*) FROM cancelled
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM cancelled
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
  GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), per_minute AS (
 INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
 SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM cancelled
@@ -1898,13 +2159,15 @@ SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0;
 -- _delete
 WITH deleted AS (
     DELETE FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
-    RETURNING id, queue, state, dependents, awaited, sequence_key
+    RETURNING id, queue, state, finished_at, dependents, awaited, sequence_key, idempotency_key
+), unkeyed AS (
+    DELETE FROM "public"."miniqueue_idempotency_keys" k USING deleted gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
 ), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, count)
-SELECT queue, state, pg_backend_pid() %% 64, -count(*) FROM deleted
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM deleted
  WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard) DO UPDATE SET count = c.count + excluded.count
+ GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
 RETURNING 1), unfinished AS (
     SELECT id, 'deleted' AS state, CASE WHEN state IN ('available', 'waiting') THEN dependents END AS dependents,
            awaited AND state IN ('available', 'waiting') AS awaited, sequence_key
@@ -1928,7 +2191,8 @@ SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s:
 -- _get
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
+       steps, signal_key, signal_timeout_at
   FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
 
 -- _result
@@ -1942,7 +2206,8 @@ RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify
 -- _list
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
-       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at
+       dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
+       steps, signal_key, signal_timeout_at
   FROM "public"."miniqueue_jobs"
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -1980,7 +2245,8 @@ WITH ready AS (
             SELECT queue, scheduled_at FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL) a
      GROUP BY queue
 ), blocked AS (
-    SELECT queue, count(*) AS waiting FROM "public"."miniqueue_jobs" WHERE state = 'waiting' GROUP BY queue
+    SELECT queue, count(*) AS waiting, count(*) FILTER (WHERE signal_key IS NOT NULL) AS signal_waits
+      FROM "public"."miniqueue_jobs" WHERE state = 'waiting' GROUP BY queue
 ), leased AS (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
       FROM "public"."miniqueue_jobs" WHERE state = 'running' AND lease_expires_at IS NOT NULL GROUP BY queue
@@ -1996,14 +2262,16 @@ WITH ready AS (
 SELECT queue, coalesce(available, 0) AS available, coalesce(running, 0) AS running,
        coalesce(completed, 0) AS completed, coalesce(failed, 0) AS failed, coalesce(dead, 0) AS dead,
        coalesce(cancelled, 0) AS cancelled, coalesce(waiting, 0) AS waiting, coalesce(expired, 0) AS expired,
-       coalesce(scheduled, 0) AS scheduled, oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases
+       coalesce(scheduled, 0) AS scheduled, oldest_available_seconds, coalesce(expired_leases, 0) AS expired_leases,
+       coalesce(signal_waits, 0) AS signal_waits
   FROM ready FULL JOIN blocked USING (queue) FULL JOIN leased USING (queue) FULL JOIN finished USING (queue)
  WHERE coalesce(available, 0) + coalesce(running, 0) + coalesce(completed, 0) + coalesce(failed, 0)
        + coalesce(dead, 0) + coalesce(cancelled, 0) + coalesce(waiting, 0) + coalesce(expired, 0) > 0
  ORDER BY queue;
 
 -- _parent_results
-SELECT p.id, p.result FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id
+SELECT p.id, p.state, p.result, p.last_error
+  FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord) JOIN "public"."miniqueue_jobs" p ON p.id = u.id
  ORDER BY u.ord;
 
 -- _limit_waits
@@ -2023,18 +2291,21 @@ WITH waiting AS (
     SELECT DISTINCT s.scope, 0
       FROM "public"."miniqueue_jobs" j CROSS JOIN LATERAL unnest(j.limits) AS s(scope)
      WHERE j.state = 'running' AND j.lease_expires_at IS NOT NULL AND j.limits IS NOT NULL
+    UNION ALL
+    SELECT scope, 0 FROM "public"."miniqueue_limits" WHERE paused_until > now()
 ), scopes AS (
     SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
 )
 SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
        least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
-       h.holders
+       h.holders, CASE WHEN l.paused_until > now() THEN l.paused_until END,
+       CASE WHEN l.paused_until > now() THEN l.paused_by END
   FROM scopes w LEFT JOIN "public"."miniqueue_limits" l USING (scope)
  CROSS JOIN LATERAL (
        SELECT ARRAY(SELECT h.id FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                       JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
                      ORDER BY h.id) AS holders) h
- WHERE w.waiting > 0 OR cardinality(h.holders) > 0
+ WHERE w.waiting > 0 OR cardinality(h.holders) > 0 OR l.paused_until > now()
  ORDER BY w.waiting DESC, cardinality(h.holders) DESC, w.scope
  LIMIT %(limit)s;
 
@@ -2060,15 +2331,15 @@ RETURNING xmax = 0;
 -- _publish_tasks
 INSERT INTO "public"."miniqueue_tasks" AS t (task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed,
                           max_concurrent, rate_limit, rate_limit_key, rate_limit_key_computed, backoff_base,
-                          backoff_cap, keys)
+                          backoff_cap, keys, rate_cost)
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_computed, backoff_base, backoff_cap, keys::jsonb
+       rate_limit_key, rate_computed, backoff_base, backoff_cap, keys::jsonb, rate_cost
   FROM unnest(%(tasks)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
               %(concurrency_keys)s::text[], %(concurrency_computed)s::boolean[], %(max_concurrent)s::int[],
               %(rate_limits)s::text[], %(rate_limit_keys)s::text[], %(rate_computed)s::boolean[],
-              %(backoff_bases)s::float8[], %(backoff_caps)s::float8[], %(keys)s::text[])
+              %(backoff_bases)s::float8[], %(backoff_caps)s::float8[], %(keys)s::text[], %(rate_costs)s::int[])
        AS d(task, queue, priority, max_attempts, concurrency_key, concurrency_computed, max_concurrent, rate_limit,
-            rate_limit_key, rate_computed, backoff_base, backoff_cap, keys)
+            rate_limit_key, rate_computed, backoff_base, backoff_cap, keys, rate_cost)
  ORDER BY 1
 ON CONFLICT (task) DO UPDATE
    SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
@@ -2076,13 +2347,15 @@ ON CONFLICT (task) DO UPDATE
        max_concurrent = excluded.max_concurrent, rate_limit = excluded.rate_limit,
        rate_limit_key = excluded.rate_limit_key, rate_limit_key_computed = excluded.rate_limit_key_computed,
        backoff_base = excluded.backoff_base, backoff_cap = excluded.backoff_cap, keys = excluded.keys,
-       published_at = now()
+       rate_cost = excluded.rate_cost, published_at = now()
  WHERE (t.queue, t.priority, t.max_attempts, t.concurrency_key, t.concurrency_key_computed, t.max_concurrent,
-        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap, t.keys)
+        t.rate_limit, t.rate_limit_key, t.rate_limit_key_computed, t.backoff_base, t.backoff_cap, t.keys,
+        t.rate_cost)
        IS DISTINCT FROM
        (excluded.queue, excluded.priority, excluded.max_attempts, excluded.concurrency_key,
         excluded.concurrency_key_computed, excluded.max_concurrent, excluded.rate_limit, excluded.rate_limit_key,
-        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap, excluded.keys);
+        excluded.rate_limit_key_computed, excluded.backoff_base, excluded.backoff_cap, excluded.keys,
+        excluded.rate_cost);
 
 -- _serve_queues
 INSERT INTO "public"."miniqueue_served_queues" (queue) SELECT q FROM unnest(%(queues)s::text[]) AS q ORDER BY q
@@ -2090,7 +2363,7 @@ ON CONFLICT (queue) DO UPDATE SET served_at = now();
 
 -- _task_declarations
 SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_computed, max_concurrent, rate_limit,
-       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap, keys
+       rate_limit_key, rate_limit_key_computed, backoff_base, backoff_cap, keys, rate_cost
   FROM "public"."miniqueue_tasks";
 
 -- _unserved_queues
@@ -2144,6 +2417,53 @@ SELECT queue FROM waiting WHERE queue IS NOT NULL
  UNION SELECT queue FROM "public"."miniqueue_served_queues"
  UNION SELECT queue FROM "public"."miniqueue_counts" WHERE count > 0
  ORDER BY 1 LIMIT %(limit)s;
+
+-- _schedules
+SELECT s.name, s.cron, s.task, s.payload, s.timezone, s.catch_up, s.grace,
+       coalesce(p.enabled, true) AS enabled, p.last_slot, s.created_at, s.updated_at
+  FROM "public".miniqueue_schedules s LEFT JOIN "public"."miniqueue_periodic" p USING (name)
+ ORDER BY s.name;
+
+-- _schedule
+SELECT s.name, s.cron, s.task, s.payload, s.timezone, s.catch_up, s.grace,
+       coalesce(p.enabled, true) AS enabled, p.last_slot, s.created_at, s.updated_at
+  FROM "public".miniqueue_schedules s LEFT JOIN "public"."miniqueue_periodic" p USING (name)
+ WHERE s.name = %(name)s;
+
+-- _create_schedule
+WITH taken AS (
+    INSERT INTO "public"."miniqueue_periodic" (name, last_slot, enabled) VALUES (%(name)s, now(), %(enabled)s)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+)
+INSERT INTO "public".miniqueue_schedules (name, cron, task, payload, timezone, catch_up, grace)
+SELECT name, %(cron)s, %(task)s, %(payload)s, %(timezone)s, %(catch_up)s, %(grace)s FROM taken
+RETURNING name;
+
+-- _lock_schedule
+SELECT cron, task, payload, timezone, catch_up, grace FROM "public".miniqueue_schedules
+ WHERE name = %(name)s
+   FOR UPDATE;
+
+-- _change_schedule
+UPDATE "public".miniqueue_schedules
+   SET cron = %(cron)s, payload = %(payload)s, timezone = %(timezone)s, updated_at = clock_timestamp()
+ WHERE name = %(name)s;
+
+-- _delete_schedule
+WITH gone AS (
+    DELETE FROM "public".miniqueue_schedules WHERE name = %(name)s RETURNING name
+), state AS (
+    DELETE FROM "public"."miniqueue_periodic" WHERE name IN (SELECT name FROM gone)
+)
+SELECT name FROM gone;
+
+-- _claim_stored_slot
+INSERT INTO "public"."miniqueue_periodic" (name, last_slot)
+SELECT name, %(slot)s FROM "public".miniqueue_schedules WHERE name = %(name)s AND updated_at = %(revision)s
+ON CONFLICT (name) DO UPDATE SET last_slot = excluded.last_slot, updated_at = now()
+ WHERE "public"."miniqueue_periodic".last_slot < excluded.last_slot AND "public"."miniqueue_periodic".enabled
+RETURNING name;
 
 -- _upsert_processes
 WITH incoming AS (
@@ -2262,3 +2582,157 @@ SELECT s.head, h.state, s.on_failure,
        (SELECT count(*) FROM "public"."miniqueue_jobs" w WHERE w.sequence_key = s.key AND w.state = 'waiting') AS waiting
   FROM "public"."miniqueue_sequences" s LEFT JOIN "public"."miniqueue_jobs" h ON h.id = s.head
  WHERE s.key = %(key)s;
+
+-- _missing
+SELECT c.class, s AS starts_at, s + make_interval(hours => c.hours) AS ends_at
+  FROM (VALUES ('done', 1, 'hour', %(back_done)s::float8), ('failed', 24, 'day', %(back_failed)s::float8))
+       AS c(class, hours, unit, back),
+       generate_series(date_trunc(c.unit, now() - make_interval(secs => c.back), 'UTC'),
+                       date_trunc(c.unit, now(), 'UTC') + make_interval(hours => c.hours * %(ahead)s),
+                       make_interval(hours => c.hours)) AS s
+ WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_history_partitions" p WHERE p.class = c.class AND p.starts_at = s)
+ ORDER BY 1, 2;
+
+-- _unkey
+DELETE FROM "public"."miniqueue_idempotency_keys" k USING {partition} p
+ WHERE p.idempotency_key IS NOT NULL AND k.key = p.idempotency_key AND k.job_id = p.id;
+
+-- _record
+INSERT INTO "public"."miniqueue_history_partitions" (name, class, starts_at, ends_at) VALUES (%(name)s, %(class)s, %(starts)s, %(ends)s)
+ON CONFLICT (name) DO NOTHING;
+
+-- _expired
+SELECT name, starts_at, ends_at FROM "public"."miniqueue_history_partitions"
+ WHERE class = %(class)s AND ends_at <= now() - make_interval(secs => %(age)s)
+ ORDER BY starts_at;
+
+-- _uncount
+DELETE FROM "public"."miniqueue_counts" WHERE state = ANY(%(states)s::text[]) AND bucket >= %(starts)s AND bucket < %(ends)s;
+
+-- _forget
+DELETE FROM "public"."miniqueue_history_partitions" WHERE name = %(name)s;
+
+-- _partitions
+SELECT p.name, p.class, p.starts_at, p.ends_at, greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
+  FROM "public"."miniqueue_history_partitions" p
+  JOIN pg_class c ON c.oid = to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(p.name))
+ ORDER BY p.class, p.starts_at;
+
+-- _move_legacy
+WITH moved AS (
+    DELETE FROM "public"."miniqueue_jobs_legacy"
+     WHERE id = ANY(ARRAY(SELECT id FROM "public"."miniqueue_jobs_legacy" ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING *
+), placed AS (
+    INSERT INTO "public"."miniqueue_jobs" SELECT * FROM moved RETURNING queue, state, finished_at
+), rebucketed AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, bucket, sum(n) FROM (
+    SELECT queue, state, date_trunc('hour', finished_at, 'UTC') AS bucket, count(*) AS n FROM placed
+     WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') GROUP BY 1, 2, 3
+    UNION ALL
+    SELECT queue, state, '-infinity', -count(*) FROM placed
+     WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') GROUP BY 1, 2
+) m GROUP BY queue, state, bucket
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
+SELECT count(*) FROM placed WHERE (SELECT count(*) FROM rebucketed) >= 0;
+
+-- _legacy_age
+SELECT extract(epoch FROM now() - min(finished_at))::float8 FROM "public"."miniqueue_jobs_legacy";
+
+-- _drop_legacy
+DROP TABLE IF EXISTS "public"."miniqueue_jobs_legacy";
+
+-- _shard
+SELECT name, idx FROM "public"."miniqueue_shard";
+
+-- _old_ids
+SELECT EXISTS (SELECT 1 FROM "public"."miniqueue_jobs" WHERE id < %(base)s);
+
+-- _next_id
+SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM "public"."miniqueue_jobs_id_seq";
+
+-- _join
+INSERT INTO "public"."miniqueue_shard" (name, idx) VALUES (%(name)s, %(index)s);
+
+-- _why_job
+SELECT j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.attempt_budget, j.scheduled_at,
+       j.created_at, j.completed_at, j.finished_at, j.lease_expires_at, j.leased_by, j.last_error, j.limits,
+       j.parents, j.pending_parents, j.run_when, j.sequence_key, j.signal_key, j.signal_timeout_at, j.expires_at,
+       j.steps -> -1 AS last_step, j.errors -> -1 AS last_failure,
+       coalesce(q.paused, false) AS paused, q.updated_at AS settings_changed_at, q.max_running AS queue_cap,
+       s.served_at, now() AS now
+  FROM "public"."miniqueue_jobs" j
+  LEFT JOIN "public"."miniqueue_queues" q ON q.name = j.queue
+  LEFT JOIN "public"."miniqueue_served_queues" s ON s.queue = j.queue
+ WHERE j.id = %(id)s;
+
+-- _why_workers
+SELECT count(*) FILTER (WHERE kind = 'worker' AND last_seen > now() - make_interval(secs => %(live)s)) AS live_workers,
+       max(last_seen) FILTER (WHERE kind = 'worker') AS worker_seen_at,
+       count(*) FILTER (WHERE kind = 'reaper' AND last_seen > now() - make_interval(secs => %(live)s)) AS live_reapers,
+       max(last_seen) FILTER (WHERE kind = 'reaper') AS reaper_seen_at,
+       max(last_seen) FILTER (WHERE id = %(holder)s::text) AS holder_seen_at,
+       (SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name IN ('miniqueue:worker', 'miniqueue:listen'))
+           AS worker_connections,
+       (SELECT max(lease_expires_at) FROM "public"."miniqueue_jobs"
+         WHERE state = 'running' AND lease_expires_at > now() AND queue = %(queue)s) AS queue_lease_until
+  FROM "public"."miniqueue_processes";
+
+-- _why_limits
+SELECT l.scope, l.max_running, l.rate, t.tokens,
+       CASE WHEN t.tokens < 1 THEN now() + make_interval(secs => (1 - t.tokens) / l.rate) END AS next_token_at,
+       h.holders
+  FROM "public"."miniqueue_limits" l
+ CROSS JOIN LATERAL (
+       SELECT least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens) t
+ CROSS JOIN LATERAL (
+       SELECT ARRAY(SELECT h.id FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                      JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                     ORDER BY h.id) AS holders) h
+ WHERE l.scope = ANY(%(scopes)s::text[])
+ ORDER BY l.scope;
+
+-- _why_parents
+SELECT p.id, p.state, p.task
+  FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS u(id, ord)
+  JOIN "public"."miniqueue_jobs" p ON p.id = u.id AND p.state IN ('waiting', 'available', 'running')
+ ORDER BY u.ord
+ LIMIT %(limit)s;
+
+-- _why_sequence
+SELECT s.head, h.state AS head_state, h.task AS head_task, h.last_error AS head_error,
+       h.scheduled_at AS head_scheduled_at, s.on_failure,
+       (SELECT count(*) FROM (SELECT 1 FROM "public"."miniqueue_jobs" w
+                               WHERE w.sequence_key = s.key AND w.state = 'waiting' AND w.signal_key IS NULL
+                                 AND w.id < %(id)s
+                               LIMIT %(cap)s) a) AS ahead
+  FROM "public"."miniqueue_sequences" s LEFT JOIN "public"."miniqueue_jobs" h ON h.id = s.head
+ WHERE s.key = %(key)s;
+
+-- _why_ahead
+SELECT count(*) FROM (
+    (SELECT 1 FROM "public"."miniqueue_jobs" j
+      WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = %(queue)s AND j.priority > %(priority)s
+        AND j.scheduled_at <= now()
+      LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 1 FROM "public"."miniqueue_jobs" j
+      WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = %(queue)s AND j.priority = %(priority)s
+        AND j.scheduled_at <= %(scheduled_at)s
+        AND (j.scheduled_at, j.id) < (%(scheduled_at)s::timestamptz, %(id)s::bigint)
+      LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 1 FROM "public"."miniqueue_jobs" j
+      WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = %(queue)s AND j.priority > %(priority)s
+        AND j.scheduled_at <= now()
+      LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 1 FROM "public"."miniqueue_jobs" j
+      WHERE j.state = 'available' AND j.limits IS NOT NULL AND j.queue = %(queue)s AND j.priority = %(priority)s
+        AND j.scheduled_at <= %(scheduled_at)s
+        AND (j.scheduled_at, j.id) < (%(scheduled_at)s::timestamptz, %(id)s::bigint)
+      LIMIT %(cap)s)
+) a;

@@ -1,0 +1,13 @@
+-- Back-pressure: a handler that hears "too many requests" raises RateLimited(key=..., retry_after=...)
+-- and no worker on any host claims a job of that key until the pause ends (see "Back-pressure" in
+-- docs/guides/limits.md).
+--
+-- The pause is kept on the limit rows the claim already locks and reads for the jobs of a key
+-- (concurrency and rate scopes, `concurrency <task> <key>` and `rate <task> <key>`), so that the
+-- claim enforces it with one more predicate on a row it reads anyway: jobs without limits, which
+-- never reach those rows, pay nothing, and a pause costs no table or join of its own.
+--   paused_until: no job naming this scope is claimed before this time (the database's clock);
+--                 NULL, or a time gone by: not paused. Left in place once past (clearing it would
+--                 be one more write on a row every limited claim rewrites).
+--   paused_by:    the job whose handler paused it last, for `miniqueue limits` and the dashboard.
+ALTER TABLE miniqueue_limits ADD COLUMN paused_until TIMESTAMPTZ, ADD COLUMN paused_by BIGINT;

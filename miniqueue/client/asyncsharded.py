@@ -1,0 +1,142 @@
+"""The asyncio client over several databases: :class:`~miniqueue.client.sharded.ShardedClient`'s
+routing with :class:`~miniqueue.AsyncClient`'s calls (see README.md, "Several databases").
+
+Each job lives in exactly one database; what cannot span databases is refused before anything
+is stored, by the same rules (:class:`~miniqueue.client.routing.ShardRouter`) as the sync client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from ..core.db import AsyncConnection
+from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, TaskDeclaration
+from ..core.shards import Database, ShardMap
+from ..core.steps import arun
+from .asyncclient import AsyncClient
+from .routing import ShardRouter
+
+AsyncAct = Callable[[AsyncClient, list[int]], Awaitable[list[int]]]
+
+
+class AsyncShardedClient(ShardRouter):
+    """:class:`~miniqueue.AsyncClient`'s producing calls and the calls by job id over the
+    databases of a shard map (its JSON, a file's path, or a
+    :class:`~miniqueue.core.shards.ShardMap`; by default ``$MINIQUEUE_SHARDS``). Each database's
+    client opens on first use."""
+
+    def __init__(self, shards: ShardMap | str | None = None, *, schema: str = "public") -> None:
+        super().__init__(shards, schema=schema)
+        self._clients: dict[str, AsyncClient] = {}
+
+    async def client(self, database: Database | str) -> AsyncClient:
+        """The (opened) client of one database of the map."""
+        name = database if isinstance(database, str) else database.name
+        if name not in self._clients:
+            self._clients[name] = AsyncClient(self.shards.databases[name].url, schema=self.schema)
+        client = self._clients[name]
+        await client.open()
+        return client
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+    async def __aenter__(self) -> AsyncShardedClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- where a job goes -----------------------------------------------------------------------
+
+    async def route_all(self, specs: Sequence[JobSpec]) -> list[Database]:
+        """The database each of ``specs`` goes to (see :meth:`ShardedClient.route`), reading each
+        database's declarations once, and then only while a task is not found."""
+        missing = self.undeclared(specs)
+        declarations: dict[str, TaskDeclaration] = {}
+        for database in self.shards.databases.values():
+            if not missing:
+                break
+            client = await self.client(database)
+            found = await client._run(client._declarations_steps(missing))
+            declarations.update({task: found[task] for task in missing if task in found})
+            missing -= found.keys()
+        return self.pick_all(specs, declarations)
+
+    async def _check_connection(self, conn: AsyncConnection | None, database: Database) -> None:
+        if conn is not None:
+            self.check_connection(await arun(conn, self.store.shard_steps()), database)
+
+    # -- producing -------------------------------------------------------------------------------
+
+    async def enqueue(
+        self, task: str, payload: Any = None, *, conn: AsyncConnection | None = None, **options: Any
+    ) -> EnqueueResult:
+        """:meth:`miniqueue.AsyncClient.enqueue` on the job's database."""
+        spec = JobSpec(task, payload, **options)
+        database = self.together([spec], await self.route_all([spec]), "the job and its parents")
+        await self._check_connection(conn, database)
+        return await (await self.client(database)).enqueue(task, payload, conn=conn, **options)
+
+    async def enqueue_many(
+        self, jobs: Iterable[JobSpec], *, conn: AsyncConnection | None = None
+    ) -> list[EnqueueResult]:
+        """:meth:`miniqueue.AsyncClient.enqueue_many`, one transaction per database, the
+        databases' at once (a failure on one leaves the others' jobs stored); with ``conn``, every
+        job must go to that connection's database."""
+        specs = list(jobs)
+        routes = await self.route_all(specs)
+        batches = self.batches(specs, routes, conn is not None)
+        if conn is not None and routes:
+            await self._check_connection(conn, routes[0])
+            return await (await self.client(routes[0])).enqueue_many(specs, conn=conn)
+
+        async def store(name: str) -> list[EnqueueResult]:
+            return await (await self.client(name)).enqueue_many([specs[i] for i in batches[name]])
+
+        stored = dict(zip(batches, await asyncio.gather(*(store(name) for name in batches)), strict=True))
+        return self.merged(len(specs), batches, stored)
+
+    async def chain(self, steps: Sequence[JobSpec], *, conn: AsyncConnection | None = None) -> list[EnqueueResult]:
+        """:meth:`miniqueue.AsyncClient.chain`, on the one database all its steps go to."""
+        database = self.together(steps, await self.route_all(steps), "the chain")
+        await self._check_connection(conn, database)
+        return await (await self.client(database)).chain(steps, conn=conn)
+
+    async def group(
+        self, members: Sequence[JobSpec], *, conn: AsyncConnection | None = None, **callbacks: JobSpec
+    ) -> GroupResult:
+        """:meth:`miniqueue.AsyncClient.group`, on the one database its members and callbacks go to."""
+        every = [*members, *callbacks.values()]
+        database = self.together(every, await self.route_all(every), "the group")
+        await self._check_connection(conn, database)
+        return await (await self.client(database)).group(members, conn=conn, **callbacks)
+
+    # -- by id: every id routes itself ----------------------------------------------------------
+
+    async def get(self, job_id: int) -> JobRecord:
+        return await (await self.client(self.shards.database_of(job_id))).get(job_id)
+
+    async def result(self, job_id: int) -> Any:
+        return await (await self.client(self.shards.database_of(job_id))).result(job_id)
+
+    async def wait(self, job_id: int, *, timeout: float = 60.0) -> Any:
+        return await (await self.client(self.shards.database_of(job_id))).wait(job_id, timeout=timeout)
+
+    async def cancel(self, job_ids: Sequence[int]) -> list[int]:
+        """:meth:`miniqueue.AsyncClient.cancel`, all or nothing within each database."""
+        return await self._per_database(job_ids, lambda client, ids: client.cancel(ids))
+
+    async def requeue(self, job_ids: Sequence[int]) -> list[int]:
+        """:meth:`miniqueue.AsyncClient.requeue`, all or nothing within each database."""
+        return await self._per_database(job_ids, lambda client, ids: client.requeue(ids))
+
+    async def _per_database(self, job_ids: Sequence[int], act: AsyncAct) -> list[int]:
+        done: list[int] = []
+        for name, ids in self.by_database(job_ids).items():
+            done += await act(await self.client(name), ids)
+        return done

@@ -1,0 +1,265 @@
+"""The history: finished jobs in tables partitioned by finish time (migration 022), made ahead and
+dropped whole once past retention, and the move of the rows an upgrade found in the old table.
+
+Two history tables, each a partition of miniqueue_jobs by state and itself partitioned by
+``finished_at``: ``done`` (completed and cancelled jobs, a partition per hour) and ``failed``
+(failed, dead and expired ones, a partition per day), each with a default partition for a job
+finished where no partition was made. Bounds are whole hours and days of UTC. Each partition is
+recorded in miniqueue_history_partitions as it is made, so that what to drop is read there, not
+parsed from the catalog.
+
+Detaching a partition takes an ACCESS EXCLUSIVE lock on its history table for a moment (every
+completion into that table waits meanwhile): each such statement here runs under a short
+``lock_timeout`` and, when it cannot have the lock at once, gives up until the reaper's next pass
+(nothing is lost by waiting: the partition stays). The partition's own lock, which only readers
+of its old jobs contend for, is taken first and waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Mapping
+
+import psycopg
+from psycopg import sql
+
+from ..core.db import Connection, translate_errors
+from ..core.records import Partition, State
+from .base import Statement, StoreBase, qualify
+
+#: The history tables and their states (a partition of ``done`` spans an hour, one of
+#: ``failed`` a day: see _MISSING).
+CLASSES: dict[str, tuple[State, ...]] = {
+    "done": (State.COMPLETED, State.CANCELLED),
+    "failed": (State.FAILED, State.DEAD, State.EXPIRED),
+}
+
+#: How long a DDL statement of the history waits for its lock before it gives up until next time.
+LOCK_TIMEOUT = "200ms"
+#: How long a drop waits for the lock of the partition itself, which only its readers hold.
+PARTITION_LOCK_TIMEOUT = "10s"
+
+# The partitions missing from some seconds ago (`back_done`, `back_failed`) to `ahead` partitions
+# after the current one, per history table (its width in hours: a day is 24 of them, whatever the
+# session's time zone).
+_MISSING = """
+SELECT c.class, s AS starts_at, s + make_interval(hours => c.hours) AS ends_at
+  FROM (VALUES ('done', 1, 'hour', %(back_done)s::float8), ('failed', 24, 'day', %(back_failed)s::float8))
+       AS c(class, hours, unit, back),
+       generate_series(date_trunc(c.unit, now() - make_interval(secs => c.back), 'UTC'),
+                       date_trunc(c.unit, now(), 'UTC') + make_interval(hours => c.hours * %(ahead)s),
+                       make_interval(hours => c.hours)) AS s
+ WHERE NOT EXISTS (SELECT 1 FROM {history_partitions} p WHERE p.class = c.class AND p.starts_at = s)
+ ORDER BY 1, 2
+"""
+
+_RECORD = """
+INSERT INTO {history_partitions} (name, class, starts_at, ends_at) VALUES (%(name)s, %(class)s, %(starts)s, %(ends)s)
+ON CONFLICT (name) DO NOTHING
+"""
+
+# The partitions of a history table wholly past `age` seconds, oldest first.
+_EXPIRED = """
+SELECT name, starts_at, ends_at FROM {history_partitions}
+ WHERE class = %(class)s AND ends_at <= now() - make_interval(secs => %(age)s)
+ ORDER BY starts_at
+"""
+
+# What a partition's jobs hold outside it, let go before it is dropped: the idempotency keys of its
+# jobs (found by the sparse index of those that have one), and the finished counts of its hours.
+_UNKEY = """
+DELETE FROM {idempotency_keys} k USING {partition} p
+ WHERE p.idempotency_key IS NOT NULL AND k.key = p.idempotency_key AND k.job_id = p.id
+"""
+_UNCOUNT = """
+DELETE FROM {counts} WHERE state = ANY(%(states)s::text[]) AND bucket >= %(starts)s AND bucket < %(ends)s
+"""
+_FORGET = "DELETE FROM {history_partitions} WHERE name = %(name)s"
+
+_CREATE = "CREATE TABLE IF NOT EXISTS {partition} PARTITION OF {parent} FOR VALUES FROM ({starts}) TO ({ends})"
+_DETACH = "ALTER TABLE {parent} DETACH PARTITION {partition}"
+_DROP = "DROP TABLE IF EXISTS {partition}"
+# The history's partitions detached and not dropped yet (by name: they are no partition now).
+_DETACHED = """
+SELECT relname FROM pg_class
+ WHERE relnamespace = %(schema)s::regnamespace AND relkind = 'r' AND NOT relispartition
+   AND relname ~ '^miniqueue_jobs_(done|failed)_[0-9]{8}'
+"""
+_LOCK_PARTITION = "LOCK TABLE {partition} IN ACCESS EXCLUSIVE MODE"
+_LOCK_TIMEOUT = "SET LOCAL lock_timeout = {timeout}"
+
+# The partitions as they are, for operators: rows (the server's estimate) and bytes.
+_PARTITIONS = """
+SELECT p.name, p.class, p.starts_at, p.ends_at, greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
+  FROM {history_partitions} p
+  JOIN pg_class c ON c.oid = to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(p.name))
+ ORDER BY p.class, p.starts_at
+"""
+
+# Move a batch of the rows an upgrade left in the old table, in id order, into the jobs table,
+# which routes each to the partition of its state and finish time; their finished counts move
+# from the bucket they were kept in ('-infinity', migration 022) to the hour each finished in
+# (`rebucketed`).
+_MOVE_LEGACY = """
+WITH moved AS (
+    DELETE FROM {legacy}
+     WHERE id = ANY(ARRAY(SELECT id FROM {legacy} ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING *
+), placed AS (
+    INSERT INTO {jobs} SELECT * FROM moved RETURNING queue, state, finished_at
+), rebucketed AS (
+INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, bucket, sum(n) FROM (
+    SELECT queue, state, date_trunc('hour', finished_at, 'UTC') AS bucket, count(*) AS n FROM placed
+     WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') GROUP BY 1, 2, 3
+    UNION ALL
+    SELECT queue, state, '-infinity', -count(*) FROM placed
+     WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') GROUP BY 1, 2
+) m GROUP BY queue, state, bucket
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1)
+SELECT count(*) FROM placed WHERE (SELECT count(*) FROM rebucketed) >= 0
+"""
+
+# Whether the old table is still there, and how long ago its oldest row finished (seconds).
+_LEGACY = "SELECT to_regclass(%(legacy)s) IS NOT NULL"
+_LEGACY_AGE = "SELECT extract(epoch FROM now() - min(finished_at))::float8 FROM {legacy}"
+_DROP_LEGACY = "DROP TABLE IF EXISTS {legacy}"
+
+
+class _PartitionStatement(Statement):
+    """A statement on one partition: the schema's names in, but for ``{partition}``, left for
+    psycopg's composition (a partition's name is known only when it runs)."""
+
+    def render(self, names: Mapping[str, str]) -> str:
+        return qualify(self.text, {**names, "partition": "{partition}"})
+
+
+class History(StoreBase):
+    """Making, dropping and listing the history's partitions; moving an upgrade's old rows."""
+
+    _missing = Statement(_MISSING)
+    _unkey = _PartitionStatement(_UNKEY)
+    _record = Statement(_RECORD)
+    _expired = Statement(_EXPIRED)
+    _uncount = Statement(_UNCOUNT)
+    _forget = Statement(_FORGET)
+    _partitions = Statement(_PARTITIONS)
+    _move_legacy = Statement(_MOVE_LEGACY)
+    _legacy_age = Statement(_LEGACY_AGE)
+    _drop_legacy = Statement(_DROP_LEGACY)
+
+    def ensure_partitions(
+        self, conn: Connection, *, back_seconds: dict[str, float] | None = None, ahead: int = 2
+    ) -> list[str]:
+        """Make the partitions missing from ``ahead`` partitions after the current one of each
+        history table back to its current one, or to ``back_seconds[kind]`` ago; return the names
+        made. One that cannot be made now (its lock is busy, or its default partition holds rows
+        of its range, finished while it was missing) is left for a later call. ``conn`` must be
+        in autocommit."""
+        back = back_seconds or {}
+        params = {"back_done": back.get("done", 0.0), "back_failed": back.get("failed", 0.0), "ahead": ahead}
+        made = []
+        for kind, starts, ends in self._rows(conn, self._missing, params):
+            name = partition_name(kind, starts)
+            create = sql.SQL(_CREATE).format(
+                partition=sql.Identifier(self.schema, name),
+                parent=sql.Identifier(self.schema, f"miniqueue_jobs_{kind}"),
+                starts=sql.Literal(starts),
+                ends=sql.Literal(ends),
+            )
+            with translate_errors():
+                try:
+                    with conn.transaction():
+                        conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(LOCK_TIMEOUT)))
+                        conn.execute(create)
+                        conn.execute(self._record, {"name": name, "class": kind, "starts": starts, "ends": ends})
+                except (psycopg.errors.LockNotAvailable, psycopg.errors.CheckViolation, psycopg.errors.DuplicateTable):
+                    continue
+            made.append(name)
+        return made
+
+    def drop_partitions(self, conn: Connection, kind: str, older_than_seconds: float) -> list[str]:
+        """Drop the partitions of history table ``kind`` whose every job finished more than
+        ``older_than_seconds`` ago, each with its jobs' idempotency keys and finished counts;
+        return the names dropped (one whose lock is busy is left for a later call). ``conn``
+        must be in autocommit.
+
+        Each partition goes in two transactions. The first lets go of what its jobs hold outside
+        it and detaches it: catalog changes only, so the history table is locked for a moment.
+        The second drops the detached table, whose files (gigabytes, for a busy hour) are
+        unlinked as it commits, which took 0.7 s for 3,000,000 jobs: nothing but the table
+        itself is locked then. A table detached but not dropped (the process died between the
+        two) is dropped by the next call."""
+        states = [state.value for state in CLASSES[kind]]
+        dropped = []
+        for name, starts, ends in self._rows(conn, self._expired, {"class": kind, "age": older_than_seconds}):
+            partition = sql.Identifier(self.schema, name)
+            with translate_errors():
+                try:
+                    with conn.transaction():
+                        # The partition first, waiting as long as it takes (only readers of its old
+                        # jobs wait meanwhile; an autovacuum of it gives way after deadlock_timeout):
+                        # DETACH locks the history table, and must not hold it, and every
+                        # completion with it, while it waits for the partition.
+                        conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(PARTITION_LOCK_TIMEOUT)))
+                        conn.execute(sql.SQL(_LOCK_PARTITION).format(partition=partition))
+                        conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(LOCK_TIMEOUT)))
+                        conn.execute(sql.SQL(self._unkey).format(partition=partition))
+                        conn.execute(self._uncount, {"states": states, "starts": starts, "ends": ends})
+                        conn.execute(self._forget, {"name": name})
+                        conn.execute(
+                            sql.SQL(_DETACH).format(
+                                parent=sql.Identifier(self.schema, f"miniqueue_jobs_{kind}"), partition=partition
+                            )
+                        )
+                except psycopg.errors.LockNotAvailable:
+                    continue
+                except psycopg.errors.UndefinedTable:
+                    # Another reaper (another host's, or a call like this one) listed the same
+                    # partition and detached it while this one waited for its lock: gone, or no
+                    # partition any more; its drop is that reaper's (or the next call's).
+                    continue
+            dropped.append(name)
+        self._drop_detached(conn)
+        return dropped
+
+    def _drop_detached(self, conn: Connection) -> None:
+        """Drop the history's partitions that were detached (by :meth:`drop_partitions`)."""
+        for (name,) in self._rows(conn, _DETACHED, {"schema": self.schema}):
+            with translate_errors():
+                conn.execute(sql.SQL(_DROP).format(partition=sql.Identifier(self.schema, name)))
+
+    def partitions(self, conn: Connection) -> list[Partition]:
+        """Every partition of the history, by table and then start."""
+        return [Partition(*row) for row in self._rows(conn, self._partitions, {"schema": self.schema})]
+
+    def has_legacy(self, conn: Connection) -> bool:
+        """Whether rows an upgrade found in the old jobs table may still wait to be moved."""
+        legacy = sql.Identifier(self.schema, "miniqueue_jobs_legacy").as_string()
+        return bool(self._rows(conn, _LEGACY, {"legacy": legacy})[0][0])
+
+    def move_legacy(self, conn: Connection, retention: dict[str, float], limit: int = 10_000) -> int:
+        """Move a batch of at most ``limit`` rows from the old jobs table into the jobs table,
+        making first the partitions their finish times need within ``retention`` (seconds, per
+        history table: an older row lands in the default partition, pruned row by row); drop the
+        old table once it is empty. Returns how many moved (0 once none is left). ``conn`` must
+        be in autocommit."""
+        if not self.has_legacy(conn):
+            return 0
+        [(age,)] = self._rows(conn, self._legacy_age, {})
+        if age is not None:
+            self.ensure_partitions(conn, back_seconds={kind: min(age, keep) for kind, keep in retention.items()})
+        [(moved,)] = self._rows(conn, self._move_legacy, {"limit": limit})
+        if moved == 0:
+            with translate_errors(), contextlib.suppress(psycopg.errors.LockNotAvailable), conn.transaction():
+                conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(LOCK_TIMEOUT)))
+                conn.execute(self._drop_legacy)
+        return int(moved)
+
+
+def partition_name(kind: str, starts: dt.datetime) -> str:
+    """The name of the partition of history table ``kind`` that starts at ``starts``."""
+    utc = starts.astimezone(dt.timezone.utc)
+    return f"miniqueue_jobs_{kind}_{utc:%Y%m%dt%H}" if kind == "done" else f"miniqueue_jobs_{kind}_{utc:%Y%m%d}"

