@@ -6,12 +6,14 @@ moves the rows of an existing table while the queue runs."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
 from miniqueue import Client, JobSpec, Reaper, ReaperConfig, State
 from miniqueue.core.db import Connection, connect
 from miniqueue.core.validation import validate
+from miniqueue.store import history
 from miniqueue.store.history import partition_name
 from miniqueue.store.migrate import load_migrations
 from miniqueue.store.store import Failure, Store
@@ -154,8 +156,9 @@ def test_retention_drops_a_partition_whole_with_its_keys_and_counts(
 
 
 def test_two_reapers_dropping_one_partition_at_once_drop_it_once_and_neither_fails(
-    client: Client, store: Store, conn: Connection, dsn: str
+    client: Client, store: Store, conn: Connection, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(history, "LOCK_TIMEOUT", "30s")  # both wait out the reader below
     store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
     ids = [client.enqueue("t").id for _ in range(2)]
     for _ in ids:
@@ -166,7 +169,7 @@ def test_two_reapers_dropping_one_partition_at_once_drop_it_once_and_neither_fai
     dropped: list[list[str]] = []
     failures: list[BaseException] = []
 
-    def drop() -> None:  # each lists the partition, then waits for its lock
+    def drop() -> None:  # each lists the partition, then waits for the history table's lock
         with connect(dsn, purpose="test-drop") as own:
             own.autocommit = True
             try:
@@ -175,21 +178,72 @@ def test_two_reapers_dropping_one_partition_at_once_drop_it_once_and_neither_fai
                 failures.append(exc)
 
     with connect(dsn, purpose="test-hold") as holder, holder.transaction():
-        holder.execute(f'LOCK TABLE "{yesterday}" IN ACCESS EXCLUSIVE MODE')
+        holder.execute(f'LOCK TABLE "{yesterday}" IN ACCESS SHARE MODE')  # a reader of its old jobs
         reapers = [threading.Thread(target=drop) for _ in range(2)]
         for reaper in reapers:
             reaper.start()
-        waiting = "wait_event_type = 'Lock' AND application_name LIKE '%%test-drop%%'"
-        wait_until(
-            lambda: conn.execute(f"SELECT count(*) FROM pg_stat_activity WHERE {waiting}").fetchone() == (2,),
-            what="both reapers waiting for the partition's lock",
-        )
+        wait_until(lambda: waiting(conn, "test-drop") == 2, what="both reapers waiting for the lock")
     for reaper in reapers:
         reaper.join(30)
     assert failures == []
     assert len(dropped) == 2 and not set(dropped[0]) & set(dropped[1]), "no partition dropped twice"
     assert yesterday in dropped[0] + dropped[1]
     assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
+
+
+def test_a_claim_that_waits_behind_a_drop_runs_once_the_drop_is_done(
+    client: Client, store: Store, conn: Connection, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim names the jobs table, and so locks the history table and then each of its
+    partitions. A drop waiting for a reader of the partition it drops queues such a claim
+    behind it; once the reader is done, the drop and then the claim go on, and neither is
+    taken for a deadlock (as they would be if the drop held the partition and waited for the
+    history table)."""
+    monkeypatch.setattr(history, "LOCK_TIMEOUT", "30s")  # the drop waits out the reader below
+    store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
+    old = client.enqueue("t").id
+    claimed, attempt = run_one(store, conn)
+    store.complete(conn, claimed, W, attempt)
+    finished_yesterday(conn, old)
+    yesterday = where(conn, old)
+    waiting_job = client.enqueue("t").id
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, call: Callable[[Connection], object]) -> threading.Thread:
+        def target() -> None:
+            with connect(dsn, purpose=f"test-{name}") as own:
+                own.autocommit = True
+                try:
+                    outcomes[name] = call(own)
+                except BaseException as exc:
+                    outcomes[name] = exc
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    with connect(dsn, purpose="test-hold") as reader, reader.transaction():
+        reader.execute("SELECT count(*) FROM miniqueue_jobs WHERE state = 'completed'")  # jobs list, say
+        dropping = run("drop", lambda own: Store().drop_partitions(own, "done", 3600))
+        wait_until(lambda: waiting(conn, "test-drop") == 1, what="the drop waiting for the reader")
+        claiming = run("claim", lambda own: Store().claim(own, ["default"], W, 30, 1))
+        wait_until(lambda: waiting(conn, "test-claim") == 1, what="the claim waiting behind the drop")
+    dropping.join(30)
+    claiming.join(30)
+    assert isinstance(outcomes["drop"], list) and yesterday in outcomes["drop"]
+    leases = outcomes["claim"]
+    assert isinstance(leases, list) and [lease.id for lease in leases] == [waiting_job]
+    assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
+
+
+def waiting(conn: Connection, application: str) -> int:
+    """How many sessions of ``application`` wait for a lock."""
+    found = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name LIKE %s",
+        [f"%{application}%"],
+    ).fetchone()
+    assert found is not None
+    return int(found[0])
 
 
 def test_the_count_of_a_deleted_job_leaves_the_hour_it_finished_in(

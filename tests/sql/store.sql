@@ -543,7 +543,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
@@ -682,7 +682,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
@@ -817,7 +817,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
@@ -956,7 +956,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
@@ -1125,7 +1125,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
@@ -1300,7 +1300,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
@@ -1471,7 +1471,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
@@ -1646,7 +1646,7 @@ claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
        lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+ WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget
 )
