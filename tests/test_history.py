@@ -12,6 +12,7 @@ import pytest
 
 from miniqueue import Client, JobSpec, Reaper, ReaperConfig, State
 from miniqueue.core.db import Connection, connect
+from miniqueue.core.records import Lease
 from miniqueue.core.validation import validate
 from miniqueue.store import history
 from miniqueue.store.history import partition_name
@@ -191,14 +192,14 @@ def test_two_reapers_dropping_one_partition_at_once_drop_it_once_and_neither_fai
     assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
 
 
-def test_a_claim_that_waits_behind_a_drop_runs_once_the_drop_is_done(
+def test_a_drop_waiting_for_a_reader_holds_up_no_claim_and_a_completion_only_until_it_is_done(
     client: Client, store: Store, conn: Connection, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A claim names the jobs table, and so locks the history table and then each of its
-    partitions. A drop waiting for a reader of the partition it drops queues such a claim
-    behind it; once the reader is done, the drop and then the claim go on, and neither is
-    taken for a deadlock (as they would be if the drop held the partition and waited for the
-    history table)."""
+    """A completion locks the history table and then the partition it lands in; a drop waiting
+    for a reader of the partition it drops queues such a completion behind it. Once the reader
+    is done, the drop and then the completion go on, and neither is taken for a deadlock (as
+    they would be if the drop held the partition and waited for the history table). A claim
+    locks no partition of the history, and runs meanwhile."""
     monkeypatch.setattr(history, "LOCK_TIMEOUT", "30s")  # the drop waits out the reader below
     store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
     old = client.enqueue("t").id
@@ -206,7 +207,9 @@ def test_a_claim_that_waits_behind_a_drop_runs_once_the_drop_is_done(
     store.complete(conn, claimed, W, attempt)
     finished_yesterday(conn, old)
     yesterday = where(conn, old)
-    waiting_job = client.enqueue("t").id
+    running = client.enqueue("t").id
+    running_attempt = run_one(store, conn)[1]
+    available = client.enqueue("t").id
     outcomes: dict[str, object] = {}
 
     def run(name: str, call: Callable[[Connection], object]) -> threading.Thread:
@@ -226,14 +229,43 @@ def test_a_claim_that_waits_behind_a_drop_runs_once_the_drop_is_done(
         reader.execute("SELECT count(*) FROM miniqueue_jobs WHERE state = 'completed'")  # jobs list, say
         dropping = run("drop", lambda own: Store().drop_partitions(own, "done", 3600))
         wait_until(lambda: waiting(conn, "test-drop") == 1, what="the drop waiting for the reader")
-        claiming = run("claim", lambda own: Store().claim(own, ["default"], W, 30, 1))
-        wait_until(lambda: waiting(conn, "test-claim") == 1, what="the claim waiting behind the drop")
+        with connect(dsn, purpose="test-claim") as claimer:
+            claimer.execute("SET statement_timeout = '10s'")  # a claim held up fails, not hangs
+            assert [lease.id for lease in store.claim(claimer, ["default"], "w2", 30, 1)] == [available]
+        completing = run("complete", lambda own: Store().complete(own, running, W, running_attempt))
+        wait_until(lambda: waiting(conn, "test-complete") == 1, what="the completion waiting behind the drop")
     dropping.join(30)
-    claiming.join(30)
+    completing.join(30)
     assert isinstance(outcomes["drop"], list) and yesterday in outcomes["drop"]
-    leases = outcomes["claim"]
-    assert isinstance(leases, list) and [lease.id for lease in leases] == [waiting_job]
+    assert outcomes["complete"] is None
+    assert where(conn, running).startswith("miniqueue_jobs_done_2")
     assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
+
+
+def test_a_claim_locks_no_partition_of_the_history_and_a_completion_only_the_one_it_lands_in(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    """A day of hourly partitions: a claim (with limits, whose holders it looks up) and a
+    completion, each in the generic plan a worker runs after its first few statements."""
+    store.ensure_partitions(conn, back_seconds={"done": DAY, "failed": 3 * DAY})
+    client.enqueue_many([JobSpec("t", {"n": n}, concurrency_key=f"k{n % 2}") for n in range(20)])
+    client.enqueue_many([JobSpec("t", {"n": n}) for n in range(20)])
+    history_locks = """
+        SELECT array_agg(DISTINCT coalesce(i.indrelid, c.oid)::regclass::text) FROM pg_locks l
+          JOIN pg_class c ON c.oid = l.relation LEFT JOIN pg_index i ON i.indexrelid = c.oid
+         WHERE l.pid = pg_backend_pid() AND c.relname ~ '^miniqueue_jobs_(done|failed)_'"""
+    leases: list[Lease] = []
+    for _ in range(8):  # psycopg prepares a statement on its fifth run
+        with conn.transaction():
+            leases.extend(store.claim(conn, ["default"], W, 30, 2))
+            assert conn.execute(history_locks).fetchone() == (None,), "a claim locked the history"
+        lease = leases.pop()
+        with conn.transaction():
+            done, more = store.complete_and_claim(conn, W, [(lease.id, lease.attempt)], ["default"], 30, 1)
+            assert done == {lease.id}
+            [locked] = conn.execute(history_locks).fetchone()  # type: ignore[misc]
+        leases.extend(more)
+        assert locked == [where(conn, lease.id)], "a completion locked more than its job's partition"
 
 
 def waiting(conn: Connection, application: str) -> int:

@@ -61,14 +61,17 @@
 -- not held. A limit of 1 with room has no holder left to keep, so the claim neither counts its
 -- room again nor looks up its ended holders when it takes its slot.
 --
--- Held. Whether holder `h` (its job row `j` as this statement's snapshot shows it, or NULL) of
--- limit row `l` still holds its slot, in the room and in `taken`. Read from the snapshot without
--- a lock: a job's attempt only grows, so one seen at the holder's attempt and not running, or at a
--- later attempt, has ended for good, and one seen at an earlier attempt was claimed after the
--- snapshot, and holds. A holder the snapshot does not show at all was deleted (pruned, `jobs
--- delete`), unless `l` was rewritten since the snapshot: then it may be a job enqueued and claimed
--- meanwhile (by a worker that preferred it for its priority), held too. Erring toward "held" can
--- only under-admit for a moment. A holder is not counted either if the statement frees its slot
+-- Held. Whether holder `h` (its job row `j` among the live jobs, as this statement's snapshot
+-- shows it, or NULL) of limit row `l` still holds its slot, in the room and in `taken`. Read from
+-- the snapshot without a lock: a job's attempt only grows, so one seen at the holder's attempt and
+-- not running, or at a later attempt, has ended for good, and one seen at an earlier attempt was
+-- claimed after the snapshot, and holds. A holder the snapshot does not show among the live jobs
+-- has finished (or was deleted), unless `l` was rewritten since the snapshot: then it may be a
+-- job enqueued, or requeued from the history, and claimed meanwhile (by a worker that preferred
+-- it for its priority), held too. Erring toward "held" can only under-admit for a moment, and a
+-- row rewritten since the snapshot is passed over anyway (_TOUCHED). Only the live jobs are
+-- looked at (`j.state IN` the live states, which the planner prunes to their partition): a claim
+-- locks no partition of the history, however many there are. A holder is not counted either if the statement frees its slot
 -- itself: `AND NOT false` in a claim alone; in the forms that complete, `AND NOT EXISTS` of the
 -- leases being completed (their slots are free whether the completion lands or finds the lease
 -- lost, since either way the job is no longer running at that attempt). Without this, a claim
@@ -159,14 +162,14 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
                   FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END > 0
                    FOR UPDATE OF l SKIP LOCKED) x
@@ -228,7 +231,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
@@ -299,14 +302,14 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
                   FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END > 0
                    FOR UPDATE OF l SKIP LOCKED) x
@@ -368,7 +371,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
@@ -435,14 +438,14 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
                   FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END > 0
                    FOR UPDATE OF l SKIP LOCKED) x
@@ -504,7 +507,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
@@ -575,14 +578,14 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END END AS room
                   FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
      END > 0
                    FOR UPDATE OF l SKIP LOCKED) x
@@ -644,7 +647,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
@@ -742,7 +745,7 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
@@ -750,7 +753,7 @@ looked AS MATERIALIZED (
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END > 0
@@ -813,7 +816,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
@@ -918,7 +921,7 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
@@ -926,7 +929,7 @@ looked AS MATERIALIZED (
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END > 0
@@ -989,7 +992,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
@@ -1090,7 +1093,7 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
@@ -1098,7 +1101,7 @@ looked AS MATERIALIZED (
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END > 0
@@ -1161,7 +1164,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
@@ -1266,7 +1269,7 @@ looked AS MATERIALIZED (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END END AS room
@@ -1274,7 +1277,7 @@ looked AS MATERIALIZED (
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt))::int
      END > 0
@@ -1337,7 +1340,7 @@ taken AS (
                            ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id
+                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], %(attempts)b::int[]) AS c(id, attempt)
                 WHERE c.id = h.id AND c.attempt = h.attempt)),
