@@ -74,7 +74,7 @@ def quiet_disk() -> None:
     """Wait until this host's disks are quiet: gigabytes written just before (a seeded history,
     the WAL a checkpoint removed) are written back and discarded for seconds after, and a run
     timed meanwhile measures that, not the queue (a drain beside 10,000,000 seeded jobs ran at
-    0.79 x straight after the seed, at 0.95 x once the disk was quiet). Reads /proc/diskstats;
+    0.79 x of the default drain straight after the seed, at 0.89 x once the disk was quiet). Reads /proc/diskstats;
     a host without it (or a server elsewhere) is taken as quiet."""
     os.sync()
     deadline = time.monotonic() + QUIET_TIMEOUT

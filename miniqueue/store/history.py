@@ -12,10 +12,9 @@ Detaching a partition takes an ACCESS EXCLUSIVE lock on its history table for a 
 completion into that table waits meanwhile): each such statement here runs under a short
 ``lock_timeout`` and, when it cannot have the lock at once, gives up until the reaper's next pass
 (nothing is lost by waiting: the partition stays). The history table is locked before the
-partition, never after: a worker's claim and completion name the jobs table, and so lock every
-partition of the history after the history table itself; a drop holding the partition while it
-waited for the table would wait for them as they wait for it, and stall each completion for as
-long as its lock timeout.
+partition, never after: a completion locks the history table and then the partition it lands
+in, and a reader of finished jobs the history table and then the partitions it reads; a drop
+holding the partition while it waited for the table would wait for them as they wait for it.
 """
 
 from __future__ import annotations
