@@ -171,6 +171,9 @@ def test_a_queue_moved_to_another_server_under_load_loses_nothing_and_runs_nothi
 
     def produce() -> None:  # a producer that picks up the new map mid-stream, as a deploy does
         with ShardedClient(before) as old, ShardedClient(after) as new:
+            # As a deploy step does: the task's queue known on every database before the first
+            # enqueue, not only once a worker has published it (the producer may start first).
+            old.declare(app)
             while not stop.is_set():
                 client = new if switched.is_set() else old
                 enqueued.extend(r.id for r in client.enqueue_many([JobSpec("move", {"n": n}) for n in range(20)]))
