@@ -21,6 +21,7 @@ from opentelemetry import trace
 from miniqueue import (
     App,
     AsyncClient,
+    Batch,
     Client,
     ConfigError,
     EnqueueHook,
@@ -371,6 +372,53 @@ def test_async_handlers_run_inside_the_same_hooks(client: Client, conn: Connecti
         *["m1 before", "m2 before", "handler", "m2 after done", "m1 after done"],
         *["m1 before", "m2 before", "handler", "m2 saw async failure", "m1 saw async failure"],
     ]
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_run_hooks_wrap_each_job_of_a_batch_and_see_its_own_outcome(
+    client: Client, conn: Connection, start_worker: StartWorker, kind: str
+) -> None:
+    """Each job's hooks are entered, the batch handler runs once on the jobs they reached, and
+    each job's hooks see that job's outcome: one hook skips a job, one rescues another's error."""
+    events: list[str] = []
+    calls: list[list[int]] = []
+
+    class Gate(Middleware):
+        def run(self, job: Job) -> RunHook:
+            if job.payload.get("skip"):
+                return "skipped"  # before its yield: this job never reaches the handler
+            try:
+                return (yield)
+            except LookupError:
+                return "rescued"
+
+    app = stamped_app(events, "m1")
+    app.middleware(Gate())
+
+    def outcomes(jobs: list[Job]) -> dict[int, object]:
+        calls.append(sorted(job.id for job in jobs))
+        return {job.id: KeyError("gone") if job.payload.get("lost") else job.payload["n"] for job in jobs}
+
+    if kind == "def":
+        app.task("t", max_attempts=1, batch=Batch(size=3, wait=0.2))(outcomes)
+    else:
+
+        async def handler(jobs: list[Job]) -> dict[int, object]:
+            await asyncio.sleep(0)
+            return outcomes(jobs)
+
+        app.task("t", max_attempts=1, batch=Batch(size=3, wait=0.2))(handler)
+    plain, lost, skipped = (
+        app.enqueue(client, "t", {"seen": [], "n": 1}, conn=conn).id,
+        app.enqueue(client, "t", {"seen": [], "n": 2, "lost": True}, conn=conn).id,
+        app.enqueue(client, "t", {"seen": [], "n": 3, "skip": True}, conn=conn).id,
+    )
+    events.clear()
+    start_worker(app)
+    assert [finished(conn, job)["result"] for job in (plain, lost, skipped)] == [1, "rescued", "skipped"]
+    assert calls == [[plain, lost]], "one call, on the jobs the hooks let through"
+    assert events.count("m1 before") == 3
+    assert sorted(e for e in events if e != "m1 before") == ["m1 after 1", "m1 after rescued", "m1 after skipped"]
 
 
 def test_run_jobs_of_the_testing_kit_runs_the_hooks(client: Client) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,3 +43,22 @@ class Batch:
         if isinstance(self.wait, bool) or not isinstance(self.wait, int | float) or not 0 <= self.wait < math.inf:
             raise ConfigError(f"task {task!r}: batch wait {self.wait!r} is invalid: use 0 or more seconds")
         return self
+
+
+def each_outcome(jobs: Sequence[Job], returned: object) -> dict[int, tuple[Any, BaseException | None]]:
+    """Each job's result (or the exception it counts as having raised) from what a batch
+    handler returned (see :data:`BatchOutcomes`). Anything else fails every job: completing
+    them without it could lose what the handler meant."""
+    if returned is None:
+        returned = {}
+    if not isinstance(returned, Mapping):
+        error = TypeError(
+            f"the batch handler of task {jobs[0].task!r} returned {type(returned).__name__}: return None "
+            "or a dict of each job's result (or exception) by job id"
+        )
+        return {job.id: (None, error) for job in jobs}
+    outcomes: dict[int, tuple[Any, BaseException | None]] = {}
+    for job in jobs:
+        value = returned.get(job.id)
+        outcomes[job.id] = (None, value) if isinstance(value, BaseException) else (value, None)
+    return outcomes

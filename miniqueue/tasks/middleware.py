@@ -27,6 +27,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 from ..core.errors import ConfigError, LeaseLost
 from ..core.records import EnqueueResult, GroupResult, JobSpec
+from .batch import each_outcome
 from .job import Job, Snooze
 
 #: What an ``enqueue`` hook returns: it yields the job's spec (changed or not) once, and is
@@ -37,6 +38,8 @@ EnqueueHook = Generator[JobSpec, EnqueueResult, None]
 RunHook = Generator[None, Any, Any]
 
 R = TypeVar("R")
+#: How a run went, after its hooks: its result, or the error it ended with (None: none).
+Outcome = tuple[Any, BaseException | None]
 
 
 class Middleware(Protocol):
@@ -156,6 +159,35 @@ class MiddlewareStack:
             except BaseException as exc:
                 around.error = exc
         return around.exit()
+
+    def run_batch(self, jobs: list[Job], handler: Callable[[list[Job]], Any]) -> dict[int, Outcome]:
+        """A batch handler inside each of its jobs' run hooks: every job's hooks are entered,
+        the handler runs once on the jobs whose hooks all reached it, and each job's hooks see
+        that job's own outcome (its value in what the handler returned, or what the handler
+        raised). Each job's result, or error, after its hooks."""
+        arounds = {job.id: _AroundRun(self._run_hooks, job) for job in jobs}
+        reached = [job for job in jobs if arounds[job.id].reached]
+        if reached:
+            try:
+                outcomes = each_outcome(reached, handler(reached))
+            except BaseException as exc:  # what the handler raises is every job's outcome
+                outcomes = {job.id: (None, exc) for job in reached}
+            for job_id, (result, error) in outcomes.items():
+                arounds[job_id].result, arounds[job_id].error = result, error
+        return {job_id: around.outcome() for job_id, around in arounds.items()}
+
+    async def arun_batch(self, jobs: list[Job], handler: Callable[[list[Job]], Awaitable[Any]]) -> dict[int, Outcome]:
+        """:meth:`run_batch` with an ``async def`` batch handler."""
+        arounds = {job.id: _AroundRun(self._run_hooks, job) for job in jobs}
+        reached = [job for job in jobs if arounds[job.id].reached]
+        if reached:
+            try:
+                outcomes = each_outcome(reached, await handler(reached))
+            except BaseException as exc:  # cancelled (a stop request) too
+                outcomes = {job.id: (None, exc) for job in reached}
+            for job_id, (result, error) in outcomes.items():
+                arounds[job_id].result, arounds[job_id].error = result, error
+        return {job_id: around.outcome() for job_id, around in arounds.items()}
 
 
 def group_results(callbacks: Collection[str]) -> Callable[[GroupResult], list[EnqueueResult]]:
@@ -293,12 +325,17 @@ class _AroundRun:
 
     def exit(self) -> Any:
         """Resume the entered hooks from the inside out; return the result, or raise the error."""
-        result, error = self.result, self.error
-        for hook in reversed(self.entered):
-            result, error = _resume_run(hook, result, error)
+        result, error = self.outcome()
         if error is not None:
             raise error
         return result
+
+    def outcome(self) -> Outcome:
+        """Resume the entered hooks from the inside out; the result and the error after them."""
+        result, error = self.result, self.error
+        for hook in reversed(self.entered):
+            result, error = _resume_run(hook, result, error)
+        return result, error
 
 
 def _resume_run(hook: RunHook, result: Any, error: BaseException | None) -> tuple[Any, BaseException | None]:

@@ -15,7 +15,6 @@ import inspect
 import logging
 import time
 import traceback
-from collections.abc import Mapping
 from typing import Any, cast
 
 from ..core.db import UndecodableJson
@@ -75,9 +74,8 @@ class Executor:
         return _finished(job, returned=returned, max_result_bytes=self.max_result_bytes)
 
     def run_batch(self, jobs: list[Job]) -> list[Outcome]:
-        """Run a ``def`` batch handler on ``jobs`` (of one task) and classify what it did to
-        each (see :class:`~miniqueue.Batch`). Run hooks wrap one job's handler, so they do not
-        wrap a batch's."""
+        """Run a ``def`` batch handler on ``jobs`` (of one task), inside each job's run hooks,
+        and classify what it did to each (see :class:`~miniqueue.Batch`)."""
         handler = cast(BatchHandler, self.app.tasks[jobs[0].task].handler)
         unreadable, readable = _split_unreadable(jobs)
         if not readable:
@@ -85,17 +83,11 @@ class Executor:
         for job in readable:
             self.hooks.on_handler_start(job)
         try:
-            returned = handler(readable)
-            if inspect.isawaitable(returned):
-                raise TypeError(_not_awaited(returned, jobs[0].task))
-        except BaseException as exc:  # what the handler raises is the outcome of every job
-            outcomes = {job.id: _finished(job, exc) for job in readable}
-        else:
-            outcomes = _batch_outcomes(readable, returned, self.max_result_bytes)
+            ran = self.app.middleware_stack.run_batch(readable, functools.partial(_call_batch, handler))
         finally:
             for job in readable:
                 self.hooks.on_handler_end(job)
-        return [unreadable.get(job.id) or outcomes[job.id] for job in jobs]
+        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id]) for job in jobs]
 
     async def run_batch_async(self, jobs: list[Job]) -> list[Outcome]:
         """Await an ``async def`` batch handler on ``jobs``, as :meth:`run_batch` runs a ``def`` one."""
@@ -106,15 +98,17 @@ class Executor:
         for job in readable:
             self.hooks.on_handler_start(job)
         try:
-            returned = await handler(readable)
-        except BaseException as exc:  # cancelled (a stop request) too: CancelledError is its outcome
-            outcomes = {job.id: _finished(job, exc) for job in readable}
-        else:
-            outcomes = _batch_outcomes(readable, returned, self.max_result_bytes)
+            ran = await self.app.middleware_stack.arun_batch(readable, handler)
         finally:
             for job in readable:
                 self.hooks.on_handler_end(job)
-        return [unreadable.get(job.id) or outcomes[job.id] for job in jobs]
+        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id]) for job in jobs]
+
+    def _batch_outcome(self, job: Job, result: Any, error: BaseException | None) -> Outcome:
+        """One job's outcome from its result, or error, in a batch."""
+        if error is not None:
+            return _finished(job, error)
+        return _finished(job, returned=result, max_result_bytes=self.max_result_bytes)
 
     def _unknown_task(self, task: str) -> str:
         """The error of a job whose task this worker's app does not know; logged once per task."""
@@ -137,6 +131,14 @@ def _call(handler: Handler, job: Job) -> Any:
     return returned
 
 
+def _call_batch(handler: BatchHandler, jobs: list[Job]) -> Any:
+    """Run a ``def`` batch handler, as :func:`_call` runs a ``def`` handler."""
+    returned = handler(jobs)
+    if inspect.isawaitable(returned):
+        raise TypeError(_not_awaited(returned, jobs[0].task))
+    return returned
+
+
 def _unreadable(job: Job) -> Outcome | None:
     """The outcome of a job whose payload this process could not decode: it fails for good
     without running (another try would read the same bytes), and the jobs claimed with it run."""
@@ -152,28 +154,6 @@ def _split_unreadable(jobs: list[Job]) -> tuple[dict[int, Outcome], list[Job]]:
     without running), and the others, which run."""
     unreadable = {job.id: outcome for job in jobs if (outcome := _unreadable(job)) is not None}
     return unreadable, [job for job in jobs if job.id not in unreadable]
-
-
-def _batch_outcomes(jobs: list[Job], returned: object, max_result_bytes: int) -> dict[int, Outcome]:
-    """Each job's outcome from what a batch handler returned: None, or each job's result (or
-    the exception it should count as having raised) by job id. Anything else fails every job:
-    completing them without it could lose what the handler meant."""
-    if returned is None:
-        returned = {}
-    if not isinstance(returned, Mapping):
-        error = TypeError(
-            f"the batch handler of task {jobs[0].task!r} returned {type(returned).__name__}: return None "
-            "or a dict of each job's result (or exception) by job id"
-        )
-        return {job.id: _finished(job, error) for job in jobs}
-    outcomes = {}
-    for job in jobs:
-        value = returned.get(job.id)
-        if isinstance(value, BaseException):
-            outcomes[job.id] = _finished(job, value)
-        else:
-            outcomes[job.id] = _finished(job, returned=value, max_result_bytes=max_result_bytes)
-    return outcomes
 
 
 def _not_awaited(returned: object, task: str) -> str:
