@@ -7,6 +7,7 @@ and the encrypted payloads example, whose stored payload is not plaintext."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import importlib
 import os
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ from .helpers import count, row, wait_until
 from .running import StartWorker, worker_starter
 from .supervised import Fleet, StartSupervisor
 from .test_otel import Spans, span_id, spans, traced_client, tracing_state
+from .test_periodic import hourly_due, recorded, report_app, scheduler, set_last_slot
 
 __all__ = ["spans", "traced_client", "tracing_state"]  # the tracing fixtures, used by name
 
@@ -198,6 +200,72 @@ def test_aenqueue_achain_and_agroup_pass_the_same_hooks(dsn: str, conn: Connecti
     ids = asyncio.run(main())
     assert all(payload(conn, i)["seen"] == ["m2", "m1"] for i in ids)
     assert len(events) == 4 * len(ids)
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_a_job_added_to_its_group_by_a_handler_passes_the_enqueue_hooks(
+    kind: str, client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    events: list[str] = []
+    app = stamped_app(events, "m1", "m2")
+    added: list[int] = []
+
+    if kind == "def":
+
+        @app.task("member")
+        def member(job: Job) -> None:
+            if job.payload.get("add"):
+                with job.transaction():
+                    added.append(job.add_to_group(JobSpec("member", {"seen": []})).id)
+
+    else:
+
+        @app.task("member")
+        async def amember(job: Job) -> None:
+            if job.payload.get("add"):
+                async with job.atransaction():
+                    added.append((await job.aadd_to_group(JobSpec("member", {"seen": []}))).id)
+
+    app.task("done")(lambda job: None)
+    group = app.group(client, [JobSpec("member", {"seen": [], "add": True})], then=JobSpec("done", {"seen": []}))
+    assert group.on_success is not None
+    start_worker(app)
+    assert finished(conn, group.on_success.id)["state"] == "completed"
+    assert len(added) == 1
+    assert payload(conn, added[0])["seen"] == ["m2", "m1"]
+    assert [e for e in events if "enqueues" in e or "saw job" in e][-4:] == [
+        *["m2 enqueues", "m1 enqueues"],
+        *[f"m1 saw job {added[0]}", f"m2 saw job {added[0]}"],
+    ]
+
+
+def test_a_periodic_slot_passes_the_enqueue_hooks_in_the_reaper_and_a_refusal_leaves_it_to_the_next_pass(
+    dsn: str, conn: Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Tag(Middleware):
+        refuse = True
+
+        def enqueue(self, spec: JobSpec) -> EnqueueHook:
+            if self.refuse:
+                raise ValueError("tenant unknown")
+            yield spec._replace(payload={**spec.payload, "tenant": "acme"})
+
+    app = report_app(hourly_due(conn, 1))
+    tag = app.middleware(Tag())
+    reaper = scheduler(dsn, app)
+    try:
+        assert reaper.schedule_periodic() == []  # the schedule's first sighting
+        slot = recorded(conn)
+        set_last_slot(conn, slot - dt.timedelta(hours=1))
+        assert reaper.schedule_periodic() == []
+        assert "periodic report: cannot enqueue its slot: tenant unknown" in caplog.text
+        assert count(conn) == 0 and recorded(conn) == slot - dt.timedelta(hours=1)  # the slot is still due
+        tag.refuse = False
+        (job_id,) = reaper.schedule_periodic()
+    finally:
+        reaper.close()
+    assert payload(conn, job_id) == {"kind": "daily", "tenant": "acme"}
+    assert recorded(conn) == slot
 
 
 def test_a_hook_that_yields_no_spec_is_a_config_error(client: Client, conn: Connection) -> None:

@@ -157,7 +157,9 @@ class Reaper:
             self._conn = connect(self.dsn, purpose="reaper", schema=self.config.schema)
         runtime = read_runtime(self._conn, self.store, self.app, self._here, self._runtime_warned)
         schedules = self.schedules + runtime.schedules
-        return schedule_due(self._conn, self.store, schedules, self.specs | runtime.specs, now, runtime.revisions)
+        specs = self.specs | runtime.specs
+        middleware = self.app.middleware_stack if self.app else None
+        return schedule_due(self._conn, self.store, schedules, specs, now, runtime.revisions, middleware)
 
     def _expire(self, conn: Connection, result: ReaperResult) -> None:
         """Expire every job whose deadline passed before it was claimed, in batches; each leaves a log line."""

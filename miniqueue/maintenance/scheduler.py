@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+import psycopg
+
 from ..client.schedules import as_periodic
 from ..core.db import Connection
 from ..core.errors import DatabaseUnavailable, MiniqueueError
@@ -20,12 +22,14 @@ from ..core.records import DEFAULT_QUEUE, JobSpec, Schedule, TaskDeclaration
 from ..core.steps import run
 from ..core.validation import declared, validate
 from ..store.store import Store
+from ..tasks.middleware import MiddlewareStack
 from ..tasks.periodic import Periodic
 
 if TYPE_CHECKING:
     from ..tasks.app import App
 
 log = logging.getLogger("miniqueue.periodic")
+_NO_MIDDLEWARE = MiddlewareStack()
 
 
 def schedule_due(
@@ -35,13 +39,15 @@ def schedule_due(
     specs: dict[str, JobSpec],
     now: dt.datetime | None = None,
     revisions: Mapping[str, dt.datetime] | None = None,
+    middleware: MiddlewareStack | None = None,
 ) -> list[int]:
     """Enqueue the due slot of each schedule that has one; return the ids of the jobs enqueued.
 
     ``specs`` gives, per schedule name, the JobSpec of its job (its task's options and limits, its payload).
     Slots fall due by the database clock, or by ``now`` if given (tests travel in time with it).
     ``revisions`` gives, per runtime schedule, the definition read (its updated_at): the claim
-    of its slot re-checks it.
+    of its slot re-checks it. Each job passes ``middleware``'s enqueue hooks (the app's), inside
+    the transaction that claims its slot: a hook that raises leaves the slot to the next pass.
     """
     if not schedules:
         return []
@@ -52,11 +58,11 @@ def schedule_due(
     for schedule in schedules:
         try:
             revision = (revisions or {}).get(schedule.name)
-            job_id = _schedule_one(conn, store, schedule, specs[schedule.name], now, state, revision)
-        except MiniqueueError as exc:
-            if isinstance(exc, DatabaseUnavailable):
-                raise
-            log.error("periodic %s: cannot enqueue its slot: %s", schedule.name, exc)  # the others still run
+            job_id = _schedule_one(conn, store, schedule, specs[schedule.name], now, state, revision, middleware)
+        except (DatabaseUnavailable, psycopg.Error):
+            raise
+        except Exception as exc:  # an invalid job, or an enqueue hook that refused it: the others still run
+            log.error("periodic %s: cannot enqueue its slot: %s", schedule.name, exc)
             continue
         if job_id is not None:
             enqueued.append(job_id)
@@ -70,7 +76,8 @@ def _schedule_one(
     base: JobSpec,
     now: dt.datetime,
     state: dict[str, tuple[dt.datetime, bool]],
-    revision: dt.datetime | None = None,
+    revision: dt.datetime | None,
+    middleware: MiddlewareStack | None,
 ) -> int | None:
     """Enqueue ``schedule``'s latest due slot if this scheduler wins it; return the job's id.
 
@@ -87,7 +94,7 @@ def _schedule_one(
         if not _claim(conn, store, schedule.name, slot, revision) or not due:
             return None
         spec = base._replace(idempotency_key=f"periodic:{schedule.name}:{slot.isoformat()}")
-        result = store.enqueue(conn, validate(spec))
+        result = (middleware or _NO_MIDDLEWARE).enqueue_one(spec, lambda spec: store.enqueue(conn, validate(spec)))
     log.info("periodic %s: enqueued job %d for slot %s", schedule.name, result.id, schedule.local(slot).isoformat())
     return result.id
 

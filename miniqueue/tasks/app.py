@@ -242,9 +242,7 @@ class App:
         The job passes the enqueue hooks of the app's middleware, inside ``conn``'s transaction
         when one is given."""
         spec = self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides)
-        return self.middleware_stack.enqueue(
-            [spec], lambda specs: client.enqueue(conn=conn, **specs[0]._asdict()), _alone
-        )
+        return self.middleware_stack.enqueue_one(spec, lambda spec: client.enqueue(conn=conn, **spec._asdict()))
 
     async def aenqueue(
         self,
@@ -260,9 +258,7 @@ class App:
     ) -> EnqueueResult:
         """:meth:`enqueue` with an :class:`~miniqueue.AsyncClient` (``conn``: an ``AsyncConnection``)."""
         spec = self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides)
-        return await self.middleware_stack.aenqueue(
-            [spec], lambda specs: client.enqueue(conn=conn, **specs[0]._asdict()), _alone
-        )
+        return await self.middleware_stack.aenqueue_one(spec, lambda spec: client.enqueue(conn=conn, **spec._asdict()))
 
     def chain(
         self, client: Producer, steps: Sequence[JobSpec], *, conn: Connection | None = None
@@ -322,10 +318,6 @@ class App:
         return self.task_spec(task, payload)._replace(
             run_at=run_at, delay=delay, idempotency_key=idempotency_key, **overrides
         )
-
-
-def _alone(result: EnqueueResult) -> list[EnqueueResult]:
-    return [result]
 
 
 #: The task defaults :meth:`App.enqueue` lets a caller override.

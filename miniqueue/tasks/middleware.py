@@ -134,6 +134,14 @@ class MiddlewareStack:
         _finish_each(entered, results(stored))
         return stored
 
+    def enqueue_one(self, spec: JobSpec, store: Callable[[JobSpec], EnqueueResult]) -> EnqueueResult:
+        """``store(spec)``, the spec through the enqueue hooks first."""
+        return self.enqueue([spec], lambda specs: store(specs[0]), _alone)
+
+    async def aenqueue_one(self, spec: JobSpec, store: Callable[[JobSpec], Awaitable[EnqueueResult]]) -> EnqueueResult:
+        """:meth:`enqueue_one` with a ``store`` that is awaited."""
+        return await self.aenqueue([spec], lambda specs: store(specs[0]), _alone)
+
     # -- around a run ----------------------------------------------------------------------------
 
     def run(self, job: Job, handler: Callable[[Job], Any]) -> Any:
@@ -360,3 +368,7 @@ def _swallowable(error: BaseException) -> bool:
     attempt, not a signal that the job goes back (a snooze, a lost lease) or that the run
     must end (a durable sleep or wait, a cancellation: BaseExceptions)."""
     return isinstance(error, Exception) and not isinstance(error, (Snooze, LeaseLost))
+
+
+def _alone(result: EnqueueResult) -> list[EnqueueResult]:
+    return [result]

@@ -1,9 +1,11 @@
 """``job.add_to_group``: a running member enqueues a job into its own group, in the transaction
 that completes it (see :meth:`miniqueue.Job.add_to_group`). The new job takes the options its
-task declares in this worker's app, as an enqueue through the app does."""
+task declares in this worker's app and passes through the app's enqueue hooks, as an enqueue
+through the app does."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -24,6 +26,7 @@ class GroupMembers:
     def __init__(self, app: App, store: Store, worker_id: str, *, max_payload_bytes: int) -> None:
         self.store, self.worker_id, self.max_payload_bytes = store, worker_id, max_payload_bytes
         self.declarations = {d.task: d for d in app.declarations()}
+        self.middleware = app.middleware_stack
 
     def _job(self, spec: JobSpec) -> NewJob:
         if spec.depends_on is not None:
@@ -31,9 +34,13 @@ class GroupMembers:
         return validate(declared(spec, self.declarations.get(spec.task)), max_payload_bytes=self.max_payload_bytes)
 
     def add(self, job: Job, conn: Connection, spec: JobSpec) -> EnqueueResult:
-        steps = self.store.add_to_group_steps(job.id, self.worker_id, job.attempt, self._job(spec))
-        return run(conn, steps)
+        def store(spec: JobSpec) -> EnqueueResult:
+            return run(conn, self.store.add_to_group_steps(job.id, self.worker_id, job.attempt, self._job(spec)))
+
+        return self.middleware.enqueue_one(spec, store)
 
     async def aadd(self, job: Job, conn: AsyncConnection[Any], spec: JobSpec) -> EnqueueResult:
-        steps = self.store.add_to_group_steps(job.id, self.worker_id, job.attempt, self._job(spec))
-        return await arun(conn, steps)
+        def store(spec: JobSpec) -> Awaitable[EnqueueResult]:
+            return arun(conn, self.store.add_to_group_steps(job.id, self.worker_id, job.attempt, self._job(spec)))
+
+        return await self.middleware.aenqueue_one(spec, store)
