@@ -103,6 +103,27 @@ def test_a_paused_key_starts_no_job_before_the_pause_ends_and_others_run_on(
     assert any(first_start[job] < until for job in others), "the other keys and unlimited jobs run on"
 
 
+def test_a_limit_first_named_during_the_pause_is_paused_too_and_the_reaper_forgets_an_ended_pause(
+    dsn: str, client: Client, store: Store, conn: Connection, start_worker: StartWorker, starts: str
+) -> None:
+    app = app_calling(dsn)
+    trip = enqueue(client, "call", {"host": "api", "trip": True})
+    start_worker(app)
+    until = wait_until(lambda: paused_until(conn, "rate call api"), what="the key paused")
+    assert paused_until(conn, "concurrency upload api") is None, "no job of the upload task named the key yet"
+    late = app.enqueue(client, "upload", {"host": "api"}).id  # its task's first job of the key: a new limit row
+    assert paused_until(conn, "concurrency upload api") == until
+    wait_until(lambda: row(conn, late)["state"] == "completed", timeout=20, what="the late job completed")
+    [(first,)] = conn.execute("SELECT min(at) FROM starts WHERE job = %s", [late]).fetchall()
+    assert first >= until, "the job of a limit created during the pause waited for its end"
+    assert row(conn, trip)["state"] == "completed"
+    assert conn.execute("SELECT count(*) FROM miniqueue_pauses").fetchone() == (1,)
+    store.drop_ended_keys(conn)
+    assert conn.execute("SELECT count(*) FROM miniqueue_pauses").fetchone() == (0,), "an ended pause is dropped"
+    enqueue(client, "upload", {"host": "api", "after": True}, concurrency_key="api-2")
+    assert paused_until(conn, "concurrency upload api-2") is None
+
+
 def test_the_raising_job_spends_no_attempt_and_its_history_says_why(
     dsn: str, client: Client, conn: Connection, start_worker: StartWorker, starts: str
 ) -> None:

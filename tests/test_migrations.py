@@ -42,6 +42,7 @@ QUEUE_TABLES = [
     "miniqueue_jobs_live",
     "miniqueue_limits",
     "miniqueue_migrations",
+    "miniqueue_pauses",
     "miniqueue_periodic",
     "miniqueue_processes",
     "miniqueue_queues",

@@ -38,6 +38,7 @@ IDENTIFIERS = {
     "counts": "miniqueue_counts",
     "finished_minutes": "miniqueue_finished_minutes",
     "limits": "miniqueue_limits",
+    "pauses": "miniqueue_pauses",
     "tasks": "miniqueue_tasks",
     "served_queues": "miniqueue_served_queues",
     "settle": "miniqueue_settle",

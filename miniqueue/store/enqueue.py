@@ -54,15 +54,18 @@ SELECT job_id, true, NULL FROM {idempotency_keys}
 
 # _ENQUEUE for a job with limits: the same statement also creates (or updates) the rows of the
 # job's scopes, so that the claim finds them (`scoped`). A new rate scope starts with one token,
-# so that its first job starts at once; a changed limit is updated (the latest enqueue's limit is
-# the one in force). Only a job with limits writes its rate cost: the others keep the column's
+# so that its first job starts at once, and a new scope of a key under a back-pressure pause
+# starts paused with it (see _RATE_LIMIT in outcomes.py); a changed limit is updated (the latest
+# enqueue's limit is the one in force). Only a job with limits writes its rate cost: the others keep the column's
 # default of 1, which no claim reads.
 _ENQUEUE_LIMITED = """
 WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), held AS (
@@ -122,10 +125,12 @@ SELECT job_id, true, NULL FROM {idempotency_keys}
 # _ENQUEUE for a job with parents and limits (see the two above).
 _ENQUEUE_WAITING_LIMITED = """
 WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), held AS (
@@ -210,10 +215,12 @@ SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
 # batch names; a job's rate cost NULL (an empty array: every job of the batch costs 1) for 1.
 _ENQUEUE_MANY_LIMITED = """
 WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ),

@@ -38,10 +38,12 @@ HELD = """unique_key IS NOT NULL
 # no job holds it (which notifies its queue).
 _ENQUEUE_KEYED = f"""
 WITH scoped AS (
-    INSERT INTO {{limits}} AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO {{limits}} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN {{pauses}} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), sequenced AS (
@@ -92,10 +94,12 @@ UNION ALL
 # _ENQUEUE_KEYED.
 _ENQUEUE_REPLACING = f"""
 WITH scoped AS (
-    INSERT INTO {{limits}} AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO {{limits}} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN {{pauses}} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), sequenced AS (
@@ -171,10 +175,12 @@ UPDATE {unique_windows} SET job_id = %(id)s, until = now() + make_interval(secs 
 # planned as a hash of every held key, 15 ms of a 25 ms batch at 50,000 of them).
 _ENQUEUE_MANY_KEYED = """
 WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), sequenced AS (

@@ -131,6 +131,14 @@ DELETE FROM {sequences} s
    AND head IS NULL AND updated_at < now() - interval '1 hour'
 """
 
+# The back-pressure pauses by key that ended (the reaper, every pass, in batches): the limit
+# rows keep their own pause, and a limit row created from now on starts unpaused.
+_DROP_ENDED_PAUSES = """
+DELETE FROM {pauses}
+ WHERE key = ANY(ARRAY(SELECT key FROM {pauses} WHERE paused_until < now() LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND paused_until < now()
+"""
+
 # Recount the finished jobs from the table itself: the repair for counts that drifted (jobs
 # finished by workers of an older version during the migration that added the counts, or rows
 # changed by hand). It reads every finished row once; the lock makes statements that finish
@@ -254,6 +262,7 @@ class Maintenance(StoreBase):
     _expire = Statement(_EXPIRE)
     _drop_windows = Statement(_DROP_WINDOWS)
     _drop_idle_sequences = Statement(_DROP_IDLE_SEQUENCES)
+    _drop_ended_pauses = Statement(_DROP_ENDED_PAUSES)
     _recount = Statements(_RECOUNT)
     _trim_minutes = Statement(_TRIM_MINUTES)
     _prune = Statement(_PRUNE)
@@ -273,11 +282,13 @@ class Maintenance(StoreBase):
         return sorted(row[0] for row in self._rows(conn, self._expire, {"limit": limit}))
 
     def drop_ended_keys(self, conn: Connection, limit: int = 1000) -> int:
-        """Delete up to ``limit`` ended unique-key windows and as many idle sequence keys; return how many."""
+        """Delete up to ``limit`` ended unique-key windows, as many idle sequence keys and as many
+        ended pauses; return how many."""
         with translate_errors():
             windows = conn.execute(self._drop_windows, {"limit": limit}).rowcount
             sequences = conn.execute(self._drop_idle_sequences, {"limit": limit}).rowcount
-        return windows + sequences
+            pauses = conn.execute(self._drop_ended_pauses, {"limit": limit}).rowcount
+        return windows + sequences + pauses
 
     def prune(
         self,

@@ -200,7 +200,9 @@ RETURNING id
 # space). The job's fenced update comes first and the pause follows only if it landed, so a stale
 # attempt pauses nothing. A pause never shortens a longer one, and the job is due when the longest
 # ends. The scopes are found by a scan of the limit rows (one per key, and a RateLimited is rare):
-# an index on the key would be one more entry to rewrite on every limited claim.
+# an index on the key would be one more entry to rewrite on every limited claim. The pause is also
+# remembered by key (`remembered`), so that a limit row an enqueue creates while it lasts starts
+# paused (the enqueue's `scoped` reads it).
 _RATE_LIMIT = """
 WITH backed AS (
     UPDATE {jobs} j
@@ -219,6 +221,11 @@ WITH backed AS (
                             ELSE %(id)s END
      WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s AND EXISTS (SELECT 1 FROM backed)
     RETURNING l.scope
+), remembered AS (
+    INSERT INTO {pauses} AS p (key, paused_until, paused_by)
+    SELECT %(key)s, now() + make_interval(secs => %(delay)s), %(id)s WHERE EXISTS (SELECT 1 FROM backed)
+    ON CONFLICT (key) DO UPDATE SET paused_until = excluded.paused_until, paused_by = excluded.paused_by
+     WHERE p.paused_until <= excluded.paused_until
 )
 SELECT id, (SELECT count(*) FROM paused) FROM backed
 """

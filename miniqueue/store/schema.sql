@@ -1,6 +1,6 @@
 -- miniqueue's database schema, written out for reading: every table, column, constraint, index,
 -- storage and statistics setting and function that the migrations in `migrations/` leave behind,
--- as of migration 028 (028_rate_cost.sql).
+-- as of migration 029 (029_pauses_by_key.sql).
 --
 -- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
 -- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
@@ -500,6 +500,15 @@ CREATE TABLE miniqueue_limits (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 200,
     fillfactor = 50
+);
+
+-- Back-pressure pauses by key (see migration 029): the latest end of a pause of each key, so that
+-- a limit row created while it lasts (by the enqueue of a task's first job of the key) starts
+-- paused. The reaper deletes the rows whose pause has ended.
+CREATE TABLE miniqueue_pauses (
+    key          TEXT        PRIMARY KEY,
+    paused_until TIMESTAMPTZ NOT NULL,
+    paused_by    BIGINT      NOT NULL
 );
 
 -- Queue settings. Absent row = not paused and no cap, so the claim's check is one primary-key

@@ -30,7 +30,7 @@ from ..store.migrate import run_migrations
 TEST_DATABASE_ENV = "TEST_DATABASE_URL"
 
 #: Every table whose rows are queue data (jobs, their idempotency keys, schedules and those made
-#: at run time, queue settings, processes, counts, limits, finished jobs per minute, task
+#: at run time, queue settings, processes, counts, limits and pauses, finished jobs per minute, task
 #: declarations, served queues, sequence keys, unique keys' windows, signals kept for no job
 #: yet); ``miniqueue_migrations`` stays, so the schema stays migrated, and so do the history's
 #: partitions (``miniqueue_history_partitions``), which hold no rows then.
@@ -43,6 +43,7 @@ QUEUE_TABLES = (
     "miniqueue_processes",
     "miniqueue_counts",
     "miniqueue_limits",
+    "miniqueue_pauses",
     "miniqueue_finished_minutes",
     "miniqueue_tasks",
     "miniqueue_served_queues",

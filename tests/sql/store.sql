@@ -23,10 +23,12 @@ SELECT job_id, true, NULL FROM "public"."miniqueue_idempotency_keys"
 
 -- _enqueue_limited
 WITH scoped AS (
-    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN "public"."miniqueue_pauses" p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), held AS (
@@ -80,10 +82,12 @@ SELECT job_id, true, NULL FROM "public"."miniqueue_idempotency_keys"
 
 -- _enqueue_waiting_limited
 WITH scoped AS (
-    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN "public"."miniqueue_pauses" p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), held AS (
@@ -156,10 +160,12 @@ SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
 
 -- _enqueue_many_limited
 WITH scoped AS (
-    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN "public"."miniqueue_pauses" p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ),
@@ -198,10 +204,12 @@ SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
 
 -- _enqueue_keyed
 WITH scoped AS (
-    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN "public"."miniqueue_pauses" p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), sequenced AS (
@@ -245,10 +253,12 @@ UNION ALL
 
 -- _enqueue_replacing
 WITH scoped AS (
-    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN "public"."miniqueue_pauses" p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), sequenced AS (
@@ -313,10 +323,12 @@ UPDATE "public"."miniqueue_unique_windows" SET job_id = %(id)s, until = now() + 
 
 -- _enqueue_many_keyed
 WITH scoped AS (
-    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens)
-    SELECT scope, max_running, rate, burst, CASE WHEN rate IS NULL THEN 0 ELSE 1 END
+    INSERT INTO "public"."miniqueue_limits" AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
+    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
+           p.paused_until, p.paused_by
       FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
            AS s(scope, max_running, rate, burst)
+      LEFT JOIN "public"."miniqueue_pauses" p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
     ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
      WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
 ), sequenced AS (
@@ -1800,6 +1812,11 @@ WITH backed AS (
                             ELSE %(id)s END
      WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s AND EXISTS (SELECT 1 FROM backed)
     RETURNING l.scope
+), remembered AS (
+    INSERT INTO "public"."miniqueue_pauses" AS p (key, paused_until, paused_by)
+    SELECT %(key)s, now() + make_interval(secs => %(delay)s), %(id)s WHERE EXISTS (SELECT 1 FROM backed)
+    ON CONFLICT (key) DO UPDATE SET paused_until = excluded.paused_until, paused_by = excluded.paused_by
+     WHERE p.paused_until <= excluded.paused_until
 )
 SELECT id, (SELECT count(*) FROM paused) FROM backed;
 
@@ -2022,6 +2039,11 @@ DELETE FROM "public"."miniqueue_sequences" s
                         WHERE head IS NULL AND updated_at < now() - interval '1 hour'
                         LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND head IS NULL AND updated_at < now() - interval '1 hour';
+
+-- _drop_ended_pauses
+DELETE FROM "public"."miniqueue_pauses"
+ WHERE key = ANY(ARRAY(SELECT key FROM "public"."miniqueue_pauses" WHERE paused_until < now() LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+   AND paused_until < now();
 
 -- _recount[0]
 LOCK TABLE "public"."miniqueue_counts" IN EXCLUSIVE MODE;
