@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from miniqueue import Batch, Client, ConfigError, PermanentError, Snooze
@@ -112,8 +113,8 @@ def test_each_job_of_a_batch_keeps_its_own_outcome(client: Client, conn: Connect
     assert rows["snoozed"]["scheduled_at"] > rows["retried"]["scheduled_at"]
 
 
-def test_a_raising_batch_handler_fails_every_job_once(
-    client: Client, conn: Connection, start_worker: StartWorker
+def test_a_raising_batch_handler_fails_every_job_once_in_one_statement(
+    client: Client, conn: Connection, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = App()
     calls: list[int] = []
@@ -123,10 +124,20 @@ def test_a_raising_batch_handler_fails_every_job_once(
         calls.append(len(jobs))
         raise RuntimeError("search cluster down")
 
+    failure_statements = []
+    execute = psycopg.Cursor.execute
+
+    def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(query, str) and query.startswith("\nWITH failed AS ("):
+            failure_statements.append(query)
+        return execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
     ids = enqueue_together(client, conn, "index", [1, 2, 3, 4], app)
     start_worker(app)
     wait_until(lambda: count(conn, "state = 'dead'") == 4, what="every job dead")
     assert calls == [4]
+    assert len(failure_statements) == 1, "the batch's four failed attempts are recorded in one statement"
     for job_id in ids:
         stored = row(conn, job_id)
         assert stored["attempt"] == 1 and len(stored["errors"]) == 1

@@ -3,10 +3,11 @@ loop empties into the database.
 
 A finished handler queues its job's outcome here and goes on to its next job; the claim loop
 records the queue in batches. Completions ride on one statement (with the next claim, when the
-loop has one to make: the caller sends that statement, see :meth:`OutcomeRecorder.flush`);
-failures, snoozes and permanent failures are recorded one by one, a failure with its task's
-backoff. Every write is fenced by the job's attempt, so a job whose lease was lost meanwhile
-is reported as such rather than recorded. An outcome leaves the queue only once the database
+loop has one to make: the caller sends that statement, see :meth:`OutcomeRecorder.flush`), and
+the failed attempts on another, each with its task's backoff (a batch handler's failure fails
+its jobs at once); snoozes and permanent failures are recorded one by one. Every write is
+fenced by the job's attempt, so a job whose lease was lost meanwhile is reported as such rather
+than recorded. An outcome leaves the queue only once the database
 has it: after a connection error the same batch is recorded again, and a completion that had
 committed before the connection dropped is recognised as such.
 """
@@ -111,11 +112,14 @@ class OutcomeRecorder:
         if self._in_doubt:
             completed |= self._completed_before_the_drop(conn, batch.completions, completed)
             self._in_doubt = False
+        failed = self._record_failures(conn, batch)
         for job, outcome in batch.outcomes:
             self.prefetch.record(outcome.duration)
             if outcome.kind == "completed" and job.id not in completed:
                 outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
-            elif outcome.kind in ("error", "permanent", "snoozed"):
+            elif outcome.kind == "error":
+                outcome = failed[job.id]
+            elif outcome.kind in ("permanent", "snoozed"):
                 outcome = self.record(conn, job, outcome)
             if outcome.kind == "slept":
                 heapq.heappush(self.wakeups, time.monotonic() + outcome.delay)
@@ -156,19 +160,35 @@ class OutcomeRecorder:
         found = self.store.states_and_attempts(conn, [job_id for job_id, _ in unmatched])
         return {job_id for job_id, attempt in unmatched if found.get(job_id) == (State.COMPLETED, attempt)}
 
-    def record(self, conn: Connection, job: Job, outcome: Outcome) -> Outcome:
-        """Record a failure (``retried`` after its task's backoff, or ``dead``), a permanent
-        failure (``failed``) or a snooze (one that pauses a key too: RateLimited); LeaseLost
-        turns it into ``lease_lost``."""
-        try:
+    def _record_failures(self, conn: Connection, batch: Batch) -> dict[int, Outcome]:
+        """Record the batch's failed attempts in one statement, each after its task's backoff;
+        return each one's outcome: ``retried``, ``dead``, or ``lease_lost`` when its lease was
+        no longer held."""
+        failed: dict[int, tuple[Job, Outcome, float]] = {}
+        for job, outcome in batch.outcomes:
             if outcome.kind == "error":
                 task = self.app.tasks.get(job.task)
-                backoff = (task.backoff if task else default_backoff)(job.attempt)
-                failure = Failure(job.id, job.attempt, outcome.error or "", backoff)
-                state = self.store.record_failures(conn, self.worker_id, [failure]).get(job.id)
-                if state is None:
-                    raise LeaseLost(job.id, self.worker_id, job.attempt)
-                return dataclasses.replace(outcome, kind="dead" if state == State.DEAD else "retried", delay=backoff)
+                failed[job.id] = (job, outcome, (task.backoff if task else default_backoff)(job.attempt))
+        if not failed:
+            return {}
+        failures = [Failure(job.id, job.attempt, outcome.error or "", delay) for job, outcome, delay in failed.values()]
+        states = self.store.record_failures(conn, self.worker_id, failures)
+        recorded = {}
+        for job_id, (job, outcome, delay) in failed.items():
+            state = states.get(job_id)
+            if state is None:
+                lost = LeaseLost(job_id, self.worker_id, job.attempt)
+                recorded[job_id] = dataclasses.replace(outcome, kind="lease_lost", error=str(lost))
+            else:
+                recorded[job_id] = dataclasses.replace(
+                    outcome, kind="dead" if state == State.DEAD else "retried", delay=delay
+                )
+        return recorded
+
+    def record(self, conn: Connection, job: Job, outcome: Outcome) -> Outcome:
+        """Record a permanent failure (``failed``) or a snooze (one that pauses a key too:
+        RateLimited); LeaseLost turns it into ``lease_lost``."""
+        try:
             if outcome.kind == "permanent":
                 self.store.fail(conn, job.id, self.worker_id, job.attempt, outcome.error or "")
                 return dataclasses.replace(outcome, kind="failed")
