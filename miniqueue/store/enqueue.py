@@ -56,8 +56,8 @@ SELECT job_id, true, NULL FROM {idempotency_keys}
 # job's scopes, so that the claim finds them (`scoped`). A new rate scope starts with one token,
 # so that its first job starts at once, and a new scope of a key under a back-pressure pause
 # starts paused with it (see _RATE_LIMIT in outcomes.py); a changed limit is updated (the latest
-# enqueue's limit is the one in force). Only a job with limits writes its rate cost: the others keep the column's
-# default of 1, which no claim reads.
+# enqueue's limit is the one in force). Only a job with limits writes its rate cost: the others
+# keep the column's default of 1, which no claim reads.
 _ENQUEUE_LIMITED = """
 WITH scoped AS (
     INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
