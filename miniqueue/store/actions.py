@@ -17,6 +17,7 @@ from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
 from ..core.steps import Query, Steps, atomic, rows, run
 from .base import Statement
 from .inspection import Inspection
+from .rows import bigints
 
 T = TypeVar("T")
 
@@ -193,12 +194,12 @@ class OperatorActions(Inspection):
     ) -> Steps[list[int]]:
         """Run ``query`` on every id (once each), and fail (rolling back) unless it applied to all."""
         ids = list(dict.fromkeys(job_ids))
-        rows: list[tuple[Any, ...]] = yield Query(query, {**params, "ids": ids})
+        rows: list[tuple[Any, ...]] = yield Query(query, {**params, "ids": bigints(ids)})
         done = {row[0] for row in rows}
         missing = [i for i in ids if i not in done]
         if not missing:
             return ids
-        found: list[tuple[Any, ...]] = yield Query(self._states, {"ids": missing})
+        found: list[tuple[Any, ...]] = yield Query(self._states, {"ids": bigints(missing)})
         states = {row[0]: row[1] for row in found}
         for job_id in missing:
             if job_id not in states:
@@ -211,7 +212,7 @@ class OperatorActions(Inspection):
     def delete(self, conn: Connection, job_ids: Sequence[int]) -> list[int]:
         """Delete jobs that are not running; return the ids deleted (a running job is left alone:
         cancel it first)."""
-        return sorted(row[0] for row in self._rows(conn, self._delete, {"ids": list(job_ids)}))
+        return sorted(row[0] for row in self._rows(conn, self._delete, {"ids": bigints(job_ids)}))
 
 
 def _refusing_held_keys(steps: Steps[T]) -> Steps[T]:

@@ -17,7 +17,7 @@ from ..core.errors import JobNotFound
 from ..core.records import AttemptError, JobRecord, ParentOutcome, QueueCount, QueueStats, State, StepRecord
 from ..core.steps import Atomic, Query, Steps, atomic, run
 from .base import Statement, StoreBase
-from .rows import monitoring
+from .rows import bigints, monitoring
 
 # The state of each given job (to explain why a transition did not apply).
 _STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[])"
@@ -233,7 +233,7 @@ class Inspection(StoreBase):
 
     def states_and_attempts(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, tuple[State, int]]:
         """The current state and attempt number of each given job that exists."""
-        return {row[0]: (State(row[1]), row[2]) for row in self._rows(conn, self._states, {"ids": list(job_ids)})}
+        return {row[0]: (State(row[1]), row[2]) for row in self._rows(conn, self._states, {"ids": bigints(job_ids)})}
 
     def get(self, conn: Connection, job_id: int) -> JobRecord:
         """Every column of one job, with its error history; raise JobNotFound if absent."""

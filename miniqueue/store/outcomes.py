@@ -21,7 +21,7 @@ from ..core.records import State
 from ..core.steps import Query, Steps, run
 from .base import Statement, StoreBase
 from .progress import progress_channel
-from .rows import aligned, columns
+from .rows import aligned, bigints, columns, ints
 
 # Complete a batch of leases, storing each job's result; returns the ids that were still held.
 #
@@ -366,8 +366,8 @@ class Outcomes(StoreBase):
         if not failures:
             return {}
         params = {
-            "ids": [f.id for f in failures],
-            "attempts": [f.attempt for f in failures],
+            "ids": bigints(f.id for f in failures),
+            "attempts": ints(f.attempt for f in failures),
             "errors": [f.error for f in failures],
             "backoffs": [None if f.backoff_seconds is None else float(f.backoff_seconds) for f in failures],
             "worker": worker_id,
@@ -421,8 +421,8 @@ class Outcomes(StoreBase):
         if not releases:
             return set()
         params = {
-            "ids": [r.id for r in releases],
-            "attempts": [r.attempt for r in releases],
+            "ids": bigints(r.id for r in releases),
+            "attempts": ints(r.attempt for r in releases),
             "notes": [r.note for r in releases],
             "worker": worker_id,
         }
