@@ -21,6 +21,7 @@ from miniqueue.core.db import Connection
 from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
 from miniqueue.testing import run_jobs
+from miniqueue.worker.batching import batch_capacity
 
 from . import test_worker
 from .helpers import count, row, wait_until
@@ -49,6 +50,14 @@ def test_batch_options_are_checked() -> None:
         with pytest.raises(ConfigError, match=r"task 'index': batch (size|wait) .* is invalid"):
             app.task("index", batch=bad)(lambda jobs: None)
     assert "index" not in app.tasks
+
+
+def test_a_worker_holds_whole_batches_and_at_least_two_of_them() -> None:
+    """What the prefetch asks for, rounded up to whole batches of the largest batch task: a
+    claim one job over whole batches left a one-job batch waiting to fill after every claim."""
+    batches = {"index": Batch(size=100, wait=1.0), "small": Batch(size=10, wait=1.0)}
+    assert [batch_capacity(asked, batches) for asked in (1, 200, 201, 1000, 1001)] == [200, 200, 300, 1000, 1100]
+    assert batch_capacity(7, {}) == 7, "a worker without batch tasks holds what its prefetch asks"
 
 
 def test_a_full_batch_reaches_one_call(client: Client, conn: Connection, start_worker: StartWorker) -> None:

@@ -47,7 +47,12 @@ def due_in(ready: Iterable[Lease], batches: Mapping[str, Batch], ready_since: Ma
     return due
 
 
-def batch_capacity(batches: Mapping[str, Batch]) -> int:
-    """The fewest jobs a worker with these batch tasks holds (running and ready): enough for
-    :data:`BATCHES_HELD` full batches of the largest, whatever the prefetch policy says."""
-    return BATCHES_HELD * max((options.size for options in batches.values()), default=0)
+def batch_capacity(capacity: int, batches: Mapping[str, Batch]) -> int:
+    """The jobs a worker with these batch tasks holds (running and ready), given the
+    ``capacity`` its prefetch policy asks for: at least :data:`BATCHES_HELD` full batches of the
+    largest, and whole batches of it. A capacity one job over whole batches left a batch of one
+    job waiting to fill after each claim, and the drain of a no-op batch task ran at half speed."""
+    size = max((options.size for options in batches.values()), default=0)
+    if not size:
+        return capacity
+    return max(BATCHES_HELD * size, -(-capacity // size) * size)

@@ -115,8 +115,8 @@ class ClaimPolicy:
         held, finishing ones included, will all count as done).
         """
         busy = self.busy_kinds(now)
-        # Batch tasks hold enough jobs to fill their batches, whatever the prefetch says.
-        capacity = max(self.handler_slots + self.prefetch.size(stuck=bool(busy)), batch_capacity(self.slots.batches))
+        # Batch tasks hold whole batches, enough to fill them whatever the prefetch says.
+        capacity = batch_capacity(self.handler_slots + self.prefetch.size(stuck=bool(busy)), self.slots.batches)
         self.claim_batch = max(1, capacity // 2)
         held = self.slots.held()
         free = capacity - held + finishing

@@ -87,7 +87,7 @@ class Executor:
         finally:
             for job in readable:
                 self.hooks.on_handler_end(job)
-        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id]) for job in jobs]
+        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id], len(readable)) for job in jobs]
 
     async def run_batch_async(self, jobs: list[Job]) -> list[Outcome]:
         """Await an ``async def`` batch handler on ``jobs``, as :meth:`run_batch` runs a ``def`` one."""
@@ -102,13 +102,16 @@ class Executor:
         finally:
             for job in readable:
                 self.hooks.on_handler_end(job)
-        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id]) for job in jobs]
+        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id], len(readable)) for job in jobs]
 
-    def _batch_outcome(self, job: Job, result: Any, error: BaseException | None) -> Outcome:
-        """One job's outcome from its result, or error, in a batch."""
+    def _batch_outcome(self, job: Job, result: Any, error: BaseException | None, batch_of: int) -> Outcome:
+        """One job's outcome from its result, or error, in a batch of ``batch_of`` jobs."""
         if error is not None:
-            return _finished(job, error)
-        return _finished(job, returned=result, max_result_bytes=self.max_result_bytes)
+            outcome = _finished(job, error)
+        else:
+            outcome = _finished(job, returned=result, max_result_bytes=self.max_result_bytes)
+        outcome.batch_of = batch_of
+        return outcome
 
     def _unknown_task(self, task: str) -> str:
         """The error of a job whose task this worker's app does not know; logged once per task."""

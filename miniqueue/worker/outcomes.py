@@ -36,6 +36,9 @@ class Outcome:
     delay: float = 0.0
     #: How long the handler ran, in seconds.
     duration: float = 0.0
+    #: The jobs of the batch the handler ran this job in (1: alone); the prefetch learns each
+    #: job's share of the batch's run time.
+    batch_of: int = 1
     #: A completed handler's result as JSON text (None: it returned nothing).
     result: str | None = None
     #: The limit key a ``snoozed`` job pauses fleet-wide for ``delay`` seconds (it raised

@@ -114,7 +114,7 @@ class OutcomeRecorder:
             self._in_doubt = False
         failed = self._record_failures(conn, batch)
         for job, outcome in batch.outcomes:
-            self.prefetch.record(outcome.duration)
+            self.prefetch.record(outcome.duration / outcome.batch_of)
             if outcome.kind == "completed" and job.id not in completed:
                 outcome = Outcome("lease_lost", "completion rejected: the lease was no longer held")
             elif outcome.kind == "error":
