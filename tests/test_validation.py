@@ -390,7 +390,9 @@ def test_an_unreachable_database_error_hides_the_password_pieces(dsn: str) -> No
 
 def test_a_number_out_of_a_columns_range_is_invalid_input(store: Store, conn: Connection) -> None:
     # psycopg's DataError is translated where every error is: nothing was stored.
-    with pytest.raises(InvalidInput, match="the database rejected a value: bigint out of range"):
+    with pytest.raises(
+        InvalidInput, match='the database rejected a value: value "18446744073709551616" is out of range'
+    ):
         store.cancel(conn, [2**64])
     with pytest.raises(InvalidInput, match="the database rejected a value"):
         store.requeue(conn, [2**63])
