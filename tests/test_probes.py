@@ -268,6 +268,7 @@ def test_healthcheck_command_exit_codes(supervised: tuple[Supervised, int], dsn:
         return result.returncode
 
     assert healthcheck() == 0
+    wait_until(lambda: get(port, "/readyz")[0] == 200, what="ready")  # its workers start after the fixture
     assert healthcheck("--url", f"http://127.0.0.1:{port}/readyz") == 0
     assert healthcheck("--url", f"http://127.0.0.1:{port}/nope") == 1
     assert healthcheck("--url", f"http://127.0.0.1:{free_port()}/readyz", "--timeout", "1") == 1
