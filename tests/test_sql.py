@@ -189,9 +189,8 @@ def test_the_claims_forms_differ_only_where_claim_sql_says() -> None:
         )
         text = text.replace(
             "AND NOT false)",
-            "AND NOT EXISTS (SELECT 1 FROM unnest(%(ids)b::bigint[], "
-            "%(attempts)b::int[]) AS c(id, attempt)\n                WHERE c.id = h.id AND "
-            "c.attempt = h.attempt))",
+            "AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id\n"
+            "                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))",
         )
         return text.replace(
             "SELECT * FROM claimed\n",
