@@ -6,11 +6,16 @@ with a history of finished jobs beside the hot table:
 
 - ``drain-history-2``: 10,000,000 completed jobs in the history first (in one hourly partition
   of yesterday's, as a busy hour leaves them). Target: at least 0.95 x the baseline's jobs/s.
-- ``prune-history-2``: the same history, among the partitions of a day, and its partition dropped
-  whole as retention does it (the reaper's ``drop_partitions``, with the retention past which
-  that partition alone is) 0.2 s into the drain (a run fails unless the drop ends before the
-  last completion). p50 is how long the drop took (ms), p99 the longest gap between two
-  completions while it ran; the target is 0.97 x the baseline's jobs/s.
+- ``prune-day-2``: a day of 10,000,000 completed jobs, spread over its 24 hourly partitions, all
+  past retention at once (as after retention was cut by a day) and pruned by one pass of the
+  reaper's ``drop_partitions`` 0.2 s into the drain: the 24 partitions detached in one
+  transaction and the oldest dropped (the others go one a pass, after the drain; a run fails
+  unless the pass ends before the last completion, or leaves other than 23 to later passes).
+  p50 is how long the pass took (ms), p99 the longest gap between two completions while it
+  ran; the target is 0.97 x the baseline's jobs/s.
+- ``prune-history-2``: harsher, the 10,000,000 jobs of one busy hour in one partition, dropped
+  whole the same way (the pass detaches it and drops its 2.5 GB of files at once). Same
+  figures, same target.
 - ``history-cycles``: 10 cycles of 100 x --jobs jobs (1,000,000 by default) enqueued, drained and
   pruned (their partition made a day old, then dropped), then vacuumed until a pass no longer
   shrinks it; a run fails unless the hot table's
@@ -37,6 +42,7 @@ DRAIN_BASELINE = "drain-2-default"
 #: Each row's target: its jobs/s at least this share of the baseline's, in the same run.
 TARGETS: dict[str, tuple[str, float]] = {
     "drain-history-2": (DRAIN_BASELINE, 0.95),
+    "prune-day-2": (DRAIN_BASELINE, 0.97),
     "prune-history-2": (DRAIN_BASELINE, 0.97),
 }
 HISTORY_ROWS = 10_000_000
@@ -50,20 +56,28 @@ DROP_AFTER = 0.2
 #: Vacuum passes at most after a cycle (see _vacuumed_size).
 VACUUM_PASSES = 5
 
-# A finished history, written straight into yesterday's partition of one hour (made first): the
-# rows a busy hour leaves, as the statement that completes a job leaves them.
+# A finished history, written straight into the partitions from a day before this hour on (made
+# first), one row every %(step)s seconds: in one hour's partition, the rows a busy hour leaves
+# (BUSY_HOUR), or across the day's 24 (A_DAY), as the statement that completes a job leaves them.
 _SEED = """
 INSERT INTO miniqueue_jobs (queue, task, payload, state, attempt, max_attempts, attempt_budget, scheduled_at,
                             created_at, completed_at, finished_at)
 SELECT %(queue)s, %(task)s, '{"n": 0}', 'completed', 1, 5, 5, t, t, t, t
-  FROM (SELECT date_trunc('hour', now(), 'UTC') - interval '1 day' + g * interval '0.3 ms' AS t
-          FROM generate_series(1, %(rows)s) AS g) s
+  FROM (SELECT date_trunc('hour', now(), 'UTC') - interval '1 day' + g * make_interval(secs => %(step)s) AS t
+          FROM generate_series(0, %(rows)s - 1) AS g) s
 """
-# The seeded partition, and the retention (seconds) past which it alone is: the reaper's pass
-# that drops it, an hour after it dropped the one before.
-_SEEDED_PARTITION = """
-SELECT name, extract(epoch FROM now() - ends_at)::float8 - 1 FROM miniqueue_history_partitions
- WHERE class = 'done' AND starts_at = date_trunc('hour', now(), 'UTC') - interval '1 day'
+BUSY_HOUR, A_DAY = 0.0003, 0.00864
+# The seeded partitions, and the retention (seconds) past which they alone are: the reaper's pass
+# that drops them, an hour after the one before (the day's row: after retention was cut by a day).
+_SEEDED_PARTITIONS = """
+SELECT array_agg(name ORDER BY name), min(extract(epoch FROM now() - ends_at)::float8) - 1
+  FROM miniqueue_history_partitions
+ WHERE class = 'done' AND starts_at >= date_trunc('hour', now(), 'UTC') - interval '1 day'
+   AND starts_at < date_trunc('hour', now(), 'UTC') - interval '1 day' + make_interval(secs => %(rows)s * %(step)s)
+"""
+# The history's partitions detached and not dropped yet.
+_DETACHED = """
+SELECT count(*) FROM pg_class WHERE relkind = 'r' AND relname ~ '^miniqueue_jobs_done_[0-9]' AND NOT relispartition
 """
 # The longest gap between two completions inside a span, on the database clock.
 _STALL = """
@@ -98,11 +112,11 @@ def _vacuumed_size(conn: Connection) -> int:
     return size
 
 
-def _seed_history(dsn: str, rows: int) -> None:
+def _seed_history(dsn: str, rows: int, step: float = BUSY_HOUR) -> None:
     with connect(dsn, purpose="bench-seed") as conn:
         # The partitions of the last day, as a retention of 24 hours keeps them.
         Store().ensure_partitions(conn, back_seconds={"done": 86400})
-        conn.execute(_SEED, {"queue": QUEUE, "task": TASK, "rows": rows})
+        conn.execute(_SEED, {"queue": QUEUE, "task": TASK, "rows": rows, "step": step})
         # As a partition past retention was long ago: vacuumed and analyzed (no autovacuum of the
         # fresh rows runs into the timed part).
         conn.execute("VACUUM (ANALYZE) miniqueue_jobs_done")
@@ -118,25 +132,37 @@ def history_drain(ctx: Context) -> Sample:
     return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), _jobs(ctx.jobs * DRAIN_SCALE))
 
 
+def day_prune(ctx: Context) -> Sample:
+    """The default drain, while a day of 10,000,000 finished jobs in 24 partitions is pruned."""
+    return _prune_during_drain(ctx, A_DAY, "prune-day-2")
+
+
 def history_prune(ctx: Context) -> Sample:
     """The default drain, while the history's partition of 10,000,000 jobs is dropped."""
-    _seed_history(ctx.dsn, ctx.sized(HISTORY_ROWS, 2_000))
+    return _prune_during_drain(ctx, BUSY_HOUR, "prune-history-2")
+
+
+def _prune_during_drain(ctx: Context, step: float, name: str) -> Sample:
+    rows = ctx.sized(HISTORY_ROWS, 2_000)
+    _seed_history(ctx.dsn, rows, step)
     count = ctx.jobs * DRAIN_SCALE
     settle(ctx.dsn)
     with supervised(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers)), connect(ctx.dsn, purpose="bench") as conn:
-        [(partition, retention)] = conn.execute(_SEEDED_PARTITION).fetchall()
+        [(partitions, retention)] = conn.execute(_SEEDED_PARTITIONS, {"rows": rows, "step": step}).fetchall()
         committed = enqueue_in_one_transaction(ctx.dsn, conn, _jobs(count))
         span: list[object] = []
         dropped: list[str] = []
+        left: list[int] = []
 
-        def drop() -> None:  # as the reaper does it, on its next pass if it could not have the lock
+        def prune() -> None:  # as the reaper does it, on its next pass if it could not have the lock
             with connect(ctx.dsn, purpose="bench-prune") as own:
                 span.append(own.execute("SELECT clock_timestamp()").fetchone()[0])  # type: ignore[index]
-                while partition not in dropped:
+                while not dropped:
                     dropped.extend(Store().drop_partitions(own, "done", retention))
                 span.append(own.execute("SELECT clock_timestamp()").fetchone()[0])  # type: ignore[index]
+                left.append(int(own.execute(_DETACHED).fetchone()[0]))  # type: ignore[index]
 
-        pruner = threading.Timer(ctx.sized(DROP_AFTER, 0.0), drop)  # once the drain is under way
+        pruner = threading.Timer(ctx.sized(DROP_AFTER, 0.0), prune)  # once the drain is under way
         pruner.start()
         wait_drained(conn)
         pruner.join()
@@ -144,14 +170,19 @@ def history_prune(ctx: Context) -> Sample:
             "SELECT count(*) FILTER (WHERE state = 'completed'), extract(epoch FROM max(completed_at) - %(c)s),"
             "       max(completed_at)"
             "  FROM miniqueue_jobs WHERE id > %(seeded)s",
-            {"c": committed, "seeded": ctx.sized(HISTORY_ROWS, 2_000)},
+            {"c": committed, "seeded": rows},
         ).fetchone()
         stall = conn.execute(_STALL, {"start": span[0], "end": span[1]}).fetchone()
+        while int(conn.execute(_DETACHED).fetchone()[0]):  # type: ignore[index]  # the reaper's later passes
+            Store().drop_partitions(conn, "done", retention)
     assert row is not None and stall is not None
-    if row[0] != count or dropped != [partition]:
-        raise RuntimeError(f"prune-history-2: {row[0]} of {count} jobs completed; dropped {dropped}, not {partition}")
+    if row[0] != count or dropped != partitions or left != [len(partitions) - 1]:
+        raise RuntimeError(
+            f"{name}: {row[0]} of {count} jobs completed; detached {dropped}, not {partitions}; "
+            f"{left} detached left to later passes"
+        )
     if not ctx.tiny and span[1] >= row[2]:
-        raise RuntimeError("prune-history-2: the drop ended after the last completion: drain more jobs (--jobs)")
+        raise RuntimeError(f"{name}: the pass ended after the last completion: drain more jobs (--jobs)")
     drop_ms = (span[1] - span[0]).total_seconds() * 1000  # type: ignore[operator]
     return Sample(jobs=count, seconds=float(row[1]), p50_ms=drop_ms, p99_ms=float(stall[0] or 0) * 1000, rss_mb=None)
 
@@ -192,6 +223,14 @@ BENCHMARKS: list[Benchmark] = [
         "supervise drain, no-op, defaults, beside 10,000,000 finished jobs",
         2,
         history_drain,
+        baselines=(DRAIN_BASELINE,),
+    ),
+    Benchmark(
+        "prune-day-2",
+        "supervise drain, no-op, defaults, a day of 10,000,000 finished jobs in 24 partitions pruned meanwhile: "
+        "p50 = the reaper's pass, p99 = the longest stall (ms)",
+        2,
+        day_prune,
         baselines=(DRAIN_BASELINE,),
     ),
     Benchmark(

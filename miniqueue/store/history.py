@@ -80,11 +80,13 @@ _FORGET = "DELETE FROM {history_partitions} WHERE name = %(name)s"
 _CREATE = "CREATE TABLE IF NOT EXISTS {partition} PARTITION OF {parent} FOR VALUES FROM ({starts}) TO ({ends})"
 _DETACH = "ALTER TABLE {parent} DETACH PARTITION {partition}"
 _DROP = "DROP TABLE IF EXISTS {partition}"
-# The history's partitions detached and not dropped yet (by name: they are no partition now).
+# The oldest of a history table's partitions detached and not dropped yet (by name: they are no
+# partition now; a name sorts as its start).
 _DETACHED = """
 SELECT relname FROM pg_class
  WHERE relnamespace = %(schema)s::regnamespace AND relkind = 'r' AND NOT relispartition
-   AND relname ~ '^miniqueue_jobs_(done|failed)_[0-9]{8}'
+   AND relname ~ ('^miniqueue_jobs_' || %(class)s || '_[0-9]{8}')
+ ORDER BY relname LIMIT 1
 """
 # The history table, and with it each of its partitions.
 _LOCK_HISTORY = "LOCK TABLE {history} IN ACCESS EXCLUSIVE MODE"
@@ -184,45 +186,67 @@ class History(StoreBase):
     def drop_partitions(self, conn: Connection, kind: str, older_than_seconds: float) -> list[str]:
         """Drop the partitions of history table ``kind`` whose every job finished more than
         ``older_than_seconds`` ago, each with its jobs' idempotency keys and finished counts;
-        return the names dropped (one whose lock is busy is left for a later call). ``conn``
-        must be in autocommit.
+        return the names taken out of the history (none if the history table's lock is busy:
+        they are left for a later call). ``conn`` must be in autocommit.
 
-        Each partition goes in two transactions. The first locks the history table (the
-        partition with it: see the module's docstring), lets go of what the partition's jobs
+        In two steps. The first, one transaction however many partitions expired together (a
+        day's 24 hours after retention was cut, say), locks the history table (its partitions
+        with it: see the module's docstring) and, for each partition, lets go of what its jobs
         hold outside it and detaches it: catalog changes and the keys of its jobs that have one,
-        so the history table is locked for a moment. The second drops the detached table, whose
-        files (gigabytes, for a busy hour) are unlinked as it commits, which took 0.6 s for
-        10,000,000 jobs: nothing but the table itself is locked then. A table detached but not
-        dropped (the process died between the two) is dropped by the next call."""
+        so the history table is locked for a moment, once. Its jobs are gone from every read from
+        then on. The second drops one detached table a call, the oldest: its files (gigabytes,
+        for a busy hour) are unlinked as it commits, which took 0.6 s of a core and the disk for
+        10,000,000 jobs and locks nothing but the table itself. The reaper's passes, seconds
+        apart, drop the others one by one, so a drain running meanwhile meets one table's files
+        at a time, not a day's. A table detached but not dropped (the process died between the
+        two steps) is dropped by a later call just the same."""
         states = [state.value for state in CLASSES[kind]]
-        dropped = []
-        for name, starts, ends in self._rows(conn, self._expired, {"class": kind, "age": older_than_seconds}):
-            partition = sql.Identifier(self.schema, name)
-            history = sql.Identifier(self.schema, f"miniqueue_jobs_{kind}")
+        expired = self._rows(conn, self._expired, {"class": kind, "age": older_than_seconds})
+        detached: list[str] = []
+        history = sql.Identifier(self.schema, f"miniqueue_jobs_{kind}")
+        if expired:
             with translate_errors():
                 try:
                     with conn.transaction():
                         conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(LOCK_TIMEOUT)))
                         conn.execute(sql.SQL(_LOCK_HISTORY).format(history=history))
-                        conn.execute(sql.SQL(self._unkey).format(partition=partition))
-                        conn.execute(self._uncount, {"states": states, "starts": starts, "ends": ends})
-                        conn.execute(self._forget, {"name": name})
-                        conn.execute(sql.SQL(_DETACH).format(parent=history, partition=partition))
+                        for name, starts, ends in expired:
+                            if self._detach(conn, history, name, states, starts, ends):
+                                detached.append(name)
                 except psycopg.errors.LockNotAvailable:
-                    continue
-                except psycopg.errors.UndefinedTable:
-                    # Another reaper (another host's, or a call like this one) listed the same
-                    # partition and detached it while this one waited for the history table's
-                    # lock: gone, or no partition any more; its drop is that reaper's (or the
-                    # next call's).
-                    continue
-            dropped.append(name)
-        self._drop_detached(conn)
-        return dropped
+                    detached = []
+        self._drop_detached(conn, kind)
+        return detached
 
-    def _drop_detached(self, conn: Connection) -> None:
-        """Drop the history's partitions that were detached (by :meth:`drop_partitions`)."""
-        for (name,) in self._rows(conn, _DETACHED, {"schema": self.schema}):
+    def _detach(
+        self,
+        conn: Connection,
+        history: sql.Identifier,
+        name: str,
+        states: list[str],
+        starts: dt.datetime,
+        ends: dt.datetime,
+    ) -> bool:
+        """In the transaction that holds ``history`` locked: let go of what partition ``name``'s
+        jobs hold outside it, and detach it; whether it was there to detach."""
+        partition = sql.Identifier(self.schema, name)
+        try:
+            with conn.transaction():  # a savepoint: the other partitions go on without this one
+                conn.execute(sql.SQL(self._unkey).format(partition=partition))
+                conn.execute(self._uncount, {"states": states, "starts": starts, "ends": ends})
+                conn.execute(self._forget, {"name": name})
+                conn.execute(sql.SQL(_DETACH).format(parent=history, partition=partition))
+        except psycopg.errors.UndefinedTable:
+            # Another reaper (another host's, or a call like this one) listed the same partition
+            # and detached it while this one waited for the history table's lock: gone, or no
+            # partition any more; its drop is that reaper's (or a later call's).
+            return False
+        return True
+
+    def _drop_detached(self, conn: Connection, kind: str) -> None:
+        """Drop the oldest of history table ``kind``'s partitions that were detached (by
+        :meth:`drop_partitions`), if any."""
+        for (name,) in self._rows(conn, _DETACHED, {"schema": self.schema, "class": kind}):
             with translate_errors():
                 conn.execute(sql.SQL(_DROP).format(partition=sql.Identifier(self.schema, name)))
 
