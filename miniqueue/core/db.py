@@ -323,6 +323,10 @@ def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) ->
         # JIT compilation costs more than a queue's short statements ever gain: on PostgreSQL 15
         # it spent 400+ ms compiling a 10,000-job enqueue_many that runs in 100 ms.
         extra = {"options": f"-c search_path={schema},pg_catalog -c jit=off", **extra}
+    # Text in UTF8 whatever the database's encoding: on one in SQL_ASCII (a cluster made with
+    # `initdb --locale=C`) psycopg would otherwise return text as bytes; from any other, the
+    # server converts, and a character the database cannot store is an error naming it.
+    extra = {"client_encoding": "UTF8", **extra}
     return make_conninfo(dsn, application_name=f"miniqueue:{purpose}"[:63], **extra)
 
 

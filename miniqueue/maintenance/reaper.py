@@ -206,7 +206,10 @@ class Reaper:
         for kind, retention in self._retention().items():
             dropped = self.store.drop_partitions(conn, kind, retention)
             if dropped:
-                log.info("dropped history partition(s) past retention: %s", ", ".join(dropped))
+                log.info(
+                    "detached history partition(s) past retention (their tables are dropped one a pass): %s",
+                    ", ".join(dropped),
+                )
             states = CLASSES[kind]
             while not self._stopping.is_set():
                 deleted = self.store.prune(conn, states, retention, self.config.batch_size, outside_partitions=True)
