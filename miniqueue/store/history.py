@@ -195,7 +195,7 @@ class History(StoreBase):
         hold outside it and detaches it: catalog changes and the keys of its jobs that have one,
         so the history table is locked for a moment, once. Its jobs are gone from every read from
         then on. The second drops one detached table a call, the oldest: its files (gigabytes,
-        for a busy hour) are unlinked as it commits, which took 0.6 s of a core and the disk for
+        for a busy hour) are unlinked as it commits, which took 0.6-0.8 s of a core and the disk for
         10,000,000 jobs and locks nothing but the table itself. The reaper's passes, seconds
         apart, drop the others one by one, so a drain running meanwhile meets one table's files
         at a time, not a day's. A table detached but not dropped (the process died between the
