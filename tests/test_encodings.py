@@ -3,6 +3,7 @@ connections ask for UTF8 whatever the server's encoding, so that text comes back
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -18,9 +19,8 @@ from miniqueue.testing import run_jobs
 @pytest.fixture
 def sql_ascii(server_dsn: str) -> Iterator[str]:
     """A migrated database in SQL_ASCII, the encoding of a cluster made with ``initdb --locale=C``."""
-    name = "miniqueue_sql_ascii"
+    name = f"miniqueue_sql_ascii_{uuid.uuid4().hex[:10]}"
     with connect(server_dsn, purpose="test") as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         admin.execute(
             sql.SQL("CREATE DATABASE {} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
                 sql.Identifier(name)
