@@ -321,8 +321,11 @@ def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) ->
     check_schema(schema)
     if not behind_pooler():
         # JIT compilation costs more than a queue's short statements ever gain: on PostgreSQL 15
-        # it spent 400+ ms compiling a 10,000-job enqueue_many that runs in 100 ms.
-        extra = {"options": f"-c search_path={schema},pg_catalog -c jit=off", **extra}
+        # it spent 400+ ms compiling a 10,000-job enqueue_many that runs in 100 ms. Timestamps and
+        # intervals as psycopg reads them, whatever the server's DateStyle and IntervalStyle
+        # (ISO output keeps the server's day/month order for input, which miniqueue never uses).
+        settings = f"-c search_path={schema},pg_catalog -c jit=off -c datestyle=ISO -c intervalstyle=postgres"
+        extra = {"options": settings, **extra}
     # Text in UTF8 whatever the database's encoding: on one in SQL_ASCII (a cluster made with
     # `initdb --locale=C`) psycopg would otherwise return text as bytes; from any other, the
     # server converts, and a character the database cannot store is an error naming it.

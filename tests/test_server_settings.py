@@ -1,5 +1,6 @@
-"""A database whose encoding is not UTF8 serves the queue as one in UTF8 does: miniqueue's
-connections ask for UTF8 whatever the server's encoding, so that text comes back as text."""
+"""A database whose settings differ from the defaults serves the queue as any other: its
+encoding (miniqueue's connections ask for UTF8, so that text comes back as text), and its time
+zone and date and interval styles (they ask for the styles psycopg reads)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from miniqueue import App, Client, Job, Reaper, ReaperConfig, State
 from miniqueue.core.db import connect
 from miniqueue.store.migrate import run_migrations
 from miniqueue.testing import run_jobs
+from miniqueue.testing.database import create_database, drop_database
 
 
 @pytest.fixture
@@ -52,3 +54,35 @@ def test_a_sql_ascii_database_runs_jobs_and_keeps_their_text(sql_ascii: str) -> 
         assert seen == [{"name": "Zoë 東京"}]
         assert client.get(job_id).state == State.COMPLETED
         assert client.result(job_id) == "bonjour Zoë 東京"
+
+
+@pytest.fixture
+def odd_styles(server_dsn: str) -> Iterator[str]:
+    """A migrated database whose sessions default to another time zone and to the date and
+    interval styles psycopg cannot read."""
+    dsn = create_database(server_dsn, prefix="miniqueue_styles")
+    name = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
+    with connect(server_dsn, purpose="test") as admin:
+        for setting in ("timezone = 'America/New_York'", "datestyle = 'SQL, DMY'", "intervalstyle = 'iso_8601'"):
+            admin.execute(sql.SQL("ALTER DATABASE {} SET " + setting).format(name))
+    try:
+        yield dsn
+    finally:
+        drop_database(server_dsn, dsn)
+
+
+def test_a_database_with_other_time_zone_and_styles_runs_jobs_and_reads_their_times(odd_styles: str) -> None:
+    app = App()
+
+    @app.task("tick")
+    def tick(job: Job) -> None:
+        pass
+
+    Reaper(odd_styles, ReaperConfig(vacuum=False)).run_once()
+    with Client(odd_styles) as client:
+        job_id = app.enqueue(client, "tick", delay=0).id
+        assert [job.id for job in run_jobs(app, client).completed] == [job_id]
+        job = client.get(job_id)
+        assert job.state == State.COMPLETED
+        assert job.completed_at is not None and job.completed_at >= job.created_at
+        assert job.completed_at.utcoffset() is not None
