@@ -1,9 +1,11 @@
 """A database whose settings differ from the defaults serves the queue as any other: its
-encoding (miniqueue's connections ask for UTF8, so that text comes back as text), and its time
-zone and date and interval styles (they ask for the styles psycopg reads)."""
+encoding (miniqueue's connections ask for UTF8, so that text comes back as text), its time zone
+and date and interval styles (they ask for the styles psycopg reads), and its default isolation
+(they ask for READ COMMITTED, which the store's statements are written for)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -58,12 +60,17 @@ def test_a_sql_ascii_database_runs_jobs_and_keeps_their_text(sql_ascii: str) -> 
 
 @pytest.fixture
 def odd_styles(server_dsn: str) -> Iterator[str]:
-    """A migrated database whose sessions default to another time zone and to the date and
-    interval styles psycopg cannot read."""
+    """A migrated database whose sessions default to another time zone, to the date and interval
+    styles psycopg cannot read, and to REPEATABLE READ."""
     dsn = create_database(server_dsn, prefix="miniqueue_styles")
     name = sql.Identifier(str(conninfo_to_dict(dsn)["dbname"]))
     with connect(server_dsn, purpose="test") as admin:
-        for setting in ("timezone = 'America/New_York'", "datestyle = 'SQL, DMY'", "intervalstyle = 'iso_8601'"):
+        for setting in (
+            "timezone = 'America/New_York'",
+            "datestyle = 'SQL, DMY'",
+            "intervalstyle = 'iso_8601'",
+            "default_transaction_isolation = 'repeatable read'",
+        ):
             admin.execute(sql.SQL("ALTER DATABASE {} SET " + setting).format(name))
     try:
         yield dsn
@@ -86,3 +93,30 @@ def test_a_database_with_other_time_zone_and_styles_runs_jobs_and_reads_their_ti
         assert job.state == State.COMPLETED
         assert job.completed_at is not None and job.completed_at >= job.created_at
         assert job.completed_at.utcoffset() is not None
+
+
+def test_twenty_clients_replacing_one_unique_key_at_once_store_one_job_under_a_repeatable_read_default(
+    odd_styles: str,
+) -> None:
+    """Under REPEATABLE READ, an enqueue that met the key's row changed by another would fail
+    (could not serialize access); miniqueue's own connections run READ COMMITTED."""
+    barrier = threading.Barrier(20)
+    errors: list[BaseException] = []
+
+    def produce(n: int) -> None:
+        try:
+            with Client(odd_styles) as client:
+                client.counts()  # connected before the race
+                barrier.wait()
+                client.enqueue("t", {"n": n}, unique_key="hot", on_conflict="replace")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce, args=(n,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    with connect(odd_styles, purpose="test") as conn:
+        assert conn.execute("SELECT count(*) FROM miniqueue_jobs WHERE unique_key = 'hot'").fetchone() == (1,)

@@ -324,8 +324,17 @@ def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) ->
         # it spent 400+ ms compiling a 10,000-job enqueue_many that runs in 100 ms. Timestamps and
         # intervals as psycopg reads them, whatever the server's DateStyle and IntervalStyle
         # (ISO output keeps the server's day/month order for input, which miniqueue never uses).
-        settings = f"-c search_path={schema},pg_catalog -c jit=off -c datestyle=ISO -c intervalstyle=postgres"
-        extra = {"options": settings, **extra}
+        # And READ COMMITTED, which the store's statements are written for (a claim or a unique
+        # key's enqueue that meets a row changed meanwhile rechecks it, where REPEATABLE READ
+        # fails), whatever the server's default_transaction_isolation.
+        settings = [
+            f"search_path={schema},pg_catalog",
+            "jit=off",
+            "datestyle=ISO",
+            "intervalstyle=postgres",
+            "default_transaction_isolation=read\\ committed",
+        ]
+        extra = {"options": " ".join(f"-c {setting}" for setting in settings), **extra}
     # Text in UTF8 whatever the database's encoding: on one in SQL_ASCII (a cluster made with
     # `initdb --locale=C`) psycopg would otherwise return text as bytes; from any other, the
     # server converts, and a character the database cannot store is an error naming it.
