@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from miniqueue import App, Client, Job, Reaper, ReaperConfig, State
-from miniqueue.core.db import connect
+from miniqueue.core.db import connect, create_pool
 from miniqueue.store.migrate import run_migrations
 from miniqueue.testing import run_jobs
 from miniqueue.testing.database import create_database, drop_database
@@ -120,3 +120,13 @@ def test_twenty_clients_replacing_one_unique_key_at_once_store_one_job_under_a_r
     assert errors == []
     with connect(odd_styles, purpose="test") as conn:
         assert conn.execute("SELECT count(*) FROM miniqueue_jobs WHERE unique_key = 'hot'").fetchone() == (1,)
+
+
+def test_the_dsns_own_options_stay_beside_miniqueues(dsn: str) -> None:
+    """An ``options`` in the DSN (a statement_timeout, say) is kept; miniqueue's settings follow it."""
+    with_options = make_conninfo(dsn, options="-c statement_timeout=4321 -c search_path=elsewhere")
+    shown = "SELECT current_setting('statement_timeout'), current_setting('search_path')"
+    with connect(with_options, purpose="test") as conn:
+        assert conn.execute(shown).fetchone() == ("4321ms", "public,pg_catalog")
+    with create_pool(with_options, purpose="test") as pool, pool.connection() as pooled:
+        assert pooled.execute(shown).fetchone() == ("4321ms", "public,pg_catalog")

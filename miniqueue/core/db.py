@@ -315,8 +315,9 @@ def behind_pooler() -> bool:
 
 
 def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) -> str:
-    """The connection string miniqueue uses: ``dsn`` plus application_name and, unless
-    :func:`behind_pooler`, a pinned search_path."""
+    """The connection string miniqueue uses: ``dsn`` plus application_name, client_encoding
+    UTF8 and, unless :func:`behind_pooler`, the session settings the store relies on (a pinned
+    search_path among them) after the DSN's own options."""
     check_dsn(dsn)
     check_schema(schema)
     if not behind_pooler():
@@ -334,7 +335,10 @@ def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) ->
             "intervalstyle=postgres",
             "default_transaction_isolation=read\\ committed",
         ]
-        extra = {"options": " ".join(f"-c {setting}" for setting in settings), **extra}
+        # After the DSN's own options (a statement_timeout, say), which stay: the later -c wins.
+        own = " ".join(f"-c {setting}" for setting in settings)
+        theirs = conninfo_to_dict(dsn).get("options")
+        extra = {"options": f"{theirs} {own}" if theirs else own, **extra}
     # Text in UTF8 whatever the database's encoding: on one in SQL_ASCII (a cluster made with
     # `initdb --locale=C`) psycopg would otherwise return text as bytes; from any other, the
     # server converts, and a character the database cannot store is an error naming it.
