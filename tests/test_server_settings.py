@@ -5,6 +5,9 @@ and date and interval styles (they ask for the styles psycopg reads), and its de
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -13,7 +16,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from miniqueue import App, Client, Job, Reaper, ReaperConfig, State
+from miniqueue import App, Client, ConfigError, Job, Reaper, ReaperConfig, State
 from miniqueue.core.db import connect, create_pool
 from miniqueue.store.migrate import run_migrations
 from miniqueue.testing import run_jobs
@@ -130,3 +133,30 @@ def test_the_dsns_own_options_stay_beside_miniqueues(dsn: str) -> None:
         assert conn.execute(shown).fetchone() == ("4321ms", "public,pg_catalog")
     with create_pool(with_options, purpose="test") as pool, pool.connection() as pooled:
         assert pooled.execute(shown).fetchone() == ("4321ms", "public,pg_catalog")
+
+
+def test_a_role_short_of_a_privilege_is_told_so_in_one_line(fresh_database: str, server_dsn: str) -> None:
+    """`miniqueue migrate` as a role that may not create in the database: an error naming the
+    missing privilege and where the roles are described, no traceback, nothing applied."""
+    role = f"miniqueue_visitor_{uuid.uuid4().hex[:8]}"
+    with connect(server_dsn, purpose="test") as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        visitor = make_conninfo(fresh_database, user=role, password="")
+        with pytest.raises(ConfigError, match="lacks a privilege miniqueue needs: permission denied for database"):
+            run_migrations(visitor)
+        cli = subprocess.run(
+            [sys.executable, "-m", "miniqueue.cli", "migrate"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "DATABASE_URL": visitor},
+        )
+        assert cli.returncode == 1
+        assert "lacks a privilege" in cli.stderr and "Schema and migrations" in cli.stderr
+        assert "Traceback" not in cli.stderr
+        with connect(fresh_database, purpose="test") as conn:
+            assert conn.execute("SELECT to_regclass('miniqueue_migrations')").fetchone() == (None,)
+    finally:
+        with connect(server_dsn, purpose="test") as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
