@@ -5,10 +5,14 @@ moves the rows of an existing table while the queue runs."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import uuid
 from collections.abc import Callable
 
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from miniqueue import Client, JobSpec, Reaper, ReaperConfig, State
 from miniqueue.core.db import Connection, connect
@@ -411,3 +415,40 @@ def test_a_statement_that_waited_for_a_job_that_moved_meanwhile_runs_again(clien
         other.commit()
         deleter.join(timeout=10)
     assert deleted == [[job_id]]
+
+
+def test_a_reaper_whose_role_may_not_make_partitions_says_so_once_and_still_recovers_leases(
+    client: Client, store: Store, conn: Connection, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the tables' owner may make a partition: a reaper run as a role granted the queue's
+    tables alone logs why, once, and the rest of its pass goes on."""
+    role = f"miniqueue_rw_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    for grant in (
+        "GRANT USAGE ON SCHEMA public TO {}",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {}",
+        "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {}",
+    ):
+        conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
+    try:
+        [(newest,)] = conn.execute(
+            "SELECT name FROM miniqueue_history_partitions WHERE class = 'done' ORDER BY starts_at DESC LIMIT 1"
+        ).fetchall()
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(newest)))  # the reaper must make it again
+        conn.execute("DELETE FROM miniqueue_history_partitions WHERE name = %s", [newest])
+        job_id = client.enqueue("t").id
+        store.claim(conn, ["default"], W, 0.01, 1)
+        wait_until(lambda: count(conn, "lease_expires_at < now()") == 1, what="the lease expired")
+
+        reaper = Reaper(make_conninfo(dsn, user=role, password=""), ReaperConfig(vacuum=False))
+        with caplog.at_level(logging.ERROR, logger="miniqueue.reaper"):
+            assert reaper.run_once().recovered == 1
+            assert reaper.run_once().recovered == 0
+        refusals = [r.getMessage() for r in caplog.records if "cannot keep the history's partitions" in r.getMessage()]
+        assert len(refusals) == 1 and "lacks a privilege miniqueue needs" in refusals[0]
+        assert client.get(job_id).state == State.AVAILABLE
+        assert conn.execute("SELECT to_regclass(%s)", [newest]).fetchone() == (None,)
+        reaper.close()
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

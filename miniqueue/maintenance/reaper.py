@@ -108,6 +108,8 @@ class Reaper:
         self._conn: Connection | None = None
         # What _watch_horizon has warned about and still sees (a holder is named once).
         self._horizon_warned: set[tuple[object, ...]] = set()
+        # Why the role may not keep the history's partitions, as last logged (said once).
+        self._history_refused: str | None = None
 
     def stop(self) -> None:
         """Make :meth:`run` return after the current pass (thread-safe)."""
@@ -141,9 +143,7 @@ class Reaper:
         self._time_out_waits(self._conn, result)
         self.store.drop_ended_keys(self._conn, self.config.batch_size)
         self._watch_horizon(self._conn)
-        self.store.ensure_partitions(self._conn)
-        if self.config.prune:
-            result.pruned, result.more_to_prune = self._prune(self._conn)
+        self._keep_history(self._conn, result)
         self._move_legacy(self._conn, result)
         result.scheduled = len(self.schedule_periodic())
         self.store.trim_throughput(self._conn)
@@ -194,6 +194,22 @@ class Reaper:
                 late[key].describe(),
             )
         self._horizon_warned = set(late)
+
+    def _keep_history(self, conn: Connection, result: ReaperResult) -> None:
+        """Make the history's partitions ahead, and prune what is past retention. A role that
+        may not (PostgreSQL lets only the tables' owner make and drop partitions) is told so
+        once, and the pass goes on: leases are still recovered and schedules still enqueued,
+        and finished jobs land in the default partitions meanwhile, never refused."""
+        try:
+            self.store.ensure_partitions(conn)
+            if self.config.prune:
+                result.pruned, result.more_to_prune = self._prune(conn)
+        except ConfigError as exc:
+            if str(exc) != self._history_refused:
+                log.error("reaper: cannot keep the history's partitions: %s", exc)
+            self._history_refused = str(exc)
+        else:
+            self._history_refused = None
 
     def _prune(self, conn: Connection) -> tuple[int, bool]:
         """Drop the history's partitions past retention, then delete, in batches, the jobs past it
