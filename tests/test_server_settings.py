@@ -1,7 +1,8 @@
 """A database whose settings differ from the defaults serves the queue as any other: its
 encoding (miniqueue's connections ask for UTF8, so that text comes back as text), its time zone
-and date and interval styles (they ask for the styles psycopg reads), and its default isolation
-(they ask for READ COMMITTED, which the store's statements are written for)."""
+and date and interval styles (they ask for the styles psycopg reads), its default isolation
+(they ask for READ COMMITTED, which the store's statements are written for) and the options of
+a DSN (kept). A role short of a privilege is told so in one line."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def test_a_sql_ascii_database_runs_jobs_and_keeps_their_text(sql_ascii: str) -> 
         seen.append(job.payload)
         return f"bonjour {job.payload['name']}"
 
-    Reaper(sql_ascii, ReaperConfig(vacuum=False)).run_once()  # makes the history's partitions by name
+    reaper = Reaper(sql_ascii, ReaperConfig(vacuum=False))
+    reaper.run_once()  # makes the history's partitions by name
+    reaper.close()
     with Client(sql_ascii) as client:
         job_id = app.enqueue(client, "greet", {"name": "Zoë 東京"}).id
         result = run_jobs(app, client)
@@ -88,7 +91,9 @@ def test_a_database_with_other_time_zone_and_styles_runs_jobs_and_reads_their_ti
     def tick(job: Job) -> None:
         pass
 
-    Reaper(odd_styles, ReaperConfig(vacuum=False)).run_once()
+    reaper = Reaper(odd_styles, ReaperConfig(vacuum=False))
+    reaper.run_once()
+    reaper.close()
     with Client(odd_styles) as client:
         job_id = app.enqueue(client, "tick", delay=0).id
         assert [job.id for job in run_jobs(app, client).completed] == [job_id]
