@@ -5,6 +5,7 @@ moves the rows of an existing table while the queue runs."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import uuid
@@ -179,6 +180,48 @@ def test_retention_drops_a_partition_whole_with_its_keys_and_counts(
     assert count(conn, "state = 'completed'") == 1
     drop_detached_pass_by_pass(store, conn)
     assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
+
+
+def test_partitions_expired_together_go_in_one_pass_with_their_keys_and_counts_only(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    """A day of hours past retention, one of whose partitions was dropped by hand (its register
+    row stayed), so that its hour's job landed in the default partition. One call detaches the
+    others, forgets the gone one, and lets go of the keys and counts of the detached ones' jobs
+    alone."""
+    store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
+    ids = [client.enqueue("t", idempotency_key=f"k{n}").id for n in range(3)]
+    for _ in ids:
+        claimed, attempt = run_one(store, conn)
+        store.complete(conn, claimed, W, attempt)
+    [(now,)] = conn.execute("SELECT date_trunc('hour', now(), 'UTC')").fetchall()
+    gone = partition_name("done", now - dt.timedelta(hours=25))
+    conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(gone)))
+    conn.execute(
+        "UPDATE miniqueue_jobs j SET finished_at = finished_at - make_interval(hours => h)"
+        "  FROM unnest(%s::int8[], %s::int[]) AS m(id, h) WHERE j.id = m.id",
+        [ids, [24, 25, 26]],
+    )
+    store.recount(conn)
+    assert [where(conn, i) for i in ids] == [
+        partition_name("done", now - dt.timedelta(hours=24)),
+        "miniqueue_jobs_done_default",
+        partition_name("done", now - dt.timedelta(hours=26)),
+    ]
+
+    dropped = store.drop_partitions(conn, "done", 3600)
+
+    hours = [partition_name("done", now - dt.timedelta(hours=h)) for h in (24, 25, 26)]
+    assert hours[0] in dropped and hours[2] in dropped and hours[1] not in dropped
+    assert len(detached(conn)) == len(dropped) - 1, "the oldest table dropped in the same call, the others left"
+    left = conn.execute("SELECT count(*) FROM miniqueue_history_partitions WHERE name = ANY(%s)", [hours]).fetchone()
+    assert left == (0,), "all three out of the register, the gone one too"
+    assert [j.id for j in client.list_jobs(state=State.COMPLETED)] == [ids[1]]
+    assert finished_count(client) == 1, "the default partition's job still counted"
+    assert not client.enqueue("t", idempotency_key="k0").duplicate
+    assert not client.enqueue("t", idempotency_key="k2").duplicate
+    assert client.enqueue("t", idempotency_key="k1").id == ids[1], "the default partition's job keeps its key"
+    drop_detached_pass_by_pass(store, conn)
 
 
 def test_two_reapers_dropping_one_partition_at_once_drop_it_once_and_neither_fails(

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Mapping
 
 import psycopg
 from psycopg import sql
 
 from ..core.db import Connection, translate_errors
 from ..core.records import Partition, State
-from .base import Statement, StoreBase, qualify
+from .base import Statement, StoreBase
 
 #: The history tables and their states (a partition of ``done`` spans an hour, one of
 #: ``failed`` a day: see _MISSING).
@@ -66,16 +65,30 @@ SELECT name, starts_at, ends_at FROM {history_partitions}
  ORDER BY starts_at
 """
 
-# What a partition's jobs hold outside it, let go before it is dropped: the idempotency keys of its
-# jobs (found by the sparse index of those that have one), and the finished counts of its hours.
+# Under the history table's lock: the expired partitions taken out of the register, each with its
+# table's oid if that table is a partition still (none if it is gone: dropped by hand, say).
+_FORGET_EXPIRED = """
+DELETE FROM {history_partitions} p
+ WHERE class = %(class)s AND ends_at <= now() - make_interval(secs => %(age)s)
+RETURNING name, starts_at, ends_at,
+          (SELECT i.inhrelid::int8 FROM pg_inherits i
+            WHERE i.inhrelid = to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(p.name)))
+"""
+
+# What the jobs of the partitions about to be detached hold outside them, let go: their
+# idempotency keys (found by each partition's sparse index of the jobs that have one; the range of
+# finish times prunes the history to those partitions, and `partitions` keeps out the default
+# partition's rows in it), and the finished counts of their hours.
 _UNKEY = """
-DELETE FROM {idempotency_keys} k USING {partition} p
- WHERE p.idempotency_key IS NOT NULL AND k.key = p.idempotency_key AND k.job_id = p.id
+DELETE FROM {idempotency_keys} k USING {jobs} p
+ WHERE p.state = ANY(%(states)s::text[]) AND p.finished_at >= %(starts)s AND p.finished_at < %(ends)s
+   AND p.tableoid::int8 = ANY(%(partitions)s::int8[])
+   AND p.idempotency_key IS NOT NULL AND k.key = p.idempotency_key AND k.job_id = p.id
 """
 _UNCOUNT = """
-DELETE FROM {counts} WHERE state = ANY(%(states)s::text[]) AND bucket >= %(starts)s AND bucket < %(ends)s
+DELETE FROM {counts} c USING unnest(%(starts)s::timestamptz[], %(ends)s::timestamptz[]) AS r(starts, ends)
+ WHERE c.state = ANY(%(states)s::text[]) AND c.bucket >= r.starts AND c.bucket < r.ends
 """
-_FORGET = "DELETE FROM {history_partitions} WHERE name = %(name)s"
 
 _CREATE = "CREATE TABLE IF NOT EXISTS {partition} PARTITION OF {parent} FOR VALUES FROM ({starts}) TO ({ends})"
 _DETACH = "ALTER TABLE {parent} DETACH PARTITION {partition}"
@@ -131,23 +144,15 @@ _LEGACY_AGE = "SELECT extract(epoch FROM now() - min(finished_at))::float8 FROM 
 _DROP_LEGACY = "DROP TABLE IF EXISTS {legacy}"
 
 
-class _PartitionStatement(Statement):
-    """A statement on one partition: the schema's names in, but for ``{partition}``, left for
-    psycopg's composition (a partition's name is known only when it runs)."""
-
-    def render(self, names: Mapping[str, str]) -> str:
-        return qualify(self.text, {**names, "partition": "{partition}"})
-
-
 class History(StoreBase):
     """Making, dropping and listing the history's partitions; moving an upgrade's old rows."""
 
     _missing = Statement(_MISSING)
-    _unkey = _PartitionStatement(_UNKEY)
+    _forget_expired = Statement(_FORGET_EXPIRED)
+    _unkey = Statement(_UNKEY)
     _record = Statement(_RECORD)
     _expired = Statement(_EXPIRED)
     _uncount = Statement(_UNCOUNT)
-    _forget = Statement(_FORGET)
     _partitions = Statement(_PARTITIONS)
     _move_legacy = Statement(_MOVE_LEGACY)
     _legacy_age = Statement(_LEGACY_AGE)
@@ -191,57 +196,42 @@ class History(StoreBase):
 
         In two steps. The first, one transaction however many partitions expired together (a
         day's 24 hours after retention was cut, say), locks the history table (its partitions
-        with it: see the module's docstring) and, for each partition, lets go of what its jobs
-        hold outside it and detaches it: catalog changes and the keys of its jobs that have one,
-        so the history table is locked for a moment, once. Its jobs are gone from every read from
-        then on. The second drops one detached table a call, the oldest: its files (gigabytes,
-        for a busy hour) are unlinked as it commits, which took 0.6-0.8 s of a core and the disk for
-        10,000,000 jobs and locks nothing but the table itself. The reaper's passes, seconds
-        apart, drop the others one by one, so a drain running meanwhile meets one table's files
-        at a time, not a day's. A table detached but not dropped (the process died between the
-        two steps) is dropped by a later call just the same."""
-        states = [state.value for state in CLASSES[kind]]
-        expired = self._rows(conn, self._expired, {"class": kind, "age": older_than_seconds})
+        with it: see the module's docstring), lists the expired partitions again (another reaper
+        may have detached some while this one waited), lets go of what their jobs hold outside
+        them and detaches them: catalog changes and the keys of the jobs that have one, in a
+        statement each, so the history table is locked for a moment, once. Their jobs are gone
+        from every read from then on. The second drops one detached table a call, the oldest: its
+        files (gigabytes, for a busy hour) are unlinked as it commits, which took 0.6-0.8 s of a
+        core and the disk for 10,000,000 jobs and locks nothing but the table itself. The
+        reaper's passes, seconds apart, drop the others one by one, so a drain running meanwhile
+        meets one table's files at a time, not a day's. A table detached but not dropped (the
+        process died between the two steps) is dropped by a later call just the same."""
         detached: list[str] = []
-        history = sql.Identifier(self.schema, f"miniqueue_jobs_{kind}")
-        if expired:
-            with translate_errors():
-                try:
-                    with conn.transaction():
-                        conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(LOCK_TIMEOUT)))
-                        conn.execute(sql.SQL(_LOCK_HISTORY).format(history=history))
-                        for name, starts, ends in expired:
-                            if self._detach(conn, history, name, states, starts, ends):
-                                detached.append(name)
-                except psycopg.errors.LockNotAvailable:
-                    detached = []
+        if self._rows(conn, self._expired, {"class": kind, "age": older_than_seconds}):
+            with translate_errors(), contextlib.suppress(psycopg.errors.LockNotAvailable), conn.transaction():
+                conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(LOCK_TIMEOUT)))
+                history = sql.Identifier(self.schema, f"miniqueue_jobs_{kind}")
+                conn.execute(sql.SQL(_LOCK_HISTORY).format(history=history))
+                detached = self._detach(conn, history, kind, older_than_seconds)
         self._drop_detached(conn, kind)
         return detached
 
-    def _detach(
-        self,
-        conn: Connection,
-        history: sql.Identifier,
-        name: str,
-        states: list[str],
-        starts: dt.datetime,
-        ends: dt.datetime,
-    ) -> bool:
-        """In the transaction that holds ``history`` locked: let go of what partition ``name``'s
-        jobs hold outside it, and detach it; whether it was there to detach."""
-        partition = sql.Identifier(self.schema, name)
-        try:
-            with conn.transaction():  # a savepoint: the other partitions go on without this one
-                conn.execute(sql.SQL(self._unkey).format(partition=partition))
-                conn.execute(self._uncount, {"states": states, "starts": starts, "ends": ends})
-                conn.execute(self._forget, {"name": name})
-                conn.execute(sql.SQL(_DETACH).format(parent=history, partition=partition))
-        except psycopg.errors.UndefinedTable:
-            # Another reaper (another host's, or a call like this one) listed the same partition
-            # and detached it while this one waited for the history table's lock: gone, or no
-            # partition any more; its drop is that reaper's (or a later call's).
-            return False
-        return True
+    def _detach(self, conn: Connection, history: sql.Identifier, kind: str, older_than_seconds: float) -> list[str]:
+        """In the transaction that holds ``history`` locked: take the partitions of ``kind``
+        wholly past ``older_than_seconds`` out of the register, let go of what their jobs hold
+        outside them, and detach them; their names."""
+        params = {"class": kind, "age": older_than_seconds, "schema": self.schema}
+        expired = [row for row in self._rows(conn, self._forget_expired, params) if row[3] is not None]
+        if not expired:
+            return []
+        names, starts, ends, partitions = (list(column) for column in zip(*expired, strict=True))
+        states = [state.value for state in CLASSES[kind]]
+        span = {"states": states, "starts": min(starts), "ends": max(ends), "partitions": partitions}
+        conn.execute(self._unkey, span)
+        conn.execute(self._uncount, {"states": states, "starts": starts, "ends": ends})
+        detaches = (sql.SQL(_DETACH).format(parent=history, partition=sql.Identifier(self.schema, n)) for n in names)
+        conn.execute(sql.SQL("; ").join(detaches))  # one round trip
+        return names
 
     def _drop_detached(self, conn: Connection, kind: str) -> None:
         """Drop the oldest of history table ``kind``'s partitions that were detached (by
