@@ -312,6 +312,45 @@ def test_a_drop_waiting_for_a_reader_holds_up_no_claim_and_a_completion_only_unt
     assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
 
 
+def test_a_requeue_of_a_job_past_retention_during_its_drop_goes_on_and_the_drop_undoes_all_it_did(
+    client: Client, store: Store, conn: Connection, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drop locks the partitions it detaches against writers before it locks the history
+    table. A requeue that locked the history table first, and then waits for its job's partition,
+    holds the drop up in turn: the drop gives up (here at the server's deadlock check, its lock
+    timeout being long), undoing all it did, and the requeue goes on with the job's key held."""
+    monkeypatch.setattr(history, "LOCK_TIMEOUT", "30s")
+    store.ensure_partitions(conn, back_seconds={"done": 2 * DAY})
+    old = client.enqueue("t", idempotency_key="k").id
+    assert client.cancel([old]) == [old]
+    finished_yesterday(conn, old)
+    yesterday = where(conn, old)
+    assert yesterday.startswith("miniqueue_jobs_done_2")
+    outcome: list[object] = []
+
+    def drop() -> None:
+        with connect(dsn, purpose="test-drop") as own:
+            own.autocommit = True
+            try:
+                outcome.append(Store().drop_partitions(own, "done", 3600))
+            except BaseException as exc:
+                outcome.append(exc)
+
+    with connect(dsn, purpose="test-requeue") as requeuer, requeuer.transaction():
+        requeuer.execute("LOCK TABLE ONLY miniqueue_jobs_done IN ROW EXCLUSIVE MODE")  # a write's first lock
+        dropping = threading.Thread(target=drop)
+        dropping.start()
+        wait_until(lambda: waiting(conn, "test-drop") == 1, what="the drop waiting for the history table")
+        assert store.requeue(requeuer, [old]) == [old]
+    dropping.join(30)
+    assert outcome == [[]], "the drop gave up, to try again at a later pass"
+    assert where(conn, old) == "miniqueue_jobs_live"
+    assert client.enqueue("t", idempotency_key="k").id == old, "the requeued job holds its key"
+    assert yesterday in {p.name for p in store.partitions(conn)}, "the partition still registered"
+    assert yesterday in store.drop_partitions(conn, "done", 3600)
+    drop_detached_pass_by_pass(store, conn)
+
+
 def test_a_claim_locks_no_partition_of_the_history_and_a_completion_only_the_one_it_lands_in(
     client: Client, store: Store, conn: Connection
 ) -> None:

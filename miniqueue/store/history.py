@@ -15,6 +15,11 @@ completion into that table waits meanwhile): each such statement here runs under
 partition, never after: a completion locks the history table and then the partition it lands
 in, and a reader of finished jobs the history table and then the partitions it reads; a drop
 holding the partition while it waited for the table would wait for them as they wait for it.
+One exception, so that the history table is locked only for the detach itself: a drop first
+locks the partitions it is about to detach in SHARE mode, which only a writer of their jobs
+(a requeue or a delete of a job past retention) waits for; such a writer, if it locked the
+history table first, holds up the drop's lock of the history table in turn, until the drop gives up (its
+``lock_timeout``, or the server's deadlock check if that comes first) and lets it go on.
 """
 
 from __future__ import annotations
@@ -65,8 +70,9 @@ SELECT name, starts_at, ends_at FROM {history_partitions}
  ORDER BY starts_at
 """
 
-# Under the history table's lock: the expired partitions taken out of the register, each with its
-# table's oid if that table is a partition still (none if it is gone: dropped by hand, say).
+# The expired partitions taken out of the register (another reaper's same statement waits for
+# these rows, then finds them gone), each with its table's oid if that table is a partition still
+# (none if it is gone: dropped by hand, say).
 _FORGET_EXPIRED = """
 DELETE FROM {history_partitions} p
  WHERE class = %(class)s AND ends_at <= now() - make_interval(secs => %(age)s)
@@ -103,6 +109,8 @@ SELECT relname FROM pg_class
 """
 # The history table, and with it each of its partitions.
 _LOCK_HISTORY = "LOCK TABLE {history} IN ACCESS EXCLUSIVE MODE"
+# The partitions about to be detached, against writers only: their jobs stay as they are.
+_LOCK_PARTITIONS = "LOCK TABLE {partitions} IN SHARE MODE"
 _LOCK_TIMEOUT = "SET LOCAL lock_timeout = {timeout}"
 
 # The partitions as they are, for operators: rows (the server's estimate) and bytes.
@@ -191,45 +199,47 @@ class History(StoreBase):
     def drop_partitions(self, conn: Connection, kind: str, older_than_seconds: float) -> list[str]:
         """Drop the partitions of history table ``kind`` whose every job finished more than
         ``older_than_seconds`` ago, each with its jobs' idempotency keys and finished counts;
-        return the names taken out of the history (none if the history table's lock is busy:
-        they are left for a later call). ``conn`` must be in autocommit.
+        return the names taken out of the history (none if a lock is busy: they are left for a
+        later call). ``conn`` must be in autocommit.
 
         In two steps. The first, one transaction however many partitions expired together (a
-        day's 24 hours after retention was cut, say), locks the history table (its partitions
-        with it: see the module's docstring), lists the expired partitions again (another reaper
-        may have detached some while this one waited), lets go of what their jobs hold outside
-        them and detaches them: catalog changes and the keys of the jobs that have one, in a
-        statement each, so the history table is locked for a moment, once. Their jobs are gone
-        from every read from then on. The second drops one detached table a call, the oldest: its
-        files (gigabytes, for a busy hour) are unlinked as it commits, which took 0.6-0.8 s of a
-        core and the disk for 10,000,000 jobs and locks nothing but the table itself. The
-        reaper's passes, seconds apart, drop the others one by one, so a drain running meanwhile
-        meets one table's files at a time, not a day's. A table detached but not dropped (the
-        process died between the two steps) is dropped by a later call just the same."""
+        day's 24 hours after retention was cut, say), takes them out of the register, locks them
+        against writers, lets go of what their jobs hold outside them (their keys, their counts),
+        and only then locks the history table (see the module's docstring) to detach them all in
+        one round trip: the history table, which every completion writes, is locked for the
+        catalog changes alone, once. Their jobs are gone from every read from then on. The second
+        drops one detached table a call, the oldest: its files (gigabytes, for a busy hour) are
+        unlinked as it commits, which took 0.6-0.8 s of a core and the disk for 10,000,000 jobs
+        and locks nothing but the table itself. The reaper's passes, seconds apart, drop the
+        others one by one, so a drain running meanwhile meets one table's files at a time, not a
+        day's. A table detached but not dropped (the process died between the two steps) is
+        dropped by a later call just the same."""
         detached: list[str] = []
         if self._rows(conn, self._expired, {"class": kind, "age": older_than_seconds}):
-            with translate_errors(), contextlib.suppress(psycopg.errors.LockNotAvailable), conn.transaction():
+            busy = (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected)
+            with translate_errors(), contextlib.suppress(*busy), conn.transaction():
                 conn.execute(sql.SQL(_LOCK_TIMEOUT).format(timeout=sql.Literal(LOCK_TIMEOUT)))
-                history = sql.Identifier(self.schema, f"miniqueue_jobs_{kind}")
-                conn.execute(sql.SQL(_LOCK_HISTORY).format(history=history))
-                detached = self._detach(conn, history, kind, older_than_seconds)
+                detached = self._detach(conn, kind, older_than_seconds)
         self._drop_detached(conn, kind)
         return detached
 
-    def _detach(self, conn: Connection, history: sql.Identifier, kind: str, older_than_seconds: float) -> list[str]:
-        """In the transaction that holds ``history`` locked: take the partitions of ``kind``
-        wholly past ``older_than_seconds`` out of the register, let go of what their jobs hold
-        outside them, and detach them; their names."""
+    def _detach(self, conn: Connection, kind: str, older_than_seconds: float) -> list[str]:
+        """In a transaction: take the partitions of history table ``kind`` wholly past
+        ``older_than_seconds`` out of the register, let go of what their jobs hold outside them,
+        and detach them; their names."""
         params = {"class": kind, "age": older_than_seconds, "schema": self.schema}
         expired = [row for row in self._rows(conn, self._forget_expired, params) if row[3] is not None]
         if not expired:
             return []
-        names, starts, ends, partitions = (list(column) for column in zip(*expired, strict=True))
+        names, starts, ends, oids = (list(column) for column in zip(*expired, strict=True))
+        partitions = [sql.Identifier(self.schema, name) for name in names]
+        conn.execute(sql.SQL(_LOCK_PARTITIONS).format(partitions=sql.SQL(", ").join(partitions)))
         states = [state.value for state in CLASSES[kind]]
-        span = {"states": states, "starts": min(starts), "ends": max(ends), "partitions": partitions}
-        conn.execute(self._unkey, span)
+        conn.execute(self._unkey, {"states": states, "starts": min(starts), "ends": max(ends), "partitions": oids})
         conn.execute(self._uncount, {"states": states, "starts": starts, "ends": ends})
-        detaches = (sql.SQL(_DETACH).format(parent=history, partition=sql.Identifier(self.schema, n)) for n in names)
+        history = sql.Identifier(self.schema, f"miniqueue_jobs_{kind}")
+        conn.execute(sql.SQL(_LOCK_HISTORY).format(history=history))
+        detaches = (sql.SQL(_DETACH).format(parent=history, partition=partition) for partition in partitions)
         conn.execute(sql.SQL("; ").join(detaches))  # one round trip
         return names
 
