@@ -2615,9 +2615,18 @@ SELECT c.class, s AS starts_at, s + make_interval(hours => c.hours) AS ends_at
  WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_history_partitions" p WHERE p.class = c.class AND p.starts_at = s)
  ORDER BY 1, 2;
 
+-- _forget_expired
+DELETE FROM "public"."miniqueue_history_partitions" p
+ WHERE class = %(class)s AND ends_at <= now() - make_interval(secs => %(age)s)
+RETURNING name, starts_at, ends_at,
+          (SELECT i.inhrelid::int8 FROM pg_inherits i
+            WHERE i.inhrelid = to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(p.name)));
+
 -- _unkey
-DELETE FROM "public"."miniqueue_idempotency_keys" k USING {partition} p
- WHERE p.idempotency_key IS NOT NULL AND k.key = p.idempotency_key AND k.job_id = p.id;
+DELETE FROM "public"."miniqueue_idempotency_keys" k USING "public"."miniqueue_jobs" p
+ WHERE p.state = ANY(%(states)s::text[]) AND p.finished_at >= %(starts)s AND p.finished_at < %(ends)s
+   AND p.tableoid::int8 = ANY(%(partitions)s::int8[])
+   AND p.idempotency_key IS NOT NULL AND k.key = p.idempotency_key AND k.job_id = p.id;
 
 -- _record
 INSERT INTO "public"."miniqueue_history_partitions" (name, class, starts_at, ends_at) VALUES (%(name)s, %(class)s, %(starts)s, %(ends)s)
@@ -2629,10 +2638,8 @@ SELECT name, starts_at, ends_at FROM "public"."miniqueue_history_partitions"
  ORDER BY starts_at;
 
 -- _uncount
-DELETE FROM "public"."miniqueue_counts" WHERE state = ANY(%(states)s::text[]) AND bucket >= %(starts)s AND bucket < %(ends)s;
-
--- _forget
-DELETE FROM "public"."miniqueue_history_partitions" WHERE name = %(name)s;
+DELETE FROM "public"."miniqueue_counts" c USING unnest(%(starts)s::timestamptz[], %(ends)s::timestamptz[]) AS r(starts, ends)
+ WHERE c.state = ANY(%(states)s::text[]) AND c.bucket >= r.starts AND c.bucket < r.ends;
 
 -- _partitions
 SELECT p.name, p.class, p.starts_at, p.ends_at, greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
