@@ -26,6 +26,7 @@ with a history of finished jobs beside the hot table:
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 
 from miniqueue import JobSpec
@@ -56,24 +57,29 @@ DROP_AFTER = 0.2
 #: Vacuum passes at most after a cycle (see _vacuumed_size).
 VACUUM_PASSES = 5
 
-# A finished history, written straight into the partitions from a day before this hour on (made
-# first), one row every %(step)s seconds: in one hour's partition, the rows a busy hour leaves
-# (BUSY_HOUR), or across the day's 24 (A_DAY), as the statement that completes a job leaves them.
+# A finished history, written straight into the partitions from %(anchor)s on (a day before the
+# hour the seed began: made first), one row every %(step)s seconds: in one hour's partition, the
+# rows a busy hour leaves (BUSY_HOUR), or across the day's 24 (A_DAY), as the statement that
+# completes a job leaves them.
 _SEED = """
 INSERT INTO miniqueue_jobs (queue, task, payload, state, attempt, max_attempts, attempt_budget, scheduled_at,
                             created_at, completed_at, finished_at)
 SELECT %(queue)s, %(task)s, '{"n": 0}', 'completed', 1, 5, 5, t, t, t, t
-  FROM (SELECT date_trunc('hour', now(), 'UTC') - interval '1 day' + g * make_interval(secs => %(step)s) AS t
+  FROM (SELECT %(anchor)s + g * make_interval(secs => %(step)s) AS t
           FROM generate_series(0, %(rows)s - 1) AS g) s
 """
 BUSY_HOUR, A_DAY = 0.0003, 0.00864
+# The hour a day before this one, where a seed begins, and how many seconds ago it began.
+_ANCHOR = """
+SELECT a, extract(epoch FROM now() - a)::float8 FROM (SELECT date_trunc('hour', now(), 'UTC') - interval '1 day' AS a) s
+"""
 # The seeded partitions, and the retention (seconds) past which they alone are: the reaper's pass
 # that drops them, an hour after the one before (the day's row: after retention was cut by a day).
 _SEEDED_PARTITIONS = """
 SELECT array_agg(name ORDER BY name), min(extract(epoch FROM now() - ends_at)::float8) - 1
   FROM miniqueue_history_partitions
- WHERE class = 'done' AND starts_at >= date_trunc('hour', now(), 'UTC') - interval '1 day'
-   AND starts_at < date_trunc('hour', now(), 'UTC') - interval '1 day' + make_interval(secs => %(rows)s * %(step)s)
+ WHERE class = 'done' AND starts_at >= %(anchor)s
+   AND starts_at < %(anchor)s + make_interval(secs => %(rows)s * %(step)s)
 """
 # The history's partitions detached and not dropped yet.
 _DETACHED = """
@@ -112,11 +118,14 @@ def _vacuumed_size(conn: Connection) -> int:
     return size
 
 
-def _seed_history(dsn: str, rows: int, step: float = BUSY_HOUR) -> None:
+def _seed_history(dsn: str, rows: int, step: float = BUSY_HOUR) -> dt.datetime:
+    """Seed the history; return the hour it begins at (a seed may begin in one hour of the clock
+    and end in the next: everything about it is reckoned from that one hour)."""
     with connect(dsn, purpose="bench-seed") as conn:
+        [(anchor, ago)] = conn.execute(_ANCHOR).fetchall()
         # The partitions of the last day, as a retention of 24 hours keeps them.
-        Store().ensure_partitions(conn, back_seconds={"done": 86400})
-        conn.execute(_SEED, {"queue": QUEUE, "task": TASK, "rows": rows, "step": step})
+        Store().ensure_partitions(conn, back_seconds={"done": ago})
+        conn.execute(_SEED, {"queue": QUEUE, "task": TASK, "rows": rows, "step": step, "anchor": anchor})
         # As a partition past retention was long ago: vacuumed and analyzed (no autovacuum of the
         # fresh rows runs into the timed part), and out of the buffer pool. The INSERT filled the
         # pool (128 MB by default) with the seed's pages, and the drain then evicted them, about
@@ -127,6 +136,8 @@ def _seed_history(dsn: str, rows: int, step: float = BUSY_HOUR) -> None:
         # history's hour was written have; the VACUUM after it sets the visibility map.
         conn.execute("VACUUM (FULL, ANALYZE) miniqueue_jobs_done")
         conn.execute("VACUUM miniqueue_jobs_done")
+    assert isinstance(anchor, dt.datetime)
+    return anchor
 
 
 def _jobs(count: int) -> list[JobSpec]:
@@ -151,11 +162,12 @@ def history_prune(ctx: Context) -> Sample:
 
 def _prune_during_drain(ctx: Context, step: float, name: str) -> Sample:
     rows = ctx.sized(HISTORY_ROWS, 2_000)
-    _seed_history(ctx.dsn, rows, step)
+    anchor = _seed_history(ctx.dsn, rows, step)
     count = ctx.jobs * DRAIN_SCALE
     settle(ctx.dsn)
     with supervised(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers)), connect(ctx.dsn, purpose="bench") as conn:
-        [(partitions, retention)] = conn.execute(_SEEDED_PARTITIONS, {"rows": rows, "step": step}).fetchall()
+        seeded = {"rows": rows, "step": step, "anchor": anchor}
+        [(partitions, retention)] = conn.execute(_SEEDED_PARTITIONS, seeded).fetchall()
         committed = enqueue_in_one_transaction(ctx.dsn, conn, _jobs(count))
         span: list[object] = []
         dropped: list[str] = []

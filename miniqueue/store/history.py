@@ -199,8 +199,8 @@ class History(StoreBase):
     def drop_partitions(self, conn: Connection, kind: str, older_than_seconds: float) -> list[str]:
         """Drop the partitions of history table ``kind`` whose every job finished more than
         ``older_than_seconds`` ago, each with its jobs' idempotency keys and finished counts;
-        return the names taken out of the history (none if a lock is busy: they are left for a
-        later call). ``conn`` must be in autocommit.
+        return the names taken out of the history, oldest first (none if a lock is busy: they
+        are left for a later call). ``conn`` must be in autocommit.
 
         In two steps. The first, one transaction however many partitions expired together (a
         day's 24 hours after retention was cut, say), takes them out of the register, locks them
@@ -228,7 +228,8 @@ class History(StoreBase):
         ``older_than_seconds`` out of the register, let go of what their jobs hold outside them,
         and detach them; their names."""
         params = {"class": kind, "age": older_than_seconds, "schema": self.schema}
-        expired = [row for row in self._rows(conn, self._forget_expired, params) if row[3] is not None]
+        # Oldest first: the names come back in that order, and the partitions are locked in it.
+        expired = sorted(row for row in self._rows(conn, self._forget_expired, params) if row[3] is not None)
         if not expired:
             return []
         names, starts, ends, oids = (list(column) for column in zip(*expired, strict=True))
