@@ -128,12 +128,10 @@ def _seed_history(dsn: str, rows: int, step: float = BUSY_HOUR) -> dt.datetime:
         conn.execute(_SEED, {"queue": QUEUE, "task": TASK, "rows": rows, "step": step, "anchor": anchor})
         # As a partition past retention was long ago: vacuumed and analyzed (no autovacuum of the
         # fresh rows runs into the timed part), and out of the buffer pool. The INSERT filled the
-        # pool (128 MB by default) with the seed's pages, and the drain then evicted them, about
-        # 3,700 a drain, where the baseline's fresh database finds free buffers: that measured the
-        # seed having just been written, not the history being there (0.94 x the baseline over 15
-        # runs; with the pool freed, 1.01-1.10 x, 3 rounds). A VACUUM FULL writes the tables anew
-        # outside the pool and frees the buffers the old files held, as the days since a real
-        # history's hour was written have; the VACUUM after it sets the visibility map.
+        # pool with the seed's pages, which the drain would evict where the baseline's fresh
+        # database finds free buffers (docs/figures.md). VACUUM FULL writes the tables anew
+        # outside the pool and frees the old files' buffers, as the days since a real history's
+        # hour was written have; the VACUUM after it sets the visibility map.
         conn.execute("VACUUM (FULL, ANALYZE) miniqueue_jobs_done")
         conn.execute("VACUUM miniqueue_jobs_done")
     assert isinstance(anchor, dt.datetime)

@@ -285,7 +285,8 @@ def test_a_code_schedule_of_the_same_name_wins(dsn: str, conn: Connection, clien
     passes(fleet, start, start + HOUR)
     # Only the code's slots, at 03:00 UTC: one if the hour passed through holds it (the test ran
     # between 02:00 and 03:00), none otherwise; never the quarter hours of the one made at run time.
-    code_slots = [t for t in every(5 * MINUTE, start, start + HOUR) if (t.hour, t.minute) == (3, 0)]
+    utc = [t.astimezone(dt.timezone.utc) for t in every(5 * MINUTE, start, start + HOUR)]
+    code_slots = [t for t in utc if (t.hour, t.minute) == (3, 0)]
     assert slots(conn, "nightly") == code_slots
     close(fleet)
 
