@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from miniqueue import State
 from miniqueue.core.db import connect
 from miniqueue.store.store import Store, _columns
@@ -23,6 +25,12 @@ from .registry import Benchmark, Context
 
 LEASE_SECONDS = 300.0
 BATCH = 100
+#: The jobs a claim of the default drain's worker completes and claims at once, about: with
+#: ``--prefetch auto`` on a no-op drain it holds about 1,000 and claims when half are free.
+DRAIN_CLAIM = 500
+#: The SQL floor under ``drain-2-default``, and so the ceiling of any drain on the worker's claim
+#: statement, whatever its handlers cost (``batch-drain-2`` runs on it too).
+FLOOR_DRAIN = "floor-drain-2"
 # Batch rows drain this many times --jobs, so that a run lasts long enough to measure.
 BATCH_SCALE = 5
 
@@ -102,7 +110,10 @@ def floor_worker(spec: ClaimSpec, gate: Gate) -> WorkerReport:
         laps = Laps(gate.wait())
         while True:
             began = time.perf_counter()
-            cur = conn.execute(statement, floor_params(claim_params, held))
+            try:
+                cur = conn.execute(statement, floor_params(claim_params, held))
+            except psycopg.errors.SerializationFailure:
+                continue  # a row it locked moved to the history meanwhile: run again, as the store does
             rows = cur.fetchall()
             if attempt is None:  # the leases' columns follow the completed ids (see _COMPLETE_AND_CLAIM)
                 attempt = [column.name for column in cur.description or ()].index("attempt")
@@ -135,4 +146,10 @@ BENCHMARKS: list[Benchmark] = [
         )
         for n in (1, 2)
     ],
+    Benchmark(
+        FLOOR_DRAIN,
+        f"SQL floor under the default drain: the worker's complete + claim {DRAIN_CLAIM}, one statement",
+        2,
+        functools.partial(claim_and_complete, batch=DRAIN_CLAIM, floor=True),
+    ),
 ]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .batch import TARGETS as BATCH_TARGETS
+from .claim import FLOOR_DRAIN
 from .cpu import BASELINE, Calibration
 from .durable import TARGETS as DURABLE_TARGETS
 from .fairness import ROWS as FAIRNESS_ROWS
@@ -163,6 +164,17 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                 0.8,
                 lambda v: f"{v:.2f}x",
                 "enqueue / floor-enqueue",
+            )
+        )
+    drain, floor = by_name.get("drain-2-default"), by_name.get(FLOOR_DRAIN)
+    if drain and floor and floor.jobs_per_s:
+        verdicts.append(
+            _at_least(
+                "default drain / SQL floor (within 20%)",
+                drain.jobs_per_s / floor.jobs_per_s,
+                0.8,
+                lambda v: f"{v:.2f}x",
+                f"drain-2-default / {FLOOR_DRAIN}",
             )
         )
     if (notify := by_name.get("latency-notify")) is not None:
