@@ -166,12 +166,12 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                 "enqueue / floor-enqueue",
             )
         )
-    drain, floor = by_name.get("drain-2-default"), by_name.get(FLOOR_DRAIN)
-    if drain and floor and floor.jobs_per_s:
+    drain_floor = by_name.get(FLOOR_DRAIN)
+    if default and drain_floor and drain_floor.jobs_per_s:
         verdicts.append(
             _at_least(
                 "default drain / SQL floor (within 20%)",
-                drain.jobs_per_s / floor.jobs_per_s,
+                default.jobs_per_s / drain_floor.jobs_per_s,
                 0.8,
                 lambda v: f"{v:.2f}x",
                 f"drain-2-default / {FLOOR_DRAIN}",
