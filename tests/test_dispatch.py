@@ -71,7 +71,7 @@ class Parts:
             kinds=kinds,
             transaction=no_transaction,
             atransaction=no_transaction,
-            read_results=lambda ids: [],
+            read_results=lambda job: [],
             max_result_bytes=1000,
         )
         self.dispatcher.hooks = WorkerHooks(on_job_start=lambda job: self.started.append(job.id))

@@ -117,7 +117,6 @@ def test_the_claim_connection_publishes_once_and_sets_the_plans_when_they_change
 
 def test_the_handlers_pool_opens_on_first_use_and_closes_only_its_own(dsn: str) -> None:
     handlers = HandlerConnections(dsn, Store(), "w", schema="public", max_size=2)
-    assert handlers.read_parent_results([]) == []
     pool = handlers.pool()
     assert handlers.pool() is pool
     given = HandlerConnections(dsn, Store(), "w", schema="public", max_size=2, pool=pool)

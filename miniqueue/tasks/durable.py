@@ -141,6 +141,21 @@ class DurableSteps:
     def _on_event_loop(self) -> bool:
         raise NotImplementedError  # the job says
 
+    @property
+    def completing_on(self) -> Any:
+        raise NotImplementedError  # the job says
+
+    def _suspend_store(self, what: str, *, on_event_loop: bool) -> StepStore:
+        """The store for a sleep or a wait, which hands the job back: never inside the block of
+        ``job.transaction()``, which would roll back what it wrote and then complete the job."""
+        if self.completing_on is not None:
+            block = "async with job.atransaction()" if on_event_loop else "with job.transaction()"
+            raise RuntimeError(
+                f"job {self.id}: {what} cannot run inside '{block}': the block completes the job when it "
+                "ends; sleep or wait before the block"
+            )
+        return self._store(on_event_loop=on_event_loop)
+
     def _store(self, *, on_event_loop: bool) -> StepStore:
         if self._steps_store is None:
             raise RuntimeError(f"job {self.id}: steps, sleeps and waits need a miniqueue Worker to run the job")
@@ -202,7 +217,7 @@ class DurableSteps:
         step_name = name or log.auto_name("sleep")
         if log.next(step_name, "sleep") is not None:
             return
-        self._store(on_event_loop=False).sleep(self, step_name, seconds)
+        self._suspend_store("job.sleep()", on_event_loop=False).sleep(self, step_name, seconds)
         raise JobSuspended("slept", step_name, seconds)
 
     def wait_for(self, key: str, *, timeout: float | dt.timedelta | None = None, name: str | None = None) -> Any:
@@ -215,7 +230,7 @@ class DurableSteps:
         entry = log.next(step_name, "signal")
         if entry is not None:
             return signal_value(entry, key, step_name)
-        got, data = self._store(on_event_loop=False).wait(self, step_name, key, seconds)
+        got, data = self._suspend_store("job.wait_for()", on_event_loop=False).wait(self, step_name, key, seconds)
         if not got:
             raise JobSuspended("waiting", step_name)
         return data
@@ -256,7 +271,7 @@ class DurableSteps:
         step_name = name or log.auto_name("sleep")
         if log.next(step_name, "sleep") is not None:
             return
-        await self._store(on_event_loop=True).asleep(self, step_name, seconds)
+        await self._suspend_store("job.asleep()", on_event_loop=True).asleep(self, step_name, seconds)
         raise JobSuspended("slept", step_name, seconds)
 
     async def await_for(self, key: str, *, timeout: float | dt.timedelta | None = None, name: str | None = None) -> Any:
@@ -266,7 +281,8 @@ class DurableSteps:
         entry = log.next(step_name, "signal")
         if entry is not None:
             return signal_value(entry, key, step_name)
-        got, data = await self._store(on_event_loop=True).await_(self, step_name, key, seconds)
+        store = self._suspend_store("job.await_for()", on_event_loop=True)
+        got, data = await store.await_(self, step_name, key, seconds)
         if not got:
             raise JobSuspended("waiting", step_name)
         return data

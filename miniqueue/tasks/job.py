@@ -118,7 +118,7 @@ class Job(DurableSteps):
         transaction: TransactionFactory | None = None,
         atransaction: AsyncTransactionFactory | None = None,
         max_result_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        read_results: Callable[[Sequence[int]], list[tuple[int, ParentOutcome]]] | None = None,
+        read_results: Callable[[Job], list[tuple[int, ParentOutcome]]] | None = None,
         steps: StepStore | None = None,
         groups: GroupAdder | None = None,
     ) -> None:
@@ -160,7 +160,7 @@ class Job(DurableSteps):
         self._steps_store = steps
         self._groups = groups
         # The connection of the job's completing transaction while its block runs (add_to_group).
-        self._completing_on: Any = None
+        self._completing_on: Connection | AsyncConnection[Any] | None = None
         #: The result set by :meth:`set_result`, as JSON text (None: none set).
         self.result_json: str | None = None
         #: This attempt's span while it runs (set by :mod:`miniqueue.tracing` when tracing is on).
@@ -176,6 +176,13 @@ class Job(DurableSteps):
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.task} {self.describe_attempts()}>"
+
+    @property
+    def completing_on(self) -> Connection | AsyncConnection[Any] | None:
+        """The connection of this job's completing transaction while ``with job.transaction()``
+        (or ``async with job.atransaction()``) runs, else None: the job's own reads and writes
+        inside the block (its parents' results, its steps) run on it."""
+        return self._completing_on
 
     @property
     def charged_attempts(self) -> int:
@@ -207,7 +214,7 @@ class Job(DurableSteps):
             elif self._read_results is None:
                 raise RuntimeError(f"job {self.id}: its parents' results cannot be read outside a worker")
             else:
-                self._parent_outcomes = dict(self._read_results(self.parents))
+                self._parent_outcomes = dict(self._read_results(self))
         return self._parent_outcomes
 
     @property

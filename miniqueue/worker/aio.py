@@ -122,8 +122,12 @@ class AsyncTransactions:
             await arun(conn, self.store.complete_steps(job.id, self.worker_id, job.attempt, result=job.result_json))
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection of the pool (a durable job's steps run on it)."""
+    async def connection(self, job: Job) -> AsyncIterator[AsyncConnection[Any]]:
+        """The connection for ``job``'s durable steps: its open transaction's, inside ``async
+        with job.atransaction()`` (which holds one of the pool's), else one of the pool's."""
+        if isinstance(job.completing_on, AsyncConnection):
+            yield job.completing_on
+            return
         pool = await self._pool()
         async with pool.connection() as conn:
             yield conn

@@ -55,7 +55,7 @@ class Dispatcher:
         kinds: tuple[bool, ...],
         transaction: TransactionFactory,
         atransaction: AsyncTransactionFactory,
-        read_results: Callable[[Sequence[int]], list[tuple[int, ParentOutcome]]],
+        read_results: Callable[[Job], list[tuple[int, ParentOutcome]]],
         max_result_bytes: int,
         steps: StepStore | None = None,
         groups: GroupAdder | None = None,

@@ -1,15 +1,20 @@
-"""The connections ``def`` handlers use: :meth:`Job.transaction` and their parents' results.
+"""The connections ``def`` handlers use: :meth:`Job.transaction`, their parents' results and
+their durable steps.
 
 A small pool, opened on first use (a worker whose handlers never ask opens no connection), or
-the pool the worker was given. ``async def`` handlers have a pool of their own on the event
-loop (see :mod:`miniqueue.worker.aio`).
+the pool the worker was given. Inside ``with job.transaction()`` the job's other reads and
+writes run on the block's own connection, in its transaction: the block holds one of the
+pool's connections, and at ``--concurrency 1`` (a pool of one) a second would never come.
+``async def`` handlers have a pool of their own on the event loop (see
+:mod:`miniqueue.worker.aio`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from ..core.db import Connection, create_pool
@@ -51,9 +56,20 @@ class HandlerConnections:
             )
         return self._pool
 
-    def read_parent_results(self, parents: Sequence[int]) -> list[tuple[int, ParentOutcome]]:
+    @contextlib.contextmanager
+    def connection(self, job: Job) -> Iterator[Connection]:
+        """The connection for ``job``'s reads and writes: its open transaction's, inside ``with
+        job.transaction()``, else one of the pool's."""
+        on = job.completing_on
+        if isinstance(on, psycopg.Connection):
+            yield on
+            return
         with self.pool().connection() as conn:
-            return self.store.parent_results(conn, parents)
+            yield conn
+
+    def read_parent_results(self, job: Job) -> list[tuple[int, ParentOutcome]]:
+        with self.connection(job) as conn:
+            return self.store.parent_results(conn, job.parents)
 
     @contextlib.contextmanager
     def transaction(self, job: Job) -> Iterator[Connection]:
