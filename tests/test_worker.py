@@ -338,20 +338,24 @@ def test_permanent_error_fails_without_retry(client: Client, conn: Connection, s
     assert "card declined" in row(conn, job_id)["last_error"]
 
 
-def test_unknown_task_is_retried_with_backoff_then_dead_and_logged_once(
+def test_a_task_the_workers_app_does_not_know_is_handed_back_uncharged_for_the_app_that_does(
     client: Client, conn: Connection, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = App()
-    app.task("known")(lambda job: None)
-    ids = [client.enqueue("unknown", max_attempts=2).id for _ in range(3)]
+    other = App()
+    other.task("known")(lambda job: None)
+    ids = [client.enqueue("unknown", max_attempts=1).id for _ in range(3)]
     with caplog.at_level(logging.WARNING, logger="miniqueue.worker"):
-        start_worker(app)
-        wait_until(lambda: count(conn, "state = 'available' AND attempt = 1") == 3, what="first attempts failed")
-        # The default backoff after attempt 1 is at most 2 s (it was a fixed 60 s).
-        wait_until(lambda: count(conn, "state = 'dead'") == 3, timeout=10, what="unknown tasks dead")
-    assert all("no handler is registered for task 'unknown'" in row(conn, i)["last_error"] for i in ids)
+        start_worker(other)
+        wait_until(lambda: count(conn, "state = 'available' AND attempt >= 2") == 3, what="handed back twice")
+    assert count(conn, "state = 'dead'") == 0
+    assert all(row(conn, i)["max_attempts"] - row(conn, i)["attempt"] >= 0 for i in ids), "no attempt charged"
     unknown = [r for r in caplog.records if "(known: " in r.message]
     assert len(unknown) == 1 and "(known: known)" in unknown[0].message
+    owner = App()
+    owner.task("unknown")(lambda job: None)
+    start_worker(owner)
+    wait_until(lambda: count(conn, "state = 'completed'") == 3, timeout=15, what="run by the app that declares it")
+    assert all(row(conn, i)["errors"] in (None, []) for i in ids), "no failed attempt in the history"
 
 
 def test_every_failed_attempt_leaves_a_log_line(

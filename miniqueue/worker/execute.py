@@ -29,6 +29,9 @@ from .outcomes import Outcome, WorkerHooks
 
 log = logging.getLogger("miniqueue.worker")
 
+#: The longest a job of a task this worker's app does not know waits before it is due again.
+UNKNOWN_TASK_MAX_DELAY = 60.0
+
 
 class Executor:
     """Runs the handlers of ``app``'s tasks; a result larger than ``max_result_bytes`` of JSON
@@ -44,7 +47,7 @@ class Executor:
         """Run one ``def`` handler and classify what it did."""
         task = self.app.tasks.get(job.task)
         if task is None:
-            return Outcome("error", self._unknown_task(job.task))
+            return self._unknown_task(job)
         if (unreadable := _unreadable(job)) is not None:
             return unreadable
         try:
@@ -113,17 +116,19 @@ class Executor:
         outcome.batch_of = batch_of
         return outcome
 
-    def _unknown_task(self, task: str) -> str:
-        """The error of a job whose task this worker's app does not know; logged once per task."""
-        message = f"no handler is registered for task {task!r} in this worker's app"
-        if task not in self._unknown_tasks:
-            self._unknown_tasks.add(task)
-            log.error(
-                "%s (known: %s): its jobs fail and retry with backoff until they are dead",
-                message,
+    def _unknown_task(self, job: Job) -> Outcome:
+        """A job whose task this worker's app does not know (another app's, on a shared queue or
+        database): handed back uncharged, due again after a delay that grows with its runs (1 s,
+        then 2, 4, ... up to a minute), for a worker whose app declares it. Logged once per task."""
+        if job.task not in self._unknown_tasks:
+            self._unknown_tasks.add(job.task)
+            log.warning(
+                "no handler is registered for task %r in this worker's app (known: %s): its jobs are handed back "
+                "without spending an attempt, for a worker whose app declares it",
+                job.task,
                 ", ".join(sorted(self.app.tasks)) or "none",
             )
-        return message
+        return Outcome("snoozed", delay=min(UNKNOWN_TASK_MAX_DELAY, 2.0 ** min(job.attempt - 1, 6)))
 
 
 def _call(handler: Handler, job: Job) -> Any:
