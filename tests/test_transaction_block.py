@@ -74,7 +74,9 @@ def test_a_group_callback_reads_its_parents_results_inside_its_transaction(
     assert notes.execute("SELECT note FROM block_notes").fetchall() == [([10, 20, 30],)]
 
 
-def test_a_job_runs_its_steps_inside_its_transaction(client: Client, notes: Connection, start_worker: StartWorker) -> None:
+def test_a_job_runs_its_steps_inside_its_transaction(
+    client: Client, notes: Connection, start_worker: StartWorker
+) -> None:
     app = App()
 
     @app.task("stepped", queue="block")
@@ -103,7 +105,7 @@ def test_a_step_of_a_block_that_rolls_back_is_not_recorded_and_runs_again(
     @app.task("flaky", queue="block", max_attempts=2)
     def flaky(job: Job) -> None:
         with job.transaction() as conn:
-            job.step("counted", lambda: calls.append(job.attempt) or job.attempt)
+            job.step("counted", calls.append, job.attempt)
             conn.execute("INSERT INTO block_notes VALUES (%s, '[]'::jsonb)", [job.id])
             if job.attempt == 1:
                 raise RuntimeError("the block fails on the first attempt")
@@ -148,4 +150,3 @@ def test_an_async_job_runs_its_steps_inside_its_transaction(
     done = finished(notes, job_id)
     assert (done["state"], done["attempt"]) == (State.COMPLETED, 1), done
     assert notes.execute("SELECT note FROM block_notes").fetchall() == [([7],)]
-

@@ -8,7 +8,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
 
 from psycopg import AsyncConnection

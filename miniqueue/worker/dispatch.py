@@ -15,7 +15,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from ..core.records import Lease, ParentOutcome
 from ..tasks.app import App
