@@ -1,4 +1,4 @@
-"""examples/durable_order.py, as README.md's "Durable jobs" shows it: an order run by the testing
+"""examples/durable_order.py, as docs/guides/durable.md shows it: an order run by the testing
 kit's real worker through its wait for the shipment, its day's sleep and its last step, and an
 order whose shipment never comes."""
 

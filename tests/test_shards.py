@@ -1,4 +1,4 @@
-"""Several databases behind one client (README.md, "Several databases"): the shard map, ids that
+"""Several databases behind one client (docs/guides/shards.md): the shard map, ids that
 route themselves, routing by queue and by key, and what cannot span databases refused.
 
 Three databases of the test server stand for three servers here: routing, ids and refusals do

@@ -1,4 +1,4 @@
-"""What operators read over a shard map (README.md, "Several databases"): ``jobs list``, ``jobs
+"""What operators read over a shard map (docs/guides/shards.md): ``jobs list``, ``jobs
 show``, ``queues list`` and ``limits`` with ``--shards``, and the dashboard over a map. Every
 database's rows, named, and a total; a database that does not answer named, exit 1 (the
 dashboard: a banner), never counted as holding nothing.

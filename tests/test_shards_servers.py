@@ -1,4 +1,4 @@
-"""Several databases on three real PostgreSQL servers (README.md, "Several databases"): the suite's
+"""Several databases on three real PostgreSQL servers (docs/guides/shards.md): the suite's
 server (the embedded one, or ``TEST_DATABASE_URL``'s) and two embedded servers of this module's
 own, each started on a socket of its own. Routing by queue and by key, ids that route themselves
 to their server, what could not hold over several databases refused before anything is stored,

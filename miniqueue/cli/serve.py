@@ -184,7 +184,7 @@ def supervise(
     shards_source: str | None,
 ) -> None:
     """Run worker processes and a reaper under a prefork supervisor (with a shard map: one
-    supervisor per database, the workers shared by weight; see README.md, "Several databases").
+    supervisor per database, the workers shared by weight; see docs/guides/shards.md).
 
     Signals: TERM/INT drain and exit; a second INT or QUIT exits fast; HUP replaces the workers;
     TTIN/TTOU add or remove one worker.

@@ -1,4 +1,4 @@
-"""Commands on a shard map (see README.md, "Several databases"): ``shards check``."""
+"""Commands on a shard map (see docs/guides/shards.md): ``shards check``."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def finish_map(down: dict[str, DatabaseUnavailable], rows: list[dict[str, Any]] 
 
 @click.group()
 def shards() -> None:
-    """Several databases behind one map (see README.md, "Several databases")."""
+    """Several databases behind one map (see docs/guides/shards.md)."""
 
 
 @shards.command("check")

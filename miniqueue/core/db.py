@@ -473,8 +473,8 @@ class translate_errors:  # lower case: it reads as the function it replaced, `wi
             ) from exc
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             raise ConfigError(
-                f"the database role lacks a privilege miniqueue needs: {_first_line(exc)} (see the "
-                'README\'s "Schema and migrations" section for the privileges of each role)'
+                f"the database role lacks a privilege miniqueue needs: {_first_line(exc)} (the privileges "
+                'each role needs: "Roles and privileges" in Schema and migrations, docs/operations/schema.md)'
             ) from exc
         if isinstance(exc, psycopg.DataError) and (exc.sqlstate is None or isinstance(exc, _BAD_VALUE_ERRORS)):
             raise InvalidInput(f"the database rejected a value: {_first_line(exc)}") from exc
