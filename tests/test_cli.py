@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from miniqueue import App, Client, InvalidInput, State
 from miniqueue.cli.main import main
-from miniqueue.core.db import Connection
+from miniqueue.core.db import Connection, connect, mask_dsn
 from miniqueue.observability.logs import JsonFormatter
+from miniqueue.store.migrate import latest_version
 from miniqueue.store.store import Release, Store
 from miniqueue.tasks.job import Job
 from miniqueue.worker.worker import Worker, WorkerConfig
@@ -872,6 +874,25 @@ def test_demo_runs_its_jobs_through_a_supervisor(cli: Invoke, conn: Connection) 
     assert out.count("enqueued ") == 5
     assert out.endswith("all 5 demo jobs completed, in priority order (FIFO within a priority)\n")
     assert count(conn, "state = 'completed'") == 5 and count(conn) == 5
+
+
+def test_demo_migrates_the_database_it_is_given_and_says_so_without_the_password(fresh_database: str) -> None:
+    """A fresh database, as `createdb` leaves it: the demo migrates it (one line, the password
+    masked) instead of stopping at "run `miniqueue migrate` first"."""
+    # The test servers trust their clients (embedded) or take the DSN's own password: one added
+    # here is never checked, and stands for the one a user's DSN carries.
+    with_password = (
+        fresh_database
+        if conninfo_to_dict(fresh_database).get("password")
+        else make_conninfo(fresh_database, password=PASSWORD)
+    )
+    out = ok(run(with_password, "demo"))
+    first = out.splitlines()[0]
+    assert first == f"migrated {mask_dsn(with_password)} to schema version {latest_version()}", first
+    assert str(conninfo_to_dict(with_password)["password"]) not in out
+    assert out.endswith("all 5 demo jobs completed, in priority order (FIFO within a priority)\n")
+    with connect(fresh_database, purpose="test") as conn:
+        assert count(conn, "state = 'completed'") == 5 and count(conn) == 5
 
 
 # --- a password in every form a DSN can take ------------------------------------------------------

@@ -15,7 +15,7 @@ from ..client.client import Client
 from ..client.sharded import migrate_shards
 from ..core.db import mask_dsn
 from ..core.records import State
-from ..store.migrate import run_migrations
+from ..store.migrate import latest_version, run_migrations
 from ..supervise.health import probe_database, probe_url
 from .database import current_schema, database_option, open_client, resolve_database
 from .errors import friendly_errors
@@ -80,11 +80,15 @@ def healthcheck(url: str | None, timeout: float, database_url: str | None) -> No
 @friendly_errors
 def demo(database_url: str | None) -> None:
     """Enqueue five jobs of different priorities and run them under a real supervisor with one
-    worker: each prints a line as it is processed, highest priority first (FIFO within a priority)."""
+    worker: each prints a line as it is processed, highest priority first (FIFO within a priority).
+    A database named by --database-url or DATABASE_URL is migrated first."""
     from .demo import DEMO_JOBS
     from .demo import app as demo_app
 
     dsn = resolve_database(database_url)
+    if database_url:  # the embedded server's database was migrated as it started
+        run_migrations(dsn, current_schema())
+        click.echo(f"migrated {mask_dsn(dsn)} to schema version {latest_version()}")
     with Client(dsn, schema=current_schema()) as client:
         ids = []
         for name, _priority in DEMO_JOBS:
