@@ -725,8 +725,46 @@ def test_periodic_list_shows_each_schedule_and_its_state(cli: Invoke, periodic_t
     assert (next_slot.hour, next_slot.minute, next_slot.utcoffset()) == (9, 0, dt.timedelta(0))
 
 
-def test_periodic_list_needs_a_loadable_app(cli: Invoke) -> None:
-    usage_error(cli("periodic", "list"), "Missing option '--app'")
+def test_periodic_list_without_an_app_lists_what_the_database_holds(
+    cli: Invoke, client: Client, store: Store, periodic_table: Connection
+) -> None:
+    """The schedules a scheduler has run or an operator switched (the code's: their definition is
+    in the code, so '-' here) and those created at run time (in full), by name."""
+    slot = dt.datetime(2030, 1, 1, 9, 0, tzinfo=dt.timezone.utc)
+    assert store.claim_periodic_slot(periodic_table, "morning-report", slot)
+    ok(cli("periodic", "disable", "cleanup", "--app", "tests.test_cli:PERIODIC_APP"))
+    client.schedules.create("digest", "0 8 * * 1", task="report", timezone="Europe/Berlin")
+
+    cleanup, digest, morning = ok(cli("periodic", "list")).splitlines()
+    assert cleanup.split()[:7] == ["cleanup", "-", "-", "code", "task", "-", "disabled"]
+    assert cleanup.endswith("next -"), "no cron here: no next slot"
+    assert digest.split()[:10] == ["digest", "0", "8", "*", "*", "1", "Europe/Berlin", "runtime", "task", "report"]
+    next_digest = dt.datetime.fromisoformat(digest.split("next ")[1].strip())
+    assert (next_digest.weekday(), next_digest.hour) == (0, 8), "on Berlin's clock"
+    assert morning.split()[:8] == ["morning-report", "-", "-", "code", "task", "-", "enabled", "last"]
+    assert "last 2030-01-01 09:00:00+00:00  next -" in morning, "its slot in UTC: its zone is the code's"
+    as_json = json.loads(ok(cli("periodic", "list", "--json")))
+    assert [(s["name"], s["kind"], s["cron"], s["enabled"]) for s in as_json] == [
+        ("cleanup", "code", None, False),
+        ("digest", "runtime", "0 8 * * 1", True),
+        ("morning-report", "code", None, True),
+    ]
+    assert dt.datetime.fromisoformat(as_json[2]["last_slot"]) == slot and as_json[2]["next_slot"] is None
+    # With --app: the app's schedules in full, then the runtime ones (as before).
+    with_app = json.loads(ok(cli("periodic", "list", "--app", "tests.test_cli:PERIODIC_APP", "--json")))
+    assert [(s["name"], s["kind"], s["cron"], s["enabled"]) for s in with_app] == [
+        ("cleanup", "code", "*/5 * * * *", False),
+        ("morning-report", "code", "0 9 * * *", True),
+        ("digest", "runtime", "0 8 * * 1", True),
+    ]
+
+
+def test_periodic_list_of_an_empty_database_prints_nothing(cli: Invoke, periodic_table: Connection) -> None:
+    assert ok(cli("periodic", "list")) == ""
+    assert json.loads(ok(cli("periodic", "list", "--json"))) == []
+
+
+def test_periodic_list_needs_a_loadable_app_when_given_one(cli: Invoke) -> None:
     bad_input(cli("periodic", "list", "--app", "nocolon"), "app reference 'nocolon' is invalid")
     bad_input(
         cli("periodic", "list", "--app", "tests.test_cli:NOPE"), "module 'tests.test_cli' has no attribute 'NOPE'"
@@ -1017,9 +1055,36 @@ def paused_rows(conn: Connection) -> dict[str, bool]:
 
 def test_pausing_an_unknown_queue_names_it_and_the_known_ones(cli: Invoke, client: Client, conn: Connection) -> None:
     client.enqueue("t", queue="emails")
-    line = bad_input(cli("queues", "pause", "emials"), "queue 'emials' is unknown", "known: emails", "--create")
-    assert "create=True" in line
+    line = bad_input(cli("queues", "pause", "emials"), "queue 'emials' is unknown", "known: emails")
+    assert line.endswith("to set a queue before its first job, pass --create"), "the command line's words"
+    assert "create=True" not in line
     assert paused_rows(conn) == {}
+    limited = bad_input(cli("queues", "limit", "emials", "3"), "queue 'emials' is unknown")
+    assert limited.endswith("pass --create")
+    with pytest.raises(InvalidInput, match=r"before its first job, pass create=True$"):  # the Python API's words
+        client.pause_queues(["emials"])
+
+
+def test_errors_of_the_command_line_name_its_options_not_python_arguments(
+    cli: Invoke, client: Client, conn: Connection
+) -> None:
+    """An error that tells its reader what to pass says it in the words of where it was raised:
+    the command's options on the command line, the keyword arguments in Python."""
+    client.schedules.create("digest", "0 8 * * 1", task="report")
+    line = bad_input(cli("periodic", "change", "digest"), "nothing to change in schedule 'digest'")
+    assert line.endswith("pass --cron ..., --payload ..., --timezone ... or --enable/--disable"), line
+    with pytest.raises(InvalidInput, match=r"pass cron=\.\.\., payload=\.\.\., timezone=\.\.\. or enabled=\.\.\.$"):
+        client.schedules.change("digest")
+
+    keyed = App()
+    keyed.task("per_order", unique_key=lambda payload: f"order-{payload['order']}")(lambda job: None)
+    client.declare(keyed)
+    line = bad_input(cli("enqueue", "per_order", "--payload", '{"order": 1}'), "computes its unique_key")
+    assert "pass --unique-key ... here" in line and "unique_key=..." not in line
+    with pytest.raises(InvalidInput, match=r"pass unique_key=\.\.\. here"):
+        client.enqueue("per_order", {"order": 1})
+    assert ok(cli("enqueue", "per_order", "--payload", '{"order": 1}', "--unique-key", "order-1")).startswith("job ")
+    assert count(conn) == 1
 
 
 def test_pausing_several_queues_pauses_none_if_one_is_unknown(cli: Invoke, client: Client, conn: Connection) -> None:

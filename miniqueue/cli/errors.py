@@ -36,12 +36,38 @@ def friendly_errors(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except (InvalidInput, AppLoadError) as exc:
+        except InvalidInput as exc:
+            raise BadInput(in_options(exc)) from exc
+        except AppLoadError as exc:
             raise BadInput(str(exc)) from exc
         except MiniqueueError as exc:
             raise click.ClickException(str(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def in_options(exc: InvalidInput) -> str:
+    """``exc``'s message with each keyword argument it tells the caller to pass said as the
+    running command's option (``create=True``: ``--create``); one the command has no option for
+    stays as the message writes it."""
+    message = str(exc)
+    ctx = click.get_current_context(silent=True)
+    options = {p.name: p for p in ctx.command.params if isinstance(p, click.Option)} if ctx else {}
+    for name, value in exc.arguments.items():
+        if name in options:
+            message = message.replace(f"{name}={value}", _option_words(options[name], value))
+    return message
+
+
+def _option_words(option: click.Option, value: str) -> str:
+    """How the command line passes ``value`` by ``option``: its flag (``--create``; of a pair,
+    the one that sets the value, or both for any value), else the option and the value."""
+    if not option.is_flag:
+        return f"{option.opts[0]} {value}"
+    both = "/".join([*option.opts, *option.secondary_opts])
+    if value == "True":
+        return option.opts[0]
+    return option.secondary_opts[0] if value == "False" and option.secondary_opts else both
 
 
 # Since click 8.2, a group given no command raises this to show its help: that stays as it is.

@@ -1,5 +1,5 @@
-"""``periodic``: list the schedules of an app and those created at run time; add, change and
-delete the latter; enable and disable either."""
+"""``periodic``: list the schedules the database holds (and an app's); add, change and delete
+those created at run time; enable and disable any."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ from typing import Any
 
 import click
 
-from ..client.schedules import UNCHANGED, as_periodic
+from ..client.schedules import UNCHANGED, ListedSchedule
 from ..core.errors import InvalidInput
 from ..core.records import Schedule
 from ..core.validation import parse_json
 from ..tasks.loading import load_app
-from ..tasks.periodic import Periodic
 from .database import database_option, open_client
 from .errors import friendly_errors
 from .output import to_json
@@ -26,46 +25,50 @@ def periodic() -> None:
 
 
 @periodic.command("list")
-@click.option("--app", "app_ref", required=True, help="The app whose schedules to list, as module:attribute.")
+@click.option(
+    "--app",
+    "app_ref",
+    help="An app (module:attribute): list its schedules in full, then the runtime ones.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the schedules as a JSON array, one object each.")
 @database_option
 @friendly_errors
-def list_periodic(app_ref: str, as_json: bool, database_url: str | None) -> None:
-    """Each schedule, the app's (code) and those created at run time (runtime): cron, time zone,
-    task, enabled, last and next slot (in its zone)."""
-    app = load_app(app_ref)
+def list_periodic(app_ref: str | None, as_json: bool, database_url: str | None) -> None:
+    """Each schedule the database holds, by name: those created at run time (runtime) and those
+    of the code a scheduler has run or an operator switched (code; their cron, zone and task are
+    in the code: '-'). With --app: the app's schedules, then the runtime ones. Each with cron,
+    time zone, task, enabled, last and next slot (in its zone)."""
+    app = load_app(app_ref) if app_ref else None
     with open_client(database_url) as client:
-        state = client.periodic_state()
-        runtime = client.schedules.list()
+        listed = client.schedules.overview(app.schedules if app else None)
         now = client.now()
-    rows = []
-    for name, schedule in sorted(app.schedules.items()):
-        last, enabled = state.get(name, (None, True))
-        rows.append(_listed(schedule, "code", last, enabled, now))
-    shown = [r for r in runtime if r.name not in app.schedules]  # the code's wins (see client.schedules)
-    rows += [_listed(as_periodic(r), "runtime", r.last_slot, r.enabled, now) for r in shown]
+    # With the app, as its reapers see it: a name the database alone holds is another app's.
+    rows = [_listed(row, now) for row in listed if app is None or row.schedule is not None]
     if as_json:
         click.echo(to_json(rows))
         return
     for row in rows:
         click.echo(
-            f"{row['name']:<24} {row['cron']:<16} {row['timezone']:<16} {row['kind']:<7} task {row['task']:<20} "
-            f"{'enabled ' if row['enabled'] else 'disabled'} last {row['last_slot'] or '-'}  next {row['next_slot']}"
+            f"{row['name']:<24} {row['cron'] or '-':<16} {row['timezone'] or '-':<16} {row['kind']:<7} "
+            f"task {row['task'] or '-':<20} {'enabled ' if row['enabled'] else 'disabled'} "
+            f"last {row['last_slot'] or '-'}  next {row['next_slot'] or '-'}"
         )
 
 
-def _listed(schedule: Periodic, kind: str, last: dt.datetime | None, enabled: bool, now: dt.datetime) -> dict[str, Any]:
-    """One schedule as listed: its slots on its zone's clock."""
+def _listed(row: ListedSchedule, now: dt.datetime) -> dict[str, Any]:
+    """One schedule as listed: its slots on its zone's clock (UTC where its zone is not known here)."""
+    schedule = row.schedule
+    zone = schedule.zone if schedule else dt.timezone.utc
     return {
-        "name": schedule.name,
-        "kind": kind,
-        "cron": schedule.cron,
-        "timezone": schedule.timezone,
-        "task": schedule.task,
-        "payload": schedule.payload,
-        "enabled": enabled,
-        "last_slot": schedule.local(last) if last else None,
-        "next_slot": schedule.local(schedule.next_slot(now)),
+        "name": row.name,
+        "kind": "runtime" if row.runtime else "code",
+        "cron": schedule.cron if schedule else None,
+        "timezone": schedule.timezone if schedule else None,
+        "task": schedule.task if schedule else None,
+        "payload": schedule.payload if schedule else None,
+        "enabled": row.enabled,
+        "last_slot": row.last_slot.astimezone(zone) if row.last_slot else None,
+        "next_slot": schedule.next_slot(now).astimezone(zone) if schedule else None,
     }
 
 

@@ -115,7 +115,8 @@ class BaseClient:
             try:
                 filled.append(declared(spec, declaration))
             except InvalidInput as exc:
-                raise InvalidInput(f"{what} {index}: {exc}" if len(specs) > 1 else str(exc)) from exc
+                message = f"{what} {index}: {exc}" if len(specs) > 1 else str(exc)
+                raise InvalidInput(message, arguments=exc.arguments) from exc
         return Declared(filled, undeclared)
 
     def _declare_steps(self, app: App) -> Steps[None]:
@@ -137,8 +138,8 @@ class BaseClient:
             self._undeclared_warned.add(task)
             log.warning(
                 "task %r is declared by no app whose worker has run on this database: its jobs go to queue %r "
-                "with the default options unless the caller names them (start a worker of the app once, or pass "
-                'queue=...; see "Tasks and their options" in docs/guides/tasks.md)',
+                "with the default options unless the caller names them (start a worker of the app once, or give its "
+                'jobs a queue; see "Tasks and their options" in docs/guides/tasks.md)',
                 task,
                 DEFAULT_QUEUE,
             )
@@ -181,7 +182,7 @@ class BaseClient:
             try:
                 check_task_name(spec.task)
             except InvalidInput as exc:
-                raise InvalidInput(f"job {index}: {exc}") from exc
+                raise InvalidInput(f"job {index}: {exc}", arguments=exc.arguments) from exc
         return self._enqueue_many_declared(specs, trace_context)
 
     def _enqueue_many_declared(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
@@ -233,7 +234,7 @@ class BaseClient:
                 if parents is not None and (job.keys.unique_key is not None or job.keys.sequence_key is not None):
                     raise InvalidInput(_KEYS_WITH_PARENTS)
             except InvalidInput as exc:
-                raise InvalidInput(f"{what} {index}: {exc}") from exc
+                raise InvalidInput(f"{what} {index}: {exc}", arguments=exc.arguments) from exc
 
     def _chain_steps(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
         if not steps:
@@ -242,7 +243,7 @@ class BaseClient:
             try:
                 check_task_name(step.task)
             except InvalidInput as exc:
-                raise InvalidInput(f"step {index}: {exc}") from exc
+                raise InvalidInput(f"step {index}: {exc}", arguments=exc.arguments) from exc
         return atomic(self._chain_in_one(steps))
 
     def _chain_in_one(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
@@ -362,8 +363,8 @@ class BaseClient:
         which = f"queue {unknown[0]!r} is" if len(unknown) == 1 else f"queues {', '.join(map(repr, unknown))} are"
         raise InvalidInput(
             f"{which} unknown: no job waiting or running, never paused or resumed "
-            f"(known: {shown or 'none yet'}); to set a queue before its first job, pass create=True "
-            "(--create on the command line)"
+            f"(known: {shown or 'none yet'}); to set a queue before its first job, pass create=True",
+            arguments={"create": "True"},
         )
 
     def _switch_schedule_steps(self, name: str, enabled: bool, app: App | None, create: bool) -> Steps[None]:
@@ -391,7 +392,7 @@ def _each_indexed(steps: list[Steps[EnqueueResult]]) -> Steps[list[EnqueueResult
         try:
             results.append((yield from job_steps))
         except InvalidInput as exc:  # a parent that does not exist, or ended
-            raise InvalidInput(f"job {index}: {exc}") from exc
+            raise InvalidInput(f"job {index}: {exc}", arguments=exc.arguments) from exc
     return results
 
 

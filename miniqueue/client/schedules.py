@@ -13,7 +13,9 @@ Each operation is written once as steps, which :class:`Schedules` (sync) and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from ..core.errors import ConfigError, InvalidInput
 from ..core.records import Schedule
@@ -90,6 +92,36 @@ def as_periodic(row: Schedule) -> Periodic:
     return Periodic(row.name, row.cron, row.task, row.payload, catch_up, row.grace, row.timezone)
 
 
+class ListedSchedule(NamedTuple):
+    """A periodic schedule as :meth:`Schedules.overview` lists it."""
+
+    name: str
+    #: What it enqueues, and when: the code's definition, or the stored one of a schedule made at
+    #: run time; None for a schedule of the code whose definition was not given.
+    schedule: Periodic | None
+    #: Made at run time (``client.schedules``), not by an app's code.
+    runtime: bool
+    enabled: bool
+    #: The last slot a scheduler enqueued (None: none yet).
+    last_slot: dt.datetime | None
+
+
+def listed(
+    code: Mapping[str, Periodic], state: Mapping[str, tuple[dt.datetime, bool]], stored: Iterable[Schedule]
+) -> list[ListedSchedule]:
+    """The schedules of ``code`` by name, then the others the database holds by name (those of
+    ``state``, which a scheduler has run or an operator switched, and those ``stored`` at run
+    time), each with its state. A name the code uses is the code's schedule: the reapers skip a
+    runtime one of that name."""
+    runtime = {row.name: as_periodic(row) for row in stored if row.name not in code}
+    names = sorted(code) + sorted((state.keys() | runtime.keys()) - code.keys())
+    found = []
+    for name in names:
+        last, enabled = state.get(name, (None, True))
+        found.append(ListedSchedule(name, code.get(name) or runtime.get(name), name in runtime, enabled, last))
+    return found
+
+
 class ScheduleSteps:
     """Each operation on runtime schedules as steps: input checked at once, then the statements."""
 
@@ -106,6 +138,11 @@ class ScheduleSteps:
             raise InvalidInput(_taken(p.name, existing is not None))
         return (yield from self._get_known(p.name))
 
+    def overview(self, code: Mapping[str, Periodic]) -> Steps[list[ListedSchedule]]:
+        state = yield from self.store.periodic_state_steps()
+        stored = yield from self.store.stored_schedules_steps()
+        return listed(code, state, stored)
+
     def list(self) -> Steps[list[Schedule]]:
         return self.store.stored_schedules_steps()
 
@@ -117,7 +154,10 @@ class ScheduleSteps:
     ) -> Steps[Schedule]:
         check_schedule_name(name)
         if cron is None and payload is UNCHANGED and timezone is None and enabled is None:
-            raise InvalidInput(f"nothing to change in schedule {name!r}: give a cron, payload, timezone or enabled")
+            raise InvalidInput(
+                f"nothing to change in schedule {name!r}: pass cron=..., payload=..., timezone=... or enabled=...",
+                arguments=dict.fromkeys(("cron", "payload", "timezone", "enabled"), "..."),
+            )
         return atomic(self._change_in_one(name, cron, payload, timezone, enabled))
 
     def _change_in_one(
@@ -194,6 +234,15 @@ class Schedules:
         schedule = checked(name, cron, task, payload, timezone, catch_up, grace)
         return self._client._run(self._steps.create(schedule, enabled), conn)
 
+    def overview(
+        self, code: Mapping[str, Periodic] | None = None, *, conn: Connection | None = None
+    ) -> list[ListedSchedule]:
+        """Every schedule: those of ``code`` (an app's ``schedules``), then those of the database
+        by name: each a scheduler has run or an operator switched (without ``code``, their
+        definitions are unknown here) and each created at run time; with whether it is enabled
+        and its last slot."""
+        return self._client._run(self._steps.overview(code or {}), conn)
+
     def list(self, *, conn: Connection | None = None) -> list[Schedule]:
         """Every schedule created at run time, by name."""
         return self._client._run(self._steps.list(), conn)
@@ -245,6 +294,12 @@ class AsyncSchedules:
         """See :meth:`Schedules.create`."""
         schedule = checked(name, cron, task, payload, timezone, catch_up, grace)
         return await self._client._run(self._steps.create(schedule, enabled), conn)
+
+    async def overview(
+        self, code: Mapping[str, Periodic] | None = None, *, conn: AsyncConnection | None = None
+    ) -> list[ListedSchedule]:
+        """See :meth:`Schedules.overview`."""
+        return await self._client._run(self._steps.overview(code or {}), conn)
 
     async def list(self, *, conn: AsyncConnection | None = None) -> list[Schedule]:
         """See :meth:`Schedules.list`."""

@@ -6,6 +6,8 @@ value and the rule it broke, and never contain a password.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class MiniqueueError(Exception):
     """Base class of every error raised by miniqueue."""
@@ -16,7 +18,16 @@ class ConfigError(MiniqueueError):
 
 
 class InvalidInput(MiniqueueError, ValueError):
-    """A value passed to the API breaks a rule; nothing was stored."""
+    """A value passed to the API breaks a rule; nothing was stored.
+
+    ``arguments`` names each keyword argument the message tells the caller to pass, with the value
+    it writes (``{"create": "True"}`` for a message that says ``create=True``), so that a surface
+    with words of its own (the command line's options) can say them in those.
+    """
+
+    def __init__(self, message: str, *, arguments: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.arguments = dict(arguments or {})
 
 
 class DatabaseUnavailable(MiniqueueError):

@@ -198,9 +198,9 @@ def declared_keys(spec: JobSpec, options: KeyOptions) -> JobSpec:
     unique = options.unique_key if spec.unique_key is None else spec.unique_key
     sequence = options.sequence_key if spec.sequence_key is None else spec.sequence_key
     if unique is None and options.unique_key_computed:
-        raise InvalidInput(computed_key_message(spec.task, "unique_key"))
+        raise computed_key_error(spec.task, "unique_key")
     if sequence is None and options.sequence_key_computed:
-        raise InvalidInput(computed_key_message(spec.task, "sequence_key"))
+        raise computed_key_error(spec.task, "sequence_key")
     has_deadline = spec.expires_at is not None or spec.expires_in is not None
     # A declared option applies only to a job that has the key; the caller's always wins.
     if unique is not None:
@@ -218,11 +218,12 @@ def declared_keys(spec: JobSpec, options: KeyOptions) -> JobSpec:
     )
 
 
-def computed_key_message(task: str, option: str) -> str:
+def computed_key_error(task: str, option: str) -> InvalidInput:
     """Why a job of ``task`` needs its ``option`` passed: the task computes it with a function of its app."""
-    return (
+    return InvalidInput(
         f"task {task!r} computes its {option} from each payload with a function of its app: pass "
-        f"{option}=... here, or enqueue it with the app (app.enqueue) so that the function runs"
+        f"{option}=... here, or enqueue it with the app (app.enqueue) so that the function runs",
+        arguments={option: "..."},
     )
 
 

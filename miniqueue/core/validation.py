@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from .errors import InvalidInput
-from .keys import NO_KEYS, JobKeys, check_keys, computed_key_message, declared_keys, show
+from .keys import NO_KEYS, JobKeys, check_keys, computed_key_error, declared_keys, show
 from .limits import Scope, check_rate_cost, job_scopes
 from .records import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, DEFAULT_QUEUE, JobSpec, TaskDeclaration
 
@@ -269,9 +269,9 @@ def declared(spec: JobSpec, declaration: TaskDeclaration | None) -> JobSpec:
         rate_cost=d.rate_cost if spec.rate_cost is None else spec.rate_cost,
     )
     if filled.concurrency_key is None and d.concurrency_key_computed:
-        raise InvalidInput(computed_key_message(spec.task, "concurrency_key"))
+        raise computed_key_error(spec.task, "concurrency_key")
     if filled.rate_limit_key is None and d.rate_limit_key_computed and filled.rate_limit is not None:
-        raise InvalidInput(computed_key_message(spec.task, "rate_limit_key"))
+        raise computed_key_error(spec.task, "rate_limit_key")
     return filled if d.keys is None else declared_keys(filled, d.keys)
 
 
