@@ -1,0 +1,1 @@
+"""The shop's project package: its settings, its URLs and its WSGI application."""

@@ -1,0 +1,11 @@
+"""The shop's WSGI application (what ``runserver`` serves, and gunicorn with ``shop.wsgi``)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+
+application = get_wsgi_application()
