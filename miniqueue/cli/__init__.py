@@ -1,6 +1,7 @@
 """The ``miniqueue`` and ``miniqueue-supervise`` commands.
 
-Rule: May import every layer.
+Rule: May import every layer; reaches the database through the client alone (of the store,
+only the migrator).
 
 ``main`` assembles the ``miniqueue`` group from the commands of ``jobs``, ``queues``,
 ``periodic``, ``admin`` and ``serve``; these share ``errors`` (one-line errors and exit

@@ -6,12 +6,12 @@ from typing import Any
 
 import click
 
+from ..client.inspection import LimitWait
 from ..client.merging import TOTAL, QueueSetting, answered, total_settings, total_waits, unreachable
 from ..client.sharded import ShardedClient, summed
 from ..core.errors import DatabaseUnavailable
 from ..core.records import QueueStats, State
 from ..core.shards import ShardMap
-from ..store.store import LimitWait
 from .database import current_schema, database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json

@@ -72,7 +72,7 @@ def check(shards_source: str | None, as_json: bool) -> None:
             findings.append(found)
             try:
                 sub = client.client(database)
-                place = sub._run(sub.store.shard_steps())
+                place = sub.shard_place()
                 stats = sub.queue_stats(check_served=False)
             except DatabaseUnavailable as exc:
                 found["problems"].append(f"unreachable: {exc}")

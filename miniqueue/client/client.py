@@ -483,6 +483,11 @@ class Client(BaseClient, Inspection):
         """The database's clock (what schedules and delays are measured against)."""
         return self._run(self.store.now_steps(), conn)
 
+    def shard_place(self, *, conn: Connection | None = None) -> tuple[str, int] | None:
+        """The name and index this database took in a shard map when it joined it (``miniqueue
+        migrate --shards``), or None if it joined none."""
+        return self._run(self.store.shard_steps(), conn)
+
 
 def session_dsn(dsn: str | None, pool_conninfo: str | Callable[[], str]) -> str:
     """A DSN for a connection of a client's own (a LISTEN needs a session): the one it was given,
