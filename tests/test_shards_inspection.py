@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import re
 import signal
@@ -25,7 +26,7 @@ import pytest
 from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
 
-from miniqueue import JobSpec
+from miniqueue import App, JobSpec
 from miniqueue.cli.main import main
 from miniqueue.client.sharded import ShardedClient, migrate_shards
 from miniqueue.core.shards import ID_BASE, MODULUS, ShardMap
@@ -34,6 +35,7 @@ from miniqueue.web import create_app
 
 from .helpers import wait_until
 from .supervised import free_port
+from .test_web import AUDIT, audit_lines
 
 #: The map's queues: "mail" on b, "hot" spread over b and c with its limits held per database.
 QUEUES: dict[str, Any] = {"mail": ["b"], "hot": {"databases": ["b", "c"], "limits": "per-database"}}
@@ -254,7 +256,7 @@ def test_the_overview_shows_each_database_and_the_total(web: TestClient, sharded
     assert rows == {"a": "2", "b": "3", "c": "2", "total": "7"}, "available jobs per database, and in all"
     assert 'id="total-available" href="/jobs?state=available">7<' in page.text
     assert "paused on b</span>" in page.text, "hot is paused on one of its two databases"
-    assert 'href="/periodic"' not in page.text, "the periodic page reads one database: not offered over a map"
+    assert 'href="/periodic"' in page.text, "every page is offered over a map"
 
 
 def test_a_database_that_does_not_answer_is_a_banner_naming_it_on_every_page(
@@ -265,7 +267,7 @@ def test_a_database_that_does_not_answer_is_a_banner_naming_it_on_every_page(
         ShardedClient(shard_map(joined, d=closed_port)) as over_four,
         TestClient(create_app(over_four), base_url="http://localhost") as web,
     ):
-        for path in ("/", "/jobs", "/queues", "/workers"):
+        for path in ("/", "/jobs", "/queues", "/workers", "/periodic"):
             page = web.get(path)
             assert page.status_code == 200, (path, page.text)
             assert 'data-unreachable="d"' in page.text and "Database d did not answer" in page.text, path
@@ -342,9 +344,65 @@ def test_the_queues_page_shows_each_queue_over_its_databases_and_pauses_it_on_ea
     assert {name: sharded.client(name).paused_queues() for name in "abc"} == {"a": [], "b": [], "c": []}
 
 
-def test_the_periodic_page_says_it_is_not_available_over_a_map(web: TestClient) -> None:
-    page = web.get("/periodic")
-    assert page.status_code == 501 and "not available over a shard map yet" in page.text
+def periodic_app() -> App:
+    """Schedules of the code on queues of each place of the map: "cleanup" (the default queue:
+    the origin, a), "report" (mail: b) and "heat" (hot, over b and c: b, its first)."""
+    app = App()
+    app.task("cleanup", cron="0 3 * * *")(lambda job: None)
+    app.task("report", queue="mail", cron="0 9 * * *")(lambda job: None)
+    app.task("heat", queue="hot", cron="*/5 * * * *")(lambda job: None)
+    return app
+
+
+def schedules_listed(html: str) -> set[tuple[str, str]]:
+    """The schedules a periodic page lists, each with the database it names."""
+    return set(re.findall(r'<tr data-database="(\w+)">\s*<th scope="row">([\w-]+)', html))
+
+
+def test_the_periodic_page_lists_each_databases_schedules_and_acts_on_the_database_of_each(
+    sharded: ShardedClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each database holds its own schedules: a schedule of the code lives on the database whose
+    reaper runs it (its queue's first), a runtime one where it was created. The page lists every
+    database's, naming it, and each action goes to that database."""
+    sharded.client("c").schedules.create("digest", "0 8 * * 1", task="report")
+    sharded.client("a").disable_schedule("legacy", create=True)  # recorded there, of no app of this dashboard
+    caplog.set_level(logging.INFO, logger=AUDIT)
+    with TestClient(create_app(sharded, app=periodic_app()), base_url="http://localhost") as web:
+        page = web.get("/periodic")
+        assert page.status_code == 200, page.text
+        assert schedules_listed(page.text) == {
+            ("a", "cleanup"), ("a", "legacy"), ("b", "heat"), ("b", "report"), ("c", "digest"),
+        }  # fmt: skip
+        assert 'action="/periodic/report/disable?database=b"' in page.text
+        assert 'href="/periodic/digest/delete?database=c"' in page.text
+
+        assert post(web, "/periodic/report/disable?database=b").headers["location"] == "/periodic?done=disable"
+        assert sharded.client("b").periodic_state()["report"][1] is False, "switched where its reaper runs it"
+        assert "report" not in sharded.client("a").periodic_state()
+        post(web, "/periodic/legacy/enable?database=a")
+        assert sharded.client("a").periodic_state()["legacy"][1] is True
+
+        ran = post(web, "/periodic/heat/run?database=b")
+        job_id = int(ran.headers["location"].split("/jobs/")[1].split("?")[0])
+        assert sharded.shards.database_of(job_id).name == "b" and sharded.get(job_id).queue == "hot"
+
+        confirm = web.get("/periodic/digest/delete", params={"database": "c"}).text
+        assert "on database c" in confirm and 'action="/periodic/digest/delete?database=c"' in confirm
+        assert post(web, "/periodic/digest/delete?database=c").headers["location"] == "/periodic?done=delete-schedule"
+        assert sharded.client("c").schedules.list() == []
+        assert web.get("/periodic/digest/delete", params={"database": "c"}).status_code == 404
+
+        missing = post(web, "/periodic/report/enable")
+        assert missing.status_code == 400 and "is not in the shard map (known: a, b, c)" in missing.text
+        assert post(web, "/periodic/report/enable?database=z").status_code == 400
+        assert sharded.client("b").periodic_state()["report"][1] is False, "a refused action changes nothing"
+    assert audit_lines(caplog) == [
+        "user=anonymous@testclient action=disable-schedule schedule=report database=b count=1 outcome=ok",
+        "user=anonymous@testclient action=enable-schedule schedule=legacy database=a count=1 outcome=ok",
+        f"user=anonymous@testclient action=run-schedule ids={job_id} schedule=heat database=b count=1 outcome=ok",
+        "user=anonymous@testclient action=delete-schedule schedule=digest database=c count=1 outcome=ok",
+    ]
 
 
 def test_miniqueue_web_with_a_map_serves_every_database(sharded: ShardedClient, joined: dict[str, str]) -> None:

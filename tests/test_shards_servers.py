@@ -324,6 +324,7 @@ def test_each_periodic_slot_is_enqueued_once_over_the_map(dsns: dict[str, str]) 
         name: sorted(s.task for s in Reaper(dsns[name], plan.reaper, app=app).schedules) for name, plan in plans.items()
     }
     assert owned == {"a": ["tidy"], "c": ["digest", "report"]}
+    assert shards.scheduler_of("reports") == shards.databases["c"], "where the dashboard lists its schedules too"
 
 
 def test_a_stopping_worker_waits_between_retries_while_its_database_is_down(

@@ -208,7 +208,7 @@ class ShardedClient(ShardRouter):
         """``read(client)`` on one database of the map; DatabaseUnavailable naming the database
         when it does not answer. Safe from several threads at once (the dashboard's)."""
         name = database if isinstance(database, str) else database.name
-        found = self._answer(name, read)
+        found = self.answer(name, read)
         if isinstance(found, DatabaseUnavailable):
             raise DatabaseUnavailable(f"database {name} of the shard map did not answer: {found}") from found
         return found
@@ -217,9 +217,11 @@ class ShardedClient(ShardRouter):
         """``read(client)`` on every database of the map, in the map's order: per database, its
         answer, or the DatabaseUnavailable that says why it did not answer (never an empty
         answer in its place). Safe from several threads at once."""
-        return {name: self._answer(name, read) for name in self.shards.databases}
+        return {name: self.answer(name, read) for name in self.shards.databases}
 
-    def _answer(self, name: str, read: Callable[[Client], T]) -> T | DatabaseUnavailable:
+    def answer(self, name: str, read: Callable[[Client], T]) -> T | DatabaseUnavailable:
+        """``read(client)`` on database ``name`` of the map: its answer, or the DatabaseUnavailable
+        that says why it did not answer. Safe from several threads at once."""
         try:
             return read(self.client(name))
         except DatabaseUnavailable as exc:
@@ -267,7 +269,7 @@ class ShardedClient(ShardRouter):
             if cursor is not None:
                 page = page_filters(filters, cursor, on_cursors=database == self.shards.database_of(cursor.id))
             listing = functools.partial(Client.list_jobs, limit=limit, **page)
-            answers[database.name] = self._answer(database.name, listing)
+            answers[database.name] = self.answer(database.name, listing)
         return JobsPage(newest_first(answered(answers).values(), limit, cursor), unreachable(answers))
 
     def list_jobs(self, *, before_id: int | None = None, limit: int = 50, **filters: Any) -> list[JobRecord]:

@@ -73,6 +73,11 @@ class ShardMap:
             self._by_queue[queue] = found
         return found
 
+    def scheduler_of(self, queue: str) -> Database | None:
+        """The database whose reaper, alone of the map's, enqueues ``queue``'s periodic jobs: the
+        first of the queue's databases that runs workers (a weight above 0); None if none does."""
+        return next((d for d in self.databases_of(queue) if d.weight > 0), None)
+
     def spread(self, queue: str) -> bool:
         """Whether ``queue`` lives on several databases."""
         return len(self.databases_of(queue)) > 1

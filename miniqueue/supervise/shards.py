@@ -155,10 +155,9 @@ class ShardedSupervisor:
 
 
 def _first_of(shards: ShardMap, name: str, queue: str) -> bool:
-    """Whether database ``name`` is the first of ``queue``'s that runs workers (a weight above 0):
-    its reaper, alone of the map's, enqueues the queue's periodic jobs."""
-    running = [d for d in shards.databases_of(queue) if d.weight > 0]
-    return bool(running) and running[0].name == name
+    """Whether database ``name``'s reaper enqueues ``queue``'s periodic jobs (see ShardMap.scheduler_of)."""
+    scheduler = shards.scheduler_of(queue)
+    return scheduler is not None and scheduler.name == name
 
 
 def _idle() -> tuple[int, int]:

@@ -5,7 +5,8 @@ audit line and redirects (303) to a page that shows the result.
 
 Over a shard map, an action on a job goes to the database its id names, an action on several
 jobs to each of their databases in turn (on every job matching a filter: database after
-database, at most the confirmed count in all), and pausing a queue to every database it lives on.
+database, at most the confirmed count in all), pausing a queue to every database it lives on,
+and an action on a periodic schedule to the database the request names (each holds its own).
 """
 
 from __future__ import annotations
@@ -114,14 +115,15 @@ class Actions:
         return {name: Target(tuple(ids), target.filter) for name, ids in self.dash.by_database(target.ids).items()}
 
     async def schedule(self, request: Request) -> Response:
-        """Enable, disable, or run now (needs the app) a periodic schedule; delete one created at run time."""
-        self.dash.refuse_over_map("switching or running a periodic schedule")
+        """Enable, disable, or run now (needs the app) a periodic schedule; delete one created at
+        run time. Over a map, on the database the request names (``?database=``)."""
+        database = self.dash.database_named(request)
         name = check_task_name(request.path_params["name"])
         verb = request.path_params["action"]
         if verb == "run":
-            return await self._run_schedule(request, name)
+            return await self._run_schedule(request, database, name)
         if verb == "delete":
-            return await self._delete_schedule(request, name)
+            return await self._delete_schedule(request, database, name)
         enabled = {"enable": True, "disable": False}.get(verb)
         if enabled is None:
             raise InvalidInput(f"schedule action {verb!r} is invalid: use enable, disable, run or delete")
@@ -130,33 +132,39 @@ class Actions:
             # create: no check that the name is known (the page lists the database's and the app's).
             (client.enable_schedule if enabled else client.disable_schedule)(name, create=True, conn=conn)
 
-        await self.dash.query(run)
-        self.dash.audit(request, f"{verb}-schedule", 1, target=f"schedule={name}")
+        await self.dash.query_on(database, run)
+        self.dash.audit(request, f"{verb}-schedule", 1, target=_schedule_target(database, name))
         return self._redirect(request, f"/periodic?done={verb}")
 
     async def confirm_schedule_delete(self, request: Request) -> Response:
         """Show the schedule created at run time that a delete will remove, with the button that does it."""
-        self.dash.refuse_over_map("deleting a periodic schedule")
+        database = self.dash.database_named(request)
         name = check_task_name(request.path_params["name"])
-        schedule = await self.dash.query(lambda client, conn: client.schedules.get(name, conn=conn))
+        schedule = await self.dash.query_on(database, lambda client, conn: client.schedules.get(name, conn=conn))
         if schedule is None:
             raise HTTPException(404, f"no schedule {name!r} was created at run time")
-        return self.dash.render(request, "confirm_schedule.html", {"schedule": schedule})
+        return self.dash.render(request, "confirm_schedule.html", {"schedule": schedule, "database": database})
 
-    async def _delete_schedule(self, request: Request, name: str) -> Response:
-        await self.dash.query(lambda client, conn: client.schedules.delete(name, conn=conn))
-        self.dash.audit(request, "delete-schedule", 1, target=f"schedule={name}")
+    async def _delete_schedule(self, request: Request, database: str, name: str) -> Response:
+        await self.dash.query_on(database, lambda client, conn: client.schedules.delete(name, conn=conn))
+        self.dash.audit(request, "delete-schedule", 1, target=_schedule_target(database, name))
         return self._redirect(request, "/periodic?done=delete-schedule")
 
-    async def _run_schedule(self, request: Request, name: str) -> Response:
+    async def _run_schedule(self, request: Request, database: str, name: str) -> Response:
         app = self.dash.app
-        schedule = app.schedules.get(name) if app else None
+        schedule = self.dash.schedules_on(database).get(name)
         if app is None or schedule is None:
             raise HTTPException(404, f"schedule {name!r} is not in this dashboard's app: pass app= to run it")
 
         def run(client: Client, conn: Connection) -> int:
+            # On the database whose reaper runs the schedule, as its slots are.
             return app.enqueue(client, schedule.task, schedule.payload, conn=conn).id
 
-        job_id = await self.dash.query(run)
-        self.dash.audit(request, "run-schedule", 1, ids=[job_id], target=f"schedule={name}")
+        job_id = await self.dash.query_on(database, run)
+        self.dash.audit(request, "run-schedule", 1, ids=[job_id], target=_schedule_target(database, name))
         return self._redirect(request, f"/jobs/{job_id}?done=run")
+
+
+def _schedule_target(database: str, name: str) -> str:
+    """A schedule as the audit line names it (with its database over a map)."""
+    return f"schedule={name}" + (f" database={database}" if database else "")

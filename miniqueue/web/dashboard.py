@@ -2,12 +2,14 @@
 templates, the settings, the audit log.
 
 Over a shard map a page reads every database (:meth:`Dashboard.query_each`: a database that
-does not answer is named, never read as empty) or the one a job's id names
-(:meth:`Dashboard.query` with ``job_id``); a page that reads one database and has no job to
-route by is not available over a map (501, naming the page)."""
+does not answer is named, never read as empty), the one a job's id names
+(:meth:`Dashboard.query` with ``job_id``), or the one the request names
+(:meth:`Dashboard.query_on`, as a periodic schedule's actions do); a read of one database with
+none of these is refused over a map (501)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,8 +25,10 @@ from ..client.client import Client
 from ..client.merging import Answers
 from ..client.sharded import ShardedClient
 from ..core.db import Connection
-from ..core.errors import MiniqueueError
+from ..core.errors import InvalidInput, MiniqueueError
+from ..core.records import DEFAULT_QUEUE
 from ..tasks.app import App
+from ..tasks.periodic import Periodic
 from . import present
 from .security import actor, audit_log, csrf_token, printable
 
@@ -112,6 +116,33 @@ class Dashboard:
         """The databases queue ``queue`` lives on (``[""]`` without a map)."""
         return [d.name for d in self.sharded.shards.databases_of(queue)] if self.sharded else [""]
 
+    def schedules_on(self, database: str) -> dict[str, Periodic]:
+        """The app's schedules that database ``database``'s reaper runs: over a map, those whose
+        task's queue it schedules (see ShardMap.scheduler_of); without one, all of them."""
+        if self.app is None:
+            return {}
+        if self.sharded is None:
+            return dict(self.app.schedules)
+        shards, tasks = self.sharded.shards, self.app.tasks
+        found = {}
+        for name, schedule in self.app.schedules.items():
+            task = tasks.get(schedule.task)
+            scheduler = shards.scheduler_of(task.queue if task else DEFAULT_QUEUE)
+            if scheduler is not None and scheduler.name == database:
+                found[name] = schedule
+        return found
+
+    def database_named(self, request: Request) -> str:
+        """The database of the map that a schedule's action names (``?database=NAME``: each
+        database holds schedules of its own); ``""`` without a map."""
+        if self.sharded is None:
+            return ""
+        name = request.query_params.get("database", "")
+        if name not in self.sharded.shards.databases:
+            known = ", ".join(self.databases)
+            raise InvalidInput(f"database {name!r} is not in the shard map (known: {known}): name it with ?database=")
+        return name
+
     async def query(self, fn: Callable[[Client, Connection], T], *, job_id: int | None = None) -> T:
         """Run ``fn(client, conn)`` in a worker thread, ``conn`` one pooled connection that
         ``fn`` passes to each of its client calls (``conn=conn``): a page's reads share it.
@@ -121,14 +152,6 @@ class Dashboard:
         if job_id is None:
             raise NotOverMap("this page reads one database: over a shard map it is not available yet")
         return await self.query_on(self.database_of(job_id), fn)
-
-    def refuse_over_map(self, what: str) -> None:
-        """NotOverMap naming ``what`` and the command that does it, when the dashboard shows a map."""
-        if self.sharded is not None:
-            raise NotOverMap(
-                f"{what} is not available over a shard map yet: use the command line on one database of the map "
-                "(`miniqueue periodic ... --database-url URL`)"
-            )
 
     async def query_on(self, name: str, fn: Callable[[Client, Connection], T]) -> T:
         """:meth:`query` on database ``name`` of the map (``""``: the one database);
@@ -153,10 +176,19 @@ class Dashboard:
         """:meth:`query` on every database: per database (``""`` without a map), its answer or
         the DatabaseUnavailable that says it did not answer. (The one database's error
         propagates: without a map there is nothing else to show.)"""
+        return await self.query_each_named(lambda name: fn)
+
+    async def query_each_named(self, fn_on: Callable[[str], Callable[[Client, Connection], T]]) -> Answers[T]:
+        """:meth:`query_each`, running ``fn_on(name)`` on database ``name`` (``""`` without a map)."""
         sharded = self.sharded
         if sharded is None:
-            return {"": await self.query_on("", fn)}
-        return await run_in_threadpool(sharded.read_each, lambda client: _on_connection(client, fn))
+            return {"": await self.query_on("", fn_on(""))}
+
+        def each() -> Answers[T]:
+            names = sharded.shards.databases
+            return {name: sharded.answer(name, functools.partial(_on_connection, fn=fn_on(name))) for name in names}
+
+        return await run_in_threadpool(each)
 
     def render(
         self, request: Request, template: str, context: dict[str, Any], *, live: str | None = None, status: int = 200

@@ -7,14 +7,15 @@ live render only their fragment when asked with ``?partial=1``.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..client.client import Client
 from ..client.merging import answered, unreachable
-from ..client.schedules import as_periodic
+from ..client.schedules import ListedSchedule
 from ..client.sharded import ShardedClient
 from ..core.db import Connection
 from ..core.diagnosis import Diagnosis
@@ -26,10 +27,8 @@ from ..core.records import (
     JobRecord,
     ProcessInfo,
     Progress,
-    Schedule,
     State,
 )
-from ..tasks.periodic import Periodic
 from . import merged, present
 from .dashboard import Dashboard
 from .filters import JobFilter, parse_id, stored_id
@@ -55,15 +54,13 @@ def notice(request: Request) -> str | None:
     return text.format(n=int(n) if n.isascii() and n.isdigit() else "some") if text else None
 
 
-@dataclass(frozen=True)
-class PeriodicRow:
-    name: str
-    schedule: Periodic | None
-    enabled: bool
-    last_slot: dt.datetime | None
+class PeriodicRow(NamedTuple):
+    """A schedule as the periodic page shows it: on its database (``""`` without a map), with
+    its next slot while it is enabled."""
+
+    database: str
+    listed: ListedSchedule
     next_slot: dt.datetime | None
-    #: Created at run time (client.schedules), not by the app's code.
-    runtime: bool = False
 
 
 class Pages:
@@ -179,24 +176,24 @@ class Pages:
         return self.dash.render(request, "workers.html", context, live="_workers.html")
 
     async def periodic(self, request: Request) -> Response:
-        self.dash.refuse_over_map("the periodic schedules page")
+        def load_on(name: str) -> Callable[[Client, Connection], tuple[list[ListedSchedule], dt.datetime]]:
+            code = self.dash.schedules_on(name)
+            return lambda client, conn: (client.schedules.overview(code, conn=conn), client.now(conn=conn))
 
-        def load(
-            client: Client, conn: Connection
-        ) -> tuple[dict[str, tuple[dt.datetime, bool]], list[Schedule], dt.datetime]:
-            return client.periodic_state(conn=conn), client.schedules.list(conn=conn), client.now(conn=conn)
-
-        state, stored, now = await self.dash.query(load)
-        code = self.dash.app.schedules if self.dash.app else {}
-        # A name the code uses is the code's schedule (the reapers skip a runtime one of that name).
-        runtime = {row.name: as_periodic(row) for row in stored if row.name not in code}
-        rows = []
-        for name in sorted(set(code) | set(state) | set(runtime)):
-            last, enabled = state.get(name, (None, True))
-            schedule = code.get(name) or runtime.get(name)
-            upcoming = schedule.next_slot(now) if schedule and enabled else None
-            rows.append(PeriodicRow(name, schedule, enabled, last, upcoming, name in runtime))
-        context = {"rows": rows, "now": now, "notice": notice(request), "detailed": bool(code or runtime)}
+        answers = await self.dash.query_each_named(load_on)  # over a map: each database's schedules
+        found = answered(answers)
+        rows = [
+            PeriodicRow(name, row, row.schedule.next_slot(now) if row.schedule and row.enabled else None)
+            for name, (listed, now) in found.items()
+            for row in listed
+        ]
+        context = {
+            "rows": rows,
+            "now": next((now for _, now in found.values()), None) or dt.datetime.now(dt.timezone.utc),
+            "notice": notice(request),
+            "detailed": any(row.listed.schedule for row in rows),
+            "unreachable": {name: str(why) for name, why in unreachable(answers).items()},
+        }
         return self.dash.render(request, "periodic.html", context)
 
     async def queues(self, request: Request) -> Response:
