@@ -18,7 +18,7 @@ from miniqueue import State
 from miniqueue.core.db import connect
 from miniqueue.store.store import Store, _columns
 
-from .database import QUEUE, count_in_state, seed_jobs, settle
+from .database import QUEUE, TASK, count_in_state, seed_jobs, settle
 from .measure import Laps, Sample, WorkerReport, combine
 from .processes import Gate, run_workers
 from .registry import Benchmark, Context
@@ -68,7 +68,7 @@ def claim_worker(spec: ClaimSpec, gate: Gate) -> WorkerReport:
         laps = Laps(gate.wait())
         while True:
             began = time.perf_counter()
-            leases = store.claim(conn, [QUEUE], worker_id, LEASE_SECONDS, spec.batch)
+            leases = store.claim(conn, [QUEUE], worker_id, LEASE_SECONDS, spec.batch, tasks=[TASK])
             if not leases:
                 break
             if spec.batch == 1:
@@ -83,8 +83,11 @@ def floor_statement(store: Store, worker_id: str, batch: int) -> tuple[str, dict
     """The statement a worker's claim loop sends (``Store.complete_and_claim``) and the claim's
     parameters, as the store builds them (``Store._claim_query``, which ``complete_and_claim``
     calls) for a worker of one queue whose jobs have no limits: its cursor over the limited
-    jobs stays empty and it goes upwards (``after=[]``, not ``descending``: the defaults)."""
-    return store._claim_query([QUEUE], worker_id, LEASE_SECONDS, batch, combined=True, after=(), descending=False)
+    jobs stays empty and it goes upwards (``after=[]``, not ``descending``: the defaults), and
+    it claims the one task its app declares."""
+    return store._claim_query(
+        [QUEUE], worker_id, LEASE_SECONDS, batch, combined=True, after=(), descending=False, tasks=[TASK]
+    )
 
 
 def floor_params(claim_params: dict[str, Any], held: list[tuple[int, int]]) -> dict[str, Any]:

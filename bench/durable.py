@@ -1,4 +1,4 @@
-"""Durable jobs (README, "Durable jobs").
+"""Durable jobs (docs/guides/durable.md).
 
 - ``drain-parked-2``: the default drain of 5 x --jobs no-op jobs (``drain-2-default``, its
   baseline in the same run) with 10,000 jobs parked on ``wait_for`` in the same queue. Target:

@@ -1,4 +1,4 @@
-"""Finished jobs out of the hot table (README, "Finished jobs and retention").
+"""Finished jobs out of the hot table (docs/guides/retention.md).
 
 Each row drains 5 x --jobs no-op jobs (50,000 by default) with ``miniqueue-supervise --workers
 2`` and its defaults, as ``drain-2-default`` does (its baseline, measured in the same run), but

@@ -1,4 +1,4 @@
-"""Several databases (README, "Several databases").
+"""Several databases (docs/guides/shards.md).
 
 Each row runs on the run's database and a second scratch database of the same server, both
 joined to one map (``migrate_shards``): the two share the server's cores, so spreading a queue

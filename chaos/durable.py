@@ -1,4 +1,4 @@
-"""``--durable``: durable jobs under fire (README, "Durable jobs").
+"""``--durable``: durable jobs under fire (docs/guides/durable.md).
 
 Each durable job runs five steps, one of them a ``step_transaction`` that writes to a table of
 the harness's own, with two durable sleeps and a wait for a signal between them. Every step's

@@ -149,6 +149,13 @@ def _job_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
 # -- executions and their causes ---------------------------------------------------------------------
 
 
+#: How the supervisor says a worker died under an attempt: charged (``worker process died: ...``),
+#: interrupted beside others (``interrupted after 0.1s: worker process died: ...``: it runs alone
+#: next), or claimed as it died (``claimed by a worker process that died ...``).
+_DIED = re.compile(
+    r"^(?:interrupted after [0-9.]+s: )?worker process (?:died|killed)|^claimed by a worker process that died"
+)
+
 #: How a job handed back by a worker whose every handler of the job's kind (threads, or the
 #: event loop's coroutines) was busy past its prefetch budget begins.
 PREFETCH_HAND_BACK = tuple(
@@ -166,7 +173,8 @@ def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
     - handed back unstarted because every handler of its kind was busy past the prefetch budget:
       no fault, the prefetch doing its job (no handler ran, so nothing ran twice);
     - ``worker process died: SIGKILL`` (released by the supervisor, charged or, for a job that
-      was not running, handed back): a kill of that very pid;
+      was not running or ran beside others, handed back; or claimed as the worker died): a kill
+      of that very pid;
     - ``worker lost: ... stopped renewing its lease`` (the reaper): a fault on that pid (killed,
       frozen, its supervisor killed or stopped), or a database fault during the lease;
     - a handler error that is a dead connection: a database fault during the lease, or an
@@ -176,12 +184,12 @@ def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
     error = (attempt.error or "").removeprefix("handed back: ")
     if error.startswith(PREFETCH_HAND_BACK):
         return "prefetch hand-back"
-    if attempt.end_state == "available" and error.startswith(("handed back unstarted", "interrupted")):
-        # Handed back by a worker told to stop (its supervisor was killed or stopped).
-        process_kinds: tuple[str, ...] = ("kill-supervisor", "two-supervisors")
+    if _DIED.search(error):
+        process_kinds: tuple[str, ...] = ("kill-worker",)
         database, stale = False, False
-    elif error.startswith(("worker process died", "worker process killed")):
-        process_kinds = ("kill-worker",)
+    elif attempt.end_state == "available" and error.startswith(("handed back unstarted", "interrupted")):
+        # Handed back by a worker told to stop (its supervisor was killed or stopped).
+        process_kinds = ("kill-supervisor", "two-supervisors")
         database, stale = False, False
     elif error.startswith("worker lost"):
         process_kinds, database, stale = PROCESS_FAULTS, True, False

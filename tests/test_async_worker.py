@@ -493,9 +493,10 @@ def test_supervised_async_app_drains_survives_a_kill_and_stops_gracefully(
     assert row(conn, last)["state"] == "completed" and row(conn, last)["attempt"] == 1
 
 
-def test_a_crash_charges_every_coroutine_that_was_running(
+def test_a_crash_charges_none_of_the_coroutines_that_were_running_and_each_runs_alone_next(
     supervise: StartSupervisor, client: Client, conn: Connection
 ) -> None:
+    """Which coroutine killed the worker is not known: none is charged, each runs alone next."""
     sup = supervise("--concurrency", "5", workers=1)
     sup.wait_ready(1)
     with conn.transaction():
@@ -505,7 +506,10 @@ def test_a_crash_charges_every_coroutine_that_was_running(
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: all(row(conn, i)["errors"] for i in ids), timeout=15, what="all three returned")
     notes = [row(conn, i)["errors"][0]["error"] for i in ids]
-    assert all(note == f"worker process died: SIGKILL (pid {pid})" for note in notes), notes
+    died = f"worker process died: SIGKILL (pid {pid}) while 3 jobs ran in the process; attempt not charged"
+    assert all(note.startswith("interrupted after ") and died in note for note in notes), notes
+    uncharged = [(r := row(conn, i))["run_alone"] and r["max_attempts"] == r["attempt_budget"] + 1 for i in ids]
+    assert all(uncharged), "uncharged, alone next"
 
 
 def test_a_kill_for_one_coroutines_hard_timeout_charges_that_job_only(

@@ -239,9 +239,62 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_writes_each_effect_once(
     assert effects == [(job_id, 1) for job_id in ids]
     reruns = conn.execute("SELECT count(DISTINCT job_id) FROM executions WHERE attempt > 1").fetchone()
     assert reruns == (12,)
-    # Every job of the batch the worker was running is charged for the crash (one of them is the
-    # likely cause), however large the batch: its budget is not extended as an uncharged stop's is.
+    # Which job of the batch killed the worker is not known: none is charged (each budget is
+    # extended as an uncharged stop's is), and each ran alone the next time.
     budgets = conn.execute(
-        "SELECT DISTINCT max_attempts FROM miniqueue_jobs WHERE id IN (SELECT job_id FROM executions WHERE attempt > 1)"
+        "SELECT DISTINCT max_attempts, run_alone FROM miniqueue_jobs"
+        " WHERE id IN (SELECT job_id FROM executions WHERE attempt > 1)"
     ).fetchall()
-    assert budgets == [(5,)]
+    assert budgets == [(6, True)]
+    batches = conn.execute("SELECT count(*) FROM executions WHERE attempt > 1 GROUP BY pid, attempt").fetchall()
+    assert sum(n for (n,) in batches) == 12
+
+
+def poisoned_batches(client: Client, conn: Connection, rounds: int, max_attempts: int) -> tuple[list[int], list[int]]:
+    """``rounds`` batches of 10 jobs of task ``poisoned``, each with one poison job (the fifth);
+    the ids of the poison jobs and of the healthy ones."""
+    poison, healthy = [], []
+    for _ in range(rounds):
+        payloads = [{"poison": n == 4} for n in range(10)]
+        with conn.transaction():
+            ids = [client.enqueue("poisoned", p, max_attempts=max_attempts, conn=conn).id for p in payloads]
+        poison.append(ids[4])
+        healthy += ids[:4] + ids[5:]
+    return poison, healthy
+
+
+def test_a_poison_job_in_a_batch_is_charged_alone_and_its_batch_mates_complete(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
+    sup = supervise(workers=1)
+    sup.wait_ready(1)
+    [poison], healthy = poisoned_batches(client, conn, rounds=1, max_attempts=1)
+    wait_until(lambda: count(conn, "state IN ('completed', 'dead')") == 10, timeout=60, what="every job ended")
+    assert row(conn, poison)["state"] == "dead"
+    assert "SIGKILL" in row(conn, poison)["last_error"]
+    assert count(conn, "state = 'completed'") == 9
+    effects = conn.execute("SELECT job_id, count(*) FROM batch_effects GROUP BY job_id ORDER BY job_id").fetchall()
+    assert effects == [(job_id, 1) for job_id in healthy]
+    # Each job ran twice: in the batch of 10, then alone (see test_slots for "alone").
+    runs = conn.execute("SELECT job_id, count(*) FROM executions GROUP BY job_id ORDER BY job_id").fetchall()
+    assert runs == [(job_id, 2) for job_id in sorted([poison, *healthy])]
+    assert "none is charged, each runs alone next" in sup.output()
+
+
+def test_poison_jobs_at_three_attempts_over_five_batches_leave_no_healthy_job_dead(
+    supervise: StartSupervisor, client: Client, conn: Connection
+) -> None:
+    # Four worker slots: 20 deaths or so in all, each slot's restarts backing off less.
+    sup = supervise(workers=4)
+    sup.wait_ready(4)
+    poison, healthy = poisoned_batches(client, conn, rounds=5, max_attempts=3)
+    wait_until(lambda: count(conn, "state IN ('completed', 'dead')") == 50, timeout=100, what="every job ended")
+    dead = {r[0] for r in conn.execute("SELECT id FROM miniqueue_jobs WHERE state = 'dead'")}
+    assert dead == set(poison), "only the poison jobs are dead"
+    assert count(conn, "state = 'completed'") == len(healthy) == 45
+    # Each poison job was charged its three attempts, each alone in its process.
+    for job_id in poison:
+        charged = row(conn, job_id)
+        assert charged["attempt_budget"] - (charged["max_attempts"] - charged["attempt"]) == 3
+    effects = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM batch_effects").fetchone()
+    assert effects == (45, 45)

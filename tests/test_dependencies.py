@@ -40,6 +40,7 @@ class Recorder:
         self.app = App()
         self.app.task("node")(self.node)
         self.app.task("fail", max_attempts=1)(self.fail)
+        self.app.task("crash", max_attempts=1)(self.crash)
 
     def node(self, job: Job) -> Any:
         if job.parents:
@@ -55,6 +56,9 @@ class Recorder:
 
     def fail(self, job: Job) -> None:
         raise PermanentError("broken on purpose")
+
+    def crash(self, job: Job) -> None:
+        raise RuntimeError("retried until dead")
 
 
 @pytest.fixture
@@ -137,7 +141,7 @@ def test_a_parent_retried_releases_its_dependent_once_it_completes(
 def test_a_parent_that_does_not_complete_cancels_its_dependents_and_theirs(
     client: Client, conn: Connection, store: Store, recorder: Recorder, start_worker: StartWorker, how: str
 ) -> None:
-    task = {"failed": "fail", "dead by the worker": "missing-task"}.get(how, "node")
+    task = {"failed": "fail", "dead by the worker": "crash"}.get(how, "node")
     parent = client.enqueue(task, {"name": "p"}, max_attempts=1).id
     child = client.enqueue("node", {"name": "c"}, depends_on=[parent]).id
     grandchild = client.enqueue("node", {"name": "g"}, depends_on=[child]).id

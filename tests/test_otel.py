@@ -401,15 +401,13 @@ def test_a_job_enqueued_untraced_gets_a_root_consumer_span(spans: Spans, dsn: st
     assert spans.named("send t") == []
 
 
-def test_a_task_the_worker_does_not_know_still_gets_a_span(spans: Spans, traced_client: Client) -> None:
+def test_a_task_the_worker_does_not_know_is_never_claimed_so_has_no_span(spans: Spans, traced_client: Client) -> None:
     app = App()
     app.task("known")(lambda job: None)
-    traced_client.enqueue("unknown", queue="default", max_attempts=1)
-    run_jobs(app, traced_client, queues=["default"])
-    [process] = attempts(spans, "unknown")
-    assert process.attributes is not None and process.attributes["miniqueue.outcome"] == "snoozed"
-    assert process.attributes["miniqueue.delay"] == 1.0, "handed back, for a worker whose app declares it"
-    assert parent_id(process) == span_id(spans.one("send unknown"))
+    unknown = traced_client.enqueue("unknown", queue="default", max_attempts=1).id
+    result = run_jobs(app, traced_client, queues=["default"])
+    assert result.stopped_by == "idle" and attempts(spans, "unknown") == []
+    assert traced_client.get(unknown).attempt == 0, "another app's job: never claimed"
 
 
 def test_as_child_false_starts_a_trace_per_attempt_linked_to_the_producer(

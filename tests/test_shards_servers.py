@@ -23,12 +23,13 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
+from psycopg.conninfo import conninfo_to_dict
 
-from miniqueue import JobRecord, JobSpec, Reaper, State
+from miniqueue import Client, JobRecord, JobSpec, Reaper, State
 from miniqueue.cli.main import main
 from miniqueue.client.asyncsharded import AsyncShardedClient
 from miniqueue.client.sharded import ShardedClient, migrate_shards
-from miniqueue.core.errors import ConfigError, InvalidInput
+from miniqueue.core.errors import ConfigError, DatabaseUnavailable, InvalidInput
 from miniqueue.core.shards import MODULUS, ShardMap
 from miniqueue.supervise.config import SupervisorConfig
 from miniqueue.supervise.shards import ShardedSupervisor
@@ -40,7 +41,7 @@ from miniqueue.testing import run_jobs
 from .helpers import wait_until
 from .running import worker_starter
 from .servers import pg_ctl
-from .supervised import FAST, Supervised, free_ports_after
+from .supervised import FAST, Supervised, free_port, free_ports_after
 from .test_probes import get, status
 
 NAMES = ("a", "b", "c")
@@ -371,3 +372,52 @@ def test_an_apps_enqueue_through_either_client_over_a_map_takes_the_tasks_option
     tracked += asyncio.run(enqueue_async())
     assert (sent.queue, sent.priority, sent.id % MODULUS) == ("mail", 4, 1)
     assert len({i % MODULUS for i in tracked}) == 1, "the key the app computed routes every job of it together"
+
+
+def test_with_the_origin_down_a_job_bound_for_another_database_is_stored_there_at_once(
+    servers: list[str], dsns: dict[str, str]
+) -> None:
+    app = App()
+    app.task("task_on_second", queue="second")(lambda job: None)
+    with Client(dsns["b"]) as on_b:
+        on_b.declare(app)  # as b's workers publish it
+    shards = map_json(dsns, {"second": ["b"]})
+    origin = conninfo_to_dict(dsns["a"])["dbname"]
+    with ShardedClient(shards, connect_timeout=5) as client, psycopg.connect(servers[0], autocommit=True) as admin:
+        client.enqueue("task_on_second")  # routed while the origin is up: its client and pool are open
+        admin.execute(f'ALTER DATABASE "{origin}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [origin])
+        try:
+            started = time.monotonic()
+            job = client.enqueue("task_on_second")
+            took = time.monotonic() - started
+            assert job.id in [i for i, _, _ in stored(dsns["b"])]
+            assert took < 5, f"took {took:.2f}s: it waited on the origin, which it does not go to"
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="database 'a' is unavailable"):
+                client.enqueue("bound_for_the_origin")  # the default queue lives on the origin
+            assert time.monotonic() - started < 5 + 2, "it failed within the client's connect timeout"
+        finally:
+            admin.execute(f'ALTER DATABASE "{origin}" ALLOW_CONNECTIONS true')
+
+
+def test_a_new_client_routes_past_an_origin_that_refuses_connections(dsns: dict[str, str]) -> None:
+    app = App()
+    app.task("task_on_second", queue="second")(lambda job: None)
+    with Client(dsns["b"]) as on_b:
+        on_b.declare(app)
+    refusing = {**dsns, "a": f"postgresql://127.0.0.1:{free_port()}/nothing"}
+    for client in (ShardedClient(map_json(refusing, {"second": ["b"]}), connect_timeout=2),):
+        with client:
+            job = client.enqueue("task_on_second")
+            assert job.id in [i for i, _, _ in stored(dsns["b"])]
+            with pytest.raises(DatabaseUnavailable, match="database 'a' is unavailable"):
+                client.enqueue("bound_for_the_origin")
+            with pytest.raises(DatabaseUnavailable, match=r"cannot route task\(s\) 'declared_nowhere'"):
+                client.enqueue("declared_nowhere")  # where it goes is not known while the origin is down
+
+    async def through_the_async_client() -> int:
+        async with AsyncShardedClient(map_json(refusing, {"second": ["b"]}), connect_timeout=2) as aclient:
+            return (await aclient.enqueue("task_on_second")).id
+
+    assert asyncio.run(through_the_async_client()) in [i for i, _, _ in stored(dsns["b"])]

@@ -1,10 +1,12 @@
-"""The worker's slots: a prefetched job never starts once its lease may have ended."""
+"""The worker's slots: a prefetched job never starts once its lease may have ended, and a job
+that runs alone starts with no other handler running and nothing beside it."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
 
+from miniqueue import Batch
 from miniqueue.core.records import Lease
 from miniqueue.tasks.job import Job
 from miniqueue.worker.slots import Slots
@@ -39,3 +41,33 @@ def test_a_renewal_gives_a_ready_lease_more_time() -> None:
     job = slots.start_next(make_job, limit=1)
     assert job is not None and job.id == 1
     assert slots.take_overdue() == []
+
+
+def test_a_job_that_runs_alone_waits_for_the_running_handlers_and_nothing_starts_beside_it() -> None:
+    slots = Slots()
+    later = time.monotonic() + 60
+    slots.add_ready([lease(1), lease(2)], start_by=later)
+    first = slots.start_next(make_job, limit=4)
+    assert first is not None and first.id == 1
+    slots.add_ready([lease(3)._replace(run_alone=True), lease(4)], start_by=later)
+    assert slots.start_next(make_job, limit=4) is None, "job 3 waits to run alone: nothing starts meanwhile"
+    slots.finish(first)
+    alone = slots.start_next(make_job, limit=4)
+    assert alone is not None and alone.id == 3, "alone once no handler runs, ahead of those before it"
+    assert slots.start_next(make_job, limit=4) is None, "nothing starts beside it"
+    slots.finish(alone)
+    started = [slots.start_next(make_job, limit=4), slots.start_next(make_job, limit=4)]
+    assert [job.id for job in started if job is not None] == [2, 4], "then the others, in claim order"
+    assert slots.start_next(make_job, limit=4) is None and not slots.may_hold_alone
+
+
+def test_a_batch_tasks_job_that_runs_alone_starts_as_a_batch_of_one() -> None:
+    slots = Slots(batches={"b": Batch(size=10, wait=0.0)})
+    later = time.monotonic() + 60
+    leases = [lease(n)._replace(task="b", run_alone=n == 2) for n in (1, 2, 3)]
+    slots.add_ready(leases, start_by=later)
+    alone = slots.start_batch(make_job, limit=2)
+    assert [job.id for job in alone] == [2]
+    assert slots.start_batch(make_job, limit=2) == [], "nothing starts beside it"
+    slots.finish(alone[0])
+    assert [job.id for job in slots.start_batch(make_job, limit=2)] == [1, 3]

@@ -100,6 +100,7 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         "scan": 68,
         "kept": 1,
         "results": [],
+        "tasks": None,
     }
     for query, skip in (
         (store._claim_one, 0),

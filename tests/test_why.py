@@ -35,14 +35,20 @@ def start_worker(dsn: str) -> Iterator[StartWorker]:
     yield from worker_starter(dsn, lease_seconds=10.0, heartbeat_seconds=2.0)
 
 
-def serve(store: Store, conn: Connection, queue: str, *, seen_ago: float = 0.0) -> None:
+def serve(
+    store: Store, conn: Connection, queue: str, *, seen_ago: float = 0.0, tasks: tuple[str, ...] | None = None
+) -> None:
     """Queue ``queue`` served as under miniqueue-supervise: a worker published it as it started,
-    and its supervisor registered the worker (last seen ``seen_ago`` seconds ago)."""
+    and its supervisor registered the worker (last seen ``seen_ago`` seconds ago), with its queue
+    and the tasks its app declares when ``tasks`` is given (as an older version's, without)."""
     store.publish_tasks(conn, [], [queue])
     now = store.now(conn)
+    queues = None if tasks is None else (queue,)
     processes = [
         ProcessInfo(id=SUPERVISOR, kind="supervisor", pid=4200, title="miniqueue supervisor", started_at=now),
-        ProcessInfo(id=WORKER, kind="worker", pid=4242, title="miniqueue 0 idle", started_at=now),
+        ProcessInfo(
+            id=WORKER, kind="worker", pid=4242, title="miniqueue 0 idle", started_at=now, queues=queues, tasks=tasks
+        ),
     ]
     store.register_processes(conn, SUPERVISOR, "host-1", processes)
     if seen_ago:
@@ -168,6 +174,40 @@ def test_a_queue_whose_workers_are_gone_says_when_one_was_last_seen(
         "worker_connections": 0,
         "worker_seen_at": seen[0],
     }
+
+
+def test_a_queue_whose_workers_are_gone_is_named_while_workers_of_other_queues_are_live(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    serve(store, conn, "mail", tasks=("send",))
+    serve(store, conn, "other", tasks=("send",))  # the registry's one live worker now serves "other" only
+    conn.execute("UPDATE miniqueue_served_queues SET served_at = now() - interval '10 minutes' WHERE queue = 'mail'")
+    job_id = client.enqueue("send", queue="mail").id
+    diagnosis = client.why(job_id)
+    assert diagnosis.kinds == (CauseKind.NO_WORKER,)
+    served_at = conn.execute("SELECT served_at FROM miniqueue_served_queues WHERE queue = 'mail'").fetchone()
+    assert served_at is not None
+    assert diagnosis.causes[0].message == (
+        f"No live worker serves queue 'mail': a worker last started serving it at "
+        f"{when(served_at[0], diagnosis.checked_at)}, and the process registry's 1 live worker serves other "
+        "queues only."
+    )
+
+
+def test_a_task_the_live_workers_of_its_queue_do_not_declare_is_named(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    serve(store, conn, "shared", tasks=("a1", "a2"))
+    job_id = client.enqueue("b1", queue="shared").id
+    diagnosis = client.why(job_id)
+    cause = only(diagnosis, CauseKind.NO_HANDLER)
+    assert cause.message == (
+        "No live worker runs task 'b1': the 1 live worker of queue 'shared' declares 'a1', 'a2', and each that claims "
+        "the job hands it back without spending an attempt; start a worker whose app declares the task (another "
+        "app's, on a shared queue?)."
+    )
+    assert cause.details == {"queue": "shared", "task": "b1", "queue_workers": 1, "tasks": ["a1", "a2"]}
+    assert client.why(client.enqueue("a1", queue="shared").id).kinds == (CauseKind.DUE,)
 
 
 def test_a_full_concurrency_limit_names_the_jobs_holding_it(client: Client, store: Store, conn: Connection) -> None:

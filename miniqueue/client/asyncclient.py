@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
-from ..core.db import AsyncConnection, aconnect, conninfo, create_async_pool, translate_errors
+from ..core.db import (
+    DEFAULT_CONNECT_TIMEOUT,
+    AsyncConnection,
+    aconnect,
+    connect_seconds,
+    conninfo,
+    create_async_pool,
+    translate_errors,
+)
 from ..core.diagnosis import Diagnosis
 from ..core.records import (
     BlockedSequence,
@@ -55,7 +63,8 @@ class AsyncClient(BaseClient):
     does not parse raises ConfigError at once; an unreachable database raises
     DatabaseUnavailable when the pool opens. ``AsyncClient(pool)`` uses a
     ``psycopg_pool.AsyncConnectionPool`` you own and open, whose connections must be in
-    autocommit mode; closing the client leaves it open.
+    autocommit mode; closing the client leaves it open. ``connect_timeout`` bounds each wait
+    for a connection, as :class:`~miniqueue.Client`'s does.
 
     Every method that writes takes ``conn=``: pass your own psycopg ``AsyncConnection`` to make
     the write part of your transaction; the job then exists only if your transaction commits,
@@ -69,15 +78,23 @@ class AsyncClient(BaseClient):
         schema: str = "public",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         notify: bool = True,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         super().__init__(schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
         #: Periodic schedules created, changed and deleted at run time.
         self.schedules = AsyncSchedules(self)
         self._dsn: str | None = None
         self._opened = asyncio.Lock()
+        self._connect_seconds = connect_seconds(connect_timeout)
         if isinstance(dsn_or_pool, str):
             conninfo(dsn_or_pool, purpose="client", schema=schema)  # a DSN that does not parse fails here
-            self._pool = create_async_pool(dsn_or_pool, purpose="client", schema=schema)
+            self._pool = create_async_pool(
+                dsn_or_pool,
+                purpose="client",
+                schema=schema,
+                timeout=connect_timeout,
+                connect_timeout=self._connect_seconds,
+            )
             self._owns_pool, self._dsn, self._ready = True, dsn_or_pool, False
         else:
             self._pool, self._owns_pool, self._ready = dsn_or_pool, False, True
@@ -92,7 +109,9 @@ class AsyncClient(BaseClient):
             if self._ready:
                 return
             assert self._dsn is not None
-            probe = await aconnect(self._dsn, purpose="client", schema=self.store.schema, connect_timeout=10)
+            probe = await aconnect(
+                self._dsn, purpose="client", schema=self.store.schema, connect_timeout=self._connect_seconds
+            )
             await probe.close()
             with translate_errors(self._dsn):
                 await self._pool.open()

@@ -1,5 +1,5 @@
 """The asyncio client over several databases: :class:`~miniqueue.client.sharded.ShardedClient`'s
-routing with :class:`~miniqueue.AsyncClient`'s calls (see README.md, "Several databases").
+routing with :class:`~miniqueue.AsyncClient`'s calls (see docs/guides/shards.md).
 
 Each job lives in exactly one database; what cannot span databases is refused before anything
 is stored, by the same rules (:class:`~miniqueue.client.routing.ShardRouter`) as the sync client.
@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from ..core.db import AsyncConnection
+from ..core.db import DEFAULT_CONNECT_TIMEOUT, AsyncConnection
+from ..core.errors import DatabaseUnavailable
 from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, TaskDeclaration
 from ..core.shards import Database, ShardMap
 from ..core.steps import arun
 from .asyncclient import AsyncClient
 from .routing import ShardRouter
+
+T = TypeVar("T")
 
 AsyncAct = Callable[[AsyncClient, list[int]], Awaitable[list[int]]]
 
@@ -27,15 +30,22 @@ class AsyncShardedClient(ShardRouter):
     :class:`~miniqueue.core.shards.ShardMap`; by default ``$MINIQUEUE_SHARDS``). Each database's
     client opens on first use."""
 
-    def __init__(self, shards: ShardMap | str | None = None, *, schema: str = "public") -> None:
-        super().__init__(shards, schema=schema)
+    def __init__(
+        self,
+        shards: ShardMap | str | None = None,
+        *,
+        schema: str = "public",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        super().__init__(shards, schema=schema, connect_timeout=connect_timeout)
         self._clients: dict[str, AsyncClient] = {}
 
     async def client(self, database: Database | str) -> AsyncClient:
         """The (opened) client of one database of the map."""
         name = database if isinstance(database, str) else database.name
         if name not in self._clients:
-            self._clients[name] = AsyncClient(self.shards.databases[name].url, schema=self.schema)
+            url = self.shards.databases[name].url
+            self._clients[name] = AsyncClient(url, schema=self.schema, connect_timeout=self.connect_timeout)
         client = self._clients[name]
         await client.open()
         return client
@@ -54,18 +64,43 @@ class AsyncShardedClient(ShardRouter):
     # -- where a job goes -----------------------------------------------------------------------
 
     async def route_all(self, specs: Sequence[JobSpec]) -> list[Database]:
-        """The database each of ``specs`` goes to (see :meth:`ShardedClient.route`), reading each
-        database's declarations once, and then only while a task is not found."""
+        """The database each of ``specs`` goes to (see :meth:`ShardedClient.route_all`: a
+        database that does not answer is passed over)."""
         missing = self.undeclared(specs)
         declarations: dict[str, TaskDeclaration] = {}
-        for database in self.shards.databases.values():
+        down: list[DatabaseUnavailable] = []
+        for database in self.reading_order(missing):
             if not missing:
                 break
-            client = await self.client(database)
-            found = await client._run(client._declarations_steps(missing))
-            declarations.update({task: found[task] for task in missing if task in found})
-            missing -= found.keys()
+            try:
+                found = await self._declarations_on(database, missing)
+            except DatabaseUnavailable as exc:
+                down.append(self.found_down(database, exc))
+                opened = self._clients.get(database.name)
+                found = opened.stale_declarations() if opened is not None else {}
+            here = {task: found[task] for task in missing if task in found}
+            self.found_on(database, here)
+            declarations.update(here)
+            missing -= here.keys()
+        if missing and down:
+            raise self.unroutable(missing, down)
         return self.pick_all(specs, declarations)
+
+    async def _declarations_on(self, database: Database, tasks: set[str]) -> dict[str, TaskDeclaration]:
+        opened = self._clients.get(database.name)
+        fresh = opened.fresh_declarations(tasks) if opened is not None else None
+        if fresh is not None:
+            return fresh
+        client = await self.client(database)
+        return await client._run(client._declarations_steps(tasks))
+
+    async def _on(self, database: Database | str, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
+        """``call`` on ``database``'s client; a DatabaseUnavailable names the database."""
+        found = self.shards.databases[database] if isinstance(database, str) else database
+        try:
+            return await call(await self.client(found))
+        except DatabaseUnavailable as exc:
+            raise self.found_down(found, exc) from exc
 
     async def _check_connection(self, conn: AsyncConnection | None, database: Database) -> None:
         if conn is not None:
@@ -80,7 +115,7 @@ class AsyncShardedClient(ShardRouter):
         spec = JobSpec(task, payload, **options)
         database = self.together([spec], await self.route_all([spec]), "the job and its parents")
         await self._check_connection(conn, database)
-        return await (await self.client(database)).enqueue(task, payload, conn=conn, **options)
+        return await self._on(database, lambda client: client.enqueue(task, payload, conn=conn, **options))
 
     async def enqueue_many(
         self, jobs: Iterable[JobSpec], *, conn: AsyncConnection | None = None
@@ -93,10 +128,10 @@ class AsyncShardedClient(ShardRouter):
         batches = self.batches(specs, routes, conn is not None)
         if conn is not None and routes:
             await self._check_connection(conn, routes[0])
-            return await (await self.client(routes[0])).enqueue_many(specs, conn=conn)
+            return await self._on(routes[0], lambda client: client.enqueue_many(specs, conn=conn))
 
         async def store(name: str) -> list[EnqueueResult]:
-            return await (await self.client(name)).enqueue_many([specs[i] for i in batches[name]])
+            return await self._on(name, lambda client: client.enqueue_many([specs[i] for i in batches[name]]))
 
         stored = dict(zip(batches, await asyncio.gather(*(store(name) for name in batches)), strict=True))
         return self.merged(len(specs), batches, stored)
@@ -105,7 +140,7 @@ class AsyncShardedClient(ShardRouter):
         """:meth:`miniqueue.AsyncClient.chain`, on the one database all its steps go to."""
         database = self.together(steps, await self.route_all(steps), "the chain")
         await self._check_connection(conn, database)
-        return await (await self.client(database)).chain(steps, conn=conn)
+        return await self._on(database, lambda client: client.chain(steps, conn=conn))
 
     async def group(
         self, members: Sequence[JobSpec], *, conn: AsyncConnection | None = None, **callbacks: JobSpec
@@ -114,7 +149,7 @@ class AsyncShardedClient(ShardRouter):
         every = [*members, *callbacks.values()]
         database = self.together(every, await self.route_all(every), "the group")
         await self._check_connection(conn, database)
-        return await (await self.client(database)).group(members, conn=conn, **callbacks)
+        return await self._on(database, lambda client: client.group(members, conn=conn, **callbacks))
 
     # -- by id: every id routes itself ----------------------------------------------------------
 

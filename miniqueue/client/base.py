@@ -93,12 +93,26 @@ class BaseClient:
         """The task declarations the apps' workers published, read again once they are
         DECLARATIONS_TTL old, or UNDECLARED_TTL old when one of ``tasks`` is not among them
         (a worker that just started may have published it)."""
+        fresh = self.fresh_declarations(tasks)
+        if fresh is not None:
+            return fresh
+        read_at = time.monotonic()
+        self._declarations = yield from self.store.task_declarations_steps()
+        self._declarations_read_at = read_at
+        return self._declarations
+
+    def fresh_declarations(self, tasks: Iterable[str]) -> dict[str, TaskDeclaration] | None:
+        """The task declarations last read, if they need not be read again for ``tasks`` yet
+        (see :meth:`_declarations_steps`), else None: a caller that needs no connection for
+        them borrows none."""
         age = time.monotonic() - self._declarations_read_at
         missing = any(task not in self._declarations for task in tasks)
         if age >= DECLARATIONS_TTL or (missing and age >= UNDECLARED_TTL):
-            read_at = time.monotonic()
-            self._declarations = yield from self.store.task_declarations_steps()
-            self._declarations_read_at = read_at
+            return None
+        return self._declarations
+
+    def stale_declarations(self) -> dict[str, TaskDeclaration]:
+        """The task declarations last read, however old (routing past a database that is down)."""
         return self._declarations
 
     def _declared_steps(self, specs: Sequence[JobSpec], what: str = "job") -> Steps[Declared]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
-from ..core.db import Connection, connect, create_pool, translate_errors
+from ..core.db import DEFAULT_CONNECT_TIMEOUT, Connection, connect, connect_seconds, create_pool, translate_errors
 from ..core.diagnosis import Diagnosis
 from ..core.health import Reading
 from ..core.records import (
@@ -59,6 +59,11 @@ class Client(BaseClient, Inspection):
     ``with`` block); ``Client(pool)`` uses a ``psycopg_pool.ConnectionPool`` you own, whose
     connections must be in autocommit mode.
 
+    ``connect_timeout`` (seconds, 10 by default) bounds how long a call waits to open a
+    connection or to get one from the pool: with the database down, a call fails within it with
+    :class:`~miniqueue.DatabaseUnavailable` (libpq counts whole seconds, at least 2, for a new
+    connection; a refused one fails at once).
+
     Every method that writes takes ``conn=``: pass your own psycopg connection to make the
     write part of your transaction; the job then exists only if your transaction commits, and
     workers are notified at that commit. The reads a view makes take it too, so that it reads
@@ -73,15 +78,19 @@ class Client(BaseClient, Inspection):
         schema: str = "public",
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         notify: bool = True,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         super().__init__(schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
         #: Periodic schedules created, changed and deleted at run time.
         self.schedules = Schedules(self)
         self._dsn: str | None = None
         if isinstance(dsn_or_pool, str):
+            seconds = connect_seconds(connect_timeout)
             # Fail fast, with libpq's own reason, rather than after the pool's retries time out.
-            connect(dsn_or_pool, purpose="client", schema=schema, connect_timeout=10).close()
-            self._pool = create_pool(dsn_or_pool, purpose="client", schema=schema)
+            connect(dsn_or_pool, purpose="client", schema=schema, connect_timeout=seconds).close()
+            self._pool = create_pool(
+                dsn_or_pool, purpose="client", schema=schema, timeout=connect_timeout, connect_timeout=seconds
+            )
             self._owns_pool, self._dsn = True, dsn_or_pool
         else:
             self._pool, self._owns_pool = dsn_or_pool, False

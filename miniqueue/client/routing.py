@@ -6,18 +6,28 @@ at a time, a concurrency limit per key, a keyed rate limit. A job routes by its 
 that order, the caller's option winning over its task's declaration field by field. What could
 not hold is refused before anything is stored: a second key that differs from the first (its
 jobs would spread), and a task-wide rate limit (each database would grant it in full), unless
-the map declares the queue's limits per database (see README.md, "Several databases").
+the map declares the queue's limits per database (see docs/guides/shards.md).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..core.errors import ConfigError, InvalidInput
+from ..core.db import DEFAULT_CONNECT_TIMEOUT, connect_seconds
+from ..core.errors import ConfigError, DatabaseUnavailable, InvalidInput
 from ..core.records import DEFAULT_QUEUE, EnqueueResult, JobSpec, TaskDeclaration
 from ..core.shards import SHARDS_ENV, Database, ShardMap
 from ..core.validation import check_job_ids, declared
 from ..store.store import Store
+
+#: Seconds a database that failed to answer is read last when routing.
+DOWN_SECONDS = 10.0
+
+
+def unavailable(database: Database, exc: DatabaseUnavailable) -> DatabaseUnavailable:
+    """``exc``, naming the database of the map it came from."""
+    return DatabaseUnavailable(f"database {database.name!r} is unavailable: {exc}")
 
 
 def routing_key(spec: JobSpec, declaration: TaskDeclaration | None, queue: str, per_database: bool) -> str | None:
@@ -67,12 +77,57 @@ class ShardRouter:
     ``MINIQUEUE_SHARDS`` environment variable's), where each job goes, and what cannot span
     databases."""
 
-    def __init__(self, shards: ShardMap | str | None = None, *, schema: str = "public") -> None:
+    def __init__(
+        self,
+        shards: ShardMap | str | None = None,
+        *,
+        schema: str = "public",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
         loaded = shards if isinstance(shards, ShardMap) else ShardMap.load(shards)
         if loaded is None:
             raise ConfigError(f"no shard map: pass one (a file's path or its JSON) or set ${SHARDS_ENV}")
-        self.shards, self.schema = loaded, schema
+        connect_seconds(connect_timeout)  # checked here, before any database is asked
+        self.shards, self.schema, self.connect_timeout = loaded, schema, connect_timeout
         self.store = Store(schema)
+        # Until when each database that failed to answer is read last when routing.
+        self._down_until: dict[str, float] = {}
+        # The database each task's declaration was last found on: read first for that task.
+        self._homes: dict[str, str] = {}
+
+    # -- routing past a database that is down ---------------------------------------------------
+
+    def reading_order(self, tasks: Iterable[str]) -> list[Database]:
+        """The map's databases in the order the declarations of ``tasks`` are read when routing:
+        first those they were last found on, then the map's order; but a database that failed
+        to answer in the last :data:`DOWN_SECONDS` last. So a job bound for a healthy database
+        never waits on one that is down (a pool that lost its server waits its whole timeout)."""
+        now = time.monotonic()
+        homes = {self._homes.get(task) for task in tasks}
+        return sorted(
+            self.shards.databases.values(),
+            key=lambda d: (self._down_until.get(d.name, 0.0) > now, d.name not in homes),
+        )
+
+    def found_on(self, database: Database, tasks: Iterable[str]) -> None:
+        """Note that the declarations of ``tasks`` were found on ``database``."""
+        self._homes.update(dict.fromkeys(tasks, database.name))
+
+    def found_down(self, database: Database, exc: DatabaseUnavailable) -> DatabaseUnavailable:
+        """Note that ``database`` did not answer; the error, naming it."""
+        self._down_until[database.name] = time.monotonic() + DOWN_SECONDS
+        return unavailable(database, exc)
+
+    @staticmethod
+    def unroutable(missing: Iterable[str], down: Sequence[DatabaseUnavailable]) -> DatabaseUnavailable:
+        """The error of jobs whose tasks no database that answered declares, while ``down`` did
+        not answer: where they go is not known, and a guess could put them where no worker runs them."""
+        tasks = ", ".join(repr(task) for task in sorted(missing))
+        return DatabaseUnavailable(
+            f"cannot route task(s) {tasks}: no database that answered declares them, and "
+            + "; ".join(str(exc) for exc in down)
+            + " (pass queue= to route a job without its task's declaration)"
+        )
 
     def undeclared(self, specs: Iterable[JobSpec]) -> set[str]:
         """The tasks whose declarations decide where some of ``specs`` go: a job that names no

@@ -1,5 +1,5 @@
 """A client over several databases, each a complete queue, with the routing in the client (see
-README.md, "Several databases", and :mod:`miniqueue.core.shards` for the map and the ids).
+docs/guides/shards.md, and :mod:`miniqueue.core.shards` for the map and the ids).
 
 Each job lives in exactly one database and every guarantee holds there. What cannot span
 databases is refused before anything is stored: a dependency, chain or group whose jobs would
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.db import Connection
+from ..core.db import DEFAULT_CONNECT_TIMEOUT, Connection
 from ..core.errors import DatabaseUnavailable, InvalidInput
 from ..core.records import (
     EnqueueResult,
@@ -55,8 +55,14 @@ class ShardedClient(ShardRouter):
     shard map (its JSON, a file's path, or a :class:`~miniqueue.core.shards.ShardMap`; by
     default ``$MINIQUEUE_SHARDS``). Each database's client opens on first use."""
 
-    def __init__(self, shards: ShardMap | str | None = None, *, schema: str = "public") -> None:
-        super().__init__(shards, schema=schema)
+    def __init__(
+        self,
+        shards: ShardMap | str | None = None,
+        *,
+        schema: str = "public",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        super().__init__(shards, schema=schema, connect_timeout=connect_timeout)
         self._clients: dict[str, Client] = {}
 
     def client(self, database: Database | str) -> Client:
@@ -66,7 +72,7 @@ class ShardedClient(ShardRouter):
         name = database if isinstance(database, str) else database.name
         client = self._clients.get(name)
         if client is None:
-            opened = Client(self.shards.databases[name].url, schema=self.schema)
+            opened = Client(self.shards.databases[name].url, schema=self.schema, connect_timeout=self.connect_timeout)
             client = self._clients.setdefault(name, opened)
             if client is not opened:
                 opened.close()
@@ -93,17 +99,34 @@ class ShardedClient(ShardRouter):
 
     def route_all(self, specs: Sequence[JobSpec]) -> list[Database]:
         """:meth:`route` for each of ``specs``, reading each database's declarations once (and
-        then only while a task is not found)."""
+        then only while a task is not found), those read lately from memory. A database that
+        does not answer is passed over (its declarations read before still serve), so that a
+        job bound for another never waits on it; DatabaseUnavailable only when no database that
+        answered declares a task."""
         missing = self.undeclared(specs)
         declarations: dict[str, TaskDeclaration] = {}
-        for database in self.shards.databases.values():
+        down: list[DatabaseUnavailable] = []
+        for database in self.reading_order(missing):
             if not missing:
                 break
-            client = self.client(database)
-            found = client._run(client._declarations_steps(missing))
-            declarations.update({task: found[task] for task in missing if task in found})
-            missing -= found.keys()
+            try:
+                found = self._declarations_on(database, missing)
+            except DatabaseUnavailable as exc:
+                down.append(self.found_down(database, exc))
+                opened = self._clients.get(database.name)
+                found = opened.stale_declarations() if opened is not None else {}
+            here = {task: found[task] for task in missing if task in found}
+            self.found_on(database, here)
+            declarations.update(here)
+            missing -= here.keys()
+        if missing and down:
+            raise self.unroutable(missing, down)
         return self.pick_all(specs, declarations)
+
+    def _declarations_on(self, database: Database, tasks: set[str]) -> dict[str, TaskDeclaration]:
+        client = self.client(database)
+        fresh = client.fresh_declarations(tasks)
+        return fresh if fresh is not None else client._run(client._declarations_steps(tasks))
 
     def _check_connection(self, conn: Connection | None, database: Database) -> None:
         """A caller's connection must be on the job's database (its transaction is there)."""
@@ -113,6 +136,14 @@ class ShardedClient(ShardRouter):
 
     # -- producing -------------------------------------------------------------------------------
 
+    def _on(self, database: Database | str, call: Callable[[Client], T]) -> T:
+        """``call`` on ``database``'s client; a DatabaseUnavailable names the database."""
+        found = self.shards.databases[database] if isinstance(database, str) else database
+        try:
+            return call(self.client(found))
+        except DatabaseUnavailable as exc:
+            raise self.found_down(found, exc) from exc
+
     def enqueue(
         self, task: str, payload: Any = None, *, conn: Connection | None = None, **options: Any
     ) -> EnqueueResult:
@@ -120,7 +151,7 @@ class ShardedClient(ShardRouter):
         spec = JobSpec(task, payload, **options)
         database = self.together([spec], [self.route(spec)], "the job and its parents")
         self._check_connection(conn, database)
-        return self.client(database).enqueue(task, payload, conn=conn, **options)
+        return self._on(database, lambda client: client.enqueue(task, payload, conn=conn, **options))
 
     def enqueue_many(self, jobs: Iterable[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """:meth:`miniqueue.Client.enqueue_many`, one transaction per database, the databases'
@@ -131,10 +162,10 @@ class ShardedClient(ShardRouter):
         batches = self.batches(specs, routes, conn is not None)
         if conn is not None and routes:
             self._check_connection(conn, routes[0])
-            return self.client(routes[0]).enqueue_many(specs, conn=conn)
+            return self._on(routes[0], lambda client: client.enqueue_many(specs, conn=conn))
 
         def store(name: str) -> list[EnqueueResult]:
-            return self.client(name).enqueue_many([specs[i] for i in batches[name]])
+            return self._on(name, lambda client: client.enqueue_many([specs[i] for i in batches[name]]))
 
         if len(batches) == 1:
             return store(next(iter(batches)))
@@ -153,14 +184,14 @@ class ShardedClient(ShardRouter):
         """:meth:`miniqueue.Client.chain`, on the one database all its steps go to."""
         database = self.together(steps, self.route_all(steps), "the chain")
         self._check_connection(conn, database)
-        return self.client(database).chain(steps, conn=conn)
+        return self._on(database, lambda client: client.chain(steps, conn=conn))
 
     def group(self, members: Sequence[JobSpec], *, conn: Connection | None = None, **callbacks: JobSpec) -> GroupResult:
         """:meth:`miniqueue.Client.group`, on the one database its members and callbacks go to."""
         every = [*members, *callbacks.values()]
         database = self.together(every, self.route_all(every), "the group")
         self._check_connection(conn, database)
-        return self.client(database).group(members, conn=conn, **callbacks)
+        return self._on(database, lambda client: client.group(members, conn=conn, **callbacks))
 
     def limit_queue(self, name: str, max_running: int | None, *, create: bool = False) -> None:
         """:meth:`miniqueue.Client.limit_queue` on every database ``name`` lives on. Each database

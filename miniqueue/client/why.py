@@ -76,6 +76,8 @@ def _holding_back(facts: WhyFacts) -> Iterator[Cause]:
         yield _paused(job)
     if facts.workers is not None and _unserved(job, facts.workers):
         yield _no_worker(job, facts.workers)
+    elif facts.workers is not None and _no_handler(job, facts.workers):
+        yield _task_unknown(job, facts.workers)
     if facts.parents or (job.state is State.WAITING and job.pending_parents > 0):
         yield _parents(job, facts)
     if job.state is State.WAITING and job.signal_key is not None:
@@ -178,12 +180,36 @@ def _due(job: JobFacts, ahead: int | None) -> Cause:
 
 def _unserved(job: JobFacts, workers: WorkerFacts) -> bool:
     """Whether no worker serves the job's queue: none ever has; or none is live by the registry,
-    none is connected to the database, and no job of the queue runs under a live lease. (Nothing
-    says which queues a live worker serves: with one live, this says nothing.)"""
+    none is connected to the database, and no job of the queue runs under a live lease; or every
+    live worker reported its queues (miniqueue-supervise's do), none claims from this one, and no
+    job of it runs under a live lease."""
     if job.served_at is None:
         return True
-    live = workers.live_workers or workers.worker_connections or workers.queue_lease_until
-    return not live
+    if workers.queue_lease_until:
+        return False
+    if workers.live_workers and workers.reporting_workers == workers.live_workers:
+        return not workers.queue_workers
+    return not (workers.live_workers or workers.worker_connections)
+
+
+def _no_handler(job: JobFacts, workers: WorkerFacts) -> bool:
+    """Whether the live workers of the job's queue all reported their tasks and none declares the
+    job's: each that claims it hands it back (another app's task, on a shared queue)."""
+    declared = workers.queue_tasks
+    return bool(workers.queue_workers) and declared is not None and job.task not in declared
+
+
+def _task_unknown(job: JobFacts, workers: WorkerFacts) -> Cause:
+    declared = workers.queue_tasks or []
+    count = _count(workers.queue_workers, "live worker")
+    sentence = (
+        f"No live worker runs task {job.task!r}: the {count} of queue {job.queue!r} "
+        f"{'declares' if workers.queue_workers == 1 else 'declare'} "
+        f"{', '.join(repr(t) for t in declared)}, and each that claims the job hands it back without spending an "
+        "attempt; start a worker whose app declares the task (another app's, on a shared queue?)."
+    )
+    details = {"queue": job.queue, "task": job.task, "queue_workers": workers.queue_workers, "tasks": declared}
+    return Cause(CauseKind.NO_HANDLER, sentence, details)
 
 
 def _no_worker(job: JobFacts, workers: WorkerFacts) -> Cause:
@@ -198,6 +224,13 @@ def _no_worker(job: JobFacts, workers: WorkerFacts) -> Cause:
         sentence = (
             f"No worker has ever served queue {job.queue!r}: its jobs wait for nobody until a worker that serves "
             "it starts (a task's jobs go to the queue it declares; see docs/guides/tasks.md)."
+        )
+        return Cause(CauseKind.NO_WORKER, sentence, details)
+    if workers.live_workers and workers.reporting_workers == workers.live_workers:
+        sentence = (
+            f"No live worker serves queue {job.queue!r}: a worker last started serving it at "
+            f"{when(job.served_at, job.now)}, and the process registry's {_count(workers.live_workers, 'live worker')} "
+            f"{'serves' if workers.live_workers == 1 else 'serve'} other queues only."
         )
         return Cause(CauseKind.NO_WORKER, sentence, details)
     seen = workers.worker_seen_at

@@ -11,6 +11,7 @@ startup parameter and never prepares a statement on the server: see :func:`behin
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Awaitable, Callable
@@ -373,6 +374,19 @@ def session_kwargs() -> dict[str, Any]:
     return _POOLER_KWARGS if behind_pooler() else {}
 
 
+#: How long a client waits, by default, to open a connection or to get one from its pool
+#: (seconds): a database that is down fails its calls within it (see :func:`connect_seconds`).
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+def connect_seconds(timeout: float) -> int:
+    """libpq's ``connect_timeout`` for a client's ``timeout`` (seconds): whole seconds, at least
+    2 (libpq waits 2 for less); ConfigError for a timeout that is not a positive number."""
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
+        raise ConfigError(f"connect_timeout {timeout!r} is invalid: use a positive number of seconds")
+    return max(2, math.ceil(timeout))
+
+
 def create_pool(
     dsn: str,
     *,
@@ -382,10 +396,13 @@ def create_pool(
     max_size: int = 4,
     timeout: float = 30.0,
     check: Callable[[Connection], None] | None = None,
+    connect_timeout: int | None = None,
 ) -> ConnectionPool[Connection]:
     """Open a pool of autocommit connections that waits at most ``timeout`` s for one;
-    ``check`` (e.g. ``ConnectionPool.check_connection``) vets each connection handed out."""
-    info = conninfo(dsn, purpose=purpose, schema=schema)
+    ``check`` (e.g. ``ConnectionPool.check_connection``) vets each connection handed out;
+    ``connect_timeout`` (libpq's, whole seconds) bounds each new connection's attempt."""
+    extra = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+    info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
     # Typed as a pool of plain connections, as a caller's own pool is: a PooledConnection is one.
     pool: ConnectionPool[Any] = ConnectionPool(
         info,
@@ -412,10 +429,12 @@ def create_async_pool(
     timeout: float = 30.0,
     check: Callable[[AsyncConnection], Awaitable[None]] | None = None,
     name: str | None = None,
+    connect_timeout: int | None = None,
 ) -> AsyncConnectionPool[AsyncConnection]:
     """:func:`create_pool` for asyncio, not yet open: ``await pool.open()`` on the event loop
     that uses it (an asyncio pool belongs to the loop it was opened on)."""
-    info = conninfo(dsn, purpose=purpose, schema=schema)
+    extra = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+    info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         info,
         min_size=min_size,

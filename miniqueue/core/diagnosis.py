@@ -28,6 +28,8 @@ class CauseKind(str, enum.Enum):
     PAUSED = "paused"
     #: No live worker serves its queue (or none ever has).
     NO_WORKER = "no_worker"
+    #: The live workers of its queue run apps that do not declare its task.
+    NO_HANDLER = "no_handler"
     #: It waits for parents (``depends_on``) to finish.
     PARENTS = "parents"
     #: It is parked until a signal (``job.wait_for``).

@@ -369,6 +369,9 @@ class Lease(NamedTuple):
     trace_context: dict[str, str] | None = None
     #: The attempts the job may be charged (see :func:`charged_attempts`); None: as ``max_attempts``.
     attempt_budget: int | None = None
+    #: Whether the job runs alone in its worker's process (no other handler beside it): its last
+    #: run's process died while other handlers ran, and which job killed it is not known.
+    run_alone: bool | None = None
 
 
 def charged_attempts(attempt: int, max_attempts: int, budget: int) -> int:
@@ -536,3 +539,6 @@ class ProcessInfo:
     jobs_done: int = 0
     restarts: int = 0
     current_jobs: tuple[int, ...] = ()
+    #: A worker's queues and the tasks its app declares (None: not reported).
+    queues: tuple[str, ...] | None = None
+    tasks: tuple[str, ...] | None = None

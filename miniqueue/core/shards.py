@@ -1,5 +1,5 @@
 """Several databases: the shard map, and how a job's database is chosen and found again (see
-README.md, "Several databases").
+docs/guides/shards.md).
 
 A map names databases (each with an ``index``, unique in the map, and a ``weight`` for the
 supervisor) and the queues each holds. A queue on one database lives there; a queue spread over
@@ -107,7 +107,7 @@ class ShardMap:
 
     @classmethod
     def parse(cls, data: object) -> ShardMap:
-        """A map from its JSON form (see README.md, "Several databases"), checked; ConfigError
+        """A map from its JSON form (see docs/guides/shards.md), checked; ConfigError
         names what is wrong."""
         if not isinstance(data, Mapping) or not isinstance(data.get("databases"), Mapping) or not data["databases"]:
             raise ConfigError('a shard map is a JSON object with "databases": {name: {"url", "index"}, ...}')

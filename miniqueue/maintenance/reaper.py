@@ -58,7 +58,7 @@ class ReaperConfig:
     horizon_seconds: float = HORIZON_WARN_SECONDS
     #: Which periodic jobs this reaper enqueues, by their queue (None: all). Over a shard map each
     #: database's reaper takes those of the queues it is the first database of, so that each slot
-    #: is enqueued once over the map (see README.md, "Several databases").
+    #: is enqueued once over the map (see docs/guides/shards.md).
     schedules_here: Callable[[str], bool] | None = None
 
     def validated(self) -> ReaperConfig:

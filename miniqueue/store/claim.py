@@ -72,6 +72,7 @@ class Claiming(StoreBase):
         *,
         after: Sequence[str] = (),
         descending: bool = False,
+        tasks: Sequence[str] | None = None,
     ) -> list[Lease]:
         """Lease up to ``limit`` available jobs from ``queues``, best first.
 
@@ -84,12 +85,13 @@ class Claiming(StoreBase):
         group (jobs naming the same limits form a group), priority first within a group; a
         claim looks at the groups after ``after`` (the limits of the last limited job the
         caller claimed, so that successive claims go round every group): in the order of their
-        limits, or ``descending`` (from the last group when ``after`` is empty).
+        limits, or ``descending`` (from the last group when ``after`` is empty). Given
+        ``tasks``, only jobs of those tasks are claimed (a worker's: its app's tasks).
         """
         if not queues or limit < 1:
             return []
         query, params = self._claim_query(
-            queues, worker_id, lease_seconds, limit, combined=False, after=after, descending=descending
+            queues, worker_id, lease_seconds, limit, combined=False, after=after, descending=descending, tasks=tasks
         )
         return _in_claim_order(Lease(*row) for row in self._rows(conn, query, params))
 
@@ -105,6 +107,7 @@ class Claiming(StoreBase):
         after: Sequence[str] = (),
         descending: bool = False,
         results: Mapping[int, str] | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> tuple[set[int], list[Lease]]:
         """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit).
 
@@ -115,7 +118,14 @@ class Claiming(StoreBase):
         """
         ids, attempts = columns(completions)
         query, params = self._claim_query(
-            queues, worker_id, lease_seconds, max(limit, 0), combined=True, after=after, descending=descending
+            queues,
+            worker_id,
+            lease_seconds,
+            max(limit, 0),
+            combined=True,
+            after=after,
+            descending=descending,
+            tasks=tasks,
         )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
@@ -131,6 +141,7 @@ class Claiming(StoreBase):
         combined: bool,
         after: Sequence[str],
         descending: bool,
+        tasks: Sequence[str] | None = None,
     ) -> tuple[str, dict[str, Any]]:
         queues = list(dict.fromkeys(queues))  # a queue named twice would claim its rows twice over
         if not queues:
@@ -151,6 +162,7 @@ class Claiming(StoreBase):
             # Of which the groups of the jobs being completed take at most one per job claimed:
             # the sweep keeps the rest.
             "kept": min(limit, MAX_GROUPS_PER_CLAIM),
+            "tasks": None if tasks is None else list(tasks),
         }
         if len(queues) == 1:
             params["queue"] = queues[0]

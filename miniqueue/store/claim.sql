@@ -91,6 +91,12 @@
 -- ended before the snapshot is not a reason to pass over: such a row locks at once, version
 -- unchanged.
 --
+-- Tasks. A worker claims only jobs of the tasks its app declares (%(tasks)s; NULL: any), in each
+-- place a job is picked (`fast`, `limited`): two apps on one database, or one queue, never take
+-- each other's jobs, and a job of a task no worker declares waits uncharged (`miniqueue jobs why`
+-- names it). The filter reads the row the scan fetches anyway; it costs nothing where every job is
+-- the worker's, and passes over another app's jobs where they come first.
+--
 -- One queue or several (`fast`, `open_queues`). From one queue, `queue = %(queue)s` keeps the
 -- ordered scan of the claim index; a paused queue gives nothing, and a capped one gives its jobs
 -- to admission instead. From several, an ordered index scan per queue, merged (`queue = ANY(...)`
@@ -123,6 +129,7 @@ WITH RECURSIVE
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -191,6 +198,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -199,6 +207,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -249,7 +258,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed
 
@@ -261,6 +270,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -331,6 +341,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -339,6 +350,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -389,7 +401,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed
 
@@ -399,6 +411,7 @@ WITH RECURSIVE
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -467,6 +480,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -475,6 +489,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -525,7 +540,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed
 
@@ -537,6 +552,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -607,6 +623,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -615,6 +632,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -665,7 +683,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed
 
@@ -706,6 +724,7 @@ SELECT {settle}(
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -776,6 +795,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -784,6 +804,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -835,7 +856,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -880,6 +901,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -952,6 +974,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -960,6 +983,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1011,7 +1035,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1054,6 +1078,7 @@ SELECT {settle}(
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -1124,6 +1149,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1132,6 +1158,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1183,7 +1210,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1228,6 +1255,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -1300,6 +1328,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1308,6 +1337,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1359,7 +1389,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true

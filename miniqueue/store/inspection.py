@@ -65,6 +65,7 @@ SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempot
 _COUNT_MATCHING = """SELECT count(*) FROM {jobs} WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(due)s::bool IS NULL OR (scheduled_at <= now()) = %(due)s)
    AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
    AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)"""
@@ -73,6 +74,7 @@ _COUNT_MATCHING = """SELECT count(*) FROM {jobs} WHERE (%(state)s::text IS NULL 
 _IDS_MATCHING = """SELECT id FROM {jobs} WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(due)s::bool IS NULL OR (scheduled_at <= now()) = %(due)s)
    AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
    AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) ORDER BY id LIMIT %(limit)s"""
@@ -371,13 +373,16 @@ def job_filter(
     search: str | None = None,
     created_after: dt.datetime | None = None,
     created_before: dt.datetime | None = None,
+    due: bool | None = None,
 ) -> dict[str, Any]:
     """The parameters of a job filter: state, queue, task, a substring of the payload's JSON
-    text, and a creation time range ``[created_after, created_before)``; None matches all."""
+    text, a creation time range ``[created_after, created_before)``, and whether the job is due
+    (its scheduled time passed, by the database's clock); None matches all."""
     return {
         "state": State(state).value if state else None,
         "queue": queue,
         "task": task,
+        "due": due,
         "search": search or None,
         "after": created_after,
         "until": created_before,

@@ -241,8 +241,8 @@ _RELEASE = """
 UPDATE {jobs} j
    SET state = 'available', max_attempts = j.max_attempts + 1, errors = j.errors || jsonb_build_array(jsonb_build_object(
        'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', r.note)),
-       lease_expires_at = NULL, leased_by = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[]) AS r(id, attempt, note)
+       lease_expires_at = NULL, leased_by = NULL, run_alone = CASE WHEN r.alone THEN true ELSE j.run_alone END
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[], %(alone)s::bool[]) AS r(id, attempt, note, alone)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s
 RETURNING j.id, pg_notify({queue_channel}, j.queue)
 """  # noqa: E501
@@ -270,11 +270,14 @@ class Failure:
 
 @dataclass(frozen=True)
 class Release:
-    """A lease to hand back without spending an attempt, and the history note saying why."""
+    """A lease to hand back without spending an attempt, and the history note saying why;
+    ``alone``: the job runs alone in its worker's process from then on (its process died while
+    other handlers ran beside it)."""
 
     id: int
     attempt: int
     note: str
+    alone: bool = False
 
 
 class Outcomes(StoreBase):
@@ -424,6 +427,7 @@ class Outcomes(StoreBase):
             "ids": bigints(r.id for r in releases),
             "attempts": ints(r.attempt for r in releases),
             "notes": [r.note for r in releases],
+            "alone": [r.alone for r in releases],
             "worker": worker_id,
         }
         return {row[0] for row in self._rows(conn, self._release, params)}

@@ -14,18 +14,19 @@ _UPSERT_PROCESSES = """
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(pids)s::int[], %(titles)s::text[],
                          %(started)s::timestamptz[], %(rss)s::bigint[], %(done)s::bigint[], %(restarts)s::int[],
-                         %(current)s::text[])
-           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs)
+                         %(current)s::text[], %(queues)s::text[], %(tasks)s::text[])
+           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs, queues, tasks)
 ), gone AS (
     DELETE FROM {processes} WHERE supervisor = %(supervisor)s AND id <> ALL(%(ids)s::text[])
 )
 INSERT INTO {processes} AS p (id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done,
-                              restarts, current_jobs)
+                              restarts, current_jobs, queues, tasks)
 SELECT id, %(supervisor)s, kind, %(host)s, pid, title, started_at, now(), rss_bytes, jobs_done, restarts,
-       current_jobs::bigint[]
+       current_jobs::bigint[], string_to_array(queues, ' '), string_to_array(tasks, ' ')
   FROM incoming
 ON CONFLICT (id) DO UPDATE SET title = excluded.title, last_seen = now(), rss_bytes = excluded.rss_bytes,
-    jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs
+    jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs,
+    queues = excluded.queues, tasks = excluded.tasks
 """
 
 # Remove a supervisor's rows.
@@ -33,7 +34,8 @@ _DELETE_PROCESSES = "DELETE FROM {processes} WHERE supervisor = %(supervisor)s"
 
 # Every registered process seen recently, supervisors first; older rows belong to dead hosts.
 _PROCESSES = """
-SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs
+SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs,
+       queues, tasks
   FROM {processes}
  WHERE last_seen > now() - make_interval(secs => %(max_age)s)
  ORDER BY host, supervisor, kind <> 'supervisor', kind, pid
@@ -63,6 +65,9 @@ class Registry(StoreBase):
             "done": [p.jobs_done for p in processes],
             "restarts": [p.restarts for p in processes],
             "current": ["{" + ",".join(str(j) for j in p.current_jobs) + "}" for p in processes],
+            # Each process's names as one text (names hold no space), split in the statement.
+            "queues": [None if p.queues is None else " ".join(p.queues) for p in processes],
+            "tasks": [None if p.tasks is None else " ".join(p.tasks) for p in processes],
         }
         self._rowcount(conn, self._upsert_processes, params)
 
@@ -73,4 +78,14 @@ class Registry(StoreBase):
     def processes(self, conn: Connection, max_age_seconds: float = 60.0) -> list[ProcessInfo]:
         """Every process registered by a supervisor within the last ``max_age_seconds``."""
         rows = self._named_rows(conn, self._processes, {"max_age": float(max_age_seconds)})
-        return [ProcessInfo(**{**row, "current_jobs": tuple(row["current_jobs"])}) for row in rows]
+        return [
+            ProcessInfo(
+                **{
+                    **row,
+                    "current_jobs": tuple(row["current_jobs"]),
+                    "queues": None if row["queues"] is None else tuple(row["queues"]),
+                    "tasks": None if row["tasks"] is None else tuple(row["tasks"]),
+                }
+            )
+            for row in rows
+        ]

@@ -1,6 +1,6 @@
 -- miniqueue's database schema, written out for reading: every table, column, constraint, index,
 -- storage and statistics setting and function that the migrations in `migrations/` leave behind,
--- as of migration 029 (029_pauses_by_key.sql).
+-- as of migration 031 (031_process_queues_and_tasks.sql).
 --
 -- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
 -- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
@@ -110,6 +110,10 @@ CREATE TABLE miniqueue_jobs (
     -- The tokens the job takes from its rate limit's bucket when it is claimed (1 for a job
     -- without one, which no claim reads); checked at enqueue, from 1 to the bucket's size.
     rate_cost            INT         NOT NULL DEFAULT 1,
+    -- A job whose worker process died while other handlers ran beside it: none of them was
+    -- charged, and it runs alone next (no other handler in its process), so that a death while it
+    -- runs is its own. NULL: false.
+    run_alone            BOOLEAN,
 
     CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1),
     CONSTRAINT expires_after_enqueue CHECK (expires_at > created_at),
@@ -175,7 +179,8 @@ ALTER TABLE miniqueue_jobs_live
     ALTER COLUMN run_when SET STATISTICS 10,
     ALTER COLUMN failed_parents SET STATISTICS 10,
     ALTER COLUMN progress SET STATISTICS 0,
-    ALTER COLUMN rate_cost SET STATISTICS 0;
+    ALTER COLUMN rate_cost SET STATISTICS 0,
+    ALTER COLUMN run_alone SET STATISTICS 0;
 
 -- The claim index: available jobs without limits, in the claim's order (priority DESC,
 -- scheduled_at, id), so a claim reads the first entries instead of sorting. Partial, so its size
@@ -281,7 +286,7 @@ CREATE TABLE miniqueue_signals (
 );
 CREATE INDEX idx_miniqueue_signals_key ON miniqueue_signals (key, id);
 
--- This database's place in a shard map (see "Several databases" in README.md), recorded when it
+-- This database's place in a shard map (see docs/guides/shards.md), recorded when it
 -- joins one: its name and index. From then on its job ids are drawn from 2^52 up, each with the
 -- index as its residue modulo 1024 (the id sequence's increment and start, set as it joins).
 CREATE TABLE miniqueue_shard (
@@ -718,7 +723,9 @@ CREATE TABLE miniqueue_processes (
     rss_bytes    BIGINT,
     jobs_done    BIGINT      NOT NULL DEFAULT 0,
     restarts     INT         NOT NULL DEFAULT 0,
-    current_jobs BIGINT[]    NOT NULL DEFAULT '{}'
+    current_jobs BIGINT[]    NOT NULL DEFAULT '{}',
+    queues       TEXT[],                    -- a worker's queues (NULL: not reported)
+    tasks        TEXT[]                     -- the tasks a worker's app declares (NULL: not reported)
 );
 
 CREATE INDEX idx_miniqueue_processes_supervisor ON miniqueue_processes (supervisor);

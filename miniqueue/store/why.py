@@ -48,9 +48,18 @@ SELECT j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.
 # registered), the connections of workers to this database now (a worker keeps its claim and
 # LISTEN connections open, registered by a supervisor or not; their application_name is visible
 # to every role), and the latest live lease of a running job of the queue (read from the reaper's
-# lease index: a worker renews it while it runs). A few hundred rows at most, whatever the queue holds.
+# lease index: a worker renews it while it runs). Of the live workers that reported what they serve
+# (migration 031): how many did, how many claim from the job's queue, and the tasks those declare.
+# A few hundred rows at most, whatever the queue holds.
 _WHY_WORKERS = """
 SELECT count(*) FILTER (WHERE kind = 'worker' AND last_seen > now() - make_interval(secs => %(live)s)) AS live_workers,
+       count(*) FILTER (WHERE kind = 'worker' AND last_seen > now() - make_interval(secs => %(live)s)
+                          AND queues IS NOT NULL) AS reporting_workers,
+       count(*) FILTER (WHERE kind = 'worker' AND last_seen > now() - make_interval(secs => %(live)s)
+                          AND %(queue)s = ANY(queues)) AS queue_workers,
+       (SELECT array_agg(DISTINCT t ORDER BY t) FROM {processes} p, unnest(p.tasks) AS t
+         WHERE p.kind = 'worker' AND p.last_seen > now() - make_interval(secs => %(live)s)
+           AND %(queue)s = ANY(p.queues)) AS queue_tasks,
        max(last_seen) FILTER (WHERE kind = 'worker') AS worker_seen_at,
        count(*) FILTER (WHERE kind = 'reaper' AND last_seen > now() - make_interval(secs => %(live)s)) AS live_reapers,
        max(last_seen) FILTER (WHERE kind = 'reaper') AS reaper_seen_at,
@@ -182,6 +191,11 @@ class WorkerFacts(NamedTuple):
     holder_seen_at: dt.datetime | None
     worker_connections: int
     queue_lease_until: dt.datetime | None
+    #: Of the live workers, those that reported their queues and tasks, those of them that claim
+    #: from the job's queue, and the tasks those declare (None: no live worker of the queue reported).
+    reporting_workers: int = 0
+    queue_workers: int = 0
+    queue_tasks: list[str] | None = None
 
 
 class ScopeFacts(NamedTuple):

@@ -136,7 +136,9 @@ def _run_worker(spec: ChildSpec) -> int:
     progress.retitle()
     with contextlib.suppress(DatabaseUnavailable):  # else the worker retries as it runs
         worker.publish()
-    reports.write(spec.report_fd, [reports.Ready(worker.worker_id)])
+    serves = [reports.Serves("queue", queue) for queue in worker.queues]
+    serves += [reports.Serves("task", task) for task in sorted(worker.app.tasks)]
+    reports.write(spec.report_fd, [*serves, reports.Ready(worker.worker_id)])
     worker.run()
     board.stop_requested()  # also when it stopped itself (max_jobs): handlers left running were not a crash
     progress.flush()

@@ -45,6 +45,8 @@ class Child:
     jobs: dict[int, RunningJob] = field(default_factory=dict)
     listening: bool | None = None  # the worker's LISTEN connection, as last reported
     jobs_done: int = 0
+    #: The queues a worker claims from and the tasks its app declares, as it reported them.
+    serves: dict[str, list[str]] = field(default_factory=lambda: {"queue": [], "task": []})
     reader: reports.Reader = field(default_factory=reports.Reader)
 
     @property
@@ -69,6 +71,8 @@ class Child:
             self.listening = report.listening
         elif isinstance(report, reports.Ready):
             self.ready = True
+        elif isinstance(report, reports.Serves):
+            self.serves.setdefault(report.kind, []).append(report.name)
         elif isinstance(report, reports.Start):
             self.jobs[report.job_id] = RunningJob(report.attempt, report.task, now, report.timeout)
         elif isinstance(report, reports.End):

@@ -7,6 +7,7 @@ database's health."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -48,7 +49,10 @@ class ProcessRegistry:
             doing = f"job {jobs[0]} {child.jobs[jobs[0]].task}" if jobs else "idle"
             title = "miniqueue reaper" if child.worker_id is None else f"miniqueue {child.slot} {doing}"
             ident = child.worker_id or f"{self.host}:{child.pid}"
-            rows.append(_info(child.pid, ident, child.kind, title, child.jobs_done, jobs, restarts.get(child.slot, 0)))
+            row = _info(child.pid, ident, child.kind, title, child.jobs_done, jobs, restarts.get(child.slot, 0))
+            if child.worker_id is not None and child.ready:
+                row = dataclasses.replace(row, queues=tuple(child.serves["queue"]), tasks=tuple(child.serves["task"]))
+            rows.append(row)
         try:
             with connect(self.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=2) as conn:
                 self.store.register_processes(conn, self.supervisor_id, self.host, rows)

@@ -4,6 +4,8 @@ here, and nowhere else.
 Each report is one line of space-separated words, the kind first:
 
 - ``beat 1|0|-``: the child is alive; a worker says whether its LISTEN connection is up;
+- ``serves queue|task <name>``: a queue a worker claims from, a task its app declares (one
+  line each, before ``ready``: the process registry lists them);
 - ``ready <id>``: booted (a worker gives its worker id);
 - ``start <job> <attempt> <timeout|-> <task>`` and ``end <job>``: a job the supervisor should
   time (still running at a flush, or with a hard timeout) began or finished;
@@ -69,6 +71,11 @@ class Ready(NamedTuple):
     ident: str
 
 
+class Serves(NamedTuple):
+    kind: str  # "queue" or "task"
+    name: str
+
+
 class Start(NamedTuple):
     job_id: int
     attempt: int
@@ -132,6 +139,7 @@ class GaugesSent(NamedTuple):
 Report = (
     Beat
     | Ready
+    | Serves
     | Start
     | End
     | Done
@@ -176,6 +184,8 @@ def _words(report: Report) -> str:
         return f"beat {_LISTENING[report.listening]}"
     if isinstance(report, Ready):
         return f"ready {_escape(report.ident)}"
+    if isinstance(report, Serves):
+        return f"serves {report.kind} {_escape(report.name)}"
     if isinstance(report, Start):
         timeout = "-" if report.timeout is None else f"{report.timeout:g}"
         return f"start {report.job_id} {report.attempt} {timeout} {_escape(report.task)}"
@@ -215,6 +225,9 @@ def decode(line: bytes) -> Report:
         return Beat({"1": True, "0": False}.get(rest))
     if kind == "ready":
         return Ready(_unescape(rest))
+    if kind == "serves":
+        what, name = rest.split(" ", 1)
+        return Serves(what, _unescape(name))
     if kind == "start":
         job_id, attempt, timeout, task = rest.split(" ", 3)
         return Start(int(job_id), int(attempt), None if timeout == "-" else float(timeout), _unescape(task))

@@ -1,5 +1,5 @@
-"""``miniqueue-supervise --shards``: one supervisor per database of a shard map (see README.md,
-"Several databases").
+"""``miniqueue-supervise --shards``: one supervisor per database of a shard map (see
+docs/guides/shards.md).
 
 The process forks a :class:`~miniqueue.supervise.supervisor.Supervisor` for each database with a
 weight, each with its share of ``--workers`` (by weight, at least one) and a reaper of its own,

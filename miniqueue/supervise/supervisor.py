@@ -43,7 +43,7 @@ from .children import Child
 from .config import SupervisorConfig, check_database
 from .decisions import RestartBackoff
 from .probes import Probes
-from .recovery import release_leases
+from .recovery import SECOND_LOOK_SECONDS, release_leases, release_stragglers
 from .registry import ProcessRegistry
 from .signals import SignalQueue
 from .systemd import Notifier
@@ -63,6 +63,8 @@ class Supervisor:
         self.children: dict[int, Child] = {}
         self.slots: dict[str, Child | None] = {}
         self.restart_at: dict[str, float] = {}
+        #: Dead workers whose leases are to be looked at again, and when (see look_again).
+        self.second_looks: list[tuple[float, Child]] = []
         self.backoff = RestartBackoff(self.config.boot_failure_limit)
         self.fatal_error: str | None = None
         self.stopping: str | None = None  # None, "graceful" or "fast"
@@ -143,6 +145,7 @@ class Supervisor:
         for child in list(self.children.values()):
             self.take_reports(child)
         self.reap_children()
+        self.look_again()
         if self.stopping:
             self.enforce_stop_deadline()
         else:
@@ -317,8 +320,8 @@ class Supervisor:
             worker=self.config.worker,
             max_jobs=self.config.max_jobs_per_child,
             # Threads for def handlers and coroutines for async ones, each up to --concurrency,
-            # each running one job or a batch of them: every job of a running batch is charged
-            # if the worker dies.
+            # each running one job or a batch of them: the supervisor must know every job that
+            # ran when the worker died (none is charged if several ran; each runs alone next).
             board=InflightBoard(2 * self.config.worker.concurrency * self.largest_batch()),
         )
 
@@ -362,6 +365,14 @@ class Supervisor:
                 child.close()
                 self.handle_exit(child, status)
 
+    def look_again(self) -> None:
+        """Return what dead workers' claims in flight leased to them (see :func:`release_stragglers`)."""
+        now = time.monotonic()
+        while self.second_looks and self.second_looks[0][0] <= now:
+            _, child = self.second_looks.pop(0)
+            assert child.worker_id is not None
+            release_stragglers(self.config.dsn, self.store, child.worker_id, child.slot, child.pid)
+
     def handle_exit(self, child: Child, status: int) -> None:
         how = describe_exit(status)
         clean = os.WIFEXITED(status) and os.waitstatus_to_exitcode(status) == 0
@@ -380,6 +391,7 @@ class Supervisor:
             log.log(level, "%s (pid %d) reported: %s%s", child.slot, child.pid, cause, trace)
         if child.board is not None:
             release_leases(self.config.dsn, self.store, child, how)
+            self.second_looks.append((time.monotonic() + SECOND_LOOK_SECONDS, child))
         if self.slots.get(child.slot) is child:
             self.slots[child.slot] = None
             self.schedule_restart(child, clean)

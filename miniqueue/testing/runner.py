@@ -328,13 +328,20 @@ class _Run:
         return sorted(seen_there - committed)
 
     def _idle(self) -> bool:
-        """No job in the run's queues is due now or running. (A job's state leaves ``running``
-        only when its outcome is recorded, so idle means every outcome is in the database.)"""
+        """No job of the app's tasks in the run's queues is due now, and none is running. (A
+        job's state leaves ``running`` only when its outcome is recorded, so idle means every
+        outcome is in the database. A job of a task the app does not declare is another app's:
+        the worker never claims it, and it is not waited for.)"""
         for stats in self.client.queue_stats():
-            if stats.queue in self.queues:
-                due = stats.counts[State.AVAILABLE] - stats.scheduled
-                if due > 0 or stats.counts[State.RUNNING] > 0:
-                    return False
+            if stats.queue not in self.queues:
+                continue
+            if stats.counts[State.RUNNING] > 0:
+                return False
+            if stats.counts[State.AVAILABLE] - stats.scheduled > 0 and any(
+                self.client.count_jobs(state=State.AVAILABLE, queue=stats.queue, task=task, due=True)
+                for task in self.worker.app.tasks
+            ):
+                return False
         return True
 
     def _result(self, stopped_by: Literal["idle", "max_jobs", "timeout"]) -> RunResult:

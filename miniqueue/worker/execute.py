@@ -29,8 +29,8 @@ from .outcomes import Outcome, WorkerHooks
 
 log = logging.getLogger("miniqueue.worker")
 
-#: The longest a job of a task this worker's app does not know waits before it is due again.
-UNKNOWN_TASK_MAX_DELAY = 60.0
+#: How long a job of a task this worker's app does not know waits before it is due again.
+UNKNOWN_TASK_DELAY = 5.0
 
 
 class Executor:
@@ -117,9 +117,9 @@ class Executor:
         return outcome
 
     def _unknown_task(self, job: Job) -> Outcome:
-        """A job whose task this worker's app does not know (another app's, on a shared queue or
-        database): handed back uncharged, due again after a delay that grows with its runs (1 s,
-        then 2, 4, ... up to a minute), for a worker whose app declares it. Logged once per task."""
+        """A job whose task this worker's app does not know. The claim takes only the app's
+        tasks, so none should come; one that does anyway goes back uncharged, due again after
+        :data:`UNKNOWN_TASK_DELAY` seconds, for a worker whose app declares it. Logged once per task."""
         if job.task not in self._unknown_tasks:
             self._unknown_tasks.add(job.task)
             log.warning(
@@ -128,7 +128,7 @@ class Executor:
                 job.task,
                 ", ".join(sorted(self.app.tasks)) or "none",
             )
-        return Outcome("snoozed", delay=min(UNKNOWN_TASK_MAX_DELAY, 2.0 ** min(job.attempt - 1, 6)))
+        return Outcome("snoozed", delay=UNKNOWN_TASK_DELAY)
 
 
 def _call(handler: Handler, job: Job) -> Any:

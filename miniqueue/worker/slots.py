@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..core.records import Lease
 from ..tasks.batch import Batch
@@ -73,6 +74,11 @@ class Slots:
     #: (True: async): a batch takes one handler, as one job does.
     batched: set[int] = field(default_factory=set)
     batched_by_kind: dict[bool, int] = field(default_factory=lambda: {False: 0, True: 0})
+    #: Whether a ready lease may run alone (see :meth:`_alone_first`): set as one is added, found
+    #: unset by the next start that looks and finds none (so the common case costs a flag read).
+    may_hold_alone: bool = False
+    #: The job running alone in this process, if one is: nothing starts beside it.
+    alone: int | None = None
 
     def held(self) -> int:
         with self.lock:
@@ -91,8 +97,11 @@ class Slots:
         """Move the next ready lease of the kind (async or not) to running, if fewer than
         ``limit`` jobs of that kind run."""
         with self.lock:
-            if self._handlers(run_async) >= limit:
+            alone = self._alone_first(run_async, batch=False)
+            if self._handlers(run_async) >= limit or alone is False:
                 return None
+            if alone is not None:
+                return self._start_alone(make_job, alone, run_async)
             now = time.monotonic()
             while True:
                 if not self.ready or (lease := self._take(run_async)) is None:
@@ -104,6 +113,42 @@ class Slots:
             self.running[job.id] = job
             self.running_async += run_async
             return job
+
+    def _alone_first(self, run_async: bool, *, batch: bool) -> Lease | Literal[False] | None:
+        """What a job that runs alone asks of this start: None, nothing (none runs or is ready:
+        the common case, a flag read); its lease, to start now (it is of this kind, a batch
+        task's if ``batch``, and no handler runs); False, that nothing starts (one runs, or one
+        waits for the process's handlers to finish). A job runs alone when its last run's process
+        died while other handlers ran: a death while it runs is then its own."""
+        if self.alone is not None:
+            return False
+        if not self.may_hold_alone:
+            return None
+        lease = self._alone_lease()
+        if lease is None:
+            return None
+        if self.running or self.is_async(lease.task) != run_async or (lease.task in self.batches) != batch:
+            return False
+        return lease
+
+    def _alone_lease(self) -> Lease | None:
+        """The first ready lease that runs alone; none found clears :attr:`may_hold_alone`."""
+        lease = next((lease for lease in self.ready if lease.run_alone), None)
+        self.may_hold_alone = lease is not None
+        return lease
+
+    def _start_alone(self, make_job: Callable[[Lease], Job], lease: Lease, run_async: bool) -> Job | None:
+        """Start ``lease``'s job alone (nothing else runs), unless its start-by time passed."""
+        self.ready.remove(lease)
+        self.ready_since.pop(lease.id, None)
+        if self.start_by.pop(lease.id, 0.0) <= time.monotonic():
+            self.overdue.append(lease)  # as in start_next: not ours to start
+            return None
+        job = make_job(lease)
+        self.running[job.id] = job
+        self.running_async += run_async
+        self.alone = job.id
+        return job
 
     def _handlers(self, run_async: bool) -> int:
         """Handlers of the kind running: a batch of jobs counts once."""
@@ -125,6 +170,7 @@ class Slots:
     def add_ready(self, leases: list[Lease], start_by: float) -> None:
         with self.lock:
             self.ready.extend(leases)
+            self.may_hold_alone = self.may_hold_alone or any(lease.run_alone for lease in leases)
             self.start_by.update((lease.id, start_by) for lease in leases)
             if self.batches:
                 now = time.monotonic()
@@ -138,6 +184,10 @@ class Slots:
         with self.lock:
             if not self.batches or not self.ready or self._handlers(run_async) >= limit:
                 return []
+            alone = self._alone_first(run_async, batch=True)
+            if alone is not None:
+                job = None if alone is False else self._start_alone(make_job, alone, run_async)
+                return [] if job is None else [job]
             now = time.monotonic()
             for task, options in self.batches.items():
                 if self.is_async(task) != run_async:
@@ -205,6 +255,8 @@ class Slots:
 
     def finish(self, job: Job) -> None:
         with self.lock:
+            if self.alone == job.id:
+                self.alone = None
             if self.running.pop(job.id, None) is not None and job.task in self.async_tasks:
                 self.running_async -= 1
             if job.id in self.batched:

@@ -123,6 +123,9 @@ class Worker:
             max_result_bytes=cfg.max_result_bytes,
         )
         self.store = store
+        # The claim takes only jobs of the app's tasks: another app's, on a shared database or
+        # queue, are never this worker's to run.
+        self._tasks = sorted(app.tasks)
         self.hooks = hooks or WorkerHooks()
         self._stop_requested = False
         self._listener: Listener | None = None
@@ -391,6 +394,7 @@ class Worker:
             after=claims.cursor,
             descending=claims.descending,
             results=batch.results,
+            tasks=self._tasks,
         )
         claims.claimed(leases, claim, batch.kept(), time.monotonic())
         self._slots.add_ready(leases, start_deadline(sent_at, self.config.lease_seconds))

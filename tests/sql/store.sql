@@ -431,6 +431,7 @@ WITH RECURSIVE
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -499,6 +500,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -507,6 +509,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -557,7 +560,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed;
 
@@ -568,6 +571,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -638,6 +642,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -646,6 +651,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -696,7 +702,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed;
 
@@ -705,6 +711,7 @@ WITH RECURSIVE
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -773,6 +780,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -781,6 +789,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -831,7 +840,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed;
 
@@ -842,6 +851,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -912,6 +922,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -920,6 +931,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -970,7 +982,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT * FROM claimed;
 
@@ -1010,6 +1022,7 @@ SELECT "public"."miniqueue_settle"(
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -1080,6 +1093,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1088,6 +1102,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1139,7 +1154,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1183,6 +1198,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -1255,6 +1271,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1263,6 +1280,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1314,7 +1332,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1356,6 +1374,7 @@ SELECT "public"."miniqueue_settle"(
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
@@ -1426,6 +1445,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1434,6 +1454,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1485,7 +1506,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1529,6 +1550,7 @@ fast AS MATERIALIZED (
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
@@ -1601,6 +1623,7 @@ limited AS MATERIALIZED (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1609,6 +1632,7 @@ limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
+           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
@@ -1660,7 +1684,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget
+          limits, parents, trace_context, attempt_budget, run_alone
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1824,8 +1848,8 @@ SELECT id, (SELECT count(*) FROM paused) FROM backed;
 UPDATE "public"."miniqueue_jobs" j
    SET state = 'available', max_attempts = j.max_attempts + 1, errors = j.errors || jsonb_build_array(jsonb_build_object(
        'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', r.note)),
-       lease_expires_at = NULL, leased_by = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[]) AS r(id, attempt, note)
+       lease_expires_at = NULL, leased_by = NULL, run_alone = CASE WHEN r.alone THEN true ELSE j.run_alone END
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[], %(alone)s::bool[]) AS r(id, attempt, note, alone)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s
 RETURNING j.id, pg_notify('miniqueue_public', j.queue);
 
@@ -2245,6 +2269,7 @@ SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempot
 SELECT count(*) FROM "public"."miniqueue_jobs" WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(due)s::bool IS NULL OR (scheduled_at <= now()) = %(due)s)
    AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
    AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s);
@@ -2253,6 +2278,7 @@ SELECT count(*) FROM "public"."miniqueue_jobs" WHERE (%(state)s::text IS NULL OR
 SELECT id FROM "public"."miniqueue_jobs" WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(due)s::bool IS NULL OR (scheduled_at <= now()) = %(due)s)
    AND (%(search)s::text IS NULL OR strpos(payload::text, %(search)s) > 0)
    AND (%(after)s::timestamptz IS NULL OR created_at >= %(after)s)
    AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s) ORDER BY id LIMIT %(limit)s;
@@ -2491,24 +2517,26 @@ RETURNING name;
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(pids)s::int[], %(titles)s::text[],
                          %(started)s::timestamptz[], %(rss)s::bigint[], %(done)s::bigint[], %(restarts)s::int[],
-                         %(current)s::text[])
-           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs)
+                         %(current)s::text[], %(queues)s::text[], %(tasks)s::text[])
+           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs, queues, tasks)
 ), gone AS (
     DELETE FROM "public"."miniqueue_processes" WHERE supervisor = %(supervisor)s AND id <> ALL(%(ids)s::text[])
 )
 INSERT INTO "public"."miniqueue_processes" AS p (id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done,
-                              restarts, current_jobs)
+                              restarts, current_jobs, queues, tasks)
 SELECT id, %(supervisor)s, kind, %(host)s, pid, title, started_at, now(), rss_bytes, jobs_done, restarts,
-       current_jobs::bigint[]
+       current_jobs::bigint[], string_to_array(queues, ' '), string_to_array(tasks, ' ')
   FROM incoming
 ON CONFLICT (id) DO UPDATE SET title = excluded.title, last_seen = now(), rss_bytes = excluded.rss_bytes,
-    jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs;
+    jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs,
+    queues = excluded.queues, tasks = excluded.tasks;
 
 -- _delete_processes
 DELETE FROM "public"."miniqueue_processes" WHERE supervisor = %(supervisor)s;
 
 -- _processes
-SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs
+SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs,
+       queues, tasks
   FROM "public"."miniqueue_processes"
  WHERE last_seen > now() - make_interval(secs => %(max_age)s)
  ORDER BY host, supervisor, kind <> 'supervisor', kind, pid;
@@ -2699,6 +2727,13 @@ SELECT j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.
 
 -- _why_workers
 SELECT count(*) FILTER (WHERE kind = 'worker' AND last_seen > now() - make_interval(secs => %(live)s)) AS live_workers,
+       count(*) FILTER (WHERE kind = 'worker' AND last_seen > now() - make_interval(secs => %(live)s)
+                          AND queues IS NOT NULL) AS reporting_workers,
+       count(*) FILTER (WHERE kind = 'worker' AND last_seen > now() - make_interval(secs => %(live)s)
+                          AND %(queue)s = ANY(queues)) AS queue_workers,
+       (SELECT array_agg(DISTINCT t ORDER BY t) FROM "public"."miniqueue_processes" p, unnest(p.tasks) AS t
+         WHERE p.kind = 'worker' AND p.last_seen > now() - make_interval(secs => %(live)s)
+           AND %(queue)s = ANY(p.queues)) AS queue_tasks,
        max(last_seen) FILTER (WHERE kind = 'worker') AS worker_seen_at,
        count(*) FILTER (WHERE kind = 'reaper' AND last_seen > now() - make_interval(secs => %(live)s)) AS live_reapers,
        max(last_seen) FILTER (WHERE kind = 'reaper') AS reaper_seen_at,
