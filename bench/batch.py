@@ -2,13 +2,16 @@
 
 - ``batch-drain-2``: 20 x --jobs no-op jobs of a batch task (``Batch()``: up to 100 jobs a call,
   waiting at most 1 s), drained by ``miniqueue-supervise --workers 2`` with its defaults.
-  Target: at least 3 x ``drain-2-default`` (the same no-op task handled one by one, its
-  baseline in the same run). The app lives here: ``--app bench.batch:batch_app``.
+  Target: at least 0.9 x ``floor-drain-2``, the SQL floor it runs on (its baseline in the same
+  run; ``drain-2-default``, the same no-op task handled one by one, is shown beside it). The
+  app lives here: ``--app bench.batch:batch_app``.
 
 A batch task's jobs are claimed and completed by the worker's one statement, as every job is:
-``floor-drain-2``, that statement sent from a bare loop with no handler at all (also a baseline of
-this row), is the ceiling of this row; ``drain-2-default`` already reaches most of it
-(docs/figures.md).
+``floor-drain-2``, that statement sent from a bare loop with no handler at all, is the ceiling
+of this row, and of any drain on that statement. ``drain-2-default`` already reaches most of it,
+so no batch handler can drain several times faster than the one-by-one drain; what a batch
+handler saves is the handler's own per-call cost (a database round trip per call, say), which a
+no-op does not have (docs/figures.md).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ DRAIN_BASELINE = "drain-2-default"
 BATCH_APP = "bench.batch:batch_app"
 #: Jobs of the row, in --jobs: a drain long enough that the supervisor's start is noise.
 BATCH_SCALE = 20
-TARGETS: dict[str, tuple[str, float]] = {"batch-drain-2": (DRAIN_BASELINE, 3.0)}
+TARGETS: dict[str, tuple[str, float]] = {"batch-drain-2": (FLOOR_DRAIN, 0.9)}
 
 batch_app = App()
 

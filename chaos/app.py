@@ -101,12 +101,12 @@ def _sequence_key_of(payload: Any) -> str:
 def _execution(job: Job) -> tuple[object, ...]:
     """The parameters of this execution's ``chaos_executions`` row (a fresh token each call)."""
     parents = Jsonb({str(k): v for k, v in job.parent_results.items()}) if job.parents else None
-    return (uuid.uuid4().hex, job.id, job.attempt, os.getpid(), parents)
+    return (uuid.uuid4().hex, job.id, job.run, os.getpid(), parents)
 
 
 def _result(job: Job) -> dict[str, int]:
     """The job's result: the attempt that completes it, for a dependent to read back."""
-    return {"attempt": job.attempt}
+    return {"attempt": job.run}
 
 
 @functools.cache
@@ -181,13 +181,13 @@ def chaos(job: Job) -> dict[str, int] | None:
         return _result(job)
     with job.transaction() as conn:
         job.set_result(_result(job))
-        if conn.execute(_EFFECT, (job.id, job.attempt, os.getpid())).rowcount == 0:
+        if conn.execute(_EFFECT, (job.id, job.run, os.getpid())).rowcount == 0:
             # Another attempt's effect committed, and with it that attempt's completion: this
             # attempt is late. Note it outside the transaction (it happened), and inside it: that
             # row survives only if this transaction commits, i.e. if fencing let a second
             # completion through, which is exactly a duplicated effect.
-            _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()), job.id)
-            conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
+            _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.run, os.getpid()), job.id)
+            conn.execute(_DUPLICATE, (job.id, job.run, os.getpid()))
         if keyed:
             _execute(_ENDED, execution[:1], job.id)  # on its own connection, before this transaction commits
     return None  # the result was stored with the completion, in the transaction
@@ -237,9 +237,9 @@ async def chaos_async(job: Job) -> dict[str, int] | None:
         return _result(job)
     async with job.atransaction() as conn:
         job.set_result(_result(job))
-        if (await conn.execute(_EFFECT, (job.id, job.attempt, os.getpid()))).rowcount == 0:
-            await _execute_async(_CONFLICT, (uuid.uuid4().hex, job.id, job.attempt, os.getpid()))
-            await conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))
+        if (await conn.execute(_EFFECT, (job.id, job.run, os.getpid()))).rowcount == 0:
+            await _execute_async(_CONFLICT, (uuid.uuid4().hex, job.id, job.run, os.getpid()))
+            await conn.execute(_DUPLICATE, (job.id, job.run, os.getpid()))
         if keyed:
             await _execute_async(_ENDED, execution[:1])
     return None  # the result was stored with the completion, in the transaction

@@ -76,16 +76,16 @@ def signal_key(job_id: int) -> str:
 
 def _run(job: Job, step: str) -> dict[str, Any]:
     """A step's function: count the run, work a little, give a value."""
-    _execute(_RUN, (uuid.uuid4().hex, job.id, step, job.attempt))
+    _execute(_RUN, (uuid.uuid4().hex, job.id, step, job.run))
     time.sleep(float(job.payload.get("ms", 0)) / 1000)
-    return {"step": step, "attempt": job.attempt}
+    return {"step": step, "attempt": job.run}
 
 
 def _book(conn: psycopg.Connection[Any], job: Job) -> dict[str, Any]:
     """The transactional step: its effect commits with the step's record, or not at all."""
     value = _run(job, "book")
-    if conn.execute(_EFFECT, (job.id, job.attempt, os.getpid())).rowcount == 0:
-        conn.execute(_DUPLICATE, (job.id, job.attempt, os.getpid()))  # survives only a double record
+    if conn.execute(_EFFECT, (job.id, job.run, os.getpid())).rowcount == 0:
+        conn.execute(_DUPLICATE, (job.id, job.run, os.getpid()))  # survives only a double record
     return value
 
 

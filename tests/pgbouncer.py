@@ -39,7 +39,7 @@ app = App()
 def record(job: Job) -> None:
     """Insert a row per execution in the same transaction as the job's completion."""
     with job.transaction() as conn:
-        conn.execute("INSERT INTO pooled_executions (job_id, attempt) VALUES (%s, %s)", [job.id, job.attempt])
+        conn.execute("INSERT INTO pooled_executions (job_id, attempt) VALUES (%s, %s)", [job.id, job.run])
 
 
 class PgBouncer:

@@ -73,7 +73,7 @@ def test_processes_a_job_on_the_event_loop(client: Client, conn: Connection, sta
     @app.task("greet")
     async def greet(job: Job) -> None:
         await asyncio.sleep(0.01)
-        seen.append((job.payload, job.attempt, threading.current_thread().name))
+        seen.append((job.payload, job.run, threading.current_thread().name))
 
     job_id = app.enqueue(client, "greet", {"name": "ada"}).id
     start_worker(app)
@@ -141,7 +141,7 @@ def test_error_retries_then_dead_with_the_error_recorded(
     @app.task("explode", max_attempts=3, backoff=lambda attempt: 0.0)
     async def explode(job: Job) -> None:
         await asyncio.sleep(0)
-        raise ValueError(f"bad input on attempt {job.attempt}")
+        raise ValueError(f"bad input on attempt {job.run}")
 
     job_id = app.enqueue(client, "explode").id
     start_worker(app)
@@ -277,7 +277,7 @@ def test_snooze_runs_again_later_without_spending_an_attempt(
 
     @app.task("later", max_attempts=1)
     async def later(job: Job) -> None:
-        runs.append(job.attempt)
+        runs.append(job.run)
         if len(runs) == 1:
             raise Snooze(0.2)
 
@@ -295,7 +295,7 @@ def test_permanent_error_fails_without_retry(client: Client, conn: Connection, s
 
     @app.task("refuse", max_attempts=5)
     async def refuse(job: Job) -> None:
-        runs.append(job.attempt)
+        runs.append(job.run)
         raise PermanentError("card declined")
 
     job_id = app.enqueue(client, "refuse").id

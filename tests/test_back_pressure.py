@@ -68,7 +68,7 @@ def app_calling(dsn: str) -> App:
 
     def call(job: Job) -> None:
         record_start(dsn, job)
-        if job.payload.get("trip") and job.attempt == 1:
+        if job.payload.get("trip") and job.run == 1:
             raise RateLimited(key=job.payload["host"], retry_after=PAUSE)
 
     app.task("call", rate_limit="1000/s", rate_limit_key=lambda p: p["host"])(call)
@@ -145,7 +145,7 @@ def test_middleware_may_raise_it_and_the_pause_shows_in_limits(
 ) -> None:
     class TooManyRequests(Middleware):
         def run(self, job: Job) -> RunHook:
-            if job.attempt == 1:
+            if job.run == 1:
                 raise RateLimited(key="api", retry_after=60)
             return (yield)
 

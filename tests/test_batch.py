@@ -205,7 +205,7 @@ def test_the_testing_kit_runs_batch_tasks(dsn: str, client: Client, conn: Connec
     @app.task("index", max_attempts=2, batch=Batch(size=10, wait=0.05))
     def index(jobs: list[Job]) -> dict[int, object]:
         calls.append(len(jobs))
-        return {job.id: ValueError("flaky") for job in jobs if job.payload == "flaky" and job.attempt == 1}
+        return {job.id: ValueError("flaky") for job in jobs if job.payload == "flaky" and job.run == 1}
 
     enqueue_together(client, conn, "index", ["a", "b", "flaky"], app)
     result = run_jobs(app, dsn)

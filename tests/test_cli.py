@@ -462,8 +462,8 @@ def test_jobs_show_prints_every_field_and_the_error_history(
     text = ok(cli("jobs", "show", str(job_id)))
     assert f"id: {job_id}" in text and "state: available" in text and 'payload: {"user": 42}' in text
     assert "attempt: 2 of 3\n" in text, "charged of the budget"
-    assert "--- run 1 at " in text and f" on {W}\nTraceback ...\nValueError: failure 1" in text
-    assert text.index("--- run 1") < text.index("--- run 2")
+    assert "--- attempt 1 ended at " in text and f" on {W}\nTraceback ...\nValueError: failure 1" in text
+    assert text.index("--- attempt 1 ") < text.index("--- attempt 2 ")
     assert text.rstrip().endswith("ValueError: failure 2")
 
 

@@ -125,9 +125,9 @@ def test_a_parent_retried_releases_its_dependent_once_it_completes(
 
     @app.task("flaky")
     def flaky(job: Job) -> int:
-        if job.attempt == 1:
+        if job.run == 1:
             raise RuntimeError("first attempt fails")
-        return job.attempt
+        return job.run
 
     app.task("after")(lambda job: job.parent_result)
     parent = client.enqueue("flaky").id

@@ -75,7 +75,7 @@ def test_a_recorded_step_does_not_run_again_when_the_job_retries(
         reserved = job.step("reserve", counter, dsn, job, "reserve")
         charged = job.step("charge", counter, dsn, job, "charge")
         seen.append((reserved, charged))
-        if job.attempt == 1:
+        if job.run == 1:
             raise RuntimeError("the mailer is down")
         job.step("mail", counter, dsn, job, "mail")
         return "done"
@@ -113,7 +113,7 @@ def test_a_step_transactions_writes_commit_with_its_record_exactly_once(
     @app.task("ledger", max_attempts=3)
     def ledger(job: Job) -> int:
         amount: int = job.step_transaction("book", book, job, 42)
-        if job.attempt == 1:
+        if job.run == 1:
             raise RuntimeError("after the booking")
         return amount
 
@@ -289,7 +289,7 @@ def test_steps_asked_for_in_another_order_fail_the_attempt_with_a_clear_error(
     def fickle(job: Job) -> None:
         for name in order:
             job.step(name, counter, dsn, job, name)
-        if job.attempt == 1:
+        if job.run == 1:
             order.reverse()  # the next run asks for them the other way round
             raise RuntimeError("retry")
 
@@ -474,7 +474,7 @@ def test_a_stale_attempt_cannot_record_a_step_after_another_worker_resumed_the_j
     @app.task("stale", max_attempts=5)
     def stale(job: Job) -> None:
         job.step("a", counter, dsn, job, "a")
-        if job.attempt == 1:
+        if job.run == 1:
             stalled.set()
             wake.wait(20)  # frozen: its lease is taken back meanwhile
         job.step("b", counter, dsn, job, "b")

@@ -278,6 +278,7 @@ def test_an_attempt_runs_in_a_consumer_span_child_of_and_linked_to_the_producer(
         "miniqueue.task": "greet",
         "miniqueue.attempt": 1,
         "miniqueue.max_attempts": 5,
+        "miniqueue.run": 1,
         "miniqueue.outcome": "completed",
     }
     assert process.status.status_code == StatusCode.UNSET
@@ -292,7 +293,7 @@ def test_a_failed_attempt_then_its_retry_give_two_consumer_spans(
 
     @app.task("flaky")
     def flaky(job: Job) -> None:
-        if job.attempt == 1:
+        if job.run == 1:
             raise ValueError("the API said 503")
 
     job_id = traced_client.enqueue("flaky").id
@@ -324,7 +325,7 @@ def test_failed_dead_and_snoozed_outcomes(spans: Spans, traced_client: Client) -
 
     @app.task("doomed", max_attempts=2)
     def doomed(job: Job) -> None:
-        raise KeyError(job.attempt)
+        raise KeyError(job.run)
 
     @app.task("later")
     def later(job: Job) -> None:
@@ -354,7 +355,7 @@ def test_an_async_handlers_attempts_run_in_consumer_spans(spans: Spans, traced_c
         with spans.tracer.start_as_current_span("GET upstream"):
             await asyncio.sleep(0.01)
         seen.append(trace.get_current_span().get_span_context().span_id)
-        if job.attempt == 1:
+        if job.run == 1:
             raise ConnectionError("reset by peer")
 
     with spans.tracer.start_as_current_span("request"):

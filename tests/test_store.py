@@ -830,7 +830,7 @@ def test_attempts_read_as_charged_of_the_budget_never_as_the_fencing_token(store
     assert store.get(conn, job_id).describe_attempts() == "attempt 0 of 3, 3 runs"
     lease = claim_one(store, conn, W1)
     job = Job(lease, worker_id=W1)
-    assert (job.attempt, job.charged_attempts, job.attempt_budget) == (4, 1, 3)
+    assert (job.run, job.charged_attempts, job.attempt_budget) == (4, 1, 3)
     assert repr(job) == f"<Job {job_id} task attempt 1 of 3, 4 runs>"
     store.record_failure(conn, job_id, W1, lease.attempt, "boom", 0)
     record = store.get(conn, job_id)

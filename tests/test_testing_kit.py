@@ -34,17 +34,17 @@ def make_app(calls: list[tuple[str, int]]) -> miniqueue.App:
 
     @app.task("ok")
     def ok(job: miniqueue.Job) -> None:
-        calls.append(("ok", job.attempt))
+        calls.append(("ok", job.run))
 
     @app.task("flaky", max_attempts=3)
     def flaky(job: miniqueue.Job) -> None:
-        calls.append(("flaky", job.attempt))
-        if job.attempt < 2:
-            raise ValueError(f"flaky attempt {job.attempt}")
+        calls.append(("flaky", job.run))
+        if job.run < 2:
+            raise ValueError(f"flaky attempt {job.run}")
 
     @app.task("broken", max_attempts=2)
     def broken(job: miniqueue.Job) -> None:
-        calls.append(("broken", job.attempt))
+        calls.append(("broken", job.run))
         raise RuntimeError("always broken")
 
     @app.task("refused")

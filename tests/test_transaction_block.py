@@ -105,9 +105,9 @@ def test_a_step_of_a_block_that_rolls_back_is_not_recorded_and_runs_again(
     @app.task("flaky", queue="block", max_attempts=2)
     def flaky(job: Job) -> None:
         with job.transaction() as conn:
-            job.step("counted", calls.append, job.attempt)
+            job.step("counted", calls.append, job.run)
             conn.execute("INSERT INTO block_notes VALUES (%s, '[]'::jsonb)", [job.id])
-            if job.attempt == 1:
+            if job.run == 1:
                 raise RuntimeError("the block fails on the first attempt")
 
     job_id = client.enqueue("flaky", queue="block", max_attempts=2).id

@@ -217,7 +217,15 @@ def test_job_detail_shows_redacted_payload_errors_workers_and_timeline(
     assert '<span class="host">web-7</span> pid <span class="pid">4242</span>' in html
     assert '<span class="host">web-8</span> pid <span class="pid">77</span>' in html
     labels = re.findall(r'<span class="event-label">([^<]+)</span>', html)
-    assert labels == ["Created", "Attempt 1 failed", "Scheduled", "Attempt 2 failed", "Dead"]
+    assert labels == [
+        "Created",
+        "Attempt 1 started",
+        "Attempt 1 failed",
+        "Scheduled",
+        "Attempt 2 started",
+        "Attempt 2 failed",
+        "Dead",
+    ]
     assert "attempts exhausted (2 of 2)" in html
     assert f'action="/jobs/{job_id}/requeue"' in html and f'action="/jobs/{job_id}/cancel"' not in html
 

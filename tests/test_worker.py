@@ -37,7 +37,7 @@ def start_worker(dsn: str) -> Iterator[StartWorker]:
 def test_processes_a_job(client: Client, conn: Connection, start_worker: StartWorker) -> None:
     app = App()
     seen: list[Any] = []
-    app.task("greet")(lambda job: seen.append((job.payload, job.attempt)))
+    app.task("greet")(lambda job: seen.append((job.payload, job.run)))
     job_id = app.enqueue(client, "greet", {"name": "ada"}).id
     start_worker(app)
     wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
@@ -67,7 +67,7 @@ def test_error_retries_then_dead_with_the_error_recorded(
 
     @app.task("explode", max_attempts=3, backoff=lambda attempt: 0.0)
     def explode(job: Job) -> None:
-        raise ValueError(f"bad input on attempt {job.attempt}")
+        raise ValueError(f"bad input on attempt {job.run}")
 
     job_id = app.enqueue(client, "explode").id
     start_worker(app)
@@ -85,7 +85,7 @@ def test_fails_twice_then_succeeds(client: Client, conn: Connection, start_worke
 
     @app.task("flaky", max_attempts=5, backoff=lambda attempt: 0.0)
     def flaky(job: Job) -> None:
-        if job.attempt < 3:
+        if job.run < 3:
             raise RuntimeError("transient")
 
     job_id = app.enqueue(client, "flaky").id
@@ -104,7 +104,7 @@ def test_always_failing_goes_dead_after_max_attempts(
 
     @app.task("never", max_attempts=4, backoff=lambda attempt: 0.0)
     def never(job: Job) -> None:
-        calls.append(job.attempt)
+        calls.append(job.run)
         raise RuntimeError("always")
 
     job_id = app.enqueue(client, "never").id
@@ -310,7 +310,7 @@ def test_snooze_runs_again_later_without_spending_an_attempt(
 
     @app.task("later", max_attempts=1)
     def later(job: Job) -> None:
-        runs.append(job.attempt)
+        runs.append(job.run)
         if len(runs) == 1:
             raise Snooze(0.2)
 
@@ -328,7 +328,7 @@ def test_permanent_error_fails_without_retry(client: Client, conn: Connection, s
 
     @app.task("refuse", max_attempts=5)
     def refuse(job: Job) -> None:
-        runs.append(job.attempt)
+        runs.append(job.run)
         raise PermanentError("card declined")
 
     job_id = app.enqueue(client, "refuse").id
@@ -362,7 +362,7 @@ def test_every_failed_attempt_leaves_a_log_line(
 
     @app.task("flaky", max_attempts=2, backoff=lambda attempt: 0.0)
     def flaky(job: Job) -> None:
-        raise ValueError(f"bad input on attempt {job.attempt}")
+        raise ValueError(f"bad input on attempt {job.run}")
 
     @app.task("refuse")
     def refuse(job: Job) -> None:

@@ -219,7 +219,7 @@ def show_job(job_id: int, as_json: bool, database_url: str | None, shards_source
         return
     history = fields.pop("errors")
     del fields["steps"]
-    # Attempts as people read them, charged of the budget (the attempt number is a fencing token).
+    # Attempts as people read them, charged of the budget (the run counts every run: the fencing token).
     fields = {key: value for key, value in fields.items() if key not in ("max_attempts", "attempt_budget")}
     fields["attempt"] = job.describe_attempts().removeprefix("attempt ")
     fields["progress"] = "-" if progress is None else f"{progress.describe()} at {progress.at}"
@@ -228,8 +228,8 @@ def show_job(job_id: int, as_json: bool, database_url: str | None, shards_source
         click.echo(f"{key:>16}: {shown}")
     for number, step in enumerate(job.steps, 1):
         click.echo(f"{'step ' + str(number):>16}: {step.describe()} (run {step.attempt})")
-    for entry in history:  # each entry names the run it ended (the attempt number at the time)
-        click.echo(f"--- run {entry['attempt']} at {entry['at']} on {entry['worker']}\n{entry['error']}")
+    for entry in history:  # attempts numbered as counted above; a run handed back by its run
+        click.echo(f"--- {_history_heading(entry)}\n{entry['error']}")
 
 
 @jobs.command("why")
@@ -251,6 +251,17 @@ def why_job(job_id: int, as_json: bool, database_url: str | None) -> None:
     )
     for cause in diagnosis.causes:
         click.echo(f"- {cause.message}")
+
+
+def _history_heading(entry: dict[str, Any]) -> str:
+    """One history entry's heading in ``jobs show``: a requeue, or a run and how it ended."""
+    if entry["requeued"]:
+        return f"requeued at {entry['at']} (it was {entry['requeued']} since {entry['finished']})"
+    name = f"run {entry['run']}, not charged" if entry["attempt"] is None else f"attempt {entry['attempt']}"
+    started = f" (run {entry['run']}, started {entry['started']})" if entry["attempt"] is not None else ""
+    if entry["attempt"] is None and entry["started"]:
+        started = f" (started {entry['started']})"
+    return f"{name} ended at {entry['at']}{started} on {entry['worker']}"
 
 
 def _job_dict(job: JobRecord) -> dict[str, Any]:

@@ -339,12 +339,42 @@ class GroupResult:
 
 @dataclass(frozen=True)
 class AttemptError:
-    """One failed attempt in a job's error history."""
+    """One entry of a job's history: a run that ended without completing (a failed attempt, or
+    a run handed back uncharged), or a requeue."""
 
-    attempt: int
+    #: The attempt's number as ``jobs show`` counts them (charged since the job was enqueued or
+    #: last requeued); None for an entry that charged nothing (a hand-back, a requeue).
+    attempt: int | None
     at: dt.datetime
     worker: str | None
     error: str
+    #: The run's number (every run counts, charged or not: the job's fencing token then).
+    run: int = 0
+    #: When that run started (None: an entry written before runs recorded it, or a requeue).
+    started: dt.datetime | None = None
+    #: For a requeue: the state the job left (dead, failed, cancelled, expired) and when it had
+    #: finished in it.
+    requeued: str | None = None
+    finished: dt.datetime | None = None
+
+
+def number_attempts(entries: Sequence[dict[str, Any]]) -> list[int | None]:
+    """Each raw history entry's attempt number, as people count them (see :class:`AttemptError`):
+    charged entries count from 1, a requeue starts the count over, an entry that charged nothing
+    has none. (An entry written before entries said whether they charged is a charge unless its
+    note says it was not.)"""
+    numbers: list[int | None] = []
+    count = 0
+    for entry in entries:
+        if entry.get("requeued"):
+            count = 0
+        charged = entry.get("charged", "attempt not charged" not in str(entry.get("error", "")))
+        if charged and not entry.get("requeued"):
+            count += 1
+            numbers.append(count)
+        else:
+            numbers.append(None)
+    return numbers
 
 
 class Lease(NamedTuple):
@@ -440,7 +470,11 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class JobRecord:
-    """A full row of the jobs table, as returned by :meth:`miniqueue.Client.get`."""
+    """A full row of the jobs table, as returned by :meth:`miniqueue.Client.get`.
+
+    ``attempt`` is the attempt as ``jobs show`` and the handler's ``job.attempt`` count it (the
+    attempts charged since the job was enqueued or last requeued); ``run`` counts every run,
+    charged or not (the row's ``attempt`` column, the fencing token)."""
 
     id: int
     queue: str
@@ -478,15 +512,18 @@ class JobRecord:
     #: The signal key it is parked on (state ``waiting``), or None; and until when (None: no timeout).
     signal_key: str | None = None
     signal_timeout_at: dt.datetime | None = None
+    #: Every run so far, charged or not (the fencing token), and when the latest started.
+    run: int = 0
+    started_at: dt.datetime | None = None
 
     @property
     def charged_attempts(self) -> int:
-        """The attempts charged against :attr:`attempt_budget` (see :func:`charged_attempts`)."""
-        return charged_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+        """The attempts charged against :attr:`attempt_budget`: :attr:`attempt`."""
+        return self.attempt
 
     def describe_attempts(self) -> str:
         """``attempt 2 of 5``, or ``attempt 2 of 5, 4 runs`` (see :func:`describe_attempts`)."""
-        return describe_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+        return describe_attempts(self.run, self.max_attempts, self.attempt_budget)
 
 
 @dataclass(frozen=True)

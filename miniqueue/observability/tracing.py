@@ -38,7 +38,8 @@ Attributes (``messaging.*`` from the semantic conventions, ``miniqueue.*`` for t
 ``messaging.client.id``            the worker id (consumer)
 ``miniqueue.task``                 the task (on a batch, when all its jobs share one)
 ``miniqueue.duplicate``            true when an idempotency key matched an earlier job (producer)
-``miniqueue.attempt``              the attempt number, with ``miniqueue.max_attempts``
+``miniqueue.attempt``              the attempt number (charged), with ``miniqueue.max_attempts``
+                                   (the budget) and ``miniqueue.run`` (every run, charged or not)
 ``miniqueue.outcome``              ``completed``, ``retried``, ``dead``, ``failed``, ``snoozed``,
                                    ``lease_lost`` or ``cancelled`` (consumer)
 ``miniqueue.stop_reason``          why the handler was told to stop, if it was
@@ -266,7 +267,8 @@ class Tracing:
                 "miniqueue.job.id": job.id,
                 "miniqueue.task": job.task,
                 "miniqueue.attempt": job.attempt,
-                "miniqueue.max_attempts": job.max_attempts,
+                "miniqueue.max_attempts": job.attempt_budget,
+                "miniqueue.run": job.run,
             }
             span = self.tracer.start_span(
                 f"process {job.task}",

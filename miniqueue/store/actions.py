@@ -39,7 +39,10 @@ WITH picked AS (
     UPDATE {jobs} j
        SET state = CASE WHEN j.sequence_key IS NULL THEN 'available' ELSE 'waiting' END, scheduled_at = now(),
            max_attempts = j.attempt + j.attempt_budget,
-           finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
+           finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL,
+           errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(), 'worker', NULL, 'error', format('requeued: it was %%s', p.state),
+               'charged', false, 'requeued', p.state, 'finished', p.finished_at))
       FROM picked p WHERE j.id = p.id
     RETURNING j.id, p.queue, p.state, p.finished_at, j.sequence_key
 ), counted AS (

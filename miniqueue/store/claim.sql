@@ -254,7 +254,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -397,7 +397,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -536,7 +536,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -679,7 +679,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -852,7 +852,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1031,7 +1031,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1206,7 +1206,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1385,7 +1385,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,

@@ -14,7 +14,17 @@ from psycopg import sql
 
 from ..core.db import Connection
 from ..core.errors import JobNotFound
-from ..core.records import AttemptError, JobRecord, ParentOutcome, QueueCount, QueueStats, State, StepRecord
+from ..core.records import (
+    AttemptError,
+    JobRecord,
+    ParentOutcome,
+    QueueCount,
+    QueueStats,
+    State,
+    StepRecord,
+    charged_attempts,
+    number_attempts,
+)
 from ..core.steps import Atomic, Query, Steps, atomic, run
 from .base import Statement, StoreBase
 from .rows import bigints, monitoring
@@ -26,7 +36,7 @@ _STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[
 _GET = """SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at
+       steps, signal_key, signal_timeout_at, started_at
   FROM {jobs} WHERE id = %(id)s"""
 
 # What a job's result is, or why there is none.
@@ -48,7 +58,7 @@ _LIST = """
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at
+       steps, signal_key, signal_timeout_at, started_at
   FROM {jobs}
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -392,11 +402,25 @@ def job_filter(
 def _record(row: dict[str, Any]) -> JobRecord:
     """A job's row, by column name (_GET's columns are JobRecord's fields)."""
     history = tuple(
-        AttemptError(e["attempt"], _parse_timestamp(e["at"]), e["worker"], e["error"]) for e in row["errors"]
+        AttemptError(
+            attempt,
+            _parse_timestamp(e["at"]),
+            e["worker"],
+            e["error"],
+            run=e["attempt"],
+            started=_parse_timestamp(e["started"]) if e.get("started") else None,
+            requeued=e.get("requeued"),
+            finished=_parse_timestamp(e["finished"]) if e.get("finished") else None,
+        )
+        for e, attempt in zip(row["errors"], number_attempts(row["errors"]), strict=True)
     )
     links = {"parents": tuple(row["parents"] or ()), "dependents": tuple(row["dependents"] or ())}
     steps = tuple(StepRecord.of(entry) for entry in row["steps"] or ())
-    return JobRecord(**{**row, "state": State(row["state"]), "errors": history, **links, "steps": steps})
+    counted = {
+        "run": row["attempt"],
+        "attempt": charged_attempts(row["attempt"], row["max_attempts"], row["attempt_budget"]),
+    }
+    return JobRecord(**{**row, **counted, "state": State(row["state"]), "errors": history, **links, "steps": steps})
 
 
 def _parse_timestamp(text: str) -> dt.datetime:

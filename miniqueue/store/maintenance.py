@@ -33,7 +33,7 @@ UPDATE {jobs}
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
                            leased_by, attempt_budget - (max_attempts - attempt), attempt_budget),
        errors = errors || jsonb_build_array(jsonb_build_object(
-       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', 'worker lost: lease expired without renewal')), lease_expires_at = NULL, leased_by = NULL
+       'attempt', attempt, 'started', started_at, 'at', now(), 'worker', leased_by, 'error', 'worker lost: lease expired without renewal')), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(ARRAY(
         SELECT id FROM {jobs}
          WHERE state = 'running' AND lease_expires_at < now()
@@ -79,7 +79,7 @@ UPDATE {jobs}
    SET state = 'expired', finished_at = now(), pending_parents = 0,
        last_error = format('expired: not started by its deadline, %%s', expires_at),
        errors = errors || jsonb_build_array(jsonb_build_object(
-       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', format('expired: not started by its deadline, %%s', expires_at)))
+       'attempt', attempt, 'started', started_at, 'at', now(), 'worker', leased_by, 'error', format('expired: not started by its deadline, %%s', expires_at)))
  WHERE id = ANY(ARRAY(
         SELECT id FROM {jobs}
          WHERE expires_at <= now() AND expires_at IS NOT NULL AND state IN ('available', 'waiting')

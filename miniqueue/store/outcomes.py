@@ -117,7 +117,8 @@ UPDATE {jobs} j
                                    default_base => %(base)s, default_cap => %(cap)s))) END,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = f.error, errors = j.errors || jsonb_build_array(jsonb_build_object(
-       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', f.error)), lease_expires_at = NULL, leased_by = NULL
+       'attempt', j.attempt, 'started', j.started_at, 'at', now(), 'worker', j.leased_by, 'error', f.error)),
+       lease_expires_at = NULL, leased_by = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
@@ -154,7 +155,7 @@ _FAIL = """
 WITH failed AS (
 UPDATE {jobs}
    SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = errors || jsonb_build_array(jsonb_build_object(
-       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
+       'attempt', attempt, 'started', started_at, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, sequence_key
@@ -211,7 +212,8 @@ WITH backed AS (
                                    (SELECT max(l.paused_until) FROM {limits} l
                                      WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s)),
            errors = j.errors || jsonb_build_array(jsonb_build_object(
-               'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', %(note)s::text))
+               'attempt', j.attempt, 'started', j.started_at, 'at', now(), 'worker', j.leased_by,
+               'error', %(note)s::text, 'charged', false))
      WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
     RETURNING j.id
 ), paused AS (
@@ -240,7 +242,8 @@ SELECT id, (SELECT count(*) FROM paused) FROM backed
 _RELEASE = """
 UPDATE {jobs} j
    SET state = 'available', max_attempts = j.max_attempts + 1, errors = j.errors || jsonb_build_array(jsonb_build_object(
-       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', r.note)),
+       'attempt', j.attempt, 'started', j.started_at, 'at', now(), 'worker', j.leased_by, 'error', r.note,
+       'charged', false)),
        lease_expires_at = NULL, leased_by = NULL, run_alone = CASE WHEN r.alone THEN true ELSE j.run_alone END
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[], %(alone)s::bool[]) AS r(id, attempt, note, alone)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s

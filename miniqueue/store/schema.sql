@@ -1,6 +1,6 @@
 -- miniqueue's database schema, written out for reading: every table, column, constraint, index,
 -- storage and statistics setting and function that the migrations in `migrations/` leave behind,
--- as of migration 031 (031_process_queues_and_tasks.sql).
+-- as of migration 032 (032_run_started.sql).
 --
 -- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
 -- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
@@ -114,6 +114,8 @@ CREATE TABLE miniqueue_jobs (
     -- charged, and it runs alone next (no other handler in its process), so that a death while it
     -- runs is its own. NULL: false.
     run_alone            BOOLEAN,
+    -- When the latest run started (the claim sets it); each run's history entry carries its own.
+    started_at           TIMESTAMPTZ,
 
     CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1),
     CONSTRAINT expires_after_enqueue CHECK (expires_at > created_at),
@@ -180,7 +182,8 @@ ALTER TABLE miniqueue_jobs_live
     ALTER COLUMN failed_parents SET STATISTICS 10,
     ALTER COLUMN progress SET STATISTICS 0,
     ALTER COLUMN rate_cost SET STATISTICS 0,
-    ALTER COLUMN run_alone SET STATISTICS 0;
+    ALTER COLUMN run_alone SET STATISTICS 0,
+    ALTER COLUMN started_at SET STATISTICS 0;
 
 -- The claim index: available jobs without limits, in the claim's order (priority DESC,
 -- scheduled_at, id), so a claim reads the first entries instead of sorting. Partial, so its size

@@ -348,7 +348,7 @@ class _Progress:
             for job in self.running.values():
                 if job.id not in self.reported:
                     self.reported.add(job.id)
-                    batch.append(reports.Start(job.id, job.attempt, self.timeouts.get(job.task), job.task))
+                    batch.append(reports.Start(job.id, job.run, self.timeouts.get(job.task), job.task))
             batch += [reports.Done(*key, tally) for key, tally in self.tallies.items()]
             self.tallies = {}
             reports.write(self.spec.report_fd, batch)

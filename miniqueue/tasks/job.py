@@ -126,11 +126,17 @@ class Job(DurableSteps):
         self.queue: str = lease.queue
         self.task: str = lease.task
         self.payload: Any = lease.payload
-        self.attempt: int = lease.attempt
+        #: This run's number: 1 on the first run and one more on each, charged or not (a stop we
+        #: asked for, a snooze, a requeue); it never repeats for a job, and fences its writes.
+        self.run: int = lease.attempt
         self.max_attempts: int = lease.max_attempts
-        #: The attempts this job may be charged (``max_attempts`` as it was enqueued or requeued):
-        #: ``attempt`` counts every run, charged or not (see :attr:`charged_attempts`).
+        #: The attempts this job may be charged (``max_attempts`` as it was enqueued or requeued).
         self.attempt_budget: int = lease.max_attempts if lease.attempt_budget is None else lease.attempt_budget
+        #: This attempt's number, as ``miniqueue jobs show``, the dashboard and the logs say it
+        #: (``attempt 2 of 5``): the attempts charged against :attr:`attempt_budget` since the job
+        #: was enqueued or last requeued, this one included. Runs handed back uncharged do not
+        #: count (see :attr:`run`).
+        self.attempt: int = charged_attempts(lease.attempt, lease.max_attempts, self.attempt_budget)
         self.priority: int = lease.priority
         self.scheduled_at: dt.datetime = lease.scheduled_at
         self.created_at: dt.datetime = lease.created_at
@@ -188,11 +194,11 @@ class Job(DurableSteps):
     def charged_attempts(self) -> int:
         """The attempts charged so far against :attr:`attempt_budget`, this one included: runs
         handed back uncharged (a stop, a prefetched job never started, a snooze) are not."""
-        return charged_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+        return self.attempt
 
     def describe_attempts(self) -> str:
         """``attempt 2 of 5``, or ``attempt 2 of 5, 4 runs`` when some runs were not charged."""
-        return describe_attempts(self.attempt, self.max_attempts, self.attempt_budget)
+        return describe_attempts(self.run, self.max_attempts, self.attempt_budget)
 
     @property
     def parent_results(self) -> dict[int, Any]:

@@ -62,7 +62,8 @@ class JobRun:
     ``outcome`` is ``completed`` (or ``completed_in_transaction``), ``retried``, ``dead``,
     ``failed``, ``snoozed``, ``slept`` (a durable sleep), ``waiting`` (parked until a signal) or
     ``lease_lost``; ``error`` is the traceback of a failed attempt;
-    ``delay`` the seconds until a retry or snoozed job is due again.
+    ``delay`` the seconds until a retry or snoozed job is due again. ``attempt`` is the attempt
+    as ``job.attempt`` counts it (charged), ``run`` the run (every run counts).
     """
 
     job_id: int
@@ -73,6 +74,7 @@ class JobRun:
     error: str | None
     delay: float
     duration: float
+    run: int = 0
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,15 @@ class _Run:
         self.started.pop(job.id, None)
         self.runs.append(
             JobRun(
-                job.id, job.task, job.queue, job.attempt, outcome.kind, outcome.error, outcome.delay, outcome.duration
+                job.id,
+                job.task,
+                job.queue,
+                job.attempt,
+                outcome.kind,
+                outcome.error,
+                outcome.delay,
+                outcome.duration,
+                job.run,
             )
         )
 

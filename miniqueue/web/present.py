@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.records import JobRecord, State
+from ..core.records import AttemptError, JobRecord, State
 
 Redact = Callable[[Any], Any]
 FAILED_STATES = (State.FAILED, State.DEAD)
@@ -42,43 +42,60 @@ class Event:
     """One line of a job's timeline."""
 
     at: dt.datetime
-    kind: str  # created, scheduled, failed, running, completed, dead, failed-final, cancelled
+    kind: str  # created, scheduled, started, failed, handed-back, requeued, running, completed, dead, ...
     label: str
     detail: str = ""
     worker: WorkerRef | None = None
 
 
 def timeline(job: JobRecord) -> list[Event]:
-    """Created, scheduled, each failed attempt (who ran it, why), running now, finished."""
+    """Created, scheduled, each run that ended without completing (when it started, who ran it,
+    why it ended), each requeue (and the end it undid), the run now, finished. Attempts are
+    numbered as ``jobs show`` counts them; a run handed back uncharged is named by its run."""
     events = [Event(job.created_at, "created", "Created", f"queue {job.queue}, priority {job.priority}")]
     if job.state is State.AVAILABLE or job.scheduled_at != job.created_at:
         events.append(Event(job.scheduled_at, "scheduled", "Scheduled", "runnable from this time"))
-    for error in job.errors:
-        events.append(
-            Event(
-                error.at,
-                "failed",
-                f"Attempt {error.attempt} failed",
-                summary(error.error),
-                parse_worker_id(error.worker),
-            )
-        )
+    for entry in job.errors:
+        events += _history_events(entry)
+    last_run = f"Attempt {job.attempt}" if job.run else ""
     if job.state is State.RUNNING and job.lease_expires_at is not None:
+        worker = parse_worker_id(job.leased_by)
+        if job.started_at is not None:
+            events.append(Event(job.started_at, "started", f"{last_run} started", f"run {job.run}", worker))
         events.append(
             Event(
                 job.lease_expires_at,
                 "running",
-                f"Attempt {job.attempt} running",
+                f"{last_run} running",
                 "lease expires at this time unless renewed",
-                parse_worker_id(job.leased_by),
+                worker,
             )
         )
     if job.finished_at is not None:
+        if job.started_at is not None and job.state is State.COMPLETED:
+            events.append(Event(job.started_at, "started", f"{last_run} started", f"run {job.run}"))
         kind = "failed-final" if job.state is State.FAILED else job.state.value
         events.append(Event(job.finished_at, kind, job.state.value.capitalize(), _finish_detail(job)))
     # At equal times, a failure comes before the retry it schedules.
-    rank = {"created": 0, "failed": 1, "scheduled": 2, "running": 3}
-    return sorted(events, key=lambda e: (e.at, rank.get(e.kind, 4)))
+    rank = {"created": 0, "started": 1, "failed": 2, "handed-back": 2, "requeued": 3, "scheduled": 4, "running": 5}
+    return sorted(events, key=lambda e: (e.at, rank.get(e.kind, 6)))
+
+
+def _history_events(entry: AttemptError) -> list[Event]:
+    """The timeline's events of one history entry: a requeue (and the end it undid), or a run
+    (its start, and how it ended)."""
+    if entry.requeued:
+        undone = [Event(entry.finished, entry.requeued, entry.requeued.capitalize(), "")] if entry.finished else []
+        return [
+            *undone,
+            Event(entry.at, "requeued", "Requeued", f"it was {entry.requeued}: a fresh budget of attempts"),
+        ]
+    worker = parse_worker_id(entry.worker)
+    name = f"Attempt {entry.attempt}" if entry.attempt is not None else f"Run {entry.run}"
+    started = [Event(entry.started, "started", f"{name} started", f"run {entry.run}", worker)] if entry.started else []
+    if entry.attempt is None:
+        return [*started, Event(entry.at, "handed-back", f"{name} handed back", summary(entry.error), worker)]
+    return [*started, Event(entry.at, "failed", f"{name} failed", summary(entry.error), worker)]
 
 
 def _finish_detail(job: JobRecord) -> str:

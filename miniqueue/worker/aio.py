@@ -119,7 +119,7 @@ class AsyncTransactions:
         pool = await self._pool()
         async with pool.connection() as conn, conn.transaction():
             yield conn
-            await arun(conn, self.store.complete_steps(job.id, self.worker_id, job.attempt, result=job.result_json))
+            await arun(conn, self.store.complete_steps(job.id, self.worker_id, job.run, result=job.result_json))
 
     @contextlib.asynccontextmanager
     async def connection(self, job: Job) -> AsyncIterator[AsyncConnection[Any]]:

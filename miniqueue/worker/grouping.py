@@ -35,12 +35,12 @@ class GroupMembers:
 
     def add(self, job: Job, conn: Connection, spec: JobSpec) -> EnqueueResult:
         def store(spec: JobSpec) -> EnqueueResult:
-            return run(conn, self.store.add_to_group_steps(job.id, self.worker_id, job.attempt, self._job(spec)))
+            return run(conn, self.store.add_to_group_steps(job.id, self.worker_id, job.run, self._job(spec)))
 
         return self.middleware.enqueue_one(spec, store)
 
     async def aadd(self, job: Job, conn: AsyncConnection[Any], spec: JobSpec) -> EnqueueResult:
         def store(spec: JobSpec) -> Awaitable[EnqueueResult]:
-            return arun(conn, self.store.add_to_group_steps(job.id, self.worker_id, job.attempt, self._job(spec)))
+            return arun(conn, self.store.add_to_group_steps(job.id, self.worker_id, job.run, self._job(spec)))
 
         return await self.middleware.aenqueue_one(spec, store)

@@ -77,7 +77,7 @@ class HandlerConnections:
         its attempt) before it commits."""
         with self.pool().connection() as conn, conn.transaction():
             yield conn
-            self.store.complete(conn, job.id, self.worker_id, job.attempt, result=job.result_json)
+            self.store.complete(conn, job.id, self.worker_id, job.run, result=job.result_json)
 
     def close(self) -> None:
         """Close the pool if it is this worker's own."""

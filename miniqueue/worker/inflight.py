@@ -48,7 +48,7 @@ class InflightBoard:
             if not self._free:
                 return
             slot = self._taken[job.id] = self._free.pop()
-        _SLOT.pack_into(self._map, _HEADER.size + slot * _SLOT.size, job.id, job.attempt, job.started_at)
+        _SLOT.pack_into(self._map, _HEADER.size + slot * _SLOT.size, job.id, job.run, job.started_at)
 
     def handler_finished(self, job: Job) -> None:
         """Record that ``job``'s handler returned (or raised)."""

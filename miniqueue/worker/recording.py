@@ -51,7 +51,7 @@ class Batch:
 
     @classmethod
     def of(cls, outcomes: list[tuple[Job, Outcome]]) -> Batch:
-        completions = [(job.id, job.attempt) for job, outcome in outcomes if outcome.kind == "completed"]
+        completions = [(job.id, job.run) for job, outcome in outcomes if outcome.kind == "completed"]
         results = {
             job.id: outcome.result
             for job, outcome in outcomes
@@ -135,7 +135,7 @@ class OutcomeRecorder:
         heartbeat may not have written it yet, and cannot once they completed): one statement
         for the batch, and none when no job of it reported progress."""
         final = {
-            (job.id, job.attempt): job.progress_json
+            (job.id, job.run): job.progress_json
             for job, outcome in batch.outcomes
             if outcome.kind == "completed" and job.progress_json is not None
         }
@@ -168,16 +168,16 @@ class OutcomeRecorder:
         for job, outcome in batch.outcomes:
             if outcome.kind == "error":
                 task = self.app.tasks.get(job.task)
-                failed[job.id] = (job, outcome, (task.backoff if task else default_backoff)(job.attempt))
+                failed[job.id] = (job, outcome, (task.backoff if task else default_backoff)(job.run))
         if not failed:
             return {}
-        failures = [Failure(job.id, job.attempt, outcome.error or "", delay) for job, outcome, delay in failed.values()]
+        failures = [Failure(job.id, job.run, outcome.error or "", delay) for job, outcome, delay in failed.values()]
         states = self.store.record_failures(conn, self.worker_id, failures)
         recorded = {}
         for job_id, (job, outcome, delay) in failed.items():
             state = states.get(job_id)
             if state is None:
-                lost = LeaseLost(job_id, self.worker_id, job.attempt)
+                lost = LeaseLost(job_id, self.worker_id, job.run)
                 recorded[job_id] = dataclasses.replace(outcome, kind="lease_lost", error=str(lost))
             else:
                 recorded[job_id] = dataclasses.replace(
@@ -190,12 +190,12 @@ class OutcomeRecorder:
         RateLimited); LeaseLost turns it into ``lease_lost``."""
         try:
             if outcome.kind == "permanent":
-                self.store.fail(conn, job.id, self.worker_id, job.attempt, outcome.error or "")
+                self.store.fail(conn, job.id, self.worker_id, job.run, outcome.error or "")
                 return dataclasses.replace(outcome, kind="failed")
             if outcome.pause_key is not None:
-                self.store.rate_limit(conn, job.id, self.worker_id, job.attempt, outcome.pause_key, outcome.delay)
+                self.store.rate_limit(conn, job.id, self.worker_id, job.run, outcome.pause_key, outcome.delay)
                 return outcome
-            self.store.snooze(conn, job.id, self.worker_id, job.attempt, outcome.delay)
+            self.store.snooze(conn, job.id, self.worker_id, job.run, outcome.delay)
             return outcome
         except LeaseLost as exc:
             return dataclasses.replace(outcome, kind="lease_lost", error=str(exc))
@@ -214,7 +214,7 @@ def log_outcome(job: Job, outcome: Outcome) -> None:
         "queue": job.queue,
         "attempt": job.charged_attempts,
         "max_attempts": job.attempt_budget,
-        "run": job.attempt,
+        "run": job.run,
         "outcome": outcome.kind,
         "error": error,
     }

@@ -89,7 +89,7 @@ class Slots:
         :meth:`~miniqueue.Job.take_progress`)."""
         with self.lock:
             jobs = [*self.running.values(), *self.finishing.values()]
-            leases = [(lease.id, lease.attempt) for lease in self.ready] + [(job.id, job.attempt) for job in jobs]
+            leases = [(lease.id, lease.attempt) for lease in self.ready] + [(job.id, job.run) for job in jobs]
             progress = {job.id: text for job in jobs if (text := job.take_progress()) is not None}
             return HeldLeases(leases, progress)
 

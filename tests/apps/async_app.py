@@ -22,7 +22,7 @@ async def record(job: Job) -> None:
     if _conn is None:
         _conn = await psycopg.AsyncConnection.connect(os.environ["DATABASE_URL"], autocommit=True)
     await _conn.execute(
-        "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)", [job.id, job.attempt, os.getpid()]
+        "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)", [job.id, job.run, os.getpid()]
     )
 
 
@@ -30,7 +30,7 @@ async def record(job: Job) -> None:
 async def nap(job: Job) -> None:
     """Record, then sleep ``seconds`` on the attempts listed in ``sleep_on`` (default: none)."""
     await record(job)
-    if job.attempt in job.payload.get("sleep_on", []):
+    if job.run in job.payload.get("sleep_on", []):
         await asyncio.sleep(job.payload.get("seconds", 30))
 
 
@@ -46,6 +46,6 @@ async def effect(job: Job) -> None:
 async def deaf(job: Job) -> None:
     """Record, then on its first attempt swallow every cancellation: only a kill ends it."""
     await record(job)
-    while job.attempt == 1:
+    while job.run == 1:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(30)

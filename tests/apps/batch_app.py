@@ -25,7 +25,7 @@ def record(jobs: list[Job]) -> None:
     with _conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)",
-            [(job.id, job.attempt, os.getpid()) for job in jobs],
+            [(job.id, job.run, os.getpid()) for job in jobs],
         )
 
 
@@ -37,7 +37,7 @@ def index(jobs: list[Job]) -> None:
     record(jobs)
     for done, job in enumerate(jobs):
         stall = job.payload.get("stall_after") if isinstance(job.payload, dict) else None
-        if job.attempt == 1 and stall == done:
+        if job.run == 1 and stall == done:
             time.sleep(60)
         with job.transaction() as conn:
             conn.execute("INSERT INTO batch_effects (job_id) VALUES (%s)", [job.id])

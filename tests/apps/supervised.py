@@ -21,9 +21,7 @@ def record(job: Job) -> None:
     global _conn
     if _conn is None:
         _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-    _conn.execute(
-        "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)", [job.id, job.attempt, os.getpid()]
-    )
+    _conn.execute("INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)", [job.id, job.run, os.getpid()])
 
 
 @app.task("work", max_attempts=3)
@@ -31,7 +29,7 @@ def work(job: Job) -> None:
     """Record, then sleep ``seconds`` on the attempts listed in ``sleep_on`` (default: none),
     waking early when told to stop unless ``deaf``."""
     record(job)
-    if job.attempt in job.payload.get("sleep_on", []):
+    if job.run in job.payload.get("sleep_on", []):
         seconds = job.payload.get("seconds", 30)
         if job.payload.get("deaf"):
             time.sleep(seconds)

@@ -23,7 +23,7 @@ def record(job: Job) -> None:
     _conn.execute(
         "INSERT INTO executions (job_id, attempt, pid, parents_done) "
         "SELECT %s, %s, %s, NOT EXISTS (SELECT 1 FROM miniqueue_jobs WHERE id = ANY(%s) AND state <> 'completed')",
-        [job.id, job.attempt, os.getpid(), list(job.parents)],
+        [job.id, job.run, os.getpid(), list(job.parents)],
     )
 
 
@@ -32,7 +32,7 @@ def step(job: Job) -> Any:
     """Record; on the attempts in ``sleep_on``, wait ``seconds`` (a kill lands meanwhile); return
     ``value`` plus the parents' results, when they are numbers."""
     record(job)
-    if job.attempt in job.payload.get("sleep_on", []):
+    if job.run in job.payload.get("sleep_on", []):
         job.wait(job.payload.get("seconds", 30))
     return job.payload.get("value", 0) + sum(r for r in job.parent_results.values() if isinstance(r, int))
 
@@ -62,7 +62,7 @@ def spawner(job: Job) -> None:
     """A member that adds two jobs to its group in its completing transaction; on the attempts in
     ``sleep_on`` it waits first (a kill lands meanwhile: the adds of that attempt never commit)."""
     record(job)
-    if job.attempt in job.payload.get("sleep_on", []):
+    if job.run in job.payload.get("sleep_on", []):
         job.wait(job.payload.get("seconds", 30))
     with job.transaction():
         for value in (1000, 2000):

@@ -556,7 +556,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -698,7 +698,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -836,7 +836,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -978,7 +978,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1150,7 +1150,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1328,7 +1328,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1502,7 +1502,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1680,7 +1680,7 @@ taken AS (
 ),
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1,
+   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
@@ -1748,7 +1748,8 @@ UPDATE "public"."miniqueue_jobs" j
                                    default_base => %(base)s, default_cap => %(cap)s))) END,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = f.error, errors = j.errors || jsonb_build_array(jsonb_build_object(
-       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', f.error)), lease_expires_at = NULL, leased_by = NULL
+       'attempt', j.attempt, 'started', j.started_at, 'at', now(), 'worker', j.leased_by, 'error', f.error)),
+       lease_expires_at = NULL, leased_by = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[], %(backoffs)s::float8[])
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
@@ -1782,7 +1783,7 @@ SELECT id, state FROM failed WHERE (SELECT count(*) FROM settled) >= 0;
 WITH failed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = errors || jsonb_build_array(jsonb_build_object(
-       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
+       'attempt', attempt, 'started', started_at, 'at', now(), 'worker', leased_by, 'error', %(error)s::text)),
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, sequence_key
@@ -1826,7 +1827,8 @@ WITH backed AS (
                                    (SELECT max(l.paused_until) FROM "public"."miniqueue_limits" l
                                      WHERE substring(l.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$') = %(key)s)),
            errors = j.errors || jsonb_build_array(jsonb_build_object(
-               'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', %(note)s::text))
+               'attempt', j.attempt, 'started', j.started_at, 'at', now(), 'worker', j.leased_by,
+               'error', %(note)s::text, 'charged', false))
      WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
     RETURNING j.id
 ), paused AS (
@@ -1847,7 +1849,8 @@ SELECT id, (SELECT count(*) FROM paused) FROM backed;
 -- _release
 UPDATE "public"."miniqueue_jobs" j
    SET state = 'available', max_attempts = j.max_attempts + 1, errors = j.errors || jsonb_build_array(jsonb_build_object(
-       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', r.note)),
+       'attempt', j.attempt, 'started', j.started_at, 'at', now(), 'worker', j.leased_by, 'error', r.note,
+       'charged', false)),
        lease_expires_at = NULL, leased_by = NULL, run_alone = CASE WHEN r.alone THEN true ELSE j.run_alone END
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::text[], %(alone)s::bool[]) AS r(id, attempt, note, alone)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id AND j.attempt = r.attempt AND state = 'running' AND leased_by = %(worker)s
@@ -1979,7 +1982,7 @@ UPDATE "public"."miniqueue_jobs"
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
                            leased_by, attempt_budget - (max_attempts - attempt), attempt_budget),
        errors = errors || jsonb_build_array(jsonb_build_object(
-       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', 'worker lost: lease expired without renewal')), lease_expires_at = NULL, leased_by = NULL
+       'attempt', attempt, 'started', started_at, 'at', now(), 'worker', leased_by, 'error', 'worker lost: lease expired without renewal')), lease_expires_at = NULL, leased_by = NULL
  WHERE id = ANY(ARRAY(
         SELECT id FROM "public"."miniqueue_jobs"
          WHERE state = 'running' AND lease_expires_at < now()
@@ -2018,7 +2021,7 @@ UPDATE "public"."miniqueue_jobs"
    SET state = 'expired', finished_at = now(), pending_parents = 0,
        last_error = format('expired: not started by its deadline, %%s', expires_at),
        errors = errors || jsonb_build_array(jsonb_build_object(
-       'attempt', attempt, 'at', now(), 'worker', leased_by, 'error', format('expired: not started by its deadline, %%s', expires_at)))
+       'attempt', attempt, 'started', started_at, 'at', now(), 'worker', leased_by, 'error', format('expired: not started by its deadline, %%s', expires_at)))
  WHERE id = ANY(ARRAY(
         SELECT id FROM "public"."miniqueue_jobs"
          WHERE expires_at <= now() AND expires_at IS NOT NULL AND state IN ('available', 'waiting')
@@ -2156,7 +2159,10 @@ WITH picked AS (
     UPDATE "public"."miniqueue_jobs" j
        SET state = CASE WHEN j.sequence_key IS NULL THEN 'available' ELSE 'waiting' END, scheduled_at = now(),
            max_attempts = j.attempt + j.attempt_budget,
-           finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL
+           finished_at = NULL, completed_at = NULL, lease_expires_at = NULL, leased_by = NULL,
+           errors = j.errors || jsonb_build_array(jsonb_build_object(
+               'attempt', j.attempt, 'at', now(), 'worker', NULL, 'error', format('requeued: it was %%s', p.state),
+               'charged', false, 'requeued', p.state, 'finished', p.finished_at))
       FROM picked p WHERE j.id = p.id
     RETURNING j.id, p.queue, p.state, p.finished_at, j.sequence_key
 ), counted AS (
@@ -2238,7 +2244,7 @@ SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s:
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at
+       steps, signal_key, signal_timeout_at, started_at
   FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
 
 -- _result
@@ -2253,7 +2259,7 @@ RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at
+       steps, signal_key, signal_timeout_at, started_at
   FROM "public"."miniqueue_jobs"
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
