@@ -8,7 +8,7 @@ is stored, by the same rules (:class:`~miniqueue.client.routing.ShardRouter`) as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..core.db import DEFAULT_CONNECT_TIMEOUT, AsyncConnection
@@ -17,7 +17,7 @@ from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, TaskD
 from ..core.shards import Database, ShardMap
 from ..core.steps import arun
 from .asyncclient import AsyncClient
-from .routing import ShardRouter
+from .routing import ShardRouter, Unanswered
 
 T = TypeVar("T")
 
@@ -66,33 +66,26 @@ class AsyncShardedClient(ShardRouter):
     async def route_all(self, specs: Sequence[JobSpec]) -> list[Database]:
         """The database each of ``specs`` goes to (see :meth:`ShardedClient.route_all`: a
         database that does not answer is passed over)."""
-        missing = self.undeclared(specs)
-        declarations: dict[str, TaskDeclaration] = {}
-        down: list[DatabaseUnavailable] = []
-        for database in self.reading_order(missing):
-            if not missing:
-                break
-            try:
-                found = await self._declarations_on(database, missing)
-            except DatabaseUnavailable as exc:
-                down.append(self.found_down(database, exc))
-                opened = self._clients.get(database.name)
-                found = opened.stale_declarations() if opened is not None else {}
-            here = {task: found[task] for task in missing if task in found}
-            self.found_on(database, here)
-            declarations.update(here)
-            missing -= here.keys()
-        if missing and down:
-            raise self.unroutable(missing, down)
-        return self.pick_all(specs, declarations)
+        routing = self.routing(specs)
+        try:
+            step = next(routing)
+            while True:
+                step = routing.send(await self._declarations_on(*step))
+        except StopIteration as done:
+            databases: list[Database] = done.value
+            return databases
 
-    async def _declarations_on(self, database: Database, tasks: set[str]) -> dict[str, TaskDeclaration]:
+    async def _declarations_on(self, database: Database, tasks: set[str]) -> Mapping[str, TaskDeclaration] | Unanswered:
+        """What ``database`` declares of ``tasks`` (from memory while fresh), or why not."""
         opened = self._clients.get(database.name)
         fresh = opened.fresh_declarations(tasks) if opened is not None else None
         if fresh is not None:
             return fresh
-        client = await self.client(database)
-        return await client._run(client._declarations_steps(tasks))
+        try:
+            client = await self.client(database)
+            return await client._run(client._declarations_steps(tasks))
+        except DatabaseUnavailable as exc:
+            return Unanswered(exc, opened.stale_declarations() if opened is not None else {})
 
     async def _on(self, database: Database | str, call: Callable[[AsyncClient], Awaitable[T]]) -> T:
         """``call`` on ``database``'s client; a DatabaseUnavailable names the database."""

@@ -12,7 +12,8 @@ the map declares the queue's limits per database (see docs/guides/shards.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from ..core.db import DEFAULT_CONNECT_TIMEOUT, connect_seconds
 from ..core.errors import ConfigError, DatabaseUnavailable, InvalidInput
@@ -23,6 +24,19 @@ from ..store.store import Store
 
 #: Seconds a database that failed to answer is read last when routing.
 DOWN_SECONDS = 10.0
+
+
+class Unanswered(NamedTuple):
+    """A database's answer to a routing step when it did not answer: why, and the declarations
+    its client read before."""
+
+    error: DatabaseUnavailable
+    stale: Mapping[str, TaskDeclaration]
+
+
+#: A routing (:meth:`ShardRouter.routing`): it asks a database for the declarations of some
+#: tasks, is sent them (or :class:`Unanswered`), and returns each job's database.
+Routing = Generator[tuple[Database, set[str]], Mapping[str, TaskDeclaration] | Unanswered, list[Database]]
 
 
 def unavailable(database: Database, exc: DatabaseUnavailable) -> DatabaseUnavailable:
@@ -117,6 +131,30 @@ class ShardRouter:
         """Note that ``database`` did not answer; the error, naming it."""
         self._down_until[database.name] = time.monotonic() + DOWN_SECONDS
         return unavailable(database, exc)
+
+    def routing(self, specs: Sequence[JobSpec]) -> Routing:
+        """Where each of ``specs`` goes, with no I/O of its own: each step asks a database (see
+        :meth:`reading_order`) for what it declares of the tasks still missing, and is sent that,
+        or :class:`Unanswered` when the database did not answer (its declarations read before
+        then serve). Returns the databases; raises DatabaseUnavailable only when no database that
+        answered declares a task (where its jobs go is not known)."""
+        missing = self.undeclared(specs)
+        declarations: dict[str, TaskDeclaration] = {}
+        down: list[DatabaseUnavailable] = []
+        for database in self.reading_order(missing):
+            if not missing:
+                break
+            found = yield database, set(missing)
+            if isinstance(found, Unanswered):
+                down.append(self.found_down(database, found.error))
+                found = found.stale
+            here = {task: found[task] for task in missing if task in found}
+            self.found_on(database, here)
+            declarations.update(here)
+            missing -= here.keys()
+        if missing and down:
+            raise self.unroutable(missing, down)
+        return self.pick_all(specs, declarations)
 
     @staticmethod
     def unroutable(missing: Iterable[str], down: Sequence[DatabaseUnavailable]) -> DatabaseUnavailable:

@@ -10,7 +10,7 @@ database. A batch over several databases is one transaction per database.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,7 +42,7 @@ from .merging import (
     queue_settings,
     unreachable,
 )
-from .routing import ShardRouter
+from .routing import ShardRouter, Unanswered
 
 if TYPE_CHECKING:
     from ..tasks.app import App
@@ -103,30 +103,24 @@ class ShardedClient(ShardRouter):
         does not answer is passed over (its declarations read before still serve), so that a
         job bound for another never waits on it; DatabaseUnavailable only when no database that
         answered declares a task."""
-        missing = self.undeclared(specs)
-        declarations: dict[str, TaskDeclaration] = {}
-        down: list[DatabaseUnavailable] = []
-        for database in self.reading_order(missing):
-            if not missing:
-                break
-            try:
-                found = self._declarations_on(database, missing)
-            except DatabaseUnavailable as exc:
-                down.append(self.found_down(database, exc))
-                opened = self._clients.get(database.name)
-                found = opened.stale_declarations() if opened is not None else {}
-            here = {task: found[task] for task in missing if task in found}
-            self.found_on(database, here)
-            declarations.update(here)
-            missing -= here.keys()
-        if missing and down:
-            raise self.unroutable(missing, down)
-        return self.pick_all(specs, declarations)
+        routing = self.routing(specs)
+        try:
+            step = next(routing)
+            while True:
+                step = routing.send(self._declarations_on(*step))
+        except StopIteration as done:
+            databases: list[Database] = done.value
+            return databases
 
-    def _declarations_on(self, database: Database, tasks: set[str]) -> dict[str, TaskDeclaration]:
-        client = self.client(database)
-        fresh = client.fresh_declarations(tasks)
-        return fresh if fresh is not None else client._run(client._declarations_steps(tasks))
+    def _declarations_on(self, database: Database, tasks: set[str]) -> Mapping[str, TaskDeclaration] | Unanswered:
+        """What ``database`` declares of ``tasks`` (from memory while fresh), or why not."""
+        try:
+            client = self.client(database)
+            fresh = client.fresh_declarations(tasks)
+            return fresh if fresh is not None else client._run(client._declarations_steps(tasks))
+        except DatabaseUnavailable as exc:
+            opened = self._clients.get(database.name)
+            return Unanswered(exc, opened.stale_declarations() if opened is not None else {})
 
     def _check_connection(self, conn: Connection | None, database: Database) -> None:
         """A caller's connection must be on the job's database (its transaction is there)."""
