@@ -11,10 +11,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..core.db import DEFAULT_CONNECT_TIMEOUT, AsyncConnection
+from ..core.db import AsyncConnection
 from ..core.errors import DatabaseUnavailable
 from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, TaskDeclaration
-from ..core.shards import Database, ShardMap
+from ..core.shards import Database
 from ..core.steps import arun
 from .asyncclient import AsyncClient
 from .routing import ShardRouter, Unanswered
@@ -24,21 +24,11 @@ T = TypeVar("T")
 AsyncAct = Callable[[AsyncClient, list[int]], Awaitable[list[int]]]
 
 
-class AsyncShardedClient(ShardRouter):
+class AsyncShardedClient(ShardRouter[AsyncClient]):
     """:class:`~miniqueue.AsyncClient`'s producing calls and the calls by job id over the
     databases of a shard map (its JSON, a file's path, or a
     :class:`~miniqueue.core.shards.ShardMap`; by default ``$MINIQUEUE_SHARDS``). Each database's
     client opens on first use."""
-
-    def __init__(
-        self,
-        shards: ShardMap | str | None = None,
-        *,
-        schema: str = "public",
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    ) -> None:
-        super().__init__(shards, schema=schema, connect_timeout=connect_timeout)
-        self._clients: dict[str, AsyncClient] = {}
 
     async def client(self, database: Database | str) -> AsyncClient:
         """The (opened) client of one database of the map."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from ..core.db import DEFAULT_CONNECT_TIMEOUT, connect_seconds
 from ..core.errors import ConfigError, DatabaseUnavailable, InvalidInput
@@ -21,6 +21,10 @@ from ..core.records import DEFAULT_QUEUE, EnqueueResult, JobSpec, TaskDeclaratio
 from ..core.shards import SHARDS_ENV, Database, ShardMap
 from ..core.validation import check_job_ids, declared
 from ..store.store import Store
+from .base import BaseClient
+
+#: The client of one database of a map: a Client, or an AsyncClient.
+C = TypeVar("C", bound=BaseClient)
 
 #: Seconds a database that failed to answer is read last when routing.
 DOWN_SECONDS = 10.0
@@ -85,11 +89,11 @@ def _spread(spec: JobSpec, queue: str, why: str, *, limit: bool = False) -> Inva
     )
 
 
-class ShardRouter:
+class ShardRouter(Generic[C]):
     """What the sync and async clients over a shard map share, with no I/O of its own: the map
     (its JSON, a file's path, or a :class:`~miniqueue.core.shards.ShardMap`; by default the
-    ``MINIQUEUE_SHARDS`` environment variable's), where each job goes, and what cannot span
-    databases."""
+    ``MINIQUEUE_SHARDS`` environment variable's), where each job goes, what cannot span
+    databases, and each database's client (``C``), opened on first use by the subclass."""
 
     def __init__(
         self,
@@ -104,6 +108,7 @@ class ShardRouter:
         connect_seconds(connect_timeout)  # checked here, before any database is asked
         self.shards, self.schema, self.connect_timeout = loaded, schema, connect_timeout
         self.store = Store(schema)
+        self._clients: dict[str, C] = {}
         # Until when each database that failed to answer is read last when routing.
         self._down_until: dict[str, float] = {}
         # The database each task's declaration was last found on: read first for that task.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.db import DEFAULT_CONNECT_TIMEOUT, Connection
+from ..core.db import Connection
 from ..core.errors import DatabaseUnavailable, InvalidInput
 from ..core.records import (
     EnqueueResult,
@@ -50,20 +50,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class ShardedClient(ShardRouter):
+class ShardedClient(ShardRouter[Client]):
     """:class:`~miniqueue.Client`'s producing and inspecting calls over the databases of a
     shard map (its JSON, a file's path, or a :class:`~miniqueue.core.shards.ShardMap`; by
     default ``$MINIQUEUE_SHARDS``). Each database's client opens on first use."""
-
-    def __init__(
-        self,
-        shards: ShardMap | str | None = None,
-        *,
-        schema: str = "public",
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    ) -> None:
-        super().__init__(shards, schema=schema, connect_timeout=connect_timeout)
-        self._clients: dict[str, Client] = {}
 
     def client(self, database: Database | str) -> Client:
         """The client of one database of the map. Safe from several threads at once: two that
