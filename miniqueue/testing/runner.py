@@ -149,8 +149,10 @@ def run_jobs(
     ``target`` is a DSN, a :class:`Client` (its schema is used) or a
     :class:`~miniqueue.ShardedClient`, whose databases are run in turn, round after round, until
     a round finds nothing to do (a handler may enqueue on another database). A real :class:`Worker` runs
-    on a thread until no job in its queues (``queues``, default the app's) is available and
-    due now or running, or until it ran ``max_jobs`` jobs. Jobs scheduled for later (``delay``,
+    on a thread until no job of the app's tasks in its queues (``queues``, default the app's)
+    is available and due now or running, or until it ran ``max_jobs`` jobs. A job of a task the
+    app does not declare is another app's: the worker never claims it, and the run does not
+    wait for it. Jobs scheduled for later (``delay``,
     ``run_at``, a snooze) are not waited for, and paused queues are not counted.
 
     ``retries="immediate"`` (the default) gives every task a backoff of 0, so a failing job
