@@ -3,6 +3,7 @@ found with psutil, output kept in files, killed for real at the end."""
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,9 +40,13 @@ def free_port() -> int:
 
 def free_ports_after(count: int) -> int:
     """A port ``P`` such that ``P + 1`` to ``P + count`` are free on 127.0.0.1 right now (for
-    ``miniqueue-supervise --shards``, whose database number ``i`` serves on ``P + i``)."""
+    ``miniqueue-supervise --shards``, whose database number ``i`` serves on ``P + i``). Taken
+    below the kernel's ephemeral range (from 32768 by default): a port there can be free now and
+    taken a moment later as the local end of a TCP connection (to a PostgreSQL on 127.0.0.1),
+    and a supervisor that cannot bind its port does not start."""
+    rng = random.Random()
     for _ in range(100):
-        base, taken = free_port(), []
+        base, taken = rng.randrange(20000, 32000), []
         try:
             for offset in range(1, count + 1):
                 sock = socket.socket()

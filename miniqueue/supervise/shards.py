@@ -137,6 +137,8 @@ class ShardedSupervisor:
             code = 1
             try:
                 code = Supervisor(self.plans[name]).run()
+            except BaseException:  # said here: os._exit below ends the process before Python would
+                log.exception("the supervisor of database %s failed", name)
             finally:
                 os._exit(code)
         self.pids[pid] = name
