@@ -30,6 +30,7 @@ from miniqueue.core.db import Connection
 from miniqueue.store.migrate import latest_version
 
 from .helpers import row, wait_until
+from .serving import listening, stop
 from .supervised import free_port
 
 PROJECT = Path(__file__).resolve().parent.parent / "examples" / "django_shop"
@@ -82,17 +83,6 @@ def start(database: str, log: Path, *arguments: str) -> subprocess.Popen[bytes]:
         )
 
 
-def stop(process: subprocess.Popen[bytes]) -> int:
-    """SIGTERM to the process's group; its exit status (SIGKILL after 20 s)."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        return process.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-        raise
-
-
 def request(url: str, form: dict[str, str] | None = None) -> tuple[int, Any]:
     """A real HTTP GET, or POST of ``form``; the status and the decoded JSON answer."""
     data = None if form is None else urllib.parse.urlencode(form).encode()
@@ -101,17 +91,6 @@ def request(url: str, form: dict[str, str] | None = None) -> tuple[int, Any]:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as refused:
         return refused.code, json.loads(refused.read())
-
-
-def listening(url: str, server: subprocess.Popen[bytes], log: Path) -> bool:
-    assert server.poll() is None, f"runserver exited with {server.returncode}:\n{log.read_text()}"
-    try:
-        with urllib.request.urlopen(url, timeout=1):
-            return True
-    except urllib.error.HTTPError:  # an answer, whatever it says
-        return True
-    except (urllib.error.URLError, ConnectionError):
-        return False
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from miniqueue.core.db import Connection
 from miniqueue.testing import run_jobs
 
 from .helpers import count, row, wait_until
+from .serving import listening, stop
 from .supervised import free_port
 
 
@@ -96,26 +97,6 @@ def post(url: str, body: dict[str, str]) -> tuple[int, dict[str, object]]:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as refused:
         return refused.code, json.loads(refused.read())
-
-
-def listening(url: str, server: subprocess.Popen[bytes], log: Path) -> bool:
-    assert server.poll() is None, f"uvicorn exited with {server.returncode}:\n{log.read_text()}"
-    try:
-        with urllib.request.urlopen(url, timeout=1):
-            return True
-    except (urllib.error.URLError, ConnectionError):
-        return False
-
-
-def stop(process: subprocess.Popen[bytes]) -> int:
-    """SIGTERM to the process's group; its exit status (SIGKILL after 20 s)."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        return process.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-        raise
 
 
 def test_served_as_the_docstring_says(dsn: str, conn: Connection, repo_root: Path, tmp_path: Path) -> None:
