@@ -17,12 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from psycopg import IsolationLevel
 from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 
 from ..client.client import Client
 from ..client.sharded import ShardedClient
 from ..core.backoff import Backoff
+from ..core.db import Connection
 from ..core.errors import ConfigError
 from ..core.records import JobRecord, State
 from ..tasks.app import App
@@ -344,13 +346,24 @@ class _Run:
         job's state leaves ``running`` only when its outcome is recorded, so idle means every
         outcome is in the database. A job of a task the app does not declare is another app's:
         the worker never claims it, and it is not waited for.)"""
-        for stats in self.client.queue_stats():
+        # One snapshot for every read of a look: a job claimed between two of them must not read
+        # as neither due nor running.
+        with self.client.connection() as conn:
+            conn.isolation_level = IsolationLevel.REPEATABLE_READ
+            try:
+                with conn.transaction():
+                    return self._idle_in(conn)
+            finally:
+                conn.isolation_level = None
+
+    def _idle_in(self, conn: Connection) -> bool:
+        for stats in self.client.queue_stats(conn=conn):
             if stats.queue not in self.queues:
                 continue
             if stats.counts[State.RUNNING] > 0:
                 return False
             if stats.counts[State.AVAILABLE] - stats.scheduled > 0 and any(
-                self.client.count_jobs(state=State.AVAILABLE, queue=stats.queue, task=task, due=True)
+                self.client.count_jobs(conn=conn, state=State.AVAILABLE, queue=stats.queue, task=task, due=True)
                 for task in self.worker.app.tasks
             ):
                 return False
