@@ -214,9 +214,13 @@ def test_two_reapers_over_many_passes_enqueue_each_slot_once_with_the_tasks_opti
     fleet = reapers(dsn, reports_app())
     start = next_hour(conn)
     enqueued = passes(fleet, start, start + 2 * HOUR)
-    assert len(enqueued) == len(set(enqueued)) == 9
+    assert len(enqueued) == len(set(enqueued))
+    # The app's code schedule (03:00 UTC) may fall in these two hours too: count the digest's alone.
     assert slots(conn, "digest") == every(15 * MINUTE, start, start + 2 * HOUR)
-    jobs = conn.execute("SELECT DISTINCT queue, priority, task, payload FROM miniqueue_jobs").fetchall()
+    jobs = conn.execute(
+        "SELECT DISTINCT queue, priority, task, payload FROM miniqueue_jobs WHERE idempotency_key LIKE %s",
+        ["periodic:digest:%"],
+    ).fetchall()
     assert jobs == [("reports", 7, "report", {"kind": "short"})]
     close(fleet)
 
@@ -247,7 +251,9 @@ def test_a_change_takes_effect_at_the_next_pass_and_enqueues_no_slot_again(
     assert passes(fleet, start + 30 * MINUTE, start + 55 * MINUTE) == []
     passes(fleet, start + HOUR, start + 2 * HOUR)
     assert slots(conn, "digest") == [*every(15 * MINUTE, start, start + 30 * MINUTE), start + HOUR, start + 2 * HOUR]
-    payloads = conn.execute("SELECT payload FROM miniqueue_jobs ORDER BY id").fetchall()
+    payloads = conn.execute(
+        "SELECT payload FROM miniqueue_jobs WHERE idempotency_key LIKE %s ORDER BY id", ["periodic:digest:%"]
+    ).fetchall()
     assert [p for (p,) in payloads] == [{}, {}, {}, {"v": 2}, {"v": 2}]
     close(fleet)
 
@@ -299,7 +305,8 @@ def test_over_a_shard_map_a_reaper_schedules_only_the_queues_it_is_first_for(
     start = next_hour(conn)
     assert passes(elsewhere, start, start + HOUR) == []
     here = reapers(dsn, reports_app(), count=1, schedules_here=lambda queue: queue == "reports")
-    assert len(passes(here, start + HOUR, start + HOUR)) == 1
+    passes(here, start + HOUR, start + HOUR)
+    assert slots(conn, "digest") == [start + HOUR]
     close(elsewhere + here)
 
 
