@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .durable import Signaller, durable_rows, enqueue_durable
+from .check_durable import durable_rows
+from .durable import Signaller, enqueue_durable
 from .evidence import Evidence
 from .faults import Fault, Injector
 from .feeder import Blocked, Feeder, reconcile, release_blocked

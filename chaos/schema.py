@@ -16,8 +16,6 @@ from typing import Any
 
 import psycopg
 
-from .durable import DDL as DURABLE_DDL
-
 DDL = """
 CREATE TABLE chaos_executions (
     token   TEXT PRIMARY KEY,                 -- one per handler call: a retried insert is not a second execution
@@ -132,6 +130,31 @@ CREATE TRIGGER chaos_transitions_update AFTER UPDATE ON miniqueue_jobs FOR EACH 
     EXECUTE FUNCTION chaos_record_transition();
 CREATE TRIGGER chaos_transitions_delete AFTER DELETE ON miniqueue_jobs FOR EACH ROW
     EXECUTE FUNCTION chaos_record_transition();
+"""
+
+
+#: ``--durable``'s tables (see chaos.durable): each run of a step's function, the transactional
+#: step's effect, and a second record of it.
+DURABLE_DDL = """
+CREATE TABLE chaos_step_runs (
+    token   TEXT PRIMARY KEY,                 -- one per run of a step's function
+    job_id  BIGINT NOT NULL,
+    step    TEXT NOT NULL,
+    attempt INT NOT NULL,
+    at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE chaos_durable_effects (
+    job_id  BIGINT PRIMARY KEY,               -- the transactional step's effect: one per job, ever
+    attempt INT NOT NULL,
+    pid     INT NOT NULL
+);
+-- Written inside the step's transaction when its effect was there already: a row survives only
+-- if that transaction committed, i.e. if a second record of the step (and effect) stood.
+CREATE TABLE chaos_durable_duplicates (
+    job_id  BIGINT NOT NULL,
+    attempt INT NOT NULL,
+    pid     INT NOT NULL
+);
 """
 
 
