@@ -85,9 +85,7 @@ def floor_statement(store: Store, worker_id: str, batch: int) -> tuple[str, dict
     calls) for a worker of one queue whose jobs have no limits: its cursor over the limited
     jobs stays empty and it goes upwards (``after=[]``, not ``descending``: the defaults), and
     it claims the one task its app declares."""
-    return store._claim_query(
-        [QUEUE], worker_id, LEASE_SECONDS, batch, combined=True, after=(), descending=False, tasks=[TASK]
-    )
+    return store._claim_query([QUEUE], worker_id, LEASE_SECONDS, batch, after=(), descending=False, tasks=[TASK])
 
 
 def floor_params(claim_params: dict[str, Any], held: list[tuple[int, int]]) -> dict[str, Any]:

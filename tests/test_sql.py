@@ -20,20 +20,14 @@ SNAPSHOT = Path(__file__).parent / "sql" / "store.sql"
 UPDATE = "MINIQUEUE_UPDATE_SQL_SNAPSHOT"
 
 CLAIMS = ["_claim_one", "_claim_many", "_claim_one_down", "_claim_many_down"]
-COMPLETE_AND_CLAIMS = [
-    "_complete_and_claim_one",
-    "_complete_and_claim_many",
-    "_complete_and_claim_one_down",
-    "_complete_and_claim_many_down",
-]
 # The statements that finish jobs (and count them, and settle them), and those that remove
 # finished ones (and count them off).
-FINISHING = ["_complete", "_record_failures", "_fail", "_recover", "_expire", "_cancel", *COMPLETE_AND_CLAIMS]
+FINISHING = ["_complete", "_record_failures", "_fail", "_recover", "_expire", "_cancel", *CLAIMS]
 REMOVING = ["_requeue", "_prune", "_prune_defaults", "_delete"]
 #: The statements that delete finished jobs, and with them their idempotency keys (`unkeyed`).
 UNKEYING = ["_prune", "_prune_defaults", "_delete"]
 # The worker-side transitions, fenced; those that add to a job's error history.
-FENCED = ["_complete", "_renew", "_record_failures", "_fail", "_snooze", "_release", *COMPLETE_AND_CLAIMS]
+FENCED = ["_complete", "_renew", "_record_failures", "_fail", "_snooze", "_release", *CLAIMS]
 WITH_HISTORY = ["_record_failures", "_fail", "_release", "_recover", "_expire"]
 # The enqueues that create the rows of the limits their jobs name; those that say which job holds
 # a unique key (as the unique index's predicate does).
@@ -102,15 +96,10 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         "results": [],
         "tasks": None,
     }
-    for query, skip in (
-        (store._claim_one, 0),
-        (store._claim_many, 0),
-        (store._complete_and_claim_one, 1),
-        (store._complete_and_claim_many, 1),
-    ):
-        cur = conn.execute(query, params)
+    for name in CLAIMS:  # the ids completed, then the lease's fields
+        cur = conn.execute(getattr(store, name), {**params, "shared": name.startswith("_claim_many")})
         assert cur.description is not None
-        assert [column.name for column in cur.description][skip:] == list(Lease._fields)
+        assert [column.name for column in cur.description][1:] == list(Lease._fields)
 
 
 def _copies(store: Store, pattern: str, names: list[str]) -> dict[str, str]:
@@ -158,55 +147,6 @@ def test_the_parts_written_in_several_statements_stay_identical() -> None:
         text = str(getattr(store, name))
         assert ("counted AS (" in text) == (name in FINISHING + REMOVING), name
         assert ("settled AS (" in text) == (name in [*FINISHING, "_delete"]), name
-
-
-def test_the_claims_forms_differ_only_where_claim_sql_says() -> None:
-    """Each form of the claim is the first (one queue, going up, alone) with the changes the
-    header of claim.sql describes, and no other."""
-    store = Store("public")
-    one: str = store._claim_one
-    fast = re.compile(r"fast AS MATERIALIZED \(.*?\),\nopen_queues", re.DOTALL)
-
-    def many(text: str) -> str:
-        text = fast.sub(lambda _: fast.findall(store._claim_many)[0], text)
-        text = text.replace("FROM (VALUES (%(queue)s::text)) AS q(name)", "FROM unnest(%(queues)b::text[]) AS q(name)")
-        return text.replace("(SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)", "true")
-
-    def down(text: str) -> str:
-        for cursor in ("%(after)s::text[]", "g.limits"):
-            text = text.replace(
-                f"limits > {cursor}\n         ORDER BY limits LIMIT 1",
-                f"limits < {cursor}\n         ORDER BY limits DESC LIMIT 1",
-            )
-        return text
-
-    completion = store._complete[len("\nWITH ") : store._complete.index("\nSELECT id FROM completed WHERE")]
-
-    def completing(text: str) -> str:
-        text = text.replace("WITH RECURSIVE \n", f"WITH RECURSIVE {completion}, \n")
-        text = text.replace(
-            "FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k",
-            "FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k",
-        )
-        text = text.replace(
-            "AND NOT false)",
-            "AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id\n"
-            "                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))",
-        )
-        return text.replace(
-            "SELECT * FROM claimed\n",
-            "SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, "
-            "c.*\n  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true\n"
-            " WHERE (SELECT count(*) FROM settled) >= 0\n",
-        )
-
-    assert store._claim_many == many(one)
-    assert store._claim_one_down == down(one)
-    assert store._claim_many_down == many(down(one))
-    assert store._complete_and_claim_one == completing(one)
-    assert store._complete_and_claim_many == completing(many(one))
-    assert store._complete_and_claim_one_down == completing(down(one))
-    assert store._complete_and_claim_many_down == completing(many(down(one)))
 
 
 def test_claim_sql_is_read_as_written() -> None:

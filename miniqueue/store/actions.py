@@ -15,19 +15,21 @@ from ..core.db import Connection
 from ..core.errors import InvalidInput, InvalidTransition, JobNotFound
 from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
 from ..core.steps import Query, Steps, atomic, rows, run
-from .base import Statement
+from .base import Statement, compose
+from .finishing import counted_off, finishing, settled
 from .inspection import Inspection
 from .rows import bigints
 
 T = TypeVar("T")
 
 # Requeue finished jobs by id or by filter, with a fresh attempt budget (attempt keeps counting).
-# `counted` takes them off the finished counts (as outcomes._COMPLETE counts them on, with
-# -count(*)); the minutes they finished in keep them. A job of a sequence goes back into its
-# key's line, by its id (`advanced`: a blocking head that is requeued runs next; a job the key
-# went on without runs after the one holding it now). A job whose unique key another job holds
-# now cannot be requeued: the unique index refuses it (see :meth:`OperatorActions.requeue`).
-_REQUEUE = """
+# `counted` takes them off the finished counts (see miniqueue.store.finishing). A job of a
+# sequence goes back into its key's line, by its id (`advanced`: a blocking head that is
+# requeued runs next; a job the key went on without runs after the one holding it now). A job
+# whose unique key another job holds now cannot be requeued: the unique index refuses it (see
+# :meth:`OperatorActions.requeue`).
+_REQUEUE = compose(
+    """
 WITH picked AS (
     SELECT id, queue, state, finished_at FROM {jobs}
      WHERE state = ANY(%(states)s::text[])
@@ -45,89 +47,53 @@ WITH picked AS (
                'charged', false, 'requeued', p.state, 'finished', p.finished_at))
       FROM picked p WHERE j.id = p.id
     RETURNING j.id, p.queue, p.state, p.finished_at, j.sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM requeued
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), advanced AS (
+), {counted_off}, advanced AS (
 SELECT {advance}(ARRAY(SELECT DISTINCT sequence_key FROM requeued WHERE sequence_key IS NOT NULL), {queue_channel})
  WHERE EXISTS (SELECT 1 FROM requeued WHERE sequence_key IS NOT NULL))
 SELECT id FROM requeued WHERE (SELECT count(*) FROM advanced) >= 0
-"""
+""",
+    counted_off=counted_off("requeued"),
+)
 
 # Cancel jobs that have not finished. A running job's worker finds out at its next heartbeat;
 # a waiting job's dependents are cancelled with it (`settled`); a parked one stops waiting for
 # its signal. `counted`, `per_minute` and
-# `settled` as in outcomes._COMPLETE.
-_CANCEL = """
+# `settled` (see miniqueue.store.finishing).
+_CANCEL = compose(
+    """
 WITH cancelled AS (
 UPDATE {jobs}
    SET state = 'cancelled', finished_at = now(), lease_expires_at = NULL, leased_by = NULL, pending_parents = 0,
        signal_key = NULL, signal_timeout_at = NULL
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
 RETURNING id, queue, state, dependents, awaited, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM cancelled
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM cancelled
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM cancelled WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM cancelled, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM cancelled WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM cancelled WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
+), {finishing}
 SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0
-"""  # noqa: E501
+""",
+    finishing=finishing("cancelled"),
+)
 
 # Delete jobs that are not running, and the idempotency keys they held (`unkeyed`). `counted`
-# takes the finished ones off the counts (as outcomes._COMPLETE counts them on, with -count(*),
-# in the hour each finished in). The dependents of a job deleted before it
-# finished are cancelled (`settled` as in outcomes._COMPLETE, of `unfinished`): it will never
+# takes the finished ones off the counts (see miniqueue.store.finishing). The dependents of a
+# job deleted before it finished are cancelled (`settled` of `unfinished`): it will never
 # complete. A deleted job of a sequence, finished or not, hands its key on.
-_DELETE = """
+_DELETE = compose(
+    """
 WITH deleted AS (
     DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
     RETURNING id, queue, state, finished_at, dependents, awaited, sequence_key, idempotency_key
 ), unkeyed AS (
     DELETE FROM {idempotency_keys} k USING deleted gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM deleted
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), unfinished AS (
+), {counted_off}, unfinished AS (
     SELECT id, 'deleted' AS state, CASE WHEN state IN ('available', 'waiting') THEN dependents END AS dependents,
            awaited AND state IN ('available', 'waiting') AS awaited, sequence_key
       FROM deleted WHERE state IN ('available', 'waiting') OR sequence_key IS NOT NULL
-), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM unfinished WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM unfinished, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM unfinished WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM unfinished WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
+), {settled}
 SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0
-"""  # noqa: E501
+""",
+    counted_off=counted_off("deleted"),
+    settled=settled("unfinished"),
+)
 
 
 class OperatorActions(Inspection):

@@ -68,6 +68,13 @@ def qualify(text: str, names: Mapping[str, str]) -> str:
     return _PLACEHOLDER.sub(name, text)
 
 
+def compose(text: str, **clauses: str) -> str:
+    """``text`` with each ``{name}`` among ``clauses`` replaced by that clause: how a statement is
+    built from named clauses that several statements share (the schema's names are left for
+    :func:`qualify`). The store's snapshot, tests/sql/store.sql, shows every statement whole."""
+    return _PLACEHOLDER.sub(lambda match: clauses.get(match[1], match[0]), text)
+
+
 class _Declared(Generic[T]):
     """A statement declared on a class of the store; on a store, its text for that store's schema
     (made when the store is made: see :meth:`StoreBase.__init__`, and kept on the instance)."""

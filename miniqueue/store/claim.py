@@ -1,10 +1,11 @@
-"""The claim: leasing the best available jobs, limits and caps admitted, alone or with the
-completion of a batch in the same statement.
+"""The claim: completing a worker's batch and leasing the best available jobs, limits and caps
+admitted, in one statement.
 
-The claim is one statement in eight forms (one queue or several, stepping up or down through the
-groups of limited jobs, alone or completing a batch). Each form is written whole in ``claim.sql``
-beside this module, as the store sends it, with the comments that explain its parts; this module
-loads them by name and chooses one per call.
+The claim is one template in ``claim.sql`` beside this module, with the comments that explain its
+parts, and the named clauses composed into it. Two switches stay in its text because each
+changes a query plan (one queue or several; stepping up or down through the groups of limited
+jobs), so the store prepares four variants of it; every other difference is a parameter. A claim
+with nothing to complete sends empty arrays.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 from ..core.db import Connection, translate_errors
 from ..core.errors import InvalidInput
 from ..core.records import Lease
-from .base import Statement, StoreBase
+from .base import Statement, StoreBase, compose
+from .finishing import COMPLETION
 from .rows import aligned, columns
 
 #: The most groups of limited jobs (jobs naming the same limits) one claim takes into admission:
@@ -47,20 +49,36 @@ def load_statements(text: str) -> dict[str, str]:
     return statements
 
 
-_CLAIMS = load_statements(Path(__file__).with_name("claim.sql").read_text(encoding="utf-8"))
+_PARTS = load_statements(Path(__file__).with_name("claim.sql").read_text(encoding="utf-8"))
+#: The clauses the template uses in each variant, as claim.sql's header describes them.
+_SHARED = {name: _PARTS[name].strip("\n") for name in ("room", "held", "refilled")}
+_QUEUES = {"one": _PARTS["fast_one"].strip("\n"), "many": _PARTS["fast_many"].strip("\n")}
+_DIRECTIONS = {"up": {"next": ">", "order": ""}, "down": {"next": "<", "order": " DESC"}}
+
+
+def _claim(queues: str, direction: str) -> Statement:
+    """The variant of the claim from ``queues`` ("one" or "many"), stepping ``direction``."""
+    room = compose(_SHARED["room"], held=_SHARED["held"], refilled=_SHARED["refilled"])
+    return Statement(
+        compose(
+            _PARTS["claim"],
+            completion=COMPLETION,
+            fast=_QUEUES[queues],
+            room=room,
+            held=_SHARED["held"],
+            refilled=_SHARED["refilled"],
+            **_DIRECTIONS[direction],
+        )
+    )
 
 
 class Claiming(StoreBase):
     """Leasing jobs."""
 
-    _claim_one = Statement(_CLAIMS["claim_one"])
-    _claim_many = Statement(_CLAIMS["claim_many"])
-    _claim_one_down = Statement(_CLAIMS["claim_one_down"])
-    _claim_many_down = Statement(_CLAIMS["claim_many_down"])
-    _complete_and_claim_one = Statement(_CLAIMS["complete_and_claim_one"])
-    _complete_and_claim_many = Statement(_CLAIMS["complete_and_claim_many"])
-    _complete_and_claim_one_down = Statement(_CLAIMS["complete_and_claim_one_down"])
-    _complete_and_claim_many_down = Statement(_CLAIMS["complete_and_claim_many_down"])
+    _claim_one = _claim("one", "up")
+    _claim_many = _claim("many", "up")
+    _claim_one_down = _claim("one", "down")
+    _claim_many_down = _claim("many", "down")
 
     def claim(
         self,
@@ -90,10 +108,9 @@ class Claiming(StoreBase):
         """
         if not queues or limit < 1:
             return []
-        query, params = self._claim_query(
-            queues, worker_id, lease_seconds, limit, combined=False, after=after, descending=descending, tasks=tasks
-        )
-        return _in_claim_order(Lease(*row) for row in self._rows(conn, query, params))
+        return self.complete_and_claim(
+            conn, worker_id, (), queues, lease_seconds, limit, after=after, descending=descending, tasks=tasks
+        )[1]
 
     def complete_and_claim(
         self,
@@ -109,7 +126,8 @@ class Claiming(StoreBase):
         results: Mapping[int, str] | None = None,
         tasks: Sequence[str] | None = None,
     ) -> tuple[set[int], list[Lease]]:
-        """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit).
+        """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit):
+        the claim (with nothing to complete, :meth:`claim` sends it with empty arrays).
 
         The groups of the limited jobs it completes are looked at before the others (their next
         jobs, as far as their limits allow, go to the same worker), and do not move along the
@@ -118,14 +136,7 @@ class Claiming(StoreBase):
         """
         ids, attempts = columns(completions)
         query, params = self._claim_query(
-            queues,
-            worker_id,
-            lease_seconds,
-            max(limit, 0),
-            combined=True,
-            after=after,
-            descending=descending,
-            tasks=tasks,
+            queues, worker_id, lease_seconds, max(limit, 0), after=after, descending=descending, tasks=tasks
         )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
@@ -138,7 +149,6 @@ class Claiming(StoreBase):
         lease_seconds: float,
         limit: int,
         *,
-        combined: bool,
         after: Sequence[str],
         descending: bool,
         tasks: Sequence[str] | None = None,
@@ -163,15 +173,13 @@ class Claiming(StoreBase):
             # the sweep keeps the rest.
             "kept": min(limit, MAX_GROUPS_PER_CLAIM),
             "tasks": None if tasks is None else list(tasks),
+            "queues": queues,
+            # Whether two groups of the claim may share a scope: one key's jobs in two queues.
+            "shared": len(queues) > 1,
         }
         if len(queues) == 1:
             params["queue"] = queues[0]
-            if combined:
-                return (self._complete_and_claim_one_down if descending else self._complete_and_claim_one), params
             return (self._claim_one_down if descending else self._claim_one), params
-        params["queues"] = queues
-        if combined:
-            return (self._complete_and_claim_many_down if descending else self._complete_and_claim_many), params
         return (self._claim_many_down if descending else self._claim_many), params
 
     def set_custom_plans(self, conn: Connection, on: bool) -> None:

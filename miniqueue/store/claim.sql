@@ -1,21 +1,28 @@
--- The claim: lease up to %(limit)s available jobs, best first (priority, then scheduled time,
--- then id), in each of the eight forms the store sends it: from one queue (`_one`) or several
--- (`_many`); stepping up through the groups of limited jobs or down (`_down`); alone (`claim_`)
--- or riding with the completion of a batch (`complete_and_claim_`).
---
--- miniqueue/store/claim.py loads each statement by the name on its `-- name:` line. What follows
--- that line's comment, up to the next statement, is the text the store sends byte for byte (every
--- line counts, a trailing space included), but for the names in braces: {jobs}, {limits} and
--- {queues} become the schema's tables and, in the forms that complete, {counts},
--- {finished_minutes}, {settle} and the two channels as in miniqueue/store/outcomes.py.
--- tests/test_sql.py checks that the forms differ only where this header says.
+-- The claim: complete the batch a worker holds and lease up to %(limit)s available jobs, best
+-- first (priority, then scheduled time, then id), in one statement: one round trip and one
+-- commit. A claim with nothing to complete is the same statement with empty arrays (%(ids)s,
+-- %(attempts)s, %(results)s). It is one template, `claim` below, read top to bottom; two
+-- switches stay in its text, each a named clause after it, because each changes a query plan:
+--   {fast}         from one queue (`fast_one`: one ordered scan of the claim index) or several
+--                  (`fast_many`: an ordered scan per queue, merged): see "One queue or several";
+--   {next} {order} stepping up through the groups of limited jobs (`>`, ``) or down (`<`,
+--                  ` DESC`): see "Up or down".
+-- So the store prepares four variants, each named for its switches (claim_one, claim_many,
+-- claim_one_down, claim_many_down: miniqueue/store/claim.py composes them). Every other
+-- difference between two claims is a parameter: how many (%(limit)s), whether groups of a claim
+-- may share a scope (%(shared)s: several queues), the worker's tasks. Two clauses are written
+-- once and used more than once: {room} (of a limit row), {held} (whether a holder still holds
+-- its slot) and {refilled} (a rate limit's tokens now); {completion} is the worker's completion (miniqueue/store/finishing.py, as outcomes
+-- sends it alone). {jobs}, {limits}, {queues} and the other names in braces become the schema's
+-- names. What a clause holds is the text after its `-- name:` line and comment, up to the next
+-- one, byte for byte (a trailing space included); tests/sql/store.sql shows each variant whole.
 --
 -- How a claim works. Jobs without limits come through `fast`, an ordered scan of the claim index
 -- (their part of it: `limits IS NULL`). Jobs with limits, and every job of a queue with a cap on
 -- running jobs, go through admission, in the same statement (see migration 012 for the tables):
 --   open_queues  the queues claimed from that are not paused, each with its cap's scope if any;
---   kept         the groups of the limited jobs the statement completes (in the forms that
---                complete: `completed` below; none in a claim alone), looked at first: each has a
+--   kept         the groups of the limited jobs the statement completes (`completed`; none in
+--                a claim with nothing to complete), looked at first: each has a
 --                slot this very statement frees, so no holder of it needs a look, and no probe has
 --                to find it. A worker stays with a key while it has jobs, and at least
 --                min(%(limit)s, 16) groups of every claim are left to the sweep below, so the keys
@@ -56,12 +63,12 @@
 -- A job held back stays available and spends no attempt.
 -- A job past its deadline (expires_at) is passed over, whatever its limits: the reaper expires it.
 --
--- Room. The room of a limit row `l` as of its latest version (the claim has it locked, or is
--- about to), written twice in `looked`: whole tokens (the bucket refilled up to now), or slots
+-- Room ({room}). The room of a limit row `l` as of its latest version (the claim has it locked,
+-- or is about to), read twice in `looked`: whole tokens (the bucket refilled up to now), or slots
 -- not held. A limit of 1 with room has no holder left to keep, so the claim neither counts its
 -- room again nor looks up its ended holders when it takes its slot.
 --
--- Held. Whether holder `h` (its job row `j` among the live jobs, as this statement's snapshot
+-- Held ({held}). Whether holder `h` (its job row `j` among the live jobs, as this statement's snapshot
 -- shows it, or NULL) of limit row `l` still holds its slot, in the room and in `taken`. Read from
 -- the snapshot without a lock: a job's attempt only grows, so one seen at the holder's attempt and
 -- not running, or at a later attempt, has ended for good, and one seen at an earlier attempt was
@@ -72,8 +79,8 @@
 -- row rewritten since the snapshot is passed over anyway (_TOUCHED). Only the live jobs are
 -- looked at (`j.state IN` the live states, which the planner prunes to their partition): a claim
 -- locks no partition of the history, however many there are. A holder is not counted either if
--- the statement frees its slot itself: `AND NOT false` in a claim alone; in the forms that
--- complete, `AND NOT coalesce(...)`, the holder found among the leases being completed (their
+-- the statement frees its slot itself: `AND NOT coalesce(...)`, the holder found among the leases
+-- being completed (their
 -- slots are free whether the completion lands or finds the lease lost, since either way the job
 -- is no longer running at that attempt). Without this, a claim could not see the slots freed by
 -- the completions of its own statement. The leases are found by binary search (width_bucket over
@@ -97,15 +104,16 @@
 -- names it). The filter reads the row the scan fetches anyway; it costs nothing where every job is
 -- the worker's, and passes over another app's jobs where they come first.
 --
--- One queue or several (`fast`, `open_queues`). From one queue, `queue = %(queue)s` keeps the
--- ordered scan of the claim index; a paused queue gives nothing, and a capped one gives its jobs
--- to admission instead. From several, an ordered index scan per queue, merged (`queue = ANY(...)`
--- would scan and sort every available row of every queue on each claim).
+-- One queue or several ({fast}). From one queue, `queue = %(queue)s` keeps the ordered scan of
+-- the claim index; a paused queue gives nothing, and a capped one gives its jobs to admission
+-- instead. From several, an ordered index scan per queue, merged (`queue = ANY(...)` would scan
+-- and sort every available row of every queue on each claim). The other parts read the queues
+-- from %(queues)s (one or several).
 --
 -- Sharing (`scopes`, `blocked`). Whether two groups of a claim may share a scope, so that their
 -- jobs must take its room in turn. In one queue, groups are distinct sets of scopes, so only a
 -- group of more than one (a key under a cap, a key and a rate limit) can share; most claims have
--- none, and skip the ranking. Across queues, one key's jobs in two queues share it: `true`.
+-- none, and skip the ranking. Across queues, one key's jobs in two queues share it: %(shared)s.
 -- Weighing (migration 028): a job that costs more than one token needs the running sums too,
 -- even in a group of its own, whose room counts jobs (`limited` takes up to that many): `OR
 -- EXISTS` of one in `limited`, so that jobs of cost 1 (every job without a cost) skip it still.
@@ -117,621 +125,20 @@
 -- took (a probe and a look at the limit each: 2 groups seen per group taken, with 2 workers);
 -- going opposite ways they meet twice a round.
 --
--- Completing and claiming in one statement: one round trip and one commit instead of two. The
--- statement starts with `completed`, `counted`, `per_minute` and `settled`, as _COMPLETE in
--- miniqueue/store/outcomes.py. The two updates touch disjoint rows (running and leased to us,
--- versus available). A LEFT JOIN keeps the completed ids even when nothing is claimed; they ride
--- on the first row only (repeating the array on every claimed row cost more than the claim).
+-- Completing and claiming in one statement. The two updates touch disjoint rows (running and
+-- leased to us, versus available). A LEFT JOIN keeps the completed ids even when nothing is
+-- claimed; they ride on the first row only (repeating the array on every claimed row cost more
+-- than the claim).
 
--- name: claim_one
--- Claim from one queue, stepping up through the groups.
-WITH RECURSIVE 
+-- name: claim
+-- The template: every variant of the claim, with its switches and shared clauses in braces.
+WITH RECURSIVE {completion},
 fast AS MATERIALIZED (
-    SELECT id, priority, scheduled_at, attempt FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
-         ORDER BY limits LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
-         ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE {limits} l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT * FROM claimed
-
--- name: claim_many
--- Claim from several queues, stepping up through the groups.
-WITH RECURSIVE 
-fast AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s),
+{fast}),
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
            CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
       FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
-         ORDER BY limits LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
-         ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE {limits} l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT * FROM claimed
-
--- name: claim_one_down
--- Claim from one queue, stepping down through the groups.
-WITH RECURSIVE 
-fast AS MATERIALIZED (
-    SELECT id, priority, scheduled_at, attempt FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
-         ORDER BY limits DESC LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
-         ORDER BY limits DESC LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE {limits} l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT * FROM claimed
-
--- name: claim_many_down
--- Claim from several queues, stepping down through the groups.
-WITH RECURSIVE 
-fast AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
-         ORDER BY limits DESC LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
-         ORDER BY limits DESC LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE {limits} l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT * FROM claimed
-
--- name: complete_and_claim_one
--- Complete a batch and claim from one queue, stepping up through the groups.
-WITH RECURSIVE completed AS (
-UPDATE {jobs}
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
-fast AS MATERIALIZED (
-    SELECT id, priority, scheduled_at, attempt FROM {jobs}
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-       AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
@@ -740,13 +147,13 @@ kept AS MATERIALIZED (
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
-         ORDER BY limits LIMIT 1) f
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits {next} %(after)s::text[]
+         ORDER BY limits{order} LIMIT 1) f
     UNION ALL
     SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
         SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
-         ORDER BY limits LIMIT 1) n
+         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits {next} g.limits
+         ORDER BY limits{order} LIMIT 1) n
      WHERE g.depth < %(scan)s
 ),
 snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
@@ -765,20 +172,10 @@ looked AS MATERIALIZED (
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE {room} END AS room
                   FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND {room} > 0
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.locked) = cardinality(g.scopes)
@@ -787,7 +184,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
@@ -818,7 +215,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
                                 OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
@@ -841,10 +238,8 @@ taken AS (
                       CASE WHEN l.max_running IS NULL THEN l.holder_attempts
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
                  FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
+                WHERE l.max_running > 1 AND {held}),
+           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE {refilled} - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
               FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
@@ -862,395 +257,17 @@ SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
  WHERE (SELECT count(*) FROM settled) >= 0
 
--- name: complete_and_claim_many
--- Complete a batch and claim from several queues, stepping up through the groups.
-WITH RECURSIVE completed AS (
-UPDATE {jobs}
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
-fast AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM {jobs}
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
-         ORDER BY limits LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
-         ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE {limits} l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
- WHERE (SELECT count(*) FROM settled) >= 0
-
--- name: complete_and_claim_one_down
--- Complete a batch and claim from one queue, stepping down through the groups.
-WITH RECURSIVE completed AS (
-UPDATE {jobs}
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
-fast AS MATERIALIZED (
+-- name: fast_one
+-- {fast} from one queue.
     SELECT id, priority, scheduled_at, attempt FROM {jobs}
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
-         ORDER BY limits DESC LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
-         ORDER BY limits DESC LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE {limits} l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
- WHERE (SELECT count(*) FROM settled) >= 0
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 
--- name: complete_and_claim_many_down
--- Complete a batch and claim from several queues, stepping down through the groups.
-WITH RECURSIVE completed AS (
-UPDATE {jobs}
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
-fast AS MATERIALIZED (
+-- name: fast_many
+-- {fast} from several queues.
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
         SELECT id, priority, scheduled_at, attempt FROM {jobs}
@@ -1260,137 +277,21 @@ fast AS MATERIALIZED (
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
      ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
-         ORDER BY limits DESC LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
-         ORDER BY limits DESC LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
+     LIMIT %(limit)s
+
+-- name: room
+-- {room}: a limit row's room (see "Room"), but for a limit of 1, whose room the caller knows.
+CASE WHEN l.max_running IS NULL THEN floor({refilled})::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE {held})::int
+     END
+
+-- name: held
+-- {held}: whether holder `h` of limit row `l` still holds its slot (see "Held").
+((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
-                  FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE {limits} l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM {limits} v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE {jobs}
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
- WHERE (SELECT count(*) FROM settled) >= 0
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)
+
+-- name: refilled
+-- {refilled}: a rate limit's tokens now, its bucket refilled up to now, whole or not.
+least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at)))

@@ -15,14 +15,16 @@ from ..core.errors import InvalidInput
 from ..core.records import TERMINAL_STATES, State
 from ..core.steps import Atomic, Query, Steps, run
 from ..core.validation import check_seconds
-from .base import Statement, Statements, StoreBase
+from .base import Statement, Statements, StoreBase, compose
+from .finishing import counted_off, finishing
 
 # Return expired leases to the queue (or dead, when attempts are exhausted), as a failure would
 # (an entry in the error history as in outcomes._RECORD_FAILURES, the task's backoff from
 # miniqueue_retry_delay, migration 020). The outer WHERE re-checks the expiry in the same
 # statement, so a job completed or renewed between the scan and the update is left alone. Then
-# `counted`, `per_minute` and `settled` as in outcomes._COMPLETE, of the jobs now dead.
-_RECOVER_EXPIRED = """
+# `counted`, `per_minute` and `settled` (see miniqueue.store.finishing), of the jobs now dead.
+_RECOVER_EXPIRED = compose(
+    """
 WITH recovered AS (
 UPDATE {jobs}
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
@@ -41,39 +43,20 @@ UPDATE {jobs}
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state = 'running' AND lease_expires_at < now()
 RETURNING id, queue, state, dependents, awaited, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM recovered
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM recovered
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM recovered WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM recovered, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM recovered WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM recovered WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
+), {finishing}
 SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0
-"""  # noqa: E501
+""",  # noqa: E501
+    finishing=finishing("recovered"),
+)
 
 # Expire the jobs whose deadline passed before any worker claimed them (the claim passes over
 # them; a job parked for a signal was claimed, and stays): 'expired', a final state that requeue
 # takes like 'dead', with an entry in the history. The outer WHERE re-checks in the same
 # statement, so a job claimed meanwhile is left alone.
-# Then `counted`, `per_minute` and `settled` as in outcomes._COMPLETE: the dependents of an
+# Then `counted`, `per_minute` and `settled` (see miniqueue.store.finishing): the dependents of an
 # expired job are cancelled, and a job of a sequence hands its key on.
-_EXPIRE = """
+_EXPIRE = compose(
+    """
 WITH expired AS (
 UPDATE {jobs}
    SET state = 'expired', finished_at = now(), pending_parents = 0,
@@ -88,31 +71,11 @@ UPDATE {jobs}
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
    AND state IN ('available', 'waiting') AND expires_at <= now() AND signal_key IS NULL
 RETURNING id, queue, state, dependents, awaited, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM expired
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM expired
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM expired WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM expired, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM expired, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM expired WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM expired WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
+), {finishing}
 SELECT id FROM expired WHERE (SELECT count(*) FROM settled) >= 0
-"""  # noqa: E501
+""",  # noqa: E501
+    finishing=finishing("expired"),
+)
 
 # The unique keys' windows that ended (the reaper, every pass, in batches).
 _DROP_WINDOWS = """
@@ -160,10 +123,10 @@ _TRIM_MINUTES = "DELETE FROM {finished_minutes} WHERE minute < now() - interval 
 # Delete a batch of jobs that finished longer ago than `age` seconds, row by row (an operator's
 # prune: the reaper drops the history's partitions whole, see miniqueue.store.history). The
 # literal state list lets the planner read only the history. `unkeyed` lets go of their
-# idempotency keys, and `counted` takes them off the finished counts (as outcomes._COMPLETE
-# counts them on, with -count(*), in the hour each finished in); the minutes they finished in
-# keep them.
-_PRUNE = """
+# idempotency keys, and `counted` takes them off the finished counts (see
+# miniqueue.store.finishing).
+_PRUNE = compose(
+    """
 WITH pruned AS (
     DELETE FROM {jobs}
      WHERE id = ANY(ARRAY(
@@ -174,20 +137,17 @@ WITH pruned AS (
     RETURNING id, queue, state, finished_at, idempotency_key
 ), unkeyed AS (
     DELETE FROM {idempotency_keys} k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM pruned
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1)
+), {counted_off}
 SELECT count(*) FROM pruned
-"""
+""",
+    counted_off=counted_off("pruned"),
+)
 
 # _PRUNE for the jobs that finished where no partition of the history was made (the reaper's):
 # they are in the history tables' default partitions, read here by name, so that no partition
 # of the history is read (a partition is dropped whole once past retention).
-_PRUNE_DEFAULTS = """
+_PRUNE_DEFAULTS = compose(
+    """
 WITH pruned AS (
     DELETE FROM {jobs}
      WHERE id = ANY(ARRAY(SELECT id FROM {done_default}
@@ -202,15 +162,11 @@ WITH pruned AS (
     RETURNING id, queue, state, finished_at, idempotency_key
 ), unkeyed AS (
     DELETE FROM {idempotency_keys} k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', finished_at, 'UTC'), -count(*) FROM pruned
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state, date_trunc('hour', finished_at, 'UTC')
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1)
+), {counted_off}
 SELECT count(*) FROM pruned
-"""
+""",
+    counted_off=counted_off("pruned"),
+)
 
 # The hot table's churn, for the reaper's upkeep (see miniqueue.maintenance.vacuum): live rows,
 # rows inserted and changed since the server's statistics began (a claim updates one, and a

@@ -19,71 +19,17 @@ from ..core.db import Connection
 from ..core.errors import LeaseLost
 from ..core.records import State
 from ..core.steps import Query, Steps, run
-from .base import Statement, StoreBase
+from .base import Statement, StoreBase, compose
+from .finishing import COMPLETION, finishing
 from .progress import progress_channel
 from .rows import aligned, bigints, columns, ints
 
-# Complete a batch of leases, storing each job's result; returns the ids that were still held.
-#
-# `completed`: each row looks up its own attempt (and result) by binary search: `ids` is sorted
-# (see rows.columns), so width_bucket() gives an id's position in O(log n). A join to unnest()
-# planned as a nested loop comparing every pair, and array_position() scans the array: both are
-# quadratic in the batch (7 ms per 1,000 jobs, against 0.7 ms). `results` is JSON text aligned
-# with `ids`, or empty when no job of the batch returned anything.
-#
-# `counted`, `per_minute`, `settled`: what every statement that finishes jobs does, the same
-# way (here of `completed`):
-#   counted     counts the finished jobs among the rows changed: one upsert per queue and
-#               terminal state into this backend's shard of miniqueue_counts (migration 011);
-#   per_minute  counts them in this minute's row of the shard (migration 015), for the
-#               throughput chart (a statement that removes finished jobs counts -count(*) in
-#               `counted` and nothing here);
-#   settled     settles what they mean for others (miniqueue_settle, migration 013): wakes whoever
-#               waits for them, releases the dependents of completed ones, cancels those of
-#               failed, dead, cancelled or deleted ones ('deleted' stands for a job deleted before
-#               it finished). The function is called only when one of them has a dependent or a
-#               waiter, so a drain of independent jobs pays for one scan of its own RETURNING
-#               rows. The statement's own count runs first (the function counts the dependents it
-#               cancels, maybe in the same row of the counts, and a row a statement changes after
-#               a function it called did is an error). Each list is ordered by (parent, dependent)
-#               so the three arrays of cancellations line up.
-# A CTE runs only if the statement reads it: the final WHERE reads `settled`, which reads
-# `counted`, and both conditions are always true.
-_COMPLETE = """
-WITH completed AS (
-UPDATE {jobs}
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
+# Complete a batch of leases, storing each job's result (see finishing.COMPLETION); returns the
+# ids that were still held.
+_COMPLETE = f"""
+WITH {COMPLETION}
 SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0
-"""  # noqa: E501
+"""
 
 # Extend a batch of leases by `lease` seconds from now; returns the ids still held. The progress
 # their handlers reported since the last renewal rides along (`progress`: JSON text aligned with
@@ -106,8 +52,9 @@ SELECT id, lease_expires_at, CASE WHEN told THEN pg_notify(%(channel)s, id::text
 # Record failed attempts: retry after the given backoff (NULL: the task's published backoff, for
 # a caller without the app: miniqueue_retry_delay, migration 020), or dead once attempts are
 # exhausted. The error history gains an entry: which attempt, when, who held it, why. Then
-# `counted`, `per_minute` and `settled` as in _COMPLETE, of the jobs that are now dead.
-_RECORD_FAILURES = """
+# `counted`, `per_minute` and `settled` (see miniqueue.store.finishing), of the jobs that are now dead.
+_RECORD_FAILURES = compose(
+    """
 WITH failed AS (
 UPDATE {jobs} j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
@@ -123,35 +70,16 @@ UPDATE {jobs} j
        AS f(id, attempt, error, backoff)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
 RETURNING j.id, j.queue, j.state, j.dependents, j.awaited, j.sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM failed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
+), {finishing}
 SELECT id, state FROM failed WHERE (SELECT count(*) FROM settled) >= 0
-"""  # noqa: E501
+""",  # noqa: E501
+    finishing=finishing("failed"),
+)
 
 # Fail a job permanently: the handler said never retry. The error history gains an entry as in
-# _RECORD_FAILURES; `counted`, `per_minute` and `settled` as in _COMPLETE.
-_FAIL = """
+# _RECORD_FAILURES; `counted`, `per_minute` and `settled` (see miniqueue.store.finishing).
+_FAIL = compose(
+    """
 WITH failed AS (
 UPDATE {jobs}
    SET state = 'failed', finished_at = now(), last_error = %(error)s, errors = errors || jsonb_build_array(jsonb_build_object(
@@ -159,31 +87,11 @@ UPDATE {jobs}
        lease_expires_at = NULL, leased_by = NULL
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, sequence_key
-), counted AS (
-INSERT INTO {counts} AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO {finished_minutes} AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM failed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT {settle}(
-    notify_ids => ARRAY(SELECT id FROM failed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM failed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => {finished_channel}, queue_channel => {queue_channel},
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM failed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM failed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0)
+), {finishing}
 SELECT id FROM failed WHERE (SELECT count(*) FROM settled) >= 0
-"""  # noqa: E501
+""",  # noqa: E501
+    finishing=finishing("failed"),
+)
 
 # Put a job back to sleep without spending an attempt (the attempt number still moves on when
 # it is next claimed; max_attempts moves with it so the budget is unchanged).

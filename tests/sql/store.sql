@@ -427,7 +427,38 @@ WITH joined AS (
 UPDATE "public"."miniqueue_jobs" SET dependents = ARRAY(SELECT id FROM joined ORDER BY id) WHERE id = %(id)s;
 
 -- _claim_one
-WITH RECURSIVE 
+WITH RECURSIVE completed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
@@ -438,11 +469,11 @@ fast AS MATERIALIZED (
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
            CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -475,14 +506,16 @@ looked AS MATERIALIZED (
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
      END END AS room
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
      END > 0
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
@@ -492,7 +525,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
@@ -523,7 +556,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
                                 OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
@@ -547,7 +580,8 @@ taken AS (
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
                  FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
@@ -562,10 +596,43 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone
 )
-SELECT * FROM claimed;
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _claim_many
-WITH RECURSIVE 
+WITH RECURSIVE completed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
@@ -584,7 +651,7 @@ open_queues AS MATERIALIZED (
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -617,14 +684,16 @@ looked AS MATERIALIZED (
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
      END END AS room
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
      END > 0
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
@@ -634,7 +703,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
+     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
@@ -665,7 +734,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
+              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
                                 OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
@@ -689,7 +758,8 @@ taken AS (
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
                  FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
@@ -704,10 +774,43 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone
 )
-SELECT * FROM claimed;
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _claim_one_down
-WITH RECURSIVE 
+WITH RECURSIVE completed AS (
+UPDATE "public"."miniqueue_jobs"
+   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
+       result = CASE WHEN cardinality(%(results)b::text[]) > 0
+                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
+ WHERE id = ANY(%(ids)b::bigint[])
+   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
+   AND state = 'running' AND leased_by = %(worker)s
+RETURNING id, queue, state, dependents, awaited, limits, sequence_key
+), counted AS (
+INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
+SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY queue, state
+ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
+RETURNING 1), per_minute AS (
+INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
+SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
+ WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
+ GROUP BY state
+ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
+RETURNING 1), settled AS (
+SELECT "public"."miniqueue_settle"(
+    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
+    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
+    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
+    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
+    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
+ WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
+   AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
     SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
@@ -718,11 +821,11 @@ fast AS MATERIALIZED (
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
            CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -755,14 +858,16 @@ looked AS MATERIALIZED (
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
      END END AS room
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
      END > 0
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
@@ -772,7 +877,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
@@ -803,7 +908,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
+              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
                                 OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
@@ -827,7 +932,8 @@ taken AS (
                            ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
                  FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
                 WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
+             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
       FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
@@ -842,151 +948,11 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone
 )
-SELECT * FROM claimed;
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
+ WHERE (SELECT count(*) FROM settled) >= 0;
 
 -- _claim_many_down
-WITH RECURSIVE 
-fast AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT NULL::text AS queue, NULL::text[] AS limits WHERE false) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
-         ORDER BY limits DESC LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
-         ORDER BY limits DESC LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false)::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE "public"."miniqueue_limits" l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT false),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT * FROM claimed;
-
--- _complete_and_claim_one
 WITH RECURSIVE completed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
@@ -1018,533 +984,7 @@ SELECT "public"."miniqueue_settle"(
     channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
     sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
-fast AS MATERIALIZED (
-    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
-         ORDER BY limits LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
-         ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE "public"."miniqueue_limits" l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
- WHERE (SELECT count(*) FROM settled) >= 0;
-
--- _complete_and_claim_many
-WITH RECURSIVE completed AS (
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
-fast AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
-     WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
-     LIMIT %(limit)s),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits > %(after)s::text[]
-         ORDER BY limits LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
-         ORDER BY limits LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE "public"."miniqueue_limits" l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
- WHERE (SELECT count(*) FROM settled) >= 0;
-
--- _complete_and_claim_one_down
-WITH RECURSIVE completed AS (
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
-fast AS MATERIALIZED (
-    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
-     WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-       AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-       AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
-     LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
-open_queues AS MATERIALIZED (
-    SELECT q.name, p.max_running,
-           CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
-     WHERE NOT coalesce(p.paused, false)
-),
-kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
-),
-groups(queue, scope, limits, depth) AS (
-    SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = q.name AND limits < %(after)s::text[]
-         ORDER BY limits DESC LIMIT 1) f
-    UNION ALL
-    SELECT g.queue, g.scope, n.limits, g.depth + 1 FROM groups g CROSS JOIN LATERAL (
-        SELECT limits FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits < g.limits
-         ORDER BY limits DESC LIMIT 1) n
-     WHERE g.depth < %(scan)s
-),
-snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see _TOUCHED)
-    SELECT pg_snapshot_xmax(s)::text::bigint & 4294967295 AS next,
-           ARRAY(SELECT x::text::bigint & 4294967295 FROM pg_snapshot_xip(s) AS x) AS running
-      FROM pg_current_snapshot() AS s
-),
-looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
-        SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
-          FROM open_queues q WHERE q.max_running IS NOT NULL
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM kept
-        UNION ALL
-        SELECT queue, limits, limits || scope FROM groups r
-         WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
-     CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
-                  FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
-               AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
-                   FOR UPDATE OF l SKIP LOCKED) x
-        OFFSET 0) s
-     WHERE cardinality(s.locked) = cardinality(g.scopes)
-     LIMIT %(groups)s
-),
-scopes AS MATERIALIZED (
-    SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
-),
-limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
-           AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NOT NULL
-    UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
-         WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
-           AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
-           FOR UPDATE SKIP LOCKED) j
-     WHERE g.limits IS NULL
-),
-need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
-),
-blocked AS MATERIALIZED (
-    SELECT DISTINCT r.id
-      FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
-                                                    ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked)
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
-      JOIN scopes m ON m.scope = r.scope
-     WHERE r.spent > m.room
-),
-admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
-),
-chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
-),
-taken AS (
-    UPDATE "public"."miniqueue_limits" l
-       SET (holder_ids, holder_attempts) = (
-               SELECT CASE WHEN l.max_running IS NULL THEN l.holder_ids
-                           ELSE coalesce(array_agg(h.id ORDER BY h.id), '{}') || t.ids END,
-                      CASE WHEN l.max_running IS NULL THEN l.holder_attempts
-                           ELSE coalesce(array_agg(h.attempt ORDER BY h.id), '{}') || t.attempts END
-                 FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt) LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
-                WHERE l.max_running > 1 AND ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
-             OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
-           tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
-           refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
-     WHERE l.scope = t.scope
-),
-claimed AS (
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
-RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
-)
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
-  FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
- WHERE (SELECT count(*) FROM settled) >= 0;
-
--- _complete_and_claim_many_down
-WITH RECURSIVE completed AS (
-UPDATE "public"."miniqueue_jobs"
-   SET state = 'completed', completed_at = now(), finished_at = now(), lease_expires_at = NULL, leased_by = NULL,
-       result = CASE WHEN cardinality(%(results)b::text[]) > 0
-                     THEN ((%(results)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb END
- WHERE id = ANY(%(ids)b::bigint[])
-   AND attempt = (%(attempts)b::int[])[width_bucket(id, %(ids)b::bigint[])]
-   AND state = 'running' AND leased_by = %(worker)s
-RETURNING id, queue, state, dependents, awaited, limits, sequence_key
-), counted AS (
-INSERT INTO "public"."miniqueue_counts" AS c (queue, state, shard, bucket, count)
-SELECT queue, state, pg_backend_pid() %% 64, date_trunc('hour', now(), 'UTC'), count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY queue, state
-ON CONFLICT (queue, state, shard, bucket) DO UPDATE SET count = c.count + excluded.count
-RETURNING 1), per_minute AS (
-INSERT INTO "public"."miniqueue_finished_minutes" AS m (minute, state, shard, count)
-SELECT date_trunc('minute', now()), state, pg_backend_pid() %% 64, count(*) FROM completed
- WHERE state IN ('completed', 'failed', 'dead', 'cancelled', 'expired')
- GROUP BY state
-ON CONFLICT (minute, state, shard) DO UPDATE SET count = m.count + excluded.count
-RETURNING 1), settled AS (
-SELECT "public"."miniqueue_settle"(
-    notify_ids => ARRAY(SELECT id FROM completed WHERE awaited AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')),
-    released => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state = 'completed'),
-    cancel_children => ARRAY(SELECT d FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_parents => ARRAY(SELECT id FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    cancel_states => ARRAY(SELECT state FROM completed, unnest(dependents) AS d WHERE state IN ('failed', 'dead', 'cancelled', 'expired', 'deleted') ORDER BY id, d),
-    channel => 'miniqueue_public_finished', queue_channel => 'miniqueue_public',
-    sequence_keys => ARRAY(SELECT DISTINCT sequence_key FROM completed WHERE sequence_key IS NOT NULL AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted')))
- WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
-   AND (SELECT count(*) FROM counted) >= 0), 
+   AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
@@ -1615,7 +1055,7 @@ looked AS MATERIALIZED (
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
       FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE true
+     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
@@ -1646,7 +1086,7 @@ blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE true
+              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
                                 OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
