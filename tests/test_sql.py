@@ -1,6 +1,6 @@
 """Every statement the store runs, as a reviewer reads it, and the one row shape mapped by
-position (the claim's) pinned to the Lease it fills; the parts written out in several statements
-kept identical, and the claim's forms different only where claim.sql says."""
+position (the claim's) pinned to the Lease it fills; the fence in every worker-side write, and the
+counts and settling in every statement that finishes jobs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from miniqueue.core.db import Connection
 from miniqueue.core.records import Lease
 from miniqueue.store.base import Statement, Statements
 from miniqueue.store.claim import load_statements
-from miniqueue.store.keyed import HELD
+from miniqueue.store.insertion import HOLDS_UNIQUE_KEY
 from miniqueue.store.store import Store
 
 SNAPSHOT = Path(__file__).parent / "sql" / "store.sql"
@@ -29,16 +29,7 @@ UNKEYING = ["_prune", "_prune_defaults", "_delete"]
 # The worker-side transitions, fenced; those that add to a job's error history.
 FENCED = ["_complete", "_renew", "_record_failures", "_fail", "_snooze", "_release", *CLAIMS]
 WITH_HISTORY = ["_record_failures", "_fail", "_release", "_recover", "_expire"]
-# The enqueues that create the rows of the limits their jobs name; those that say which job holds
-# a unique key (as the unique index's predicate does).
-LIMITED = [
-    "_enqueue_limited",
-    "_enqueue_waiting_limited",
-    "_enqueue_many_limited",
-    "_enqueue_keyed",
-    "_enqueue_replacing",
-    "_enqueue_many_keyed",
-]
+# The statements that say which job holds a unique key (as the unique index's predicate does).
 HOLDING = ["_enqueue_keyed", "_enqueue_replacing", "_holder", "_enqueue_many_keyed"]
 
 
@@ -48,9 +39,9 @@ def test_every_statement_that_says_who_holds_a_unique_key_says_it_as_the_unique_
     store = Store("public")
     migration = (Path(__file__).parent.parent / "migrations" / "021_unique_sequences_expiry.sql").read_text()
     index = migration[migration.index("CREATE UNIQUE INDEX idx_miniqueue_jobs_unique_key") :].split(";")[0]
-    assert index.endswith(HELD)
+    assert index.endswith(HOLDS_UNIQUE_KEY)
     for name in HOLDING:
-        assert HELD in getattr(store, name), name
+        assert HOLDS_UNIQUE_KEY in getattr(store, name), name
 
 
 def rendered(store: Store) -> str:
@@ -102,51 +93,30 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         assert [column.name for column in cur.description][1:] == list(Lease._fields)
 
 
-def _copies(store: Store, pattern: str, names: list[str]) -> dict[str, str]:
-    """Each named statement's one copy of a part (what ``pattern``'s group finds), with the CTE
-    it reads (``FROM <name>``) and the table alias ``j.`` left out."""
-    copies = {}
-    for name in names:
-        found = re.findall(pattern, getattr(store, name), re.DOTALL)
-        assert len(found) == 1, f"{name} has {len(found)} copies of {pattern!r}, not one"
-        copies[name] = re.sub(r"FROM \w+", "FROM <rows>", found[0]).replace("j.", "")
-    return copies
-
-
-def _as_counted_on(counted: str) -> str:
-    """A `counted` that takes jobs off the counts, in the hours they finished in, written as one
-    that counts them on, in this hour (the two differ in these three places alone)."""
-    hour = "date_trunc('hour', finished_at, 'UTC')"
-    return counted.replace(f"{hour}, -count(*)", "date_trunc('hour', now(), 'UTC'), count(*)").replace(
-        f"GROUP BY queue, state, {hour}", "GROUP BY queue, state"
-    )
-
-
-def test_the_parts_written_in_several_statements_stay_identical() -> None:
+def test_every_worker_side_write_is_fenced_and_every_finishing_statement_counts_and_settles() -> None:
+    """The fence is in every worker-side transition; the statements that finish jobs count them
+    and settle them (store/finishing.py), those that remove finished jobs count them off, and no
+    other statement does either."""
     store = Store("public")
-    parts = {
-        "counted": (r"counted AS \((.*?RETURNING 1)\)", FINISHING + REMOVING),
-        "per_minute": (r"per_minute AS \((.*?RETURNING 1)\)", FINISHING),
-        "settled": (r"settled AS \((.*?>= 0)\)", [*FINISHING, "_delete"]),
-        "the fence": (r"(AND state = 'running' AND leased_by = %\(worker\)s)", FENCED),
-        "the history entry": (
-            r"(errors = \S*errors \|\| jsonb_build_array\(jsonb_build_object\(.*?'error', )",
-            WITH_HISTORY,
-        ),
-        "the limits' rows": (r"scoped AS \((.*?)\n\)", LIMITED),
-        "a single job's sequence row": (r"sequenced AS \((.*?)\n\)", ["_enqueue_keyed", "_enqueue_replacing"]),
-        "the keys let go": (r"unkeyed AS \(\n    DELETE FROM \S+ k USING \w+ (gone .*?)\n\)", UNKEYING),
-    }
-    for part, (pattern, names) in parts.items():
-        copies = _copies(store, pattern, names)
-        if part == "counted":  # a statement that removes finished jobs counts them off, in their hour
-            assert all(("-count(*)" in copy) == (name in REMOVING) for name, copy in copies.items())
-            copies = {name: _as_counted_on(copy) for name, copy in copies.items()}
-        assert len(set(copies.values())) == 1, f"the copies of {part} differ: {copies}"
-    for name in store.statement_names():  # and no other statement has one it should not
+    for name in FENCED:
+        assert "AND state = 'running' AND leased_by = %(worker)s" in getattr(store, name), name
+    for name in store.statement_names():
         text = str(getattr(store, name))
         assert ("counted AS (" in text) == (name in FINISHING + REMOVING), name
+        assert ("counted AS (" in text and "-count(*)" in text) == (name in REMOVING), name
+        assert ("per_minute AS (" in text) == (name in FINISHING), name
         assert ("settled AS (" in text) == (name in [*FINISHING, "_delete"]), name
+        assert ("unkeyed AS (" in text) == (name in UNKEYING), name
+
+
+def test_every_entry_of_the_error_history_has_one_shape() -> None:
+    """The history's readers (jobs show, the timeline) read each entry's fields by name."""
+    store = Store("public")
+    entry = re.compile(
+        r"jsonb_build_object\(\s*'attempt', (?:j\.)?attempt, 'started', (?:j\.)?started_at, 'at', now\(\)"
+    )
+    for name in WITH_HISTORY:
+        assert entry.search(getattr(store, name)), name
 
 
 def test_claim_sql_is_read_as_written() -> None:

@@ -16,7 +16,7 @@ from ..core.errors import InvalidInput, InvalidTransition, JobNotFound
 from ..core.records import CANCELLABLE_STATES, REQUEUEABLE_STATES, State
 from ..core.steps import Query, Steps, atomic, rows, run
 from .base import Statement, compose
-from .finishing import counted_off, finishing, settled
+from .finishing import counted_off, finishing, settled, unkeyed
 from .inspection import Inspection
 from .rows import bigints
 
@@ -82,15 +82,14 @@ _DELETE = compose(
 WITH deleted AS (
     DELETE FROM {jobs} WHERE id = ANY(%(ids)b::bigint[]) AND state <> 'running'
     RETURNING id, queue, state, finished_at, dependents, awaited, sequence_key, idempotency_key
-), unkeyed AS (
-    DELETE FROM {idempotency_keys} k USING deleted gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
-), {counted_off}, unfinished AS (
+), {unkeyed}, {counted_off}, unfinished AS (
     SELECT id, 'deleted' AS state, CASE WHEN state IN ('available', 'waiting') THEN dependents END AS dependents,
            awaited AND state IN ('available', 'waiting') AS awaited, sequence_key
       FROM deleted WHERE state IN ('available', 'waiting') OR sequence_key IS NOT NULL
 ), {settled}
 SELECT id FROM deleted WHERE (SELECT count(*) FROM settled) >= 0
 """,
+    unkeyed=unkeyed("deleted"),
     counted_off=counted_off("deleted"),
     settled=settled("unfinished"),
 )

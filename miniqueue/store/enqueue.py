@@ -18,23 +18,17 @@ from ..core.limits import Scope
 from ..core.records import REQUEUEABLE_STATES, EnqueueResult, State
 from ..core.steps import Query, Steps, atomic, run
 from ..core.validation import NewJob
-from .base import Statement
+from .base import Statement, compose
 from .copying import refusing_stale_deadlines
+from .insertion import ENQUEUED, HELD, HELD_MANY, SCOPED, STORED_MANY
 from .keyed import KeyedEnqueuing
 
 # Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
-# An idempotency key is held in miniqueue_idempotency_keys (migration 022), for finished jobs too:
-# `held` takes it with the new job's id, and the job goes in only if it did (a job without a key
-# goes in with an id of its own). A key held already returns its job; a key whose holder has not
-# committed yet makes `held` wait for it, and returns nothing if it did (the caller looks again).
-_ENQUEUE = """
-WITH held AS (
-    INSERT INTO {idempotency_keys} (key, job_id)
-    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
-    ON CONFLICT (key) DO NOTHING
-    RETURNING job_id
-), ins AS (
+# `held`, `scoped` and the result (`enqueued`): see miniqueue.store.insertion.
+_ENQUEUE = compose(
+    """
+WITH {held}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context)
     SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
@@ -44,36 +38,18 @@ WITH held AS (
      WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
-SELECT id, false,
-       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
-  FROM ins
-UNION ALL
-SELECT job_id, true, NULL FROM {idempotency_keys}
- WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
-"""
+{enqueued}
+""",
+    held=HELD,
+    enqueued=ENQUEUED,
+)
 
 # _ENQUEUE for a job with limits: the same statement also creates (or updates) the rows of the
-# job's scopes, so that the claim finds them (`scoped`). A new rate scope starts with one token,
-# so that its first job starts at once, and a new scope of a key under a back-pressure pause
-# starts paused with it (see _RATE_LIMIT in outcomes.py); a changed limit is updated (the latest
-# enqueue's limit is the one in force). Only a job with limits writes its rate cost: the others
-# keep the column's default of 1, which no claim reads.
-_ENQUEUE_LIMITED = """
-WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
-    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
-           p.paused_until, p.paused_by
-      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
-           AS s(scope, max_running, rate, burst)
-      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
-    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
-     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-), held AS (
-    INSERT INTO {idempotency_keys} (key, job_id)
-    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
-    ON CONFLICT (key) DO NOTHING
-    RETURNING job_id
-), ins AS (
+# job's scopes, so that the claim finds them (`scoped`). Only a job with limits writes its rate
+# cost: the others keep the column's default of 1, which no claim reads.
+_ENQUEUE_LIMITED = compose(
+    """
+WITH {scoped}, {held}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, rate_cost)
     SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
@@ -83,24 +59,19 @@ WITH scoped AS (
      WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
-SELECT id, false,
-       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
-  FROM ins
-UNION ALL
-SELECT job_id, true, NULL FROM {idempotency_keys}
- WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
-"""
+{enqueued}
+""",
+    scoped=SCOPED,
+    held=HELD,
+    enqueued=ENQUEUED,
+)
 
 # _ENQUEUE for a job with parents: inserted waiting for those not completed yet (`pending`; of a
 # job that runs whatever their outcome, `run_when`, those not finished yet, and `failed` those that
 # finished without completing), with its deadline if it has one.
-_ENQUEUE_WAITING = """
-WITH held AS (
-    INSERT INTO {idempotency_keys} (key, job_id)
-    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
-    ON CONFLICT (key) DO NOTHING
-    RETURNING job_id
-), ins AS (
+_ENQUEUE_WAITING = compose(
+    """
+WITH {held}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
                         run_when, failed_parents)
@@ -114,31 +85,16 @@ WITH held AS (
      WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
-SELECT id, false,
-       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
-  FROM ins
-UNION ALL
-SELECT job_id, true, NULL FROM {idempotency_keys}
- WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
-"""
+{enqueued}
+""",
+    held=HELD,
+    enqueued=ENQUEUED,
+)
 
 # _ENQUEUE for a job with parents and limits (see the two above).
-_ENQUEUE_WAITING_LIMITED = """
-WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
-    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
-           p.paused_until, p.paused_by
-      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
-           AS s(scope, max_running, rate, burst)
-      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
-    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
-     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-), held AS (
-    INSERT INTO {idempotency_keys} (key, job_id)
-    SELECT %(key)s, nextval({job_ids}) WHERE %(key)s::text IS NOT NULL
-    ON CONFLICT (key) DO NOTHING
-    RETURNING job_id
-), ins AS (
+_ENQUEUE_WAITING_LIMITED = compose(
+    """
+WITH {scoped}, {held}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
                         run_when, failed_parents, rate_cost)
@@ -152,13 +108,12 @@ WITH scoped AS (
      WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
-SELECT id, false,
-       CASE WHEN %(notify)s AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
-  FROM ins
-UNION ALL
-SELECT job_id, true, NULL FROM {idempotency_keys}
- WHERE key = %(key)s AND NOT EXISTS (SELECT 1 FROM ins)
-"""
+{enqueued}
+""",
+    scoped=SCOPED,
+    held=HELD,
+    enqueued=ENQUEUED,
+)
 
 # Lock a new job's parents (in id order, so concurrent enqueues never deadlock) and read their
 # states. A completion of one of them that is under way finishes first; one that starts later
@@ -175,21 +130,17 @@ _BY_IDEMPOTENCY_KEY = "SELECT job_id FROM {idempotency_keys} WHERE key = %(key)s
 
 # Insert many jobs in one statement. Ids are drawn up front so each input row can be matched
 # to its outcome (inserted, duplicate of an existing job, or duplicate within the batch: `held`
-# takes each key once, for the first job of the batch that has it, as in _ENQUEUE).
+# takes each key once, for the first job of the batch that has it).
 # A job's limits travel as one text, its scope names joined by U+001F (which no scope name holds).
-_ENQUEUE_MANY = """
+_ENQUEUE_MANY = compose(
+    """
 WITH src AS MATERIALIZED (
     SELECT nextval({job_ids}) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
                   %(limits)b::text[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
-), held AS (
-    INSERT INTO {idempotency_keys} (key, job_id)
-    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
-    ON CONFLICT (key) DO NOTHING
-    RETURNING key, job_id
-), ins AS (
+), {held_many}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
@@ -197,33 +148,17 @@ WITH src AS MATERIALIZED (
            %(trace)s::jsonb
       FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
     RETURNING id, queue, scheduled_at
-), notified AS (
-    SELECT pg_notify(%(channel)s, queue)
-      FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
-     WHERE %(notify)s
+), {stored_many}
+""",
+    held_many=HELD_MANY,
+    stored_many=STORED_MANY,
 )
-SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
-  FROM src s
-  LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN held h ON i.id IS NULL AND h.key = s.key
-  LEFT JOIN {idempotency_keys} e ON i.id IS NULL AND h.key IS NULL AND e.key = s.key
- WHERE (SELECT count(*) FROM notified) >= 0
- ORDER BY s.ord
-"""
 
-# _ENQUEUE_MANY for a batch with limits: `scoped` as in _ENQUEUE_LIMITED, for every scope the
-# batch names; a job's rate cost NULL (an empty array: every job of the batch costs 1) for 1.
-_ENQUEUE_MANY_LIMITED = """
-WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
-    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
-           p.paused_until, p.paused_by
-      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
-           AS s(scope, max_running, rate, burst)
-      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
-    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
-     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-),
+# _ENQUEUE_MANY for a batch with limits: `scoped`, for every scope the batch names; a job's rate
+# cost NULL (an empty array: every job of the batch costs 1) for 1.
+_ENQUEUE_MANY_LIMITED = compose(
+    """
+WITH {scoped},
 src AS MATERIALIZED (
     SELECT nextval({job_ids}) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
@@ -231,12 +166,7 @@ src AS MATERIALIZED (
                   %(limits)b::text[], %(rate_costs)b::int[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, rate_cost,
                                 ord)
-), held AS (
-    INSERT INTO {idempotency_keys} (key, job_id)
-    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
-    ON CONFLICT (key) DO NOTHING
-    RETURNING key, job_id
-), ins AS (
+), {held_many}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, rate_cost)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
@@ -244,19 +174,12 @@ src AS MATERIALIZED (
            %(trace)s::jsonb, COALESCE(rate_cost, 1)
       FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
     RETURNING id, queue, scheduled_at
-), notified AS (
-    SELECT pg_notify(%(channel)s, queue)
-      FROM (SELECT DISTINCT queue FROM ins WHERE scheduled_at <= now()) q
-     WHERE %(notify)s
+), {stored_many}
+""",
+    scoped=SCOPED,
+    held_many=HELD_MANY,
+    stored_many=STORED_MANY,
 )
-SELECT s.ord, COALESCE(i.id, h.job_id, e.job_id), i.id IS NULL
-  FROM src s
-  LEFT JOIN ins i ON i.id = s.id
-  LEFT JOIN held h ON i.id IS NULL AND h.key = s.key
-  LEFT JOIN {idempotency_keys} e ON i.id IS NULL AND h.key IS NULL AND e.key = s.key
- WHERE (SELECT count(*) FROM notified) >= 0
- ORDER BY s.ord
-"""
 
 
 class Enqueuing(KeyedEnqueuing):

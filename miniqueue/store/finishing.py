@@ -23,7 +23,8 @@ sequence_key``, the new state), :func:`finishing` adds:
 A CTE runs only if the statement reads it: the statement's final ``WHERE (SELECT count(*) FROM
 settled) >= 0`` reads ``settled``, which reads ``counted``, and both conditions are always true.
 A statement that removes finished jobs takes them off the counts instead (:func:`counted_off`:
--count(*), in the hour each finished in); the minutes they finished in keep them.
+-count(*), in the hour each finished in); the minutes they finished in keep them. One that
+deletes jobs lets go of their idempotency keys (:func:`unkeyed`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def finishing(rows: str) -> str:
 def counted_off(rows: str) -> str:
     """``counted`` of the finished jobs CTE ``rows`` removed or requeued: taken off the counts."""
     return compose(_COUNTED_OFF, rows=rows)
+
+
+_UNKEYED = """unkeyed AS (
+    DELETE FROM {idempotency_keys} k USING {rows} gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
+)"""
+
+
+def unkeyed(rows: str) -> str:
+    """``unkeyed``: the idempotency keys of the jobs CTE ``rows`` deleted, let go of."""
+    return compose(_UNKEYED, rows=rows)
 
 
 def settled(rows: str) -> str:

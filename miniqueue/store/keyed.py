@@ -19,48 +19,24 @@ from ..core.keys import JobKeys
 from ..core.records import EnqueueResult
 from ..core.steps import Query, Steps, atomic, rows
 from ..core.validation import NewJob
-from .base import Statement
+from .base import Statement, compose
 from .copying import Copying, refusing_stale_deadlines
+from .insertion import HELD, HELD_MANY, HOLDS_UNIQUE_KEY, SCOPED, SEQUENCED
 
-# Which jobs hold their unique key: the predicate of idx_miniqueue_jobs_unique_key, word for word
-# (an ON CONFLICT names the index by it).
-HELD = """unique_key IS NOT NULL
-      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
-           OR state = 'running' AND unique_while_running)"""
-
-# Insert one job with keys or a deadline; a conflict of its idempotency key (`held`, as in
-# enqueue._ENQUEUE) or unique key stores nothing and returns the job that holds the key (when that
-# job committed after this statement's snapshot, nothing: the caller looks again with _HOLDER),
-# with the id its idempotency key was taken for when the unique key kept the job out (the caller
-# gives the key back, in the same transaction). `scoped` as in
-# enqueue._ENQUEUE_LIMITED (no rows for a job without limits). `sequenced` creates or locks the
-# row of the job's sequence key, the job goes in `waiting`, and `advanced` hands it the key if
-# no job holds it (which notifies its queue).
-_ENQUEUE_KEYED = f"""
-WITH scoped AS (
-    INSERT INTO {{limits}} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
-    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
-           p.paused_until, p.paused_by
-      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
-           AS s(scope, max_running, rate, burst)
-      LEFT JOIN {{pauses}} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
-    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
-     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-), sequenced AS (
-    INSERT INTO {{sequences}} AS s (key, on_failure)
-    SELECT %(sequence)s, %(on_failure)s WHERE %(sequence)s::text IS NOT NULL
-    ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
-    RETURNING key
-), held AS (
-    INSERT INTO {{idempotency_keys}} (key, job_id)
-    SELECT %(key)s, nextval({{job_ids}}) WHERE %(key)s::text IS NOT NULL
-    ON CONFLICT (key) DO NOTHING
-    RETURNING job_id
-), ins AS (
-    INSERT INTO {{live}} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+# Insert one job with keys or a deadline; a conflict of its idempotency key (`held`) or unique
+# key stores nothing and returns the job that holds the key (when that job committed after this
+# statement's snapshot, nothing: the caller looks again with _HOLDER), with the id its idempotency
+# key was taken for when the unique key kept the job out (the caller gives the key back, in the
+# same transaction). `held`, `scoped` (no rows for a job without limits) and `sequenced`: see
+# miniqueue.store.insertion. A job of a sequence goes in `waiting`, and `advanced` hands it the
+# key if no job holds it (which notifies its queue).
+_ENQUEUE_KEYED = compose(
+    """
+WITH {scoped}, {sequenced}, {held}, ins AS (
+    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
                         sequence_key, state, rate_cost)
-    SELECT coalesce((SELECT job_id FROM held), nextval({{job_ids}})), %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
+    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})), %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
            %(limits)s::text[], %(trace)s::jsonb,
            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
@@ -70,19 +46,24 @@ WITH scoped AS (
     ON CONFLICT DO NOTHING
     RETURNING id, queue, scheduled_at, state
 ), advanced AS (
-    SELECT {{advance}}(ARRAY[%(sequence)s::text], %(channel)s) WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'waiting')
+    SELECT {advance}(ARRAY[%(sequence)s::text], %(channel)s) WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'waiting')
 )
 SELECT id, false, CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END,
        NULL::bigint
   FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
 UNION ALL
 (SELECT holder, true, NULL, (SELECT job_id FROM held)
-   FROM (SELECT job_id AS holder FROM {{idempotency_keys}} WHERE key = %(key)s
+   FROM (SELECT job_id AS holder FROM {idempotency_keys} WHERE key = %(key)s
          UNION ALL
-         SELECT id FROM {{live}} WHERE unique_key = %(unique)s AND {HELD}) h
+         SELECT id FROM {live} WHERE unique_key = %(unique)s AND {holds_unique_key}) h
   WHERE NOT EXISTS (SELECT 1 FROM ins)
   LIMIT 1)
-"""  # noqa: E501
+""",  # noqa: E501
+    scoped=SCOPED,
+    held=HELD,
+    sequenced=SEQUENCED,
+    holds_unique_key=HOLDS_UNIQUE_KEY,
+)
 
 # Insert one job, or on a conflict of its unique key change the job that holds it while that job
 # waits to run (under the lock ON CONFLICT takes on its row: a claim of it waits, or is waited
@@ -92,25 +73,12 @@ UNION ALL
 # so that the row returned says whether it was inserted or changed. A job that holds the key and
 # has started is returned by `held`, unchanged. `scoped`, `sequenced` and `advanced` as in
 # _ENQUEUE_KEYED.
-_ENQUEUE_REPLACING = f"""
-WITH scoped AS (
-    INSERT INTO {{limits}} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
-    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
-           p.paused_until, p.paused_by
-      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
-           AS s(scope, max_running, rate, burst)
-      LEFT JOIN {{pauses}} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
-    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
-     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-), sequenced AS (
-    INSERT INTO {{sequences}} AS s (key, on_failure)
-    SELECT %(sequence)s, %(on_failure)s WHERE %(sequence)s::text IS NOT NULL
-    ON CONFLICT (key) DO UPDATE SET on_failure = excluded.on_failure, updated_at = now()
-    RETURNING key
-), new AS MATERIALIZED (
-    SELECT nextval({{job_ids}}) AS id
+_ENQUEUE_REPLACING = compose(
+    """
+WITH {scoped}, {sequenced}, new AS MATERIALIZED (
+    SELECT nextval({job_ids}) AS id
 ), ins AS (
-    INSERT INTO {{live}} AS j (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
+    INSERT INTO {live} AS j (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                              limits, trace_context, expires_at, unique_key, unique_while_running, sequence_key, state,
                              rate_cost)
     SELECT new.id, %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
@@ -121,7 +89,7 @@ WITH scoped AS (
            %(unique)s, %(while_running)s, (SELECT key FROM sequenced),
            CASE WHEN EXISTS (SELECT 1 FROM sequenced) THEN 'waiting' ELSE 'available' END, %(rate_cost)s
       FROM new
-    ON CONFLICT (unique_key) WHERE {HELD}
+    ON CONFLICT (unique_key) WHERE {holds_unique_key}
     DO UPDATE SET payload = excluded.payload, priority = excluded.priority,
                   scheduled_at = CASE WHEN %(wait)s::float8 IS NULL THEN excluded.scheduled_at
                                       ELSE least(excluded.scheduled_at,
@@ -129,25 +97,32 @@ WITH scoped AS (
      WHERE j.state IN ('waiting', 'available')
     RETURNING j.id, j.queue, j.scheduled_at, j.state, j.id <> (SELECT id FROM new) AS replaced
 ), advanced AS (
-    SELECT {{advance}}(ARRAY[%(sequence)s::text], %(channel)s)
+    SELECT {advance}(ARRAY[%(sequence)s::text], %(channel)s)
      WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'waiting' AND NOT replaced)
 )
 SELECT id, replaced, replaced,
        CASE WHEN %(notify)s AND state = 'available' AND scheduled_at <= now() THEN pg_notify(%(channel)s, queue) END
   FROM ins WHERE (SELECT count(*) FROM advanced) >= 0
 UNION ALL
-(SELECT id, true, false, NULL FROM {{live}} WHERE NOT EXISTS (SELECT 1 FROM ins) AND unique_key = %(unique)s AND {HELD}
+(SELECT id, true, false, NULL FROM {live} WHERE NOT EXISTS (SELECT 1 FROM ins) AND unique_key = %(unique)s AND {holds_unique_key}
   LIMIT 1)
-"""
+""",  # noqa: E501
+    scoped=SCOPED,
+    sequenced=SEQUENCED,
+    holds_unique_key=HOLDS_UNIQUE_KEY,
+)
 
 # The job holding an idempotency key or a unique key, looked up again when the holder committed
 # after the enqueue's snapshot was taken.
-_HOLDER = f"""
-SELECT job_id FROM {{idempotency_keys}} WHERE key = %(key)s
+_HOLDER = compose(
+    """
+SELECT job_id FROM {idempotency_keys} WHERE key = %(key)s
 UNION ALL
-SELECT id FROM {{live}} WHERE unique_key = %(unique)s AND {HELD}
+SELECT id FROM {live} WHERE unique_key = %(unique)s AND {holds_unique_key}
  LIMIT 1
-"""
+""",
+    holds_unique_key=HOLDS_UNIQUE_KEY,
+)
 
 # Give back an idempotency key that _ENQUEUE_KEYED took for a job its unique key then kept out.
 _DROP_KEY = "DELETE FROM {idempotency_keys} WHERE key = %(key)s AND job_id = %(id)s"
@@ -173,17 +148,9 @@ UPDATE {unique_windows} SET job_id = %(id)s, until = now() + make_interval(secs 
 # later one is matched to the holder (`ik`, `iu` in the batch; stored, by the two subqueries,
 # which COALESCE runs only for a job that stored nothing: as joins, the stored holders were
 # planned as a hash of every held key, 15 ms of a 25 ms batch at 50,000 of them).
-_ENQUEUE_MANY_KEYED = """
-WITH scoped AS (
-    INSERT INTO {limits} AS l (scope, max_running, rate, burst, tokens, paused_until, paused_by)
-    SELECT s.scope, s.max_running, s.rate, s.burst, CASE WHEN s.rate IS NULL THEN 0 ELSE 1 END,
-           p.paused_until, p.paused_by
-      FROM unnest(%(scopes)s::text[], %(maxes)s::int[], %(rates)s::float8[], %(bursts)s::float8[])
-           AS s(scope, max_running, rate, burst)
-      LEFT JOIN {pauses} p ON p.key = substring(s.scope FROM '^(?:concurrency|rate) [^ ]+ (.*)$')
-    ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running, rate = excluded.rate, burst = excluded.burst
-     WHERE (l.max_running, l.rate, l.burst) IS DISTINCT FROM (excluded.max_running, excluded.rate, excluded.burst)
-), sequenced AS (
+_ENQUEUE_MANY_KEYED = compose(
+    """
+WITH {scoped}, sequenced AS (
     INSERT INTO {sequences} AS s (key, on_failure)
     SELECT key, on_failure FROM unnest(%(sequence_keys)s::text[], %(on_failures)s::text[]) AS q(key, on_failure)
      ORDER BY key
@@ -197,12 +164,7 @@ WITH scoped AS (
                   %(while_running)b::boolean[], %(sequences)b::text[], %(rate_costs)b::int[])
            WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, expires_at,
                                 expires_in, uniq, while_running, sequence, rate_cost, ord)
-), held AS (
-    INSERT INTO {idempotency_keys} (key, job_id)
-    SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
-    ON CONFLICT (key) DO NOTHING
-    RETURNING key, job_id
-), ins AS (
+), {held_many}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
                         idempotency_key, limits, trace_context, expires_at, unique_key, unique_while_running,
                         sequence_key, state, rate_cost)
@@ -226,9 +188,7 @@ WITH scoped AS (
 SELECT s.ord,
        COALESCE(i.id, ik.job_id, iu.id,
                 (SELECT job_id FROM {idempotency_keys} WHERE key = s.key),
-                (SELECT id FROM {live} WHERE unique_key = s.uniq AND unique_key IS NOT NULL
-      AND (state IN ('waiting', 'available') AND (attempt = 0 OR unique_while_running)
-           OR state = 'running' AND unique_while_running))),
+                (SELECT id FROM {live} WHERE unique_key = s.uniq AND {holds_unique_key})),
        i.id IS NULL
   FROM src s
   LEFT JOIN ins i ON i.id = s.id
@@ -236,7 +196,11 @@ SELECT s.ord,
   LEFT JOIN ins iu ON i.id IS NULL AND ik.job_id IS NULL AND iu.unique_key = s.uniq
  WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM advanced) >= 0
  ORDER BY s.ord
-"""
+""",
+    scoped=SCOPED,
+    held_many=HELD_MANY,
+    holds_unique_key=HOLDS_UNIQUE_KEY,
+)
 
 
 class KeyedEnqueuing(Copying):

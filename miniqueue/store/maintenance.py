@@ -16,7 +16,7 @@ from ..core.records import TERMINAL_STATES, State
 from ..core.steps import Atomic, Query, Steps, run
 from ..core.validation import check_seconds
 from .base import Statement, Statements, StoreBase, compose
-from .finishing import counted_off, finishing
+from .finishing import counted_off, finishing, unkeyed
 
 # Return expired leases to the queue (or dead, when attempts are exhausted), as a failure would
 # (an entry in the error history as in outcomes._RECORD_FAILURES, the task's backoff from
@@ -135,11 +135,10 @@ WITH pruned AS (
                AND finished_at < now() - make_interval(secs => %(age)s)
              LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
     RETURNING id, queue, state, finished_at, idempotency_key
-), unkeyed AS (
-    DELETE FROM {idempotency_keys} k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
-), {counted_off}
+), {unkeyed}, {counted_off}
 SELECT count(*) FROM pruned
 """,
+    unkeyed=unkeyed("pruned"),
     counted_off=counted_off("pruned"),
 )
 
@@ -160,11 +159,10 @@ WITH pruned AS (
                            LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
        AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired') AND state = ANY(%(states)s::text[])
     RETURNING id, queue, state, finished_at, idempotency_key
-), unkeyed AS (
-    DELETE FROM {idempotency_keys} k USING pruned gone WHERE k.key = gone.idempotency_key AND k.job_id = gone.id
-), {counted_off}
+), {unkeyed}, {counted_off}
 SELECT count(*) FROM pruned
 """,
+    unkeyed=unkeyed("pruned"),
     counted_off=counted_off("pruned"),
 )
 
