@@ -50,6 +50,8 @@ UNIQUE_TASK = "chaos-unique"
 SEQUENCE_TASK = "chaos-sequence"
 #: The durable task (``--durable``: see chaos.durable), whose jobs the durable checks judge alone.
 DURABLE_TASK = "chaos-durable"
+#: The batch task (``--batches``: see chaos.batches), whose handler takes a list of jobs.
+BATCH_TASK = "chaos-batch"
 QUEUE = "chaos"
 #: What the handler of a sequence job planned to die raises (its attempts are not a fault's).
 PLANNED_FAILURE = "chaos: planned failure"
@@ -66,7 +68,7 @@ async_app = App()
 _local = threading.local()
 
 _RECORD = """
-INSERT INTO chaos_executions (token, job_id, attempt, pid, parents) VALUES (%s, %s, %s, %s, %s)
+INSERT INTO chaos_executions (token, job_id, attempt, pid, parents, batch) VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (token) DO NOTHING
 """
 _EFFECT = """
@@ -98,10 +100,11 @@ def _sequence_key_of(payload: Any) -> str:
     return str(payload["sequence"])
 
 
-def _execution(job: Job) -> tuple[object, ...]:
-    """The parameters of this execution's ``chaos_executions`` row (a fresh token each call)."""
+def _execution(job: Job, batch: str | None = None) -> tuple[object, ...]:
+    """The parameters of this execution's ``chaos_executions`` row (a fresh token each call);
+    ``batch`` names the batch handler's call it ran in (``--batches``)."""
     parents = Jsonb({str(k): v for k, v in job.parent_results.items()}) if job.parents else None
-    return (uuid.uuid4().hex, job.id, job.run, os.getpid(), parents)
+    return (uuid.uuid4().hex, job.id, job.run, os.getpid(), parents, batch)
 
 
 def _result(job: Job) -> dict[str, int]:
@@ -179,6 +182,13 @@ def chaos(job: Job) -> dict[str, int] | None:
         if job.payload.get("fail"):
             raise PlannedFailure(PLANNED_FAILURE)
         return _result(job)
+    complete_with_effect(job, execution if keyed else None)
+    return None  # the result was stored with the completion, in the transaction
+
+
+def complete_with_effect(job: Job, keyed_execution: tuple[object, ...] | None = None) -> None:
+    """Complete ``job`` through ``job.transaction()``, writing its effect in the same transaction;
+    for a keyed job, stamp its execution's end (``keyed_execution``) before that commits."""
     with job.transaction() as conn:
         job.set_result(_result(job))
         if conn.execute(_EFFECT, (job.id, job.run, os.getpid())).rowcount == 0:
@@ -188,34 +198,35 @@ def chaos(job: Job) -> dict[str, int] | None:
             # completion through, which is exactly a duplicated effect.
             _execute(_CONFLICT, (uuid.uuid4().hex, job.id, job.run, os.getpid()), job.id)
             conn.execute(_DUPLICATE, (job.id, job.run, os.getpid()))
-        if keyed:
-            _execute(_ENDED, execution[:1], job.id)  # on its own connection, before this transaction commits
-    return None  # the result was stored with the completion, in the transaction
+        if keyed_execution is not None:
+            _execute(_ENDED, keyed_execution[:1], job.id)  # on its own connection, before this transaction commits
 
 
-# One per worker process: every coroutine of a worker runs on its one event loop.
-_async_conn: psycopg.AsyncConnection[Any] | None = None
+# One per worker process and database: every coroutine of a worker runs on its one event loop.
+_async_conns: dict[str, psycopg.AsyncConnection[Any]] = {}
 
 
-async def _execute_async(query: str, params: tuple[object, ...]) -> None:
-    """:func:`_execute` on the event loop. Any failure, a cancellation included (the
-    connection may be mid-statement), drops the connection: the next statement opens another."""
-    global _async_conn
+async def execute_async(query: str, params: tuple[object, ...], job_id: int | None = None) -> None:
+    """:func:`_execute` on the event loop, on ``job_id``'s database. Any failure, a cancellation
+    included (the connection may be mid-statement), drops the connection: the next statement
+    opens another."""
+    url = _evidence_url(job_id)
     deadline = time.monotonic() + RECORD_RETRY_SECONDS
     delay = 0.05
     while True:
         try:
-            if _async_conn is None or _async_conn.closed:
-                _async_conn = await psycopg.AsyncConnection.connect(
-                    os.environ["DATABASE_URL"], autocommit=True, application_name=APP_NAME
+            conn = _async_conns.get(url)
+            if conn is None or conn.closed:
+                conn = _async_conns[url] = await psycopg.AsyncConnection.connect(
+                    url, autocommit=True, application_name=APP_NAME
                 )
-            await _async_conn.execute(query, params)
+            await conn.execute(query, params)
             return
         except BaseException as exc:
-            conn, _async_conn = _async_conn, None
-            if conn is not None:
+            dropped = _async_conns.pop(url, None)
+            if dropped is not None:
                 with contextlib.suppress(psycopg.Error):
-                    await conn.close()
+                    await dropped.close()
             if not isinstance(exc, psycopg.OperationalError) or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(delay)
@@ -226,23 +237,28 @@ async def _execute_async(query: str, params: tuple[object, ...]) -> None:
 async def chaos_async(job: Job) -> dict[str, int] | None:
     """:func:`chaos` as a coroutine: record, wait, then (for effect jobs) complete transactionally."""
     execution = _execution(job)
-    await _execute_async(_RECORD, execution)
+    await execute_async(_RECORD, execution, job.id)
     await asyncio.sleep(float(job.payload.get("ms", 0)) / 1000)
     keyed = _keyed(job)
     if not job.payload.get("effect"):
         if keyed:
-            await _execute_async(_ENDED, execution[:1])
+            await execute_async(_ENDED, execution[:1], job.id)
         if job.payload.get("fail"):
             raise PlannedFailure(PLANNED_FAILURE)
         return _result(job)
+    await complete_with_effect_async(job, execution if keyed else None)
+    return None  # the result was stored with the completion, in the transaction
+
+
+async def complete_with_effect_async(job: Job, keyed_execution: tuple[object, ...] | None = None) -> None:
+    """:func:`complete_with_effect` through ``job.atransaction()``."""
     async with job.atransaction() as conn:
         job.set_result(_result(job))
         if (await conn.execute(_EFFECT, (job.id, job.run, os.getpid()))).rowcount == 0:
-            await _execute_async(_CONFLICT, (uuid.uuid4().hex, job.id, job.run, os.getpid()))
+            await execute_async(_CONFLICT, (uuid.uuid4().hex, job.id, job.run, os.getpid()), job.id)
             await conn.execute(_DUPLICATE, (job.id, job.run, os.getpid()))
-        if keyed:
-            await _execute_async(_ENDED, execution[:1])
-    return None  # the result was stored with the completion, in the transaction
+        if keyed_execution is not None:
+            await execute_async(_ENDED, keyed_execution[:1], job.id)
 
 
 # The keyed tasks: the same handlers, with keys computed from the payload (see the module's docstring).

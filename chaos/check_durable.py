@@ -75,6 +75,11 @@ def durable_rows(db: Rows, ids: list[int], sent_ahead: int, stops: list[Stop], d
         durable_signals_sent_ahead=sent_ahead,
         durable_step_reruns_before_record=retried_before_record,
         durable_replayed_steps=replayed,
+        durable_not_completed=not_completed,
+        durable_completed_twice=twice,
+        durable_effect_problems=effect_problems + duplicates,
+        durable_stale_steps=stale,
+        durable_spent_attempts=spent,
         durable_runs_median=sorted(runs_per_job)[len(runs_per_job) // 2] if runs_per_job else None,
     )
     return [

@@ -22,7 +22,7 @@ from typing import Any
 from .evidence import Evidence
 from .faults import Fault
 from .keyed import KeyedEvidence, Run
-from .options import SCENARIOS
+from .options import ALL_SCENARIOS
 from .rows import Row, info, rule
 from .workload import KeyedEnqueue, Workload
 
@@ -122,7 +122,7 @@ def stale(ev: Evidence, run: Run, other: Run, causes: Causes) -> str | None:
     if lease is None or theirs is None or lease.ended is None or lease.end_state in (None, "completed"):
         return None
     cause = causes.get((lease.job, lease.attempt, lease.pid), "")
-    if cause.split(" ")[0] not in SCENARIOS or lease.ended > theirs.claimed:
+    if cause.split(" ")[0] not in ALL_SCENARIOS or lease.ended > theirs.claimed:
         return None
     return (
         f"job {run.job} attempt {run.attempt}'s lease was lost at {clock(lease.ended)} ({cause}), "

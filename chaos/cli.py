@@ -7,8 +7,19 @@ import random
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from .options import LIMIT_KEYS, SCENARIOS, OptionError, Options, sharded_defaults
+from .options import (
+    ALL_SCENARIOS,
+    BATCH_SIZE,
+    EVERYTHING,
+    LIMIT_KEYS,
+    MODES,
+    SCENARIOS,
+    OptionError,
+    Options,
+    sharded_defaults,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -17,6 +28,16 @@ def parser() -> argparse.ArgumentParser:
         description="Run a real miniqueue-supervise on a real database under injected faults, then check that "
         "no job was lost or completed twice and that every re-execution was caused by a fault.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    # The options --everything sets have no argparse default (SUPPRESS): options_from tells one
+    # given on the command line, which wins, from one left out.
+    p.add_argument(
+        "--everything",
+        action="store_true",
+        help="every mode at once ("
+        + ", ".join(f"--{k.replace('_', '-')}" for k in EVERYTHING if k != "scenarios")
+        + f"; scenarios {','.join(ALL_SCENARIOS)}): over two databases, under every fault the harness can inject "
+        "there, with the report; an option given explicitly wins",
     )
     # No argparse default for these three: theirs depends on --databases (see options_from).
     p.add_argument(
@@ -47,7 +68,12 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between faults, drawn uniformly",
     )
     p.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenarios to inject")
+    p.add_argument(
+        "--scenarios",
+        default=argparse.SUPPRESS,
+        help=f"comma-separated scenarios to inject (default: {','.join(SCENARIOS)}; {ALL_SCENARIOS[-1]} needs "
+        "a full run over several databases)",
+    )
     p.add_argument(
         "--database-url",
         help="a server to create the run's database on (default: an embedded "
@@ -72,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--limits",
         action="store_true",
+        default=argparse.SUPPRESS,
         help=f"give a share of the jobs a concurrency key ({', '.join(f'{k} max {n}' for k, n in LIMIT_KEYS.items())}) "
         "and check that no key ever had more leases at once than its limit",
     )
@@ -79,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workflow",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="enqueue groups (with a then callback) and chains among the jobs, and check that every "
         "dependent ran to completion once, only after its parents completed",
     )
@@ -89,6 +117,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--unique",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="enqueue a share of the jobs with a unique key, again and again over the run (duplicates "
         "expected), and check that no two jobs of a key ever held it or ran at once",
     )
@@ -99,6 +128,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sequences",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="enqueue jobs with sequence keys over the run, and check that each key's jobs ran one at a "
         "time in enqueue order, and that a dead job blocks its key until it is released",
     )
@@ -107,17 +137,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--durable",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="also enqueue durable jobs (5 steps, one transactional, 2 sleeps, a signal each) and check that "
         "no recorded step ran again, each transactional effect happened once, no sleep or wait spent an attempt",
     )
     p.add_argument("--durable-jobs", type=int, default=40, help="durable jobs (with --durable)")
     p.add_argument(
+        "--batches",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help=f"enqueue a share of the plain jobs as jobs of a batch task ({BATCH_SIZE} at a time) and check that no "
+        "batch was larger and that a batch's jobs interrupted by a crash ran alone next",
+    )
+    p.add_argument(
+        "--batch-share", type=float, default=0.3, help="share of the plain jobs of the batch task (with --batches)"
+    )
+    p.add_argument(
         "--databases",
         type=int,
-        default=1,
-        help="run over this many databases, each on a server of the harness's own, one shard map over them; "
-        "with 2 or more, one server is stopped mid-run (the run's only fault) and the others' throughput "
-        "meanwhile is checked (see chaos/README.md, 'Several databases')",
+        default=argparse.SUPPRESS,
+        help="run over this many databases (default: 1), each on a server of the harness's own, one shard map "
+        "over them; with no mode, one server is stopped mid-run (the run's only fault) and the others' "
+        "throughput meanwhile is checked; with a mode, the full run over them (see chaos/README.md)",
     )
     p.add_argument("--outage", type=float, default=10.0, help="seconds the stopped server stays down (--databases)")
     p.add_argument(
@@ -130,25 +171,43 @@ def parser() -> argparse.ArgumentParser:
         "above it must start it again, and every supervisor must still drain and exit 0",
     )
     p.add_argument("--json", dest="json_path", type=Path, help="also write the result to this JSON file")
+    p.add_argument(
+        "--report",
+        nargs="?",
+        const="",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="write a Markdown report with plots (SVG files beside it) to PATH (default: <run dir>/report.md, "
+        "kept when the run directory is removed); on with --everything",
+    )
     return p
 
 
 def options_from(argv: list[str] | None) -> Options:
     args = parser().parse_args(argv)
+    given: dict[str, Any] = vars(args)
+    if args.everything:
+        for name, value in EVERYTHING.items():
+            given.setdefault(name, value)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    scenarios = given.get("scenarios", SCENARIOS)
+    if isinstance(scenarios, str):
+        scenarios = tuple(s.strip() for s in scenarios.split(",") if s.strip())
+    databases = int(given.get("databases", 1))
+    modes = {mode: bool(given.get(mode, False)) for mode in MODES}
+    outage_run = databases > 1 and not any(modes.values()) and scenarios == SCENARIOS
     jobs, workers, sleep_ms = (
-        sharded_defaults(args.databases, args.outage, args.outage_after) if args.databases > 1 else (300, 4, (10, 100))
+        sharded_defaults(databases, args.outage, args.outage_after) if outage_run else (300, 4, (10, 100))
     )
-    given = vars(args)
+    report = given.get("report")
     return Options(
         jobs=given.get("jobs", jobs),
         workers=given.get("workers", workers),
         concurrency=args.concurrency,
-        async_handlers=args.async_handlers,
         duration=args.duration,
         kill_interval=(args.kill_interval[0], args.kill_interval[1]),
         seed=seed,
-        scenarios=tuple(s.strip() for s in args.scenarios.split(",") if s.strip()),
+        scenarios=tuple(scenarios),
         database_url=args.database_url,
         lease=args.lease,
         effect_share=args.effect_share,
@@ -160,25 +219,25 @@ def options_from(argv: list[str] | None) -> Options:
         json_path=args.json_path,
         workdir=args.workdir,
         keep=args.keep,
-        limits=args.limits,
         limit_share=args.limit_share,
-        workflow=args.workflow,
         groups=args.groups,
         group_size=args.group_size,
         chains=args.chains,
         chain_length=args.chain_length,
-        unique=args.unique,
         unique_share=args.unique_share,
         unique_keys=args.unique_keys,
-        sequences=args.sequences,
         sequence_keys=args.sequence_keys,
         sequence_length=args.sequence_length,
-        durable=args.durable,
         durable_jobs=args.durable_jobs,
-        databases=args.databases,
+        batch_share=args.batch_share,
+        databases=databases,
         outage=args.outage,
         outage_after=args.outage_after,
         kill_in_outage=args.kill_in_outage,
+        report=report is not None and report is not False,
+        report_path=Path(report) if isinstance(report, str) and report else None,
+        everything=args.everything,
+        **modes,
     ).validated()
 
 
@@ -201,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
     try:
-        return run_sharded(options) if options.sharded else run(options)
+        return run_sharded(options) if options.outage_run else run(options)
     except CrashLoop as exc:
         print(f"python -m chaos: error: {exc}", file=sys.stderr)
         return 3

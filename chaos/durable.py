@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from miniqueue import Client, Job, JobSpec
+from miniqueue.client.sharded import ShardedClient
 
 from .app import DURABLE_TASK, QUEUE, _execute, app, async_app
 
@@ -46,7 +47,7 @@ def signal_key(job_id: int) -> str:
 
 def _run(job: Job, step: str) -> dict[str, Any]:
     """A step's function: count the run, work a little, give a value."""
-    _execute(_RUN, (uuid.uuid4().hex, job.id, step, job.run))
+    _execute(_RUN, (uuid.uuid4().hex, job.id, step, job.run), job.id)
     time.sleep(float(job.payload.get("ms", 0)) / 1000)
     return {"step": step, "attempt": job.run}
 
@@ -72,59 +73,71 @@ def durable(job: Job) -> dict[str, Any]:
     return {"signal": signalled}
 
 
+__all__ = ["Signaller", "app", "async_app", "durable", "enqueue_durable"]
+
 for _app in (app, async_app):
     _app.task(DURABLE_TASK, queue=QUEUE, max_attempts=25)(durable)
 
 
-def enqueue_durable(dsn: str, count: int, sleep_ms: tuple[int, int]) -> tuple[list[int], int]:
-    """Enqueue the durable jobs, and send a third of their signals before they wait; their ids
-    and how many signals were sent ahead."""
-    with Client(dsn) as client:
-        specs = [
-            JobSpec(DURABLE_TASK, {"n": n, "ms": sleep_ms[0] + n % (sleep_ms[1] - sleep_ms[0] + 1)}, queue=QUEUE)
-            for n in range(count)
-        ]
-        ids = [result.id for result in client.enqueue_many(specs)]
-        ahead = ids[::3]
-        client.signal_many([(signal_key(job_id), {"ahead": True}) for job_id in ahead])
+def enqueue_durable(client: Client | ShardedClient, count: int, sleep_ms: tuple[int, int]) -> tuple[list[int], int]:
+    """Enqueue the durable jobs, and send a third of their signals before they wait (each on its
+    job's own database, over several); their ids and how many signals were sent ahead."""
+    specs = [
+        JobSpec(DURABLE_TASK, {"n": n, "ms": sleep_ms[0] + n % (sleep_ms[1] - sleep_ms[0] + 1)}, queue=QUEUE)
+        for n in range(count)
+    ]
+    ids = [result.id for result in client.enqueue_many(specs)]
+    ahead = ids[::3]
+    by_client: dict[int, tuple[Client, list[int]]] = {}
+    for job_id in ahead:
+        own = client.client(client.shards.database_of(job_id)) if isinstance(client, ShardedClient) else client
+        by_client.setdefault(id(own), (own, []))[1].append(job_id)
+    for own, jobs in by_client.values():
+        own.signal_many([(signal_key(job_id), {"ahead": True}) for job_id in jobs])
     return ids, len(ahead)
 
 
 class Signaller(threading.Thread):
-    """Sends the signal of each durable job that parks, until stopped (through restarts)."""
+    """Sends the signal of each durable job that parks, until stopped (through restarts): on each
+    database of ``dsns`` (over several, a parked job's signal goes to its own database)."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsns: list[str]) -> None:
         super().__init__(name="chaos-signaller", daemon=True)
-        self.dsn = dsn
+        self.dsns = dsns
         self.sent = 0
         self.errors = 0
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        # One client and one connection for the run (a connection per look costs a core's share),
-        # made again after a restart or a terminated backend; the next round tries again.
-        client: Client | None = None
-        conn: psycopg.Connection[Any] | None = None
+        # One client and one connection per database for the run (a connection per look costs a
+        # core's share), made again after a restart or a terminated backend; the next round tries again.
+        clients: dict[str, Client] = {}
+        conns: dict[str, psycopg.Connection[Any]] = {}
         while not self._stop_event.wait(SIGNAL_EVERY):
-            try:
-                client = client or Client(self.dsn)
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.dsn, autocommit=True, application_name="chaos:signaller")
-                keys = [row[0] for row in conn.execute(_PARKED)]
-                if keys:
-                    client.signal_many([(key, {"ahead": False}) for key in keys])
-                    self.sent += len(keys)
-            except Exception:
-                self.errors += 1
-                for closing in (client, conn):
-                    if closing is not None:
-                        with contextlib.suppress(Exception):
-                            closing.close()
-                client, conn = None, None
-        for closing in (client, conn):
-            if closing is not None:
-                closing.close()
+            for dsn in self.dsns:
+                try:
+                    client = clients.get(dsn) or clients.setdefault(dsn, Client(dsn))
+                    conn = conns.get(dsn)
+                    if conn is None or conn.closed:
+                        conn = conns[dsn] = psycopg.connect(
+                            dsn, autocommit=True, application_name="chaos:signaller", connect_timeout=5
+                        )
+                    keys = [row[0] for row in conn.execute(_PARKED)]
+                    if keys:
+                        client.signal_many([(key, {"ahead": False}) for key in keys])
+                        self.sent += len(keys)
+                except Exception:
+                    self.errors += 1
+                    _close(clients.pop(dsn, None), conns.pop(dsn, None))
+        _close(*clients.values(), *conns.values())
 
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=10)
+
+
+def _close(*closing: Client | psycopg.Connection[Any] | None) -> None:
+    for each in closing:
+        if each is not None:
+            with contextlib.suppress(Exception):
+                each.close()

@@ -42,6 +42,8 @@ class Execution:
     at: float
     #: A dependent's ``job.parent_results`` as it read them (parent id as text -> result).
     parents: dict[str, Any] | None = None
+    #: A batch job's: the batch handler's call it ran in (``--batches``).
+    batch: str | None = None
 
 
 @dataclass
@@ -83,10 +85,13 @@ class Evidence:
         )
         for job, attempt, before, after, worker, error, at in transitions:
             found._transition(int(job), int(attempt), before, after, worker, error, float(at) - clock_offset)
-        for job, attempt, pid, at, parents in db.rows(
-            "SELECT job_id, attempt, pid, extract(epoch FROM at)::float8, parents FROM chaos_executions ORDER BY at"
+        for job, attempt, pid, at, parents, batch in db.rows(
+            "SELECT job_id, attempt, pid, extract(epoch FROM at)::float8, parents, batch FROM chaos_executions "
+            "ORDER BY at"
         ):
-            found.executions.append(Execution(int(job), int(attempt), int(pid), float(at) - clock_offset, parents))
+            found.executions.append(
+                Execution(int(job), int(attempt), int(pid), float(at) - clock_offset, parents, batch)
+            )
         for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_effects"):
             found.effects[int(job)] = (int(attempt), int(pid))
         for job, attempt, pid in db.rows("SELECT job_id, attempt, pid FROM chaos_duplicate_effects"):
@@ -109,7 +114,9 @@ class Evidence:
                     mine.extend(theirs)
                 elif isinstance(mine, dict):
                     mine.update(theirs)  # a Counter's counts add up; a dict's keys are one database's jobs
-                elif theirs != KeyedEvidence():  # no keyed jobs over several databases (options refuse them)
+                elif isinstance(mine, KeyedEvidence):
+                    mine.extend(theirs)  # each key lives on one database (the map routes by the key's hash)
+                else:
                     raise ValueError(f"evidence {f.name!r} cannot be merged over several databases")
         whole.leases.sort(key=lambda lease: lease.claimed)
         whole.executions.sort(key=lambda execution: execution.at)

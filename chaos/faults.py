@@ -1,23 +1,38 @@
 """The faults: each scenario as one method that picks a target at random, hits it, and records
 what it hit (pids, the leases they held, when), so every lost attempt can later be matched to
-the fault that caused it."""
+the fault that caused it.
+
+Over several databases (a full run over a shard map) a database fault hits one database, drawn
+among those up, and says which (``Fault.database``): it explains lost attempts of that database's
+jobs only. ``kill-supervisor`` then kills a database's supervisor, which the process above starts
+again: a SIGKILL of that process itself leaves every database's supervisor running (they are not
+told their parent died), so the run would only count orphans that never exit.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
+import psycopg
 
 from .app import SEQUENCE_TASK, UNIQUE_TASK
+from .databases import Shard
 from .fleet import Fleet
-from .options import Options
+from .options import PIN_SECONDS, STOP_DATABASE, STOP_DATABASE_SECONDS, Options
 from .processes import Child, Supervisor
-from .server import Harness, Server
+from .site import Site
+
+#: The connection that pins the horizon is the harness's (``chaos:*``): ``terminate-backend``
+#: never picks it.
+PIN_APP_NAME = "chaos:horizon"
 
 #: Leases held by a process, read while it is frozen so the answer cannot change under us.
 _HELD_BY = """
@@ -31,6 +46,9 @@ SELECT pid, application_name FROM pg_stat_activity
  ORDER BY pid
 """
 _JOB_STATES = "SELECT id, state, attempt FROM miniqueue_jobs WHERE id = ANY(%s)"
+#: The pinning session: a snapshot taken by a read of the queue's table, held by its transaction.
+_PIN = "SELECT count(*) FROM miniqueue_jobs"
+_XID = "SELECT txid_current()"
 #: The tasks whose jobs carry a unique or sequence key (``--unique``, ``--sequences``).
 KEYED_TASKS = frozenset({UNIQUE_TASK, SEQUENCE_TASK})
 _RUNS_KEYED = """
@@ -63,21 +81,44 @@ class Stop:
     supervisor: int
     frozen: float  # time.monotonic()
     resumed: float | None = None
+    #: Its parent's pid: the supervisor, or over several databases its database's supervisor.
+    parent: int = 0
+
+
+@dataclass
+class Pin:
+    """A session holding a snapshot open on one database, until ``until`` (time.monotonic())."""
+
+    fault: Fault
+    shard: Shard
+    conn: psycopg.Connection[Any]
+    xid: int  # the database's transaction counter when the snapshot was taken
+    until: float
+
+
+@dataclass
+class Down:
+    """A database's server stopped, to be started again at ``until`` (time.monotonic())."""
+
+    fault: Fault
+    shard: Shard
+    until: float
 
 
 @dataclass
 class Injector:
-    """Injects faults into a fleet of supervisors and the server under it."""
+    """Injects faults into a fleet of supervisors and the servers under it."""
 
     options: Options
     fleet: Fleet
-    db: Harness
-    server: Server
+    site: Site
     rng: random.Random
     say: Callable[[str], None]
     faults: list[Fault] = field(default_factory=list)
     stops: list[Stop] = field(default_factory=list)
     restarts: int = 0
+    pin: Pin | None = None
+    down: Down | None = None
     extra_until: float | None = None  # when the second supervisor is stopped (time.monotonic())
     extra_fault: Fault | None = None
     started: float = field(default_factory=time.monotonic)
@@ -93,19 +134,28 @@ class Injector:
         return fault
 
     def tick(self) -> None:
-        """Finish what earlier faults started: resume a stopped worker, stop the second supervisor."""
+        """Finish what earlier faults started: resume a stopped worker, stop the second supervisor,
+        release a pinned horizon, start a stopped database again."""
         for stop in self.stops:
             if stop.resumed is None:
                 self._maybe_resume(stop)
         if self.extra_until is not None and time.monotonic() >= self.extra_until:
             self._stop_extra()
+        if self.pin is not None and time.monotonic() >= self.pin.until:
+            self._release_pin()
+        if self.down is not None and time.monotonic() >= self.down.until:
+            self._start_database()
 
     def finish(self) -> None:
-        """Chaos is over: stop the second supervisor (now, or as soon as it is ready); stopped
-        workers are resumed on their own schedule."""
+        """Chaos is over: stop the second supervisor (now, or as soon as it is ready), release a
+        pinned horizon, start a stopped database; stopped workers are resumed on their own schedule."""
         if self.extra_until is not None:
             self.extra_until = time.monotonic()
             self._stop_extra()
+        if self.pin is not None:
+            self._release_pin()
+        if self.down is not None:
+            self._start_database()
 
     @property
     def stopped_pids(self) -> set[int]:
@@ -142,8 +192,21 @@ class Injector:
                 return self.rng.choice(workers) if workers else None
             time.sleep(0.02)
 
+    def _up(self) -> list[Shard]:
+        """The databases whose server is up (a query to one that is down would wait for it)."""
+        return [s for s in self.site.shards if self.down is None or s is not self.down.shard]
+
+    def _pick_up(self) -> Shard:
+        """A database that is up, at random (the one database draws nothing)."""
+        up = self._up()
+        return up[0] if len(up) == 1 else self.rng.choice(up)
+
+    def _rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """``query`` on every database that is up, the rows of each in turn."""
+        return [row for shard in self._up() for row in shard.db.rows(query, params)]
+
     def _held(self, pid: int) -> tuple[tuple[int, int], ...]:
-        return tuple((int(r[0]), int(r[1])) for r in self.db.rows(_HELD_BY, (str(pid),)))
+        return tuple((int(r[0]), int(r[1])) for r in self._rows(_HELD_BY, (str(pid),)))
 
     # -- scenarios -----------------------------------------------------------------------------
 
@@ -184,7 +247,7 @@ class Injector:
 
     def _runs_keyed(self, pid: int, leases: tuple[tuple[int, int], ...]) -> bool:
         """Whether ``pid``'s handler has started one of these leases of a keyed job (a title can lag)."""
-        return bool(self.db.value(_RUNS_KEYED, ([job for job, _ in leases], [a for _, a in leases], pid)))
+        return any(r[0] for r in self._rows(_RUNS_KEYED, ([job for job, _ in leases], [a for _, a in leases], pid)))
 
     def stop_worker(self) -> Fault | None:
         """SIGSTOP a worker that holds a job, for longer than its lease plus a reaper pass. With
@@ -214,7 +277,7 @@ class Injector:
                 fault = Fault(
                     "stop-worker", now, now, (child.pid,), leases, f"{child.slot} of supervisor {supervisor.number}"
                 )
-                self.stops.append(Stop(fault, child.pid, supervisor.number, time.monotonic()))
+                self.stops.append(Stop(fault, child.pid, supervisor.number, time.monotonic(), parent=child.parent))
                 self.say(
                     f"stop-worker: SIGSTOP {child.slot} pid {child.pid} (supervisor {supervisor.number}) "
                     f"holding {_leases(leases)}"
@@ -232,7 +295,7 @@ class Injector:
             return
         if frozen_for < longest:
             ids = [job for job, _ in stop.fault.leases]
-            states = {int(r[0]): (r[1], int(r[2])) for r in self.db.rows(_JOB_STATES, (ids,))}
+            states = {int(r[0]): (r[1], int(r[2])) for r in self._rows(_JOB_STATES, (ids,))}
             attempts = dict(stop.fault.leases)
             if not all(states.get(j, ("", 0))[0] == "completed" and states[j][1] > a for j, a in attempts.items()):
                 return
@@ -242,33 +305,113 @@ class Injector:
         self.say(f"stop-worker: SIGCONT pid {stop.pid} after {frozen_for:.1f}s")
 
     def terminate_backend(self) -> Fault | None:
-        """pg_terminate_backend on one to three random miniqueue connections."""
-        backends = [(int(r[0]), str(r[1])) for r in self.db.rows(_MINIQUEUE_BACKENDS)]
+        """pg_terminate_backend on one to three random miniqueue connections of one database."""
+        shard = self._pick_up()
+        backends = [(int(r[0]), str(r[1])) for r in shard.db.rows(_MINIQUEUE_BACKENDS)]
         if not backends:
             return None
         chosen = self.rng.sample(backends, k=min(len(backends), self.rng.randint(1, 3)))
         now = time.time()
         for pid, _ in chosen:
-            self.db.rows("SELECT pg_terminate_backend(%s)", (pid,))
+            shard.db.rows("SELECT pg_terminate_backend(%s)", (pid,))
         names = ", ".join(sorted(name.removeprefix("miniqueue:") for _, name in chosen))
-        self.say(f"terminate-backend: {names}")
-        return Fault("terminate-backend", now, time.time(), (), (), names)
+        where = f" on {shard.name}" if self.site.sharded else ""
+        self.say(f"terminate-backend{where}: {names}")
+        return Fault("terminate-backend", now, time.time(), (), (), names + where, self.site.database_index(shard))
 
     def restart_postgres(self) -> Fault | None:
-        """Restart the owned server: the first restart is fast, the second immediate, then either."""
-        if not self.server.owned:
+        """Restart an owned server: the first restart is fast, the second immediate, then either."""
+        if not self.site.owned:
             return None
+        shard = self._pick_up()
         mode = ("fast", "immediate")[self.restarts] if self.restarts < 2 else self.rng.choice(["fast", "immediate"])
         self.restarts += 1
-        self.say(f"restart-postgres: pg_ctl restart -m {mode}")
+        where = f" ({shard.name})" if self.site.sharded else ""
+        self.say(f"restart-postgres{where}: pg_ctl restart -m {mode}")
         started = time.time()
-        self.server.restart(mode)
+        shard.server.restart(mode)
         ended = time.time()
-        self.say(f"restart-postgres: back after {ended - started:.1f}s")
-        return Fault("restart-postgres", started, ended, (), (), f"{mode}, {ended - started:.1f}s")
+        self.say(f"restart-postgres{where}: back after {ended - started:.1f}s")
+        return Fault(
+            "restart-postgres",
+            started,
+            ended,
+            (),
+            (),
+            f"{mode}, {ended - started:.1f}s{where}",
+            self.site.database_index(shard),
+        )
+
+    def pin_horizon(self) -> Fault | None:
+        """Hold a snapshot open on one database for PIN_SECONDS: a REPEATABLE READ transaction
+        that has read the queue's table, so no row version dead since can be vacuumed away (the
+        xmin horizon stays where it was). Released by :meth:`tick`. It explains no lost attempt:
+        a held snapshot must cost the queue nothing but bloat."""
+        if self.pin is not None:
+            return None
+        shard = self._pick_up()
+        try:
+            conn = psycopg.connect(shard.server.dsn, autocommit=True, application_name=PIN_APP_NAME, connect_timeout=5)
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            conn.execute(_PIN)
+            xid = int(shard.db.value(_XID))
+        except psycopg.Error:
+            return None
+        lasts = self.rng.uniform(*PIN_SECONDS)
+        now = time.time()
+        where = f" on {shard.name}" if self.site.sharded else ""
+        fault = Fault("pin-horizon", now, now, detail=f"snapshot held{where}", database=self.site.database_index(shard))
+        self.pin = Pin(fault, shard, conn, xid, time.monotonic() + lasts)
+        self.say(f"pin-horizon: a REPEATABLE READ snapshot held open{where} for {lasts:.1f}s")
+        return fault
+
+    def _release_pin(self) -> None:
+        pin, self.pin = self.pin, None
+        if pin is None:
+            return
+        pin.fault.until = time.time()
+        held = pin.fault.until - pin.fault.at
+        behind = ""
+        with contextlib.suppress(psycopg.Error):
+            pin.conn.execute("ROLLBACK")
+            behind = f", {int(pin.shard.db.value(_XID)) - pin.xid} transactions behind it when released"
+        ended = "" if behind else ", its session ended by another fault first"
+        with contextlib.suppress(psycopg.Error):
+            pin.conn.close()
+        pin.fault.detail += f" {held:.1f}s{behind}{ended}"
+        self.say(f"pin-horizon: released after {held:.1f}s{behind}{ended}")
+
+    def stop_database(self) -> Fault | None:
+        """Over several databases: stop one database's server (``pg_ctl stop -m fast``) for
+        STOP_DATABASE_SECONDS, then start it again (:meth:`tick`). Its workers wait, the others
+        run on; the harness's own reads skip it meanwhile."""
+        if not self.site.sharded or not self.site.owned or self.down is not None:
+            return None
+        shard = self.rng.choice(self.site.shards)
+        lasts = self.rng.uniform(*STOP_DATABASE_SECONDS)
+        if self.pin is not None and self.pin.shard is shard:
+            self._release_pin()
+        started = time.time()
+        shard.server.halt()
+        fault = Fault(STOP_DATABASE, started, started, detail=f"{shard.name}'s server stopped", database=shard.index)
+        self.down = Down(fault, shard, time.monotonic() + lasts)
+        self.say(f"stop-database: {shard.name}'s server stopped (pg_ctl stop -m fast) for {lasts:.1f}s")
+        return fault
+
+    def _start_database(self) -> None:
+        down, self.down = self.down, None
+        if down is None:
+            return
+        down.shard.server.resume()
+        down.fault.until = time.time()
+        down.fault.detail += f" for {down.fault.until - down.fault.at:.1f}s"
+        self.say(f"stop-database: {down.shard.name}'s server up again after {down.fault.until - down.fault.at:.1f}s")
 
     def kill_supervisor(self) -> Fault | None:
-        """SIGKILL a supervisor (never the one whose worker is frozen), then start a new one."""
+        """SIGKILL a supervisor (never the one whose worker is frozen), then start a new one; over
+        several databases, a database's supervisor, which the process above starts again."""
+        if self.site.sharded:
+            return self._kill_database_supervisor()
         frozen = {s.supervisor for s in self.stops if s.resumed is None}
         candidates = [s for s in self.fleet.running() if s.number not in frozen]
         if not candidates:
@@ -288,6 +431,36 @@ class Injector:
             self.say(f"supervisor {replacement.number} replaces it as the second supervisor")
         return Fault(
             "kill-supervisor", now, now, (supervisor.pid, *children), leases, f"supervisor {supervisor.number}"
+        )
+
+    def _kill_database_supervisor(self) -> Fault | None:
+        frozen = {s.parent for s in self.stops if s.resumed is None}
+        candidates = [
+            (s, c)
+            for s in self.fleet.running()
+            for c in s.children()
+            if c.database_supervisor and not c.zombie and c.pid not in frozen
+        ]
+        if not candidates:
+            return None
+        supervisor, target = self.rng.choice(candidates)
+        children = [c.pid for c in supervisor.children() if c.parent == target.pid and not c.zombie]
+        leases = tuple(lease for pid in children for lease in self._held(pid))
+        now = time.time()
+        if not _signal(target.pid, signal.SIGKILL):
+            return None
+        self.fleet.tracker.orphaned_pids(children)
+        self.say(
+            f"kill-supervisor: a database's supervisor (pid {target.pid}, under supervisor {supervisor.number}); "
+            f"its children {children} held {_leases(leases)}"
+        )
+        return Fault(
+            "kill-supervisor",
+            now,
+            now,
+            (target.pid, *children),
+            leases,
+            f"a database's supervisor under supervisor {supervisor.number}",
         )
 
     def two_supervisors(self) -> Fault | None:

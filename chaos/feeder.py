@@ -2,8 +2,9 @@
 the faults fly, finds afterwards the jobs whose enqueue reply was lost, and, once the run is
 quiet, checks the sequence key a dead job blocks and releases it.
 
-The feeder is a thread of the harness with a :class:`~miniqueue.Client` of its own, so its
-connections are ``miniqueue:client`` ones, which ``terminate-backend`` may pick, and a restart
+The feeder is a thread of the harness with a :class:`~miniqueue.Client` of its own (over several
+databases a :class:`~miniqueue.ShardedClient`: each key's jobs go to the database of its hash), so
+its connections are ``miniqueue:client`` ones, which ``terminate-backend`` may pick, and a restart
 cuts them too: an enqueue that fails on a dead connection is retried (for up to
 :data:`RETRY_SECONDS`). A retry after a reply that was lost may find its first try committed: a
 sequence job's idempotency key then returns that job, and a unique job's key returns it as the
@@ -23,12 +24,14 @@ from typing import Any
 import psycopg
 
 from miniqueue import Client, EnqueueResult
+from miniqueue.client.sharded import ShardedClient
 from miniqueue.core.errors import DatabaseUnavailable, MiniqueueError
 
 from .app import app as chaos_app
 from .faults import Injector
 from .fleet import Fleet
-from .server import Harness
+from .keyed import Rows
+from .site import Site
 from .workload import Feed, KeyedEnqueue, Planned, Workload
 
 #: How long one enqueue is retried through connection errors before it counts as failed.
@@ -42,8 +45,10 @@ _RETRIABLE = (DatabaseUnavailable, psycopg.OperationalError)
 class Feeder:
     """Enqueues the workload's feeds at their times (seconds after :meth:`start`), in a thread."""
 
-    def __init__(self, dsn: str, workload: Workload, say: Callable[[str], None]) -> None:
-        self.dsn, self.workload, self.say = dsn, workload, say
+    def __init__(
+        self, open_client: Callable[[], Client | ShardedClient], workload: Workload, say: Callable[[str], None]
+    ) -> None:
+        self.open_client, self.workload, self.say = open_client, workload, say
         self.stopping = threading.Event()
         self.crashed: str | None = None
         self._thread = threading.Thread(target=self._run, name="chaos-feeder", daemon=True)
@@ -63,7 +68,7 @@ class Feeder:
 
     def _run(self) -> None:
         try:
-            client = self._retrying(lambda: Client(self.dsn))[0]
+            client: Client | ShardedClient | None = self._retrying(self.open_client)[0]
             if client is None:
                 self.crashed = "could not open a client"
                 return
@@ -75,7 +80,7 @@ class Feeder:
         except BaseException as exc:  # reported as a problem, never lost in a thread
             self.crashed = f"{type(exc).__name__}: {exc}"
 
-    def _feed(self, client: Client, feed: Feed) -> None:
+    def _feed(self, client: Client | ShardedClient, feed: Feed) -> None:
         if feed.method == "client.enqueue_many":
             started = time.time()
             results, retries, error = self._retrying(lambda: client.enqueue_many([p.spec for p in feed.jobs]))
@@ -134,7 +139,7 @@ class Feeder:
                 return None, retries, f"{type(exc).__name__}: {exc}"
 
 
-def _enqueue_one(client: Client, method: str, planned: Planned) -> EnqueueResult:
+def _enqueue_one(client: Client | ShardedClient, method: str, planned: Planned) -> EnqueueResult:
     """One job, through the app (which computes its key from the payload) or the client (key given)."""
     spec = planned.spec
     options: dict[str, Any] = {
@@ -154,7 +159,7 @@ SELECT k.job_id, j.payload FROM chaos_keyed k JOIN miniqueue_jobs j ON j.id = k.
 """
 
 
-def reconcile(db: Harness, workload: Workload) -> list[int]:
+def reconcile(db: Rows, workload: Workload) -> list[int]:
     """Add to the workload every keyed job the database stored that no enqueue returned."""
     found = []
     for job, payload in db.rows(_KEYED_JOBS):
@@ -187,17 +192,20 @@ _NOT_COMPLETED = "SELECT count(*) FROM miniqueue_jobs WHERE id = ANY(%s) AND sta
 
 
 def release_blocked(
-    dsn: str, workload: Workload, db: Harness, fleet: Fleet, injector: Injector, say: Callable[[str], None]
+    site: Site, workload: Workload, fleet: Fleet, injector: Injector, say: Callable[[str], None]
 ) -> Blocked:
     """With the run quiet (drained, no fault in progress): the key's dead job still blocks it (its
     later jobs waiting, never claimed), ``client.blocked_sequences()`` names it; then
-    ``client.release_sequence(key)``, and wait for the rest of the key to complete."""
+    ``client.release_sequence(key)``, and wait for the rest of the key to complete. Over several
+    databases, all on the key's database (its jobs went to the database of its hash)."""
     key = workload.blocked_key or ""
     job = next((j for j, k in sorted(workload.failing.items()) if k == key), None)
     blocked = Blocked(key, job)
     if job is None:
         blocked.error = "the job planned to die was never enqueued"
         return blocked
+    shard = site.shard_of(job)
+    db, dsn = shard.db, shard.server.dsn
     states = {int(j): str(state) for j, state in db.rows(_KEY_JOBS, (key,))}
     blocked.state = states.get(job)
     blocked.behind = {j: state for j, state in states.items() if j > job}

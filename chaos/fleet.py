@@ -69,6 +69,16 @@ class Fleet:
         self.say(f"started supervisor {supervisor.number} (pid {supervisor.pid})")
         return supervisor
 
+    def wait_ready(self, supervisor: Supervisor, timeout: float) -> None:
+        """Until ``supervisor`` has said READY=1 (over a shard map, each database's supervisor under
+        it); SupervisorFailed if it exits first, RuntimeError at ``timeout``."""
+        deadline = time.monotonic() + timeout
+        supervisor.wait_ready(timeout=timeout)
+        while not supervisor.ready:
+            if time.monotonic() > deadline or not supervisor.alive:
+                raise RuntimeError(f"not every database's supervisor became ready:\n{supervisor.log_tail()}")
+            time.sleep(0.05)
+
     def running(self) -> list[Supervisor]:
         """Supervisors alive and not being stopped: the ones faults may target."""
         return [s for s in self.supervisors if s.alive and s.ended_by is None]

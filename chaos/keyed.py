@@ -26,6 +26,7 @@ of a lease (``chaos_transitions``). Times are converted to this host's epoch sec
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -208,6 +209,15 @@ class KeyedEvidence:
     held_at_once: list[tuple[Holding, Holding]] = field(default_factory=list)
     out_of_order: list[OutOfOrder] = field(default_factory=list)
     early: list[Early] = field(default_factory=list)
+
+    def extend(self, other: KeyedEvidence) -> None:
+        """Add another database's account (over several: no job, and so no key's record, is on two)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                mine.update(theirs)
+            else:
+                mine.extend(theirs)
 
     @classmethod
     def load(cls, db: Rows, clock_offset: float) -> KeyedEvidence:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+#: With ``--databases N``: a database's server stopped mid-run and started again (the outage run's one
+#: fault; a scenario among the others in a full run over several databases).
+STOP_DATABASE = "stop-database"
 
 #: Every scenario the harness can inject, in the order the report lists them.
 SCENARIOS = (
@@ -14,6 +19,7 @@ SCENARIOS = (
     "restart-postgres",
     "kill-supervisor",
     "two-supervisors",
+    "pin-horizon",
 )
 
 #: How often each scenario is drawn after the first round (which injects each one once).
@@ -26,12 +32,18 @@ WEIGHTS = {
     "restart-postgres": 0.6,
     "kill-supervisor": 1.0,
     "two-supervisors": 1.0,
+    "pin-horizon": 1.0,
+    STOP_DATABASE: 0.6,
 }
 
 KILLS = ("kill-worker", "kill-reaper", "kill-supervisor")
 
-#: With ``--databases N``: the one fault, a database's server stopped mid-run and started again.
-STOP_DATABASE = "stop-database"
+#: Every fault the harness can inject: the scenarios, and a database's outage over several.
+ALL_SCENARIOS = (*SCENARIOS, STOP_DATABASE)
+#: ``pin-horizon``: how long the snapshot is held open (seconds, drawn), longer than a lease.
+PIN_SECONDS = (5.0, 12.0)
+#: ``stop-database`` in a full run over several databases: how long the server stays down.
+STOP_DATABASE_SECONDS = (3.0, 6.0)
 #: The stopped database's weight in the map (the others': 1). Its jobs wait out the outage, so it
 #: has the most left afterwards; twice the workers drain that in about half the time, which keeps
 #: the short form short. The rate the rule compares is the other databases', so it is unaffected.
@@ -52,6 +64,34 @@ LIMIT_KEYS = {"key-0": 1, "key-1": 1, "key-2": 1, "key-3": 1, "key-4": 2}
 #: With ``--unique`` and ``--sequences``: how the keys are named (``unique-0``, ``seq-0``, ...).
 UNIQUE_PREFIX = "unique-"
 SEQUENCE_PREFIX = "seq-"
+
+
+#: With ``--batches``: the batch task's options (chaos.batches). Fixed, since the supervisors load
+#: the task at import: a batch starts with BATCH_SIZE jobs ready on a worker, or once the oldest
+#: has waited BATCH_WAIT seconds.
+BATCH_SIZE = 8
+BATCH_WAIT = 0.3
+
+#: ``--everything``: every mode the harness has, at once, over two databases, under every fault
+#: it can inject there, with the report. The one place that says what "everything" is: the CLI
+#: sets these options (one given on the command line wins), the run is the run of those options.
+EVERYTHING: dict[str, Any] = {
+    "limits": True,
+    "workflow": True,
+    "unique": True,
+    "sequences": True,
+    "durable": True,
+    "batches": True,
+    "databases": 2,
+    "scenarios": ALL_SCENARIOS,
+    "report": True,
+    # Fair keys (fair scheduling among a queue's keys) are not in miniqueue yet. When they are,
+    # their mode is switched on here ("fair": True), beside its rule in a chaos/check_fair.py.
+}
+#: The modes a run over several databases may add to its plain jobs: with one of them (or a
+#: scenario list of its own), ``--databases N`` is the full run over N databases; without, it is
+#: the outage run (chaos.sharded).
+MODES = ("limits", "workflow", "unique", "sequences", "durable", "batches", "async_handlers")
 
 
 def sharded_defaults(databases: int, outage: float, outage_after: float) -> tuple[int, int, tuple[int, int]]:
@@ -123,6 +163,17 @@ class Options:
     outage_after: float = 5.0
     #: Also SIGKILL the stopped database's supervisor while its server is down.
     kill_in_outage: bool = False
+    #: Enqueue a share of the plain jobs as jobs of a batch task (chaos.batches: BATCH_SIZE at a
+    #: time), and check that no batch was larger and that a batch's jobs interrupted by a crash
+    #: ran alone next.
+    batches: bool = False
+    batch_share: float = 0.3
+    #: Write the Markdown report (with its plots) to ``report_path``, by default the run
+    #: directory's ``report.md``; a passing run that removes its directory keeps the report.
+    report: bool = False
+    report_path: Path | None = None
+    #: Set by ``--everything`` (its options are already applied: see EVERYTHING).
+    everything: bool = False
 
     # Short miniqueue intervals, so that lease expiry and recovery happen many times a run.
     poll_interval: float = 0.2
@@ -134,9 +185,23 @@ class Options:
 
     @property
     def app(self) -> str:
-        """The app reference the supervisors run."""
-        module = "chaos.durable" if self.durable else "chaos.app"  # chaos.durable adds its task to chaos.app's
+        """The app reference the supervisors run. chaos.durable adds its task to chaos.app's, and
+        chaos.batches its own to chaos.durable's (idle without ``--durable``); the batch task
+        only with ``--batches``, since a worker holds whole batches of it, which changes its prefetch."""
+        module = "chaos.batches" if self.batches else "chaos.durable" if self.durable else "chaos.app"
         return f"{module}:async_app" if self.async_handlers else f"{module}:app"
+
+    @property
+    def modes(self) -> list[str]:
+        """The modes on (of MODES), and ``scenarios`` when the scenario list is not the default."""
+        on = [mode for mode in MODES if getattr(self, mode)]
+        return on + (["scenarios"] if self.scenarios != SCENARIOS else [])
+
+    @property
+    def outage_run(self) -> bool:
+        """``--databases N`` with no mode: the outage run (one server stopped, the others'
+        throughput meanwhile: chaos.sharded) rather than the full run over N databases."""
+        return self.sharded and not self.modes
 
     @property
     def heartbeat(self) -> float:
@@ -175,6 +240,15 @@ class Options:
     def sequence_jobs(self) -> int:
         """How many of the jobs carry a sequence key."""
         return self.sequence_keys * self.sequence_length if self.sequences else 0
+
+    @property
+    def batch_jobs(self) -> int:
+        """How many of the plain jobs (neither in a workflow, a sequence nor a unique key's) are
+        jobs of the batch task."""
+        if not self.batches:
+            return 0
+        plain = self.jobs - self.workflow_jobs - self.sequence_jobs - self.unique_jobs
+        return round(self.batch_share * max(0, plain))
 
     @property
     def unique_jobs(self) -> int:
@@ -231,6 +305,7 @@ class Options:
             (self.unique_keys >= 1, f"--unique-keys {self.unique_keys}: use 1 or more"),
             (self.sequence_keys >= 1, f"--sequence-keys {self.sequence_keys}: use 1 or more"),
             (self.durable_jobs >= 1, f"--durable-jobs {self.durable_jobs}: use 1 or more"),
+            (0 <= self.batch_share <= 1, f"--batch-share {self.batch_share}: use a fraction from 0 to 1"),
             (
                 self.sequence_length >= 3,
                 f"--sequence-length {self.sequence_length}: use 3 or more (the blocked key's second job dies, "
@@ -245,30 +320,29 @@ class Options:
         for ok, message in [*checks, *self._sharded_checks()]:
             if not ok:
                 raise OptionError(message)
-        unknown = [s for s in self.scenarios if s not in SCENARIOS]
+        unknown = [s for s in self.scenarios if s not in ALL_SCENARIOS]
         if unknown or not self.scenarios:
-            raise OptionError(f"--scenarios {','.join(self.scenarios)}: choose among {','.join(SCENARIOS)}")
+            raise OptionError(f"--scenarios {','.join(self.scenarios)}: choose among {','.join(ALL_SCENARIOS)}")
+        if STOP_DATABASE in self.scenarios and (not self.sharded or self.outage_run):
+            raise OptionError(
+                f"--scenarios {STOP_DATABASE}: needs a full run over several databases (--databases N with a mode)"
+            )
         return self
 
     def _sharded_checks(self) -> list[tuple[bool, str]]:
-        """What ``--databases`` needs: servers of its own, plain jobs, a worker per database."""
+        """What ``--databases`` needs: servers of its own and a worker per database; the outage
+        run's options only in the outage run."""
         n = self.databases
-        modes = {
-            "--database-url": self.database_url is not None,
-            "--async": self.async_handlers,
-            "--limits": self.limits,
-            "--workflow": self.workflow,
-            "--unique": self.unique,
-            "--sequences": self.sequences,
-            "--durable": self.durable,
-            "--scenarios": self.scenarios != SCENARIOS,
-        }
-        given = [flag for flag, on in modes.items() if on]
+        outage_only = [flag for flag, on in (("--kill-in-outage", self.kill_in_outage),) if on]
         return [
             (1 <= n <= 8, f"--databases {n}: use 1 to 8 (each is a server of the harness's own)"),
             (
-                n == 1 or not given,
-                f"--databases {n}: runs plain jobs on servers of its own; drop {', '.join(given)}",
+                n == 1 or self.database_url is None,
+                f"--databases {n}: runs on servers of its own; drop --database-url",
+            ),
+            (
+                self.outage_run or not outage_only,
+                f"{', '.join(outage_only)}: only in the outage run (--databases N with no mode)",
             ),
             (n == 1 or self.workers >= n, f"--workers {self.workers}: --databases {n} needs one per database"),
             (self.outage > 0, f"--outage {self.outage}: use a positive number of seconds"),

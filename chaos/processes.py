@@ -37,18 +37,29 @@ def become_subreaper() -> bool:
     return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
 
 
+#: The slot of a database's supervisor under ``miniqueue-supervise --shards``.
+DATABASE_SUPERVISOR = "database-supervisor"
+
+
 @dataclass(frozen=True)
 class Child:
-    """A supervisor's child as psutil sees it now."""
+    """A supervisor's child (over a shard map: a database's supervisor, or one of its children)
+    as psutil sees it now."""
 
     pid: int
     title: str
     zombie: bool
+    #: Its parent's pid: the supervisor started, or (over a shard map) a database's supervisor.
+    parent: int = 0
+    #: A database's supervisor, forked by ``miniqueue-supervise --shards``.
+    database_supervisor: bool = False
 
     @property
     def slot(self) -> str:
-        """``worker-3`` or ``reaper``; ``?`` before the child has named itself (just after fork
-        its title is still its parent's, ``miniqueue supervisor``)."""
+        """``worker-3``, ``reaper`` or ``database-supervisor``; ``?`` before the child has named
+        itself (just after fork its title is still its parent's, ``miniqueue supervisor``)."""
+        if self.database_supervisor:
+            return DATABASE_SUPERVISOR
         words = self.title.split()
         named = len(words) > 1 and words[0] == "miniqueue" and words[1] != "supervisor"
         return words[1] if named else "?"
@@ -101,6 +112,9 @@ class Supervisor(SupervisorProcess):
             argv += ["--shards", str(shards)]
             env[SHARDS_ENV] = str(shards)  # where the chaos app records each job's evidence
         super().__init__(argv, log=logdir / f"supervisor-{number}.log", dsn=dsn, env=env, cwd=code)
+        #: Over a shard map, the READY=1 it takes: one from each database's supervisor.
+        self.databases = options.databases if shards is not None else 1
+        self.sharded = shards is not None
         self.started = time.time()
         self.ended: float | None = None
         #: Why the harness ended it ("killed", "stopped"), or None while it is ours to keep alive.
@@ -111,9 +125,18 @@ class Supervisor(SupervisorProcess):
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def ready(self) -> bool:
+        """Whether it has said READY=1; over a shard map, once for each database (each database's
+        supervisor says it for itself)."""
+        if not super().ready:
+            return False
+        return self.databases == 1 or self.notifications().count("READY=1") >= self.databases
+
     def children(self) -> list[Child]:
+        """Its children; over a shard map, each database's supervisor and that one's children."""
         try:
-            kids = psutil.Process(self.pid).children()
+            kids = psutil.Process(self.pid).children(recursive=self.sharded)
         except psutil.Error:
             return []
         found = []
@@ -121,7 +144,8 @@ class Supervisor(SupervisorProcess):
             with contextlib.suppress(psutil.Error):
                 zombie = kid.status() == psutil.STATUS_ZOMBIE
                 title = "" if zombie else " ".join(kid.cmdline()).strip()
-                found.append(Child(kid.pid, title, zombie))
+                parent = kid.ppid()
+                found.append(Child(kid.pid, title, zombie, parent, self.sharded and parent == self.pid))
         return found
 
     def kill(self) -> None:
@@ -188,6 +212,14 @@ class Tracker:
         now = time.time()
         for tracked in self.processes.values():
             if tracked.supervisor == supervisor.number and tracked.gone_at is None:
+                tracked.orphaned_at = now
+
+    def orphaned_pids(self, pids: list[int]) -> None:
+        """These children lost their parent (a database's supervisor, killed) now."""
+        now = time.time()
+        for pid in pids:
+            tracked = self.processes.get(pid)
+            if tracked is not None and tracked.gone_at is None:
                 tracked.orphaned_at = now
 
     def refresh(self) -> None:

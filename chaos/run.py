@@ -1,9 +1,8 @@
-"""One chaos run from start to verdict: server and database, supervisor, jobs, chaos, drain,
-graceful stop, checks, report, cleanup."""
+"""One chaos run from start to verdict: servers and databases (one, or several under a shard
+map: chaos.site), supervisor, jobs, chaos, drain, graceful stop, checks, report, cleanup."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import random
 import shutil
@@ -14,15 +13,16 @@ from pathlib import Path
 
 from .check_durable import durable_rows
 from .durable import Signaller, enqueue_durable
-from .evidence import Evidence
 from .faults import Fault, Injector
 from .feeder import Blocked, Feeder, reconcile, release_blocked
 from .fleet import Fleet
 from .options import Options
 from .processes import become_subreaper
-from .report import table, write_json
-from .schedule import drain, run_chaos
-from .server import Harness, Server, clock_offset, snapshot_code
+from .report import table, write_json, write_report
+from .schedule import OWNED_ONLY, drain, run_chaos
+from .server import snapshot_code
+from .site import Site
+from .timeline import Sampler, Timeline
 from .verify import RunRecord, Verdict, judge
 from .workload import Workload, enqueue
 
@@ -46,6 +46,8 @@ def _extras(workload: Workload) -> str:
         parts.append(f"{len(workload.keys)} with a concurrency key")
     if workload.groups or workload.chains:
         parts.append(f"{len(workload.groups)} groups and {len(workload.chains)} chains")
+    if workload.batch_jobs:
+        parts.append(f"{len(workload.batch_jobs)} of the batch task")
     for kind in ("unique", "sequence"):
         feeds = [f for f in workload.feeds if f.kind == kind]
         if feeds:
@@ -60,46 +62,50 @@ def run(options: Options) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     if not become_subreaper():
         say("not on Linux: orphans go to init, so orphan lifetimes are checked less precisely")
-    server = Server.start(options.database_url, workdir)
-    if not server.owned and "restart-postgres" in options.scenarios:
-        say("restart-postgres skipped: the harness restarts only a server it owns (omit --database-url)")
-        options = dataclasses.replace(options, scenarios=tuple(s for s in options.scenarios if s != "restart-postgres"))
+    site = Site(workdir)
     fleet: Fleet | None = None
-    db: Harness | None = None
     feeder: Feeder | None = None
     signaller: Signaller | None = None
+    sampler: Sampler | None = None
+    report: list[Path] = []
     ok = False
     try:
         code = snapshot_code(REPO_ROOT, workdir)
-        dsn = server.create_database(code)
-        title = _title(options, server)
-        say(f"{title[0]}; database {server.database}; logs in {workdir}")
-        db = Harness(dsn)
-        offset = clock_offset(db)
-        fleet = Fleet(dsn, options, workdir, code, say)
-        fleet.start().wait_ready(timeout=60.0)
-        workload = enqueue(dsn, options, rng)
-        say(
-            f"enqueued {len(workload.ids)} jobs ({len(workload.effect_jobs)} with a transactional effect"
-            f"{_extras(workload)}), available over {options.enqueue_spread:.0f}s; chaos for {options.duration:g}s"
-        )
-        durable_ids: list[int] = []
-        sent_ahead = 0
-        if options.durable:
-            durable_ids, sent_ahead = enqueue_durable(dsn, options.durable_jobs, options.sleep_ms)
-            signaller = Signaller(dsn)
-            signaller.start()
-            say(f"enqueued {len(durable_ids)} durable jobs ({sent_ahead} of their signals sent ahead)")
-        injector = Injector(options, fleet, db, server, rng, say)
+        site.start(options, code, say)
+        if not site.owned and any(s in options.scenarios for s in OWNED_ONLY):
+            say("restart-postgres skipped: the harness restarts only a server it owns (omit --database-url)")
+            options = dataclasses.replace(options, scenarios=tuple(s for s in options.scenarios if s not in OWNED_ONLY))
+        title = _title(options, site)
+        say(f"{title[0]}; logs in {workdir}")
+        fleet = Fleet(site.dsn, options, workdir, code, say, shards=site.map_path)
+        fleet.wait_ready(fleet.start(), timeout=60.0)
+        timeline = Timeline()
+        sampler = Sampler(site, timeline)
+        sampler.start()
+        with site.producer() as producer:
+            workload = enqueue(producer, options, rng)
+            say(
+                f"enqueued {len(workload.ids)} jobs ({len(workload.effect_jobs)} with a transactional effect"
+                f"{_extras(workload)}), available over {options.enqueue_spread:.0f}s; chaos for {options.duration:g}s"
+            )
+            durable_ids: list[int] = []
+            sent_ahead = 0
+            if options.durable:
+                durable_ids, sent_ahead = enqueue_durable(producer, options.durable_jobs, options.sleep_ms)
+                signaller = Signaller([shard.server.dsn for shard in site.shards])
+                signaller.start()
+                say(f"enqueued {len(durable_ids)} durable jobs ({sent_ahead} of their signals sent ahead)")
+        injector = Injector(options, fleet, site, rng, say)
         started = time.monotonic()
+        origin = time.time()
         if workload.feeds:
-            feeder = Feeder(dsn, workload, say)
+            feeder = Feeder(site.producer, workload, say)
             feeder.start()
         run_chaos(options, fleet, injector, rng, say)
         feeder_problem = _finish_feeding(feeder, options)
         drain_seconds, drain_error = None, None
         try:
-            drain_seconds = drain(options, fleet, injector, db, say)
+            drain_seconds = drain(options, fleet, injector, site, say)
             say(f"drained {drain_seconds:.1f}s after the chaos ended")
         except TimeoutError as exc:
             drain_error = str(exc)
@@ -108,40 +114,42 @@ def run(options: Options) -> int:
             signaller.stop()
         blocked: Blocked | None = None
         if options.sequences and drain_error is None:
-            blocked = release_blocked(dsn, workload, db, fleet, injector, say)
+            blocked = release_blocked(site, workload, fleet, injector, say)
+        sampler.stop()
         fleet.stop_all()
         elapsed = time.monotonic() - started
         if options.keyed:
-            found = reconcile(db, workload)
+            found = reconcile(site, workload)
             if found:
                 say(f"found {len(found)} keyed job(s) whose enqueue reply was lost: {found}")
-        verdict = _judge(
-            options, db, offset, fleet, injector, workload, drain_seconds, drain_error, blocked, feeder_problem
-        )
+        verdict = _judge(options, site, fleet, injector, workload, drain_seconds, drain_error, blocked, feeder_problem)
         if options.durable:
-            verdict.rows += durable_rows(db, durable_ids, sent_ahead, injector.stops, verdict.data)
+            verdict.rows += durable_rows(site, durable_ids, sent_ahead, injector.stops, verdict.data)
         title.append(f"chaos + drain {elapsed:.0f}s; run directory {workdir}")
         print(table(title, verdict), flush=True)
         if options.json_path:
             write_json(options.json_path, title, verdict, run_facts(options, injector.faults, say.t0, workdir))
+        if options.report:
+            timeline.load_completions(site)
+            path = options.report_path or workdir / "report.md"
+            report = write_report(path, title, verdict, options, injector.faults, timeline, origin)
+            say(f"report: {path}")
         ok = verdict.ok
         return 0 if ok else 1
     except BaseException:
-        if feeder is not None:
-            feeder.stop()
-        if signaller is not None:
-            signaller.stop()
+        for thread in (feeder, signaller, sampler):
+            if thread is not None:
+                thread.stop()
         if fleet is not None:
             fleet.kill_everything()
         raise
     finally:
-        _cleanup(options, server, db, workdir, ok, say)
+        _cleanup(options, site, workdir, ok, report, say)
 
 
 def _judge(
     options: Options,
-    db: Harness,
-    offset: float,
+    site: Site,
     fleet: Fleet,
     injector: Injector,
     workload: Workload,
@@ -170,7 +178,7 @@ def _judge(
         blocked=blocked,
         feeder_problem=feeder_problem,
     )
-    return judge(Evidence.load(db, offset), record)
+    return judge(site.evidence(), record)
 
 
 def _finish_feeding(feeder: Feeder | None, options: Options) -> str | None:
@@ -184,14 +192,16 @@ def _finish_feeding(feeder: Feeder | None, options: Options) -> str | None:
     return feeder.crashed
 
 
-def _title(options: Options, server: Server) -> list[str]:
+def _title(options: Options, site: Site) -> list[str]:
+    over = f"over {options.databases} databases, " if options.sharded else ""
     return [
-        f"miniqueue chaos: {options.jobs} jobs, {options.workers} workers x {options.concurrency} "
+        f"miniqueue chaos{' --everything' if options.everything else ''}: {options.jobs} jobs, {over}"
+        f"{options.workers} workers x {options.concurrency} "
         f"{'async coroutine' if options.async_handlers else 'thread'}(s), "
         f"{_modes(options)}"
         f"{options.duration:g}s of chaos, a fault every {options.kill_interval[0]:g}-{options.kill_interval[1]:g}s, "
         f"seed {options.seed}",
-        f"server: {server.describe()}; lease {options.lease:g}s, heartbeat {options.heartbeat:g}s, reaper "
+        f"server: {site.describe()}; lease {options.lease:g}s, heartbeat {options.heartbeat:g}s, reaper "
         f"{options.reaper_interval:g}s; scenarios: {','.join(options.scenarios)}",
     ]
 
@@ -212,6 +222,8 @@ def _modes(options: Options) -> str:
         modes.append(f"{options.sequence_keys} sequence keys x {options.sequence_length}")
     if options.durable:
         modes.append(f"{options.durable_jobs} durable jobs")
+    if options.batches:
+        modes.append(f"{options.batch_jobs} batch jobs")
     return "".join(f"{mode}, " for mode in modes)
 
 
@@ -235,19 +247,24 @@ def run_facts(options: Options, faults: list[Fault], t0: float, workdir: Path) -
     }
 
 
-def _cleanup(options: Options, server: Server, db: Harness | None, workdir: Path, ok: bool, say: Narrator) -> None:
-    """Keep everything for a failed run (or with --keep); otherwise leave nothing behind."""
-    if db is not None:
-        db.close()
+def _cleanup(options: Options, site: Site, workdir: Path, ok: bool, report: list[Path], say: Narrator) -> None:
+    """Keep everything for a failed run (or with --keep); otherwise leave nothing behind but the
+    report."""
     keep = options.keep or not ok
-    with contextlib.suppress(Exception):
-        if not keep:
-            server.drop_database()
-    if server.owned:
-        if keep:
-            say(f"kept the run: logs and data in {workdir} (server stopped; restart with pg_ctl -D {server.pgdata})")
-        server.stop()
+    site.cleanup(keep)
+    if keep and site.owned:
+        say(f"kept the run: logs and each server's data in {workdir} (stopped; start one with pg_ctl -D <its pgdata>)")
     elif keep:
-        say(f"kept the run: logs in {workdir}, database {server.database}")
-    if not keep and options.workdir is None:
-        shutil.rmtree(workdir, ignore_errors=True)
+        say(f"kept the run: logs in {workdir}, database {site.shards[0].server.database if site.shards else '-'}")
+    elif options.workdir is None:
+        inside = [path for path in report if path.resolve().is_relative_to(workdir.resolve())]
+        if not inside:
+            shutil.rmtree(workdir, ignore_errors=True)
+            return
+        for entry in workdir.iterdir():
+            if entry not in inside:
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        say(f"removed the run directory but its report: {inside[0]}")

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from .faults import Injector
 from .fleet import Fleet
-from .options import WEIGHTS, Options
-from .server import Harness
+from .options import STOP_DATABASE, WEIGHTS, Options
+from .site import Site
 
 TICK = 0.1
 
@@ -26,9 +26,13 @@ SELECT count(*) FROM miniqueue_jobs j
 """
 
 
+#: The scenarios that need servers the harness owns.
+OWNED_ONLY = ("restart-postgres", STOP_DATABASE)
+
+
 def first_round(options: Options, owned: bool, rng: random.Random) -> list[str]:
     """Every requested scenario once, in a seeded order; both restart modes when the server is ours."""
-    must = [s for s in options.scenarios if s != "restart-postgres" or owned]
+    must = [s for s in options.scenarios if s not in OWNED_ONLY or owned]
     if "restart-postgres" in must:
         must.append("restart-postgres")  # the first restart is fast, the second immediate
     rng.shuffle(must)
@@ -39,8 +43,9 @@ def run_chaos(
     options: Options, fleet: Fleet, injector: Injector, rng: random.Random, say: Callable[[str], None]
 ) -> None:
     """Inject faults for ``options.duration`` seconds."""
-    pending = first_round(options, injector.server.owned, rng)
-    kinds = [s for s in options.scenarios if s != "restart-postgres" or injector.server.owned]
+    owned = injector.site.owned
+    pending = first_round(options, owned, rng)
+    kinds = [s for s in options.scenarios if s not in OWNED_ONLY or owned]
     weights = [WEIGHTS[k] for k in kinds]
     end = time.monotonic() + options.duration
     next_at = time.monotonic() + rng.uniform(*options.kill_interval)
@@ -75,7 +80,7 @@ def _inject_one(
             return
 
 
-def drain(options: Options, fleet: Fleet, injector: Injector, db: Harness, say: Callable[[str], None]) -> float:
+def drain(options: Options, fleet: Fleet, injector: Injector, site: Site, say: Callable[[str], None]) -> float:
     """Wait until no job is available, running or waiting (for its parents, or its turn in a sequence
     that no dead job blocks) and no worker is frozen; return the seconds it took, or raise
     TimeoutError at the drain deadline."""
@@ -86,7 +91,7 @@ def drain(options: Options, fleet: Fleet, injector: Injector, db: Harness, say: 
     while True:
         fleet.monitor()
         injector.tick()
-        unfinished = int(db.value(query))
+        unfinished = site.total(query)
         if unfinished == 0 and not injector.busy:
             return time.monotonic() - started
         now = time.monotonic()

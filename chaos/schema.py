@@ -24,7 +24,8 @@ CREATE TABLE chaos_executions (
     pid     INT NOT NULL,
     at      TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     parents JSONB,                            -- a dependent's job.parent_results as it read them: {"id": result}
-    ended   TIMESTAMPTZ                       -- keyed jobs: the handler's work done (before its completion commits)
+    ended   TIMESTAMPTZ,                      -- keyed jobs: the handler's work done (before its completion commits)
+    batch   TEXT                              -- batch jobs: the batch handler's call it ran in (one token per call)
 );
 CREATE INDEX chaos_executions_job ON chaos_executions (job_id, attempt);
 

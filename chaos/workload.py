@@ -22,16 +22,25 @@ key's bursts repeat its enqueues a few tenths of a second apart, so most are dup
 that waits or runs and some land just as it finishes. A sequence key's jobs come in one to three
 bursts, in order; the last key's second job fails every time (``"fail"``, 2 attempts), so it dies
 and blocks the rest of its key.
+
+With ``--batches`` the last of the plain jobs are jobs of the batch task (chaos.batches), drawn as
+plain jobs are (so the draws of a seed stay where they were) and enqueued with them.
+
+Over several databases the plain jobs go round-robin (a ``ShardedClient``), a key's jobs to the
+database of its hash; a group or a chain cannot span databases, so each is enqueued on one
+database, in turn, through that database's own client.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
 from miniqueue import Client, JobSpec
+from miniqueue.client.sharded import ShardedClient
 
-from .app import QUEUE, SEQUENCE_TASK, TASK, UNIQUE_TASK
+from .app import BATCH_TASK, QUEUE, SEQUENCE_TASK, TASK, UNIQUE_TASK
 from .options import LIMIT_KEYS, Options
 
 #: Due times per concurrency key: its jobs are due at one of these, plus up to BURST_JITTER s.
@@ -120,6 +129,8 @@ class Workload:
     failing: dict[int, str] = field(default_factory=dict)
     blocked_key: str | None = None
     found: list[int] = field(default_factory=list)
+    #: With --batches: the jobs of the batch task.
+    batch_jobs: set[int] = field(default_factory=set)
 
     def add(self, job: int, planned: Planned) -> None:
         self.ids.append(job)
@@ -264,22 +275,28 @@ class Draw:
         return feeds, blocked
 
 
-def enqueue(dsn: str, options: Options, rng: random.Random) -> Workload:
-    """Enqueue the run's jobs: its groups and chains (one transaction each), then the plain jobs
-    in one statement."""
+def enqueue(client: Client | ShardedClient, options: Options, rng: random.Random) -> Workload:
+    """Enqueue the run's jobs: its groups and chains (one transaction each, each on one database),
+    then the plain jobs (the batch task's among them) in one statement per database."""
     draw = Draw(options, rng)
     workload = Workload()
-    with Client(dsn) as client:
-        if options.workflow:
-            for _ in range(options.groups):
-                _enqueue_group(client, draw, options.group_size, workload)
-            for _ in range(options.chains):
-                _enqueue_chain(client, draw, options.chain_length, workload)
-        plain_count = options.jobs - options.workflow_jobs - options.sequence_jobs - options.unique_jobs
-        plain = [draw.job() for _ in range(plain_count)]
-        if plain:
-            for result, planned in zip(client.enqueue_many([p.spec for p in plain]), plain, strict=True):
-                workload.add(result.id, planned)
+    flows: list[Client] = (
+        [client.client(name) for name in client.shards.databases] if isinstance(client, ShardedClient) else [client]
+    )
+    if options.workflow:
+        for n in range(options.groups):
+            _enqueue_group(flows[n % len(flows)], draw, options.group_size, workload)
+        for n in range(options.chains):
+            _enqueue_chain(flows[n % len(flows)], draw, options.chain_length, workload)
+    plain_count = options.jobs - options.workflow_jobs - options.sequence_jobs - options.unique_jobs
+    plain = [draw.job() for _ in range(plain_count)]
+    batched = plain_count - options.batch_jobs
+    plain[batched:] = [_batch_job(p) for p in plain[batched:]]
+    if plain:
+        for result, planned in zip(client.enqueue_many([p.spec for p in plain]), plain, strict=True):
+            workload.add(result.id, planned)
+            if planned.spec.task == BATCH_TASK:
+                workload.batch_jobs.add(result.id)
     if options.unique:
         workload.feeds += draw.unique_feeds()
     if options.sequences:
@@ -288,6 +305,11 @@ def enqueue(dsn: str, options: Options, rng: random.Random) -> Workload:
     # In time order; a key's bursts are drawn in order, and a stable sort keeps equal times so.
     workload.feeds.sort(key=lambda feed: feed.at)
     return workload
+
+
+def _batch_job(planned: Planned) -> Planned:
+    """A plain job as a job of the batch task (its payload, delay and key as drawn)."""
+    return dataclasses.replace(planned, spec=planned.spec._replace(task=BATCH_TASK))
 
 
 def _enqueue_group(client: Client, draw: Draw, size: int, workload: Workload) -> None:
