@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,6 +22,7 @@ from miniqueue.store.store import Store
 from miniqueue.testing import run_jobs
 
 from .helpers import count, wait_until
+from .supervised import Fleet
 
 CONCURRENT_INDEX = """-- miniqueue: no transaction
 -- An index built without blocking the queue (a failed build leaves it invalid: drop it first).
@@ -122,3 +124,30 @@ DROP INDEX CONCURRENTLY IF EXISTS b;
     assert len(parts) == 3
     assert parts[0].endswith("CREATE INDEX CONCURRENTLY a ON t (x);") and "RETURN 1;" in parts[1]
     assert parts[2] == "DROP INDEX CONCURRENTLY IF EXISTS b;"
+
+
+def test_old_workers_left_running_across_a_migration_they_cannot_serve_stop_with_one_line(
+    own: tuple[str, Connection], tmp_path: Path, repo_root: Path
+) -> None:
+    """A supervisor of the version before a migration that says which workers it needs: its
+    running workers fail on their next claim, each child says why in one line, and the supervisor
+    stops (exit code non-zero) instead of forking children that fail again, forever."""
+    dsn, conn = own
+    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.supervised:app")
+    try:
+        old = fleet.start(workers=2)
+        old.harness.wait_ready(60)
+        future = latest_version() + 1
+        breaking = (
+            future,
+            "breaking",
+            f"-- miniqueue: workers from {future}\nALTER TABLE miniqueue_jobs RENAME COLUMN run_alone TO run_apart;",
+        )
+        Store().apply_migrations(conn, [breaking])
+        code = old.proc.wait(60)
+    finally:
+        fleet.stop_all()
+    output = old.output()
+    refusal = f"workers before version {future} cannot serve"
+    assert code != 0 and refusal in output, output[-3000:]
+    assert "restarting worker" not in output and output.count("Traceback") == 0, output[-3000:]

@@ -17,6 +17,11 @@ from .errors import ConfigError
 #: Exit code of a child that could not boot (bad app, bad config): do not respawn blindly.
 EXIT_BOOT_ERROR = 3
 
+#: Exit code of a child that found the schema migrated past what this version of miniqueue can
+#: serve (see "Rolling deploys" in docs/operations/schema.md): its supervisor stops, and never
+#: forks another.
+EXIT_SCHEMA_REFUSED = 4
+
 _PR_SET_PDEATHSIG = 1
 
 _label = "supervisor"

@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.db import Connection, connect
-from ..core.errors import AppLoadError, DatabaseUnavailable, MiniqueueError
-from ..core.process import EXIT_BOOT_ERROR, die_with_parent, set_label, set_title
+from ..core.errors import AppLoadError, DatabaseUnavailable, MiniqueueError, SchemaOutOfDate
+from ..core.process import EXIT_BOOT_ERROR, EXIT_SCHEMA_REFUSED, die_with_parent, set_label, set_title
 from ..core.service import Service
 from ..maintenance.reaper import Reaper, ReaperConfig
+from ..store.migrate import check_schema_version
 from ..store.store import Store
 from ..tasks.app import App
 from ..tasks.job import Job
@@ -62,13 +63,33 @@ def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
     code = 1
     try:
         _reset_after_fork(spec.name, close_fds)
-        code = _run_worker(spec) if spec.worker else _run_reaper(spec)
+        code = _refuse_a_schema_moved_on(spec) or (_run_worker(spec) if spec.worker else _run_reaper(spec))
     except BaseException:  # anything at all: report it, then leave without unwinding into the parent's code
-        reports.write(spec.report_fd, [reports.Error(traceback.format_exc(limit=8).strip())])
-        code = 1
+        # A worker of an older version whose statements fail once the schema moved on (a migration
+        # that says which workers it needs) says so in one line, and its supervisor stops.
+        code = _refuse_a_schema_moved_on(spec) or 1
+        if code == 1:
+            reports.write(spec.report_fd, [reports.Error(traceback.format_exc(limit=8).strip())])
     finally:
         logging.shutdown()
         os._exit(code)
+
+
+def _refuse_a_schema_moved_on(spec: ChildSpec) -> int:
+    """EXIT_SCHEMA_REFUSED, its one line reported, if the schema is one this version cannot serve
+    (see "Rolling deploys" in docs/operations/schema.md); 0 if it can, or if the database cannot
+    be asked now (the child then runs, or fails, as it would have)."""
+    config = spec.worker or spec.reaper
+    schema = config.schema if config is not None else "public"
+    try:
+        with connect(spec.dsn, purpose="schema-check", schema=schema) as conn:
+            check_schema_version(conn, schema)
+    except SchemaOutOfDate as exc:
+        reports.write(spec.report_fd, [reports.Error(str(exc))])
+        return EXIT_SCHEMA_REFUSED
+    except MiniqueueError:
+        return 0
+    return 0
 
 
 def run_app_check(app_ref: str, error_fd: int, close_fds: list[int]) -> None:

@@ -30,7 +30,7 @@ import psutil
 
 from ..core.db import mask_dsn
 from ..core.errors import AppLoadError
-from ..core.process import EXIT_BOOT_ERROR, describe_exit, host_name, set_title, signal_name
+from ..core.process import EXIT_BOOT_ERROR, EXIT_SCHEMA_REFUSED, describe_exit, host_name, set_title, signal_name
 from ..store.store import Store
 from ..tasks.app import App
 from ..tasks.batch import MAX_BATCH_SIZE
@@ -392,8 +392,16 @@ class Supervisor:
         if child.board is not None:
             release_leases(self.config.dsn, self.store, child, how)
             self.second_looks.append((time.monotonic() + SECOND_LOOK_SECONDS, child))
-        if self.slots.get(child.slot) is child:
-            self.slots[child.slot] = None
+        if self.slots.get(child.slot) is not child:
+            return
+        self.slots[child.slot] = None
+        if os.WIFEXITED(status) and os.waitstatus_to_exitcode(status) == EXIT_SCHEMA_REFUSED:
+            # The schema moved on past this version: no child of it may serve it. The others
+            # stop as in a deploy (their jobs go back unspent), and nothing is forked again.
+            self.fatal_error = self.fatal_error or f"{child.slot} refused the schema: {(child.error or '').strip()}"
+            if not self.stopping:
+                self.begin_stop("graceful")
+        else:
             self.schedule_restart(child, clean)
 
     def schedule_restart(self, child: Child, clean: bool) -> None:
