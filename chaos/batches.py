@@ -25,6 +25,7 @@ from miniqueue import Batch, Job
 
 from .app import (
     _RECORD,
+    BACKOFF,
     BATCH_TASK,
     QUEUE,
     _execute,
@@ -76,4 +77,6 @@ async def chaos_batch_async(jobs: list[Job]) -> dict[int, Any]:
 
 
 for _app, _handler in ((app, chaos_batch), (async_app, chaos_batch_async)):
-    _app.task(BATCH_TASK, queue=QUEUE, max_attempts=25, batch=Batch(size=BATCH_SIZE, wait=BATCH_WAIT))(_handler)
+    _app.task(BATCH_TASK, queue=QUEUE, max_attempts=25, backoff=BACKOFF, batch=Batch(size=BATCH_SIZE, wait=BATCH_WAIT))(
+        _handler
+    )

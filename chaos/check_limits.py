@@ -8,6 +8,11 @@ claim to the transition that ended it, not from the handler's run. A SIGKILLed w
 is gone at once, but its slot stays held until its lease is released, and a frozen worker's
 handler may still run after its lease expired and the slot went to another job.
 
+A limit is scoped to its task (``--batches``: the batch task's jobs of a key hold the key's slots
+of their own task), and over several databases each database enforces its own (a key's jobs on a
+spread queue go to the database of its hash, but a group or a chain is enqueued on one database
+whatever its members' keys): the rule holds per task and per database.
+
 Claims and ends are stamped with ``clock_timestamp()`` in the transaction that made them. A claim
 admitted on a freed slot read that release committed, so its stamp comes after the release's;
 two leases shown at once were at once. At equal stamps the end counts first.
@@ -20,6 +25,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from miniqueue.core.shards import MODULUS
+
+from .app import BATCH_TASK, TASK
 from .evidence import Attempt, Evidence
 from .options import LIMIT_KEYS
 from .rows import Row, info
@@ -66,8 +74,9 @@ def peak(leases: list[Attempt], limit: int) -> Peak:
     return Peak(best, holders, at_limit)
 
 
-def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> list[Row]:
-    """A row per key: the most leases at once, which must not exceed the key's limit."""
+def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any], per_database: bool = False) -> list[Row]:
+    """A row per key: the most leases at once (on any one database, ``per_database``), which must
+    not exceed the key's limit."""
     keyed = [lease for job in workload.keys for lease in ev.by_job.get(job, [])]
     cut = sum(1 for lease in keyed if lease.end_state != "completed")
     rows = [
@@ -78,23 +87,33 @@ def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> list[R
     exceeded: list[str] = []
     for key, limit in LIMIT_KEYS.items():
         jobs = sorted(job for job, named in workload.keys.items() if named == key)
-        leases = [lease for job in jobs for lease in ev.by_job.get(job, [])]
-        found = peak(leases, limit)
-        offenders = [] if found.count <= limit else [_describe(key, limit, found)]
+        scopes: dict[str, list[Attempt]] = {}
+        for job in jobs:
+            task = BATCH_TASK if job in workload.batch_jobs else TASK
+            scope = f"db{job % MODULUS} {task}" if per_database else task
+            scopes.setdefault(scope, []).extend(ev.by_job.get(job, []))
+        peaks = {scope: peak(leases, limit) for scope, leases in sorted(scopes.items())}
+        found = max(peaks.values(), key=lambda p: p.count, default=peak([], limit))
+        leases = sum(len(x) for x in scopes.values())
+        at_limit = sum(p.seconds_at_limit for p in peaks.values())
+        offenders = [f"{scope}: {_describe(key, limit, p)}" for scope, p in peaks.items() if p.count > limit]
         exceeded += offenders
         report[key] = {
             "max_concurrent": limit,
             "max_overlap": found.count,
             "jobs": len(jobs),
-            "leases": len(leases),
-            "seconds_at_limit": round(found.seconds_at_limit, 3),
+            "leases": leases,
+            "seconds_at_limit": round(at_limit, 3),
         }
+        if len(peaks) > 1:
+            report[key]["by_scope"] = {scope: p.count for scope, p in peaks.items()}
+        where = f", {len(peaks)} scopes (task, database)" if len(peaks) > 1 else ""
         rows.append(
             Row(
                 f"  {key} (max_concurrent {limit}): most leases at once",
-                f"{found.count} ({len(jobs)} jobs, {len(leases)} leases, {found.seconds_at_limit:.1f}s at the limit)",
+                f"{found.count} ({len(jobs)} jobs, {leases} leases, {at_limit:.1f}s at the limit{where})",
                 f"must be <= {limit}",
-                found.count <= limit,
+                not offenders,
                 offenders,
             )
         )

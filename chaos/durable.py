@@ -26,7 +26,7 @@ import psycopg
 from miniqueue import Client, Job, JobSpec
 from miniqueue.client.sharded import ShardedClient
 
-from .app import DURABLE_TASK, QUEUE, _execute, app, async_app
+from .app import BACKOFF, DURABLE_TASK, QUEUE, _execute, app, async_app
 
 SLEEP_SECONDS = 0.3
 #: Longer than any run: a wait ends by its signal, never by the timeout.
@@ -76,7 +76,7 @@ def durable(job: Job) -> dict[str, Any]:
 __all__ = ["Signaller", "app", "async_app", "durable", "enqueue_durable"]
 
 for _app in (app, async_app):
-    _app.task(DURABLE_TASK, queue=QUEUE, max_attempts=25)(durable)
+    _app.task(DURABLE_TASK, queue=QUEUE, max_attempts=25, backoff=BACKOFF)(durable)
 
 
 def enqueue_durable(client: Client | ShardedClient, count: int, sleep_ms: tuple[int, int]) -> tuple[list[int], int]:

@@ -27,6 +27,10 @@ class Attempt:
     ended: float | None = None
     end_state: str | None = None
     error: str | None = None
+    #: Back to ``available``: when it was due again (this host's clock), and the attempts charged
+    #: to the job by then.
+    due: float | None = None
+    charged: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -79,12 +83,17 @@ class Evidence:
         ):
             found.states[int(job)] = (str(state), int(attempt))
         transitions = db.rows(
-            "SELECT job_id, attempt, from_state, to_state, worker, error, extract(epoch FROM at)::float8 "
+            "SELECT job_id, attempt, from_state, to_state, worker, error, extract(epoch FROM at)::float8, "
+            "extract(epoch FROM due)::float8, charged "
             "FROM chaos_transitions WHERE job_id NOT IN (SELECT id FROM miniqueue_jobs WHERE task = %s) ORDER BY id",
             [DURABLE_TASK],
         )
-        for job, attempt, before, after, worker, error, at in transitions:
+        for job, attempt, before, after, worker, error, at, due, charged in transitions:
             found._transition(int(job), int(attempt), before, after, worker, error, float(at) - clock_offset)
+            if due is not None and after == "available" and before == "running":
+                lease = found.by_job[int(job)][-1] if found.by_job.get(int(job)) else None
+                if lease is not None and lease.attempt == int(attempt) and lease.end_state == "available":
+                    lease.due, lease.charged = float(due) - clock_offset, charged
         for job, attempt, pid, at, parents, batch in db.rows(
             "SELECT job_id, attempt, pid, extract(epoch FROM at)::float8, parents, batch FROM chaos_executions "
             "ORDER BY at"

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import psycopg
 
-from .app import SEQUENCE_TASK, UNIQUE_TASK
+from .app import BATCH_TASK, SEQUENCE_TASK, UNIQUE_TASK
 from .databases import Shard
 from .fleet import Fleet
 from .options import PIN_SECONDS, STOP_DATABASE, STOP_DATABASE_SECONDS, Options
@@ -177,15 +177,17 @@ class Injector:
             if c.is_worker and not c.zombie and c.pid not in frozen
         ]
 
-    def _pick_worker(self, busy_share: float, wait: float = 1.0) -> tuple[Supervisor, Child] | None:
-        """A random worker; with probability ``busy_share`` one whose title names a job,
-        watched for up to ``wait`` seconds (a job lasts 10-100 ms, a lightly loaded worker is
-        mostly idle, and a kill that hits a job is the one that tests something)."""
+    def _pick_worker(
+        self, busy_share: float, wait: float = 1.0, task: str | None = None
+    ) -> tuple[Supervisor, Child] | None:
+        """A random worker; with probability ``busy_share`` one whose title names a job (of
+        ``task``, when given), watched for up to ``wait`` seconds (a job lasts 10-100 ms, a lightly
+        loaded worker is mostly idle, and a kill that hits a job is the one that tests something)."""
         want_busy = self.rng.random() < busy_share
         deadline = time.monotonic() + wait
         while True:
             workers = self._workers()
-            busy = [w for w in workers if w[1].busy]
+            busy = [w for w in workers if w[1].busy and (task is None or _runs_task(w[1], task))]
             if busy and want_busy:
                 return self.rng.choice(busy)
             if not want_busy or time.monotonic() >= deadline:
@@ -213,7 +215,10 @@ class Injector:
     def kill_worker(self) -> Fault | None:
         """SIGKILL a worker, preferring one that is running a job. It is frozen first for the
         moment it takes to read its leases, so the recorded leases are exactly those it died with."""
-        picked = self._pick_worker(busy_share=0.8)
+        # With --batches, half the kills wait for a worker running the batch task: a kill amid a
+        # batch is what sends its jobs back uncharged, each to run alone next.
+        batch = BATCH_TASK if self.options.batches and self.rng.random() < 0.5 else None
+        picked = self._pick_worker(busy_share=0.8, task=batch)
         if picked is None:
             return None
         supervisor, child = picked
@@ -242,7 +247,7 @@ class Injector:
     def _keyed_holder(self) -> tuple[Supervisor, Child] | None:
         """A worker whose title names a job of a keyed task (its handler is running one: a lease
         only prefetched would not show a stale attempt running on), if there is one."""
-        holders = [w for w in self._workers() if w[1].busy and KEYED_TASKS & set(w[1].title.replace(",", " ").split())]
+        holders = [w for w in self._workers() if w[1].busy and any(_runs_task(w[1], t) for t in KEYED_TASKS)]
         return self.rng.choice(holders) if holders else None
 
     def _runs_keyed(self, pid: int, leases: tuple[tuple[int, int], ...]) -> bool:
@@ -491,6 +496,11 @@ class Injector:
             newest.terminate(self.options.shutdown_timeout + 15.0)
             self.extra_fault.until = time.time() + self.options.shutdown_timeout + 1.0
             self.say(f"two-supervisors: SIGTERM supervisor {newest.number}")
+
+
+def _runs_task(child: Child, task: str) -> bool:
+    """Whether the worker's title names a job of ``task`` (``miniqueue worker-1 job 7 chaos-batch, ...``)."""
+    return task in child.title.replace(",", " ").split()
 
 
 def _signal(pid: int, sig: int) -> bool:

@@ -70,7 +70,10 @@ CREATE TABLE chaos_transitions (
     -- whose AFTER trigger fires when the statement ends.
     xact       BIGINT NOT NULL DEFAULT txid_current(),
     -- A DELETE's: how many entries the job's error history had (a move's INSERT compares).
-    errors_before INT
+    errors_before INT,
+    -- Back to 'available': when it is due again, and the attempts charged so far (of its budget).
+    due        TIMESTAMPTZ,
+    charged    INT
 );
 CREATE INDEX chaos_transitions_job ON chaos_transitions (job_id);
 
@@ -81,7 +84,7 @@ BEGIN
         VALUES (OLD.id, OLD.attempt, OLD.state, 'deleted', OLD.leased_by, jsonb_array_length(OLD.errors));
         RETURN NULL;
     END IF;
-    INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker, error)
+    INSERT INTO chaos_transitions (job_id, attempt, from_state, to_state, worker, error, due, charged)
     VALUES (
         NEW.id,
         CASE WHEN NEW.state = 'running' THEN NEW.attempt ELSE OLD.attempt END,
@@ -92,7 +95,9 @@ BEGIN
         -- back without spending an attempt), else last_error.
         CASE WHEN NEW.state IN ('available', 'dead', 'failed') THEN left(
             CASE WHEN jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors)
-                 THEN NEW.errors -> -1 ->> 'error' ELSE NEW.last_error END, 4000) END
+                 THEN NEW.errors -> -1 ->> 'error' ELSE NEW.last_error END, 4000) END,
+        CASE WHEN NEW.state = 'available' THEN NEW.scheduled_at END,
+        NEW.attempt_budget - (NEW.max_attempts - NEW.attempt)
     );
     RETURN NULL;
 END

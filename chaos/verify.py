@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from miniqueue.core.backoff import backoff_ceiling
 from miniqueue.core.shards import MODULUS
 
-from .app import PLANNED_FAILURE
+from .app import PLANNED_FAILURE, RETRY_CAP_SECONDS
 from .check_batches import batch_rows
 from .check_limits import limit_rows
 from .check_sequences import sequence_rows
@@ -81,9 +82,10 @@ def judge(evidence: Evidence, run: RunRecord) -> Verdict:
     causes, unexplained = lost_attempt_causes(evidence, run.faults, set(run.workload.failing))
     rows += _job_rows(evidence, run, data)
     rows += _execution_rows(evidence, run, causes, unexplained, data)
+    rows += _retry_rows(evidence, data)
     rows += _effect_rows(evidence, run, data)
     if run.options.limits:
-        rows += limit_rows(evidence, run.workload, data)
+        rows += limit_rows(evidence, run.workload, data, per_database=run.options.sharded)
     if run.options.workflow:
         rows += workflow_rows(evidence, run.workload, data)
     if run.options.batches:
@@ -282,6 +284,43 @@ def _execution_rows(
     return rows
 
 
+#: Clock slack when comparing a retry's delay with its backoff's ceiling.
+RETRY_SLACK = 0.25
+
+
+def _retry_rows(ev: Evidence, data: dict[str, Any]) -> list[Row]:
+    """Charged retries put off longer than the backoff of the attempts charged allows (every
+    chaos task's: base 1 s, cap RETRY_CAP_SECONDS). Reported, not judged: the delay follows the
+    job's run number, which uncharged hand-backs move on, rather than its charged attempts."""
+    late = []
+    retries = 0
+    for lease in ev.leases:
+        error = lease.error or ""
+        if lease.due is None or lease.charged is None or lease.ended is None or "not charged" in error:
+            continue
+        if error.startswith("handed back"):
+            continue
+        retries += 1
+        ceiling = backoff_ceiling(max(1, lease.charged), base=1.0, cap=RETRY_CAP_SECONDS)
+        delay = lease.due - lease.ended
+        if delay > ceiling + RETRY_SLACK:
+            late.append(
+                f"job {lease.job} run {lease.attempt}, {lease.charged} attempt(s) charged: due again after "
+                f"{delay:.1f}s, its backoff allows {ceiling:g}s ({_first_line(error)[:60]})"
+            )
+    data["late_retries"] = late
+    return [
+        info("charged retries (back to available after a charged attempt)", retries),
+        Row(
+            "  put off past the backoff of their charged attempts (by run number)",
+            str(len(late)),
+            "reported",
+            None,
+            late,
+        ),
+    ]
+
+
 # -- transactional effects -------------------------------------------------------------------------
 
 
@@ -388,8 +427,8 @@ def _release_kind(lease: Attempt) -> str:
 
 def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
     """Each job a frozen worker held: completed exactly once (but a job planned to die), and if
-    another worker took it over, the completion is the other worker's and the frozen one's late
-    outcome was discarded."""
+    another worker took it over, the completion is another lease's (the resumed worker may have
+    claimed the job anew) and the frozen one's late outcome was discarded."""
     bad: list[str] = []
     report: list[dict[str, Any]] = []
     taken_over = rejected_logged = 0
@@ -417,7 +456,9 @@ def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
             elif takeover:
                 taken_over += 1
                 rejected_logged += logged
-                if done.pid == stop.pid or done.attempt == attempt:
+                # The frozen lease's attempt completing is its late completion standing. The same
+                # process completing a later attempt is not: once resumed, it may claim the job anew.
+                if done.attempt == attempt:
                     bad.append(f"job {job}: the stopped worker's late completion (attempt {attempt}) stood")
                 elif (
                     not logged

@@ -41,13 +41,16 @@ from miniqueue import Client, JobSpec
 from miniqueue.client.sharded import ShardedClient
 
 from .app import BATCH_TASK, QUEUE, SEQUENCE_TASK, TASK, UNIQUE_TASK
-from .options import LIMIT_KEYS, Options
+from .options import BATCH_SIZE, LIMIT_KEYS, Options
 
 #: Due times per concurrency key: its jobs are due at one of these, plus up to BURST_JITTER s.
 BURSTS_PER_KEY = 3
 BURST_JITTER = 0.5
 #: A group's members are due within this many seconds of each other.
 GROUP_JITTER = 2.0
+#: ``--batches``: the batch task's jobs are due in bursts of this many (two batches' worth: over
+#: two databases, one for each).
+BATCH_BURST = 2 * BATCH_SIZE
 
 GROUP_CALLBACK = "group callback"
 CHAIN_STEP = "chain step"
@@ -206,6 +209,18 @@ class Draw:
             return None
         return self.rng.choice(sorted(LIMIT_KEYS))
 
+    def batch_jobs(self, drawn: list[Planned]) -> list[Planned]:
+        """Plain jobs (drawn as any) made jobs of the batch task, due in bursts of BATCH_BURST each,
+        within BURST_JITTER s of the burst's time, so that the batches fill (jobs due one by one
+        would mostly run as batches of one)."""
+        spread = self.options.enqueue_spread
+        bursts = [self.rng.uniform(0, spread) for _ in range(-(-len(drawn) // BATCH_BURST))] if spread else []
+        made = []
+        for index, planned in enumerate(drawn):
+            delay = bursts[index // BATCH_BURST] + self.rng.uniform(0, BURST_JITTER) if bursts else None
+            made.append(dataclasses.replace(planned, spec=planned.spec._replace(task=BATCH_TASK, delay=delay)))
+        return made
+
     def keyed_job(
         self, *, n: int, unique: str | None = None, sequence: str | None = None, fail: bool = False
     ) -> Planned:
@@ -291,7 +306,7 @@ def enqueue(client: Client | ShardedClient, options: Options, rng: random.Random
     plain_count = options.jobs - options.workflow_jobs - options.sequence_jobs - options.unique_jobs
     plain = [draw.job() for _ in range(plain_count)]
     batched = plain_count - options.batch_jobs
-    plain[batched:] = [_batch_job(p) for p in plain[batched:]]
+    plain[batched:] = draw.batch_jobs(plain[batched:])
     if plain:
         for result, planned in zip(client.enqueue_many([p.spec for p in plain]), plain, strict=True):
             workload.add(result.id, planned)
@@ -305,11 +320,6 @@ def enqueue(client: Client | ShardedClient, options: Options, rng: random.Random
     # In time order; a key's bursts are drawn in order, and a stable sort keeps equal times so.
     workload.feeds.sort(key=lambda feed: feed.at)
     return workload
-
-
-def _batch_job(planned: Planned) -> Planned:
-    """A plain job as a job of the batch task (its payload, delay and key as drawn)."""
-    return dataclasses.replace(planned, spec=planned.spec._replace(task=BATCH_TASK))
 
 
 def _enqueue_group(client: Client, draw: Draw, size: int, workload: Workload) -> None:
