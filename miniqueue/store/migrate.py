@@ -84,9 +84,16 @@ def check_schema_version(conn: Connection, schema: str = "public") -> None:
         raise SchemaOutOfDate(
             f"schema {schema!r} is at version {have}, this miniqueue needs {want}: run `miniqueue migrate`"
         )
-    needed = store.workers_from(conn)
+    check_workers_from(conn, schema)
+
+
+def check_workers_from(conn: Connection, schema: str = "public") -> None:
+    """Raise SchemaOutOfDate if a migration applied says this version's workers can no longer
+    serve the schema (see "Rolling deploys" in docs/operations/schema.md)."""
+    store = Store(schema)
+    needed, want = store.workers_from(conn), latest_version()
     if needed > want:
         raise SchemaOutOfDate(
-            f"schema {schema!r} is at version {have}, which workers before version {needed} cannot serve, and this "
-            f"miniqueue is at {want}: upgrade miniqueue here"
+            f"schema {schema!r} is at version {store.schema_version(conn)}, which workers before version {needed} "
+            f"cannot serve, and this miniqueue is at {want}: upgrade miniqueue here"
         )

@@ -24,7 +24,7 @@ from ..core.errors import AppLoadError, DatabaseUnavailable, MiniqueueError, Sch
 from ..core.process import EXIT_BOOT_ERROR, EXIT_SCHEMA_REFUSED, die_with_parent, set_label, set_title
 from ..core.service import Service
 from ..maintenance.reaper import Reaper, ReaperConfig
-from ..store.migrate import check_schema_version
+from ..store.migrate import check_workers_from
 from ..store.store import Store
 from ..tasks.app import App
 from ..tasks.job import Job
@@ -76,14 +76,16 @@ def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
 
 
 def _refuse_a_schema_moved_on(spec: ChildSpec) -> int:
-    """EXIT_SCHEMA_REFUSED, its one line reported, if the schema is one this version cannot serve
-    (see "Rolling deploys" in docs/operations/schema.md); 0 if it can, or if the database cannot
-    be asked now (the child then runs, or fails, as it would have)."""
+    """EXIT_SCHEMA_REFUSED, its one line reported, if a migration applied says this version's
+    workers cannot serve the schema (see "Rolling deploys" in docs/operations/schema.md); 0 if
+    none does, or if the database cannot be asked now (the child then runs, or fails, as it
+    would have: a schema not yet migrated, or dropped, is an error it reports and is restarted
+    after, as before)."""
     config = spec.worker or spec.reaper
     schema = config.schema if config is not None else "public"
     try:
         with connect(spec.dsn, purpose="schema-check", schema=schema) as conn:
-            check_schema_version(conn, schema)
+            check_workers_from(conn, schema)
     except SchemaOutOfDate as exc:
         reports.write(spec.report_fd, [reports.Error(str(exc))])
         return EXIT_SCHEMA_REFUSED
