@@ -3,6 +3,7 @@ decide whether the run kept miniqueue's promises, and say which jobs did not."""
 
 from __future__ import annotations
 
+import bisect
 import collections
 import re
 import statistics
@@ -79,7 +80,7 @@ def judge(evidence: Evidence, run: RunRecord) -> Verdict:
     """Every check, in the order the table prints them."""
     rows: list[Row] = []
     data: dict[str, Any] = {}
-    causes, unexplained = lost_attempt_causes(evidence, run.faults, set(run.workload.failing))
+    causes, unexplained = lost_attempt_causes(evidence, run.faults, set(run.workload.failing), run.options.heartbeat)
     rows += _job_rows(evidence, run, data)
     rows += _execution_rows(evidence, run, causes, unexplained, data)
     rows += _retry_rows(evidence, data)
@@ -164,6 +165,9 @@ _DIED = re.compile(
     r"^(?:interrupted after [0-9.]+s: )?worker process (?:died|killed)|^claimed by a worker process that died"
 )
 
+#: How a job handed back by a worker that could not have renewed its lease in time begins.
+OVERDUE_HAND_BACK = "handed back unstarted: its lease may have ended before it could start"
+
 #: How a job handed back by a worker whose every handler of the job's kind (threads, or the
 #: event loop's coroutines) was busy past its prefetch budget begins.
 PREFETCH_HAND_BACK = tuple(
@@ -180,6 +184,9 @@ def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
       (``... attempt not charged``): a worker told to stop (its supervisor killed or stopped);
     - handed back unstarted because every handler of its kind was busy past the prefetch budget:
       no fault, the prefetch doing its job (no handler ran, so nothing ran twice);
+    - handed back unstarted because its lease may have ended before it could start (the worker
+      stalled past it): a fault on that pid (frozen) or a database fault during the lease (no
+      renewal got through);
     - ``worker process died: SIGKILL`` (released by the supervisor, charged or, for a job that
       was not running or ran beside others, handed back; or claimed as the worker died): a kill
       of that very pid;
@@ -195,6 +202,9 @@ def explain(attempt: Attempt, faults: Iterable[Fault]) -> str | None:
     if _DIED.search(error):
         process_kinds: tuple[str, ...] = ("kill-worker",)
         database, stale = False, False
+    elif error.startswith(OVERDUE_HAND_BACK):
+        # Its worker stalled past the lease (frozen), or could not renew it (its database down).
+        process_kinds, database, stale = PROCESS_FAULTS, True, False
     elif attempt.end_state == "available" and error.startswith(("handed back unstarted", "interrupted")):
         # Handed back by a worker told to stop (its supervisor was killed or stopped).
         process_kinds = ("kill-supervisor", "two-supervisors")
@@ -230,11 +240,48 @@ def _hit(fault: Fault, job: int) -> bool:
 PLANNED = "planned failure"
 
 
-def lost_attempt_causes(ev: Evidence, faults: list[Fault], failing: set[int]) -> tuple[Causes, list[str]]:
+#: A known fault of the worker (see chaos/README.md, "What it has found"): the heartbeat renews the
+#: leases of a snapshot and reports those it could not renew as lost by job id; a job the worker
+#: handed back and claimed again meanwhile is then dropped from the worker's new lease too, which
+#: nobody runs, renews or hands back: it expires under a live worker and the reaper charges it.
+FORGOTTEN = "a re-claimed lease its live worker forgot (product fault)"
+
+
+def forgotten(ev: Evidence, lease: Attempt, interval: float, activity: dict[str | None, list[float]]) -> bool:
+    """Whether ``lease`` fits that fault: it expired (``worker lost``) under the worker that had
+    handed the job's lease before it back, unstarted and uncharged, less than a heartbeat
+    ``interval`` before claiming it again, and that went on claiming and finishing other jobs more
+    than an interval after that claim and before the lease expired (so it was neither dead nor
+    frozen: ``activity``, each worker's claim and end times, sorted)."""
+    if not (lease.error or "").startswith("worker lost") or lease.ended is None:
+        return False
+    leases = ev.by_job.get(lease.job, [])
+    index = next((i for i, x in enumerate(leases) if x is lease), 0)
+    if index == 0:
+        return False
+    before = leases[index - 1]
+    if before.worker != lease.worker or before.ended is None or not (before.error or "").startswith("handed back"):
+        return False
+    if not 0 <= lease.claimed - before.ended < interval:
+        return False
+    times = activity.get(lease.worker, [])
+    first = bisect.bisect_right(times, lease.claimed + interval)
+    return first < len(times) and times[first] < lease.ended
+
+
+def lost_attempt_causes(
+    ev: Evidence, faults: list[Fault], failing: set[int], interval: float = 1.0
+) -> tuple[Causes, list[str]]:
     """Every lease that ended without completion -> the fault that explains it ("UNEXPLAINED" if
     none); and the unexplained ones, described. An attempt of a job planned to fail that ended by
-    its planned error is explained by that."""
+    its planned error is explained by that; one that fits the worker's known fault of forgetting a
+    lease it claimed again (:func:`forgotten`, ``interval`` the heartbeat's), by that."""
     ordered = sorted(faults, key=lambda f: f.at)
+    activity: dict[str | None, list[float]] = collections.defaultdict(list)
+    for x in ev.leases:
+        activity[x.worker] += [x.claimed] if x.ended is None else [x.claimed, x.ended]
+    for times in activity.values():
+        times.sort()
     causes: Causes = {}
     unexplained: list[str] = []
     for lease in ev.leases:
@@ -242,6 +289,8 @@ def lost_attempt_causes(ev: Evidence, faults: list[Fault], failing: set[int]) ->
             continue
         planned = lease.job in failing and PLANNED_FAILURE in (lease.error or "")
         cause = PLANNED if planned else explain(lease, ordered)
+        if cause is None and forgotten(ev, lease, interval, activity):
+            cause = FORGOTTEN
         if cause is None:
             unexplained.append(
                 f"job {lease.job} attempt {lease.attempt} ({lease.end_state}, {lease.worker}): "
@@ -264,7 +313,11 @@ def _execution_rows(
         if done is None or done.attempt != execution.attempt or done.pid != execution.pid:
             by_cause[causes.get((execution.job, execution.attempt, execution.pid), "not ended")] += 1
     lost_attempts = collections.Counter(causes.values())
+    forgot = sorted(
+        f"job {job} attempt {attempt} (pid {pid})" for (job, attempt, pid), c in causes.items() if c == FORGOTTEN
+    )
     data.update(
+        forgotten_leases=forgot,
         executions=len(ev.executions),
         executed_twice=twice,
         re_executions=re_executions,
@@ -279,7 +332,14 @@ def _execution_rows(
         rule("  attempts executed twice", twice),
         info("attempts ended without completion", sum(lost_attempts.values())),
         *[info(f"  by {cause}", n) for cause, n in sorted(lost_attempts.items(), key=lambda kv: -kv[1])],
-        rule("  not explained by an injected fault", unexplained),
+        rule("  not explained by an injected fault (nor the known fault below)", unexplained),
+        Row(
+            "  re-claimed leases their live worker forgot (a fault of the worker)",
+            str(len(forgot)),
+            "reported",
+            None,
+            forgot,
+        ),
     ]
     return rows
 

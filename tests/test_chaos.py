@@ -1,25 +1,24 @@
-"""The chaos harness's short form, as CI runs it: a real supervisor, real kills, a real restart.
+"""The chaos harness's short forms, as CI runs them: real supervisors, real kills, real restarts.
 
-It runs ``python -m chaos`` as a subprocess and trusts its verdict (exit code 0), then checks the
-headline numbers from its JSON. The harness starts an embedded PostgreSQL of its own in this
-test's temporary folder rather than using the session's ``server_dsn``: restarting PostgreSQL
-mid-run (fast, then immediate) is part of the short form, and the session's server is shared
-with other tests (or, under ``TEST_DATABASE_URL``, not ours to restart at all). The short form
-runs with ``--limits`` and ``--workflow``: a share of its jobs carry concurrency keys, and 160 of
-its 300 jobs form groups and chains.
+Each test runs ``python -m chaos`` as a subprocess and trusts its verdict (exit code 0), then
+checks the headline numbers from its JSON. The harness starts embedded PostgreSQL servers of its
+own in a folder of its own rather than using the session's ``server_dsn``: restarting PostgreSQL
+mid-run (fast, then immediate) is part of every short form, and the session's server is shared
+with other tests (or, under ``TEST_DATABASE_URL``, not ours to restart at all).
 
-It runs twice: with the chaos task as a ``def`` handler, and as an ``async def`` one (``--async``,
-4 coroutines per worker, so a kill lands on several at once). The async run is shorter (20 s of
-chaos): every scenario is still injected, each one once early on, and the suite stays near its
-minute and a half.
+The first run is ``--everything`` (every mode at once: concurrency limits, groups and chains,
+unique keys, sequences with a key blocked by a dead job, durable jobs, batch handlers; over two
+databases under one shard map), under every fault the harness can inject there (worker, reaper
+and database-supervisor kills, a SIGSTOP past the lease, backend terminations, a fast and an
+immediate restart, a second supervisor, a held snapshot, a stopped server), with its Markdown
+report: it must pass, and the report must hold every invariant's line at 0. With
+``MINIQUEUE_CHAOS_REPORT_DIR`` set (CI sets it), the report and its charts are copied there, with
+the invariant lines in ``summary.txt``. It asserts all that the two runs it replaced asserted:
+``--limits --workflow`` with ``def`` handlers, and ``--unique --sequences --durable``.
 
-A third run adds ``--unique --sequences --durable`` (20 s of chaos, 200 jobs: 30 enqueues of 4
-unique keys over the run, duplicates expected, and 10 sequence keys of 5 jobs, one of which dies
-and blocks its key until the harness releases it; and 40 durable jobs of five steps, two sleeps
-and a signal), and checks their rules: no two jobs of a unique key held it or ran at once, each
-sequence ran one job at a time in enqueue order, the dead job blocked its key until it was
-released, no durable job's recorded step ran again and its transactional step's effect happened
-once.
+A second run has the chaos task as an ``async def`` handler (``--async``, 4 coroutines per worker,
+so a kill lands on several at once) with ``--limits --workflow``, on one database (20 s of chaos:
+every scenario is still injected, each one once early on).
 
 The rules of the modes are also shown to catch what they are meant to catch, on records built by
 hand: leases of one key held at once, a dependent claimed before its parent completed, and two
@@ -27,17 +26,18 @@ runs of one key at once (allowed only past a lost lease); and the keyed SQL on r
 in a database of the session's server (an overlap, two holders of a unique key, a sequence job
 released, claimed and run before its turn).
 
-A fourth run is ``--databases 3`` (three embedded servers, one shard map, ``miniqueue-supervise
---shards``): one server is stopped 5 s after the enqueue and started again 10 s later; the other
-two databases' throughput meanwhile must hold (at least 0.8x of before) and every job of all three
-completes exactly once. Quick tests show that a database fault explains lost attempts on its own
-database only, and that the supervisors' log rules catch a claim loop that retries without
-waiting and a database's supervisor that exits.
+A third run is ``--databases 3`` alone, the outage run (three embedded servers, one shard map,
+``miniqueue-supervise --shards``): one server is stopped 5 s after the enqueue and started again
+10 s later; the other two databases' throughput meanwhile must hold (at least 0.8x of before) and
+every job of all three completes exactly once. Quick tests show that a database fault explains
+lost attempts on its own database only, and that the supervisors' log rules catch a claim loop
+that retries without waiting and a database's supervisor that exits.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -54,7 +54,8 @@ from chaos.check_workflow import workflow_rows
 from chaos.evidence import Attempt, Evidence, Execution
 from chaos.faults import Fault
 from chaos.keyed import Holding, KeyedEvidence, Overlap, Run
-from chaos.options import LIMIT_KEYS
+from chaos.options import ALL_SCENARIOS, BATCH_SIZE, LIMIT_KEYS
+from chaos.report import FAIR_KEYS_LINE, INVARIANTS
 from chaos.server import Harness
 from chaos.supervisors import SupervisorLog, supervisor_rows
 from chaos.verify import explain
@@ -63,21 +64,7 @@ from miniqueue.core.db import connect
 from miniqueue.core.shards import ID_BASE, MODULUS
 from miniqueue.testing import database as testing_db
 
-SHORT_FORM = [
-    "--jobs",
-    "300",
-    "--workers",
-    "4",
-    "--duration",
-    "30",
-    "--kill-interval",
-    "0.5",
-    "1.5",
-    "--seed",
-    "1",
-    "--limits",
-    "--workflow",
-]
+EVERYTHING_FORM = ["--everything", "--jobs", "300", "--workers", "4", "--duration", "30", "--seed", "1"]
 ASYNC_FORM = [
     "--jobs",
     "300",
@@ -96,27 +83,21 @@ ASYNC_FORM = [
     "--concurrency",
     "4",
 ]
-KEYED_FORM = [
-    "--jobs",
-    "200",
-    "--workers",
-    "4",
-    "--duration",
-    "20",
-    "--kill-interval",
-    "0.5",
-    "1.5",
-    "--seed",
-    "1",
-    "--unique",
-    "--sequences",
-    "--durable",
-]
 DATABASES_FORM = ["--databases", "3", "--seed", "1"]
-SCENARIOS = ("kill-worker", "kill-reaper", "stop-worker", "terminate-backend", "kill-supervisor", "two-supervisors")
+SCENARIOS = (
+    "kill-worker",
+    "kill-reaper",
+    "stop-worker",
+    "terminate-backend",
+    "kill-supervisor",
+    "two-supervisors",
+    "pin-horizon",
+)
+#: Where CI keeps the everything run's report (an artifact), when set.
+REPORT_DIR_ENV = "MINIQUEUE_CHAOS_REPORT_DIR"
 
 
-def _run_chaos(form: list[str], tmp_path: Path, repo_root: Path) -> dict[str, Any]:
+def _run_chaos(form: list[str], tmp_path: Path, repo_root: Path, timeout: float = 120) -> dict[str, Any]:
     """Run ``python -m chaos`` with ``form``; assert it passed and return its JSON result."""
     result_file = tmp_path / "chaos.json"
     # The run's embedded server keeps its data in a folder of its own, outside pytest's shared
@@ -129,7 +110,7 @@ def _run_chaos(form: list[str], tmp_path: Path, repo_root: Path) -> dict[str, An
             cwd=repo_root,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=timeout,
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -138,30 +119,14 @@ def _run_chaos(form: list[str], tmp_path: Path, repo_root: Path) -> dict[str, An
     return result
 
 
-def _assert_every_fault_injected(faults: dict[str, int]) -> None:
-    for scenario in SCENARIOS:
+def _assert_every_fault_injected(faults: dict[str, int], scenarios: tuple[str, ...] = SCENARIOS) -> None:
+    for scenario in scenarios:
         assert faults.get(scenario, 0) >= 1, f"{scenario} was never injected: {faults}"
     assert faults.get("restart-postgres", 0) >= 2, f"expected a fast and an immediate restart: {faults}"
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("form", [SHORT_FORM, ASYNC_FORM], ids=["def", "async-def"])
-def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
-    form: list[str], tmp_path: Path, repo_root: Path
-) -> None:
-    result = _run_chaos(form, tmp_path, repo_root)
-    assert result["options"]["async_handlers"] is ("--async" in form)
-    assert result["enqueued"] == 300
-    assert result["completed"] == 300
-    assert result["lost"] == []
-    assert result["completed_more_than_once"] == []
-    assert result["duplicated_effects"] == []
-    assert result["effect_mismatches"] == []
-    assert result["unexplained"] == []
-    assert result["process_problems"] == []
-    _assert_every_fault_injected(result["faults"])
-    assert any(stop["taken_over"] for stop in result["stops"]), f"no SIGSTOP outlived its lease: {result['stops']}"
-    # --limits: no key ever had more leases at once than its max_concurrent.
+def _assert_limits_and_workflow(result: dict[str, Any]) -> None:
+    # --limits: no key ever had more leases at once than its max_concurrent (on its task and database).
     assert result["limit_exceeded"] == []
     assert set(result["limits"]) == set(LIMIT_KEYS)
     for key, seen in result["limits"].items():
@@ -173,28 +138,78 @@ def test_short_chaos_run_loses_nothing_and_completes_nothing_twice(
         assert workflow[broken] == [], (broken, workflow[broken])
 
 
-@pytest.mark.timeout(150)
-def test_short_chaos_run_keeps_unique_keys_sequences_and_durable_steps(tmp_path: Path, repo_root: Path) -> None:
-    result = _run_chaos(KEYED_FORM, tmp_path, repo_root)
+def _invariant_lines(report: Path) -> dict[str, str]:
+    """The report's invariants section: each line's name and count."""
+    lines = report.read_text().split("## Invariants", 1)[1].split("\n## ", 1)[0].splitlines()
+    rows = [line.strip("| ").split(" | ") for line in lines if line.startswith("| ") and "---" not in line]
+    return {name: count for name, count in rows[1:]}
+
+
+def _keep_report(report: Path, invariants: dict[str, str]) -> None:
+    """With MINIQUEUE_CHAOS_REPORT_DIR set: the report and its charts there, the invariant lines in
+    ``summary.txt`` (what CI prints)."""
+    target = os.environ.get(REPORT_DIR_ENV)
+    if not target:
+        return
+    folder = Path(target)
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in report.parent.glob(f"{report.stem}*"):
+        shutil.copy2(path, folder / path.name)
+    summary = [f"{name}: {count}" for name, count in invariants.items()]
+    (folder / "summary.txt").write_text("chaos --everything (CI short form)\n" + "\n".join(summary) + "\n")
+
+
+@pytest.mark.timeout(200)
+def test_everything_at_once_under_every_fault_loses_nothing_and_reports_every_invariant_at_0(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    report = tmp_path / "report" / "report.md"
+    result = _run_chaos([*EVERYTHING_FORM, "--report", str(report)], tmp_path, repo_root, timeout=175)
+    options = result["options"]
+    assert options["everything"] and options["databases"] == 2 and options["async_handlers"] is False
+    for mode in ("limits", "workflow", "unique", "sequences", "durable", "batches"):
+        assert options[mode], mode
+    # Every job stored completed exactly once, but the one planned to die (it blocked its key).
+    blocked = result["blocked"]
+    assert result["planned_dead"] == [blocked["job"]]
+    assert result["completed"] == result["enqueued"] - 1
+    for broken in (
+        "lost",
+        "dead",
+        "completed_more_than_once",
+        "duplicated_effects",
+        "effect_mismatches",
+        "executed_twice",
+        "odd_transitions",
+        "repeated_fences",
+        "unexplained",
+        "late_completions",
+        "process_problems",
+        "zombies_left",
+        "orphans_left",
+    ):
+        assert result[broken] == [], (broken, result[broken])
+    # Every fault the harness can inject over two databases, each at least once.
+    _assert_every_fault_injected(result["faults"], ALL_SCENARIOS)
+    assert any(stop["taken_over"] for stop in result["stops"]), f"no SIGSTOP outlived its lease: {result['stops']}"
+    _assert_limits_and_workflow(result)
     # --durable: 40 jobs of five steps (one transactional), two sleeps and a signal each, judged
     # apart (their sleeps and waits end leases by design): each completed once, each effect once,
     # no recorded step ran again, no step recorded by a stale attempt, no attempt spent by a sleep.
     assert (result["durable_jobs"], result["durable_completed"]) == (40, 40)
-    assert result["durable_replayed_steps"] == []
-    blocked = result["blocked"]
-    # Every job stored completed once, but the one planned to die (it blocked its key).
-    assert result["planned_dead"] == [blocked["job"]]
-    assert result["completed"] == result["enqueued"] - 1
-    for broken in ("lost", "dead", "completed_more_than_once", "duplicated_effects", "effect_mismatches"):
+    for broken in (
+        "durable_replayed_steps",
+        "durable_effect_problems",
+        "durable_stale_steps",
+        "durable_spent_attempts",
+    ):
         assert result[broken] == [], (broken, result[broken])
-    assert result["unexplained"] == []
-    assert result["process_problems"] == []
-    _assert_every_fault_injected(result["faults"])
-    # --unique: 30 enqueues of 4 keys over the run; no two jobs of a key held it or ran at once.
+    # --unique: 18 enqueues of 4 keys over the run (a fifth of the 90 jobs outside the workflow and
+    # the sequences); no two jobs of a key held it or ran at once.
     unique = result["unique"]
-    assert unique["enqueues"] == 30
+    assert unique["enqueues"] == 18
     assert unique["duplicates"] >= 1 and unique["stored"] >= 4, unique
-    assert unique["stored"] + unique["duplicates"] >= 30  # a lost reply's retry may store one more
+    assert unique["stored"] + unique["duplicates"] >= 18  # a lost reply's retry may store one more
     for broken in ("failed_enqueues", "wrong_duplicates", "not_completed_once", "held_at_once", "overlaps"):
         assert unique[broken] == [], (broken, unique[broken])
     # --sequences: 10 keys x 5 jobs, each key one job at a time, in enqueue order.
@@ -214,6 +229,39 @@ def test_short_chaos_run_keeps_unique_keys_sequences_and_durable_steps(tmp_path:
     assert blocked["key"] == "seq-9" and blocked["state"] == "dead", blocked
     assert blocked["behind"] and set(blocked["behind"].values()) == {"waiting"}, blocked
     assert blocked["problems"] == [] and blocked["completed_after"] is not None, blocked
+    # --batches: the batch task's jobs ran in calls of at most BATCH_SIZE, and each one a crash
+    # interrupted beside others ran alone next.
+    batches = result["batches"]
+    assert batches["jobs"] == 22 and batches["calls"] >= 1, batches
+    assert max(int(size) for size in batches["sizes"]) <= BATCH_SIZE, batches
+    assert batches["oversize"] == [] and batches["not_alone_next"] == [], batches
+    # The report: every invariant's line, each at 0, and fair keys not run (not in miniqueue yet).
+    assert report.exists() and report.with_name("report-throughput.svg").exists()
+    assert report.with_name("report-recovery.svg").read_text().startswith("<svg")
+    invariants = _invariant_lines(report)
+    _keep_report(report, invariants)
+    assert set(invariants) == {i.name for i in INVARIANTS} | {FAIR_KEYS_LINE}, invariants
+    assert invariants.pop(FAIR_KEYS_LINE) == "not run"
+    assert set(invariants.values()) == {"0"}, invariants
+
+
+@pytest.mark.timeout(150)
+def test_short_chaos_run_with_async_handlers_loses_nothing_and_completes_nothing_twice(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    result = _run_chaos(ASYNC_FORM, tmp_path, repo_root)
+    assert result["options"]["async_handlers"] is True
+    assert result["enqueued"] == 300
+    assert result["completed"] == 300
+    assert result["lost"] == []
+    assert result["completed_more_than_once"] == []
+    assert result["duplicated_effects"] == []
+    assert result["effect_mismatches"] == []
+    assert result["unexplained"] == []
+    assert result["process_problems"] == []
+    _assert_every_fault_injected(result["faults"])
+    assert any(stop["taken_over"] for stop in result["stops"]), f"no SIGSTOP outlived its lease: {result['stops']}"
+    _assert_limits_and_workflow(result)
 
 
 @pytest.mark.timeout(120)
