@@ -387,6 +387,21 @@ def connect_seconds(timeout: float) -> int:
     return max(2, math.ceil(timeout))
 
 
+def _pool_options(
+    dsn: str, purpose: str, schema: str, min_size: int, max_size: int, timeout: float, connect_timeout: int | None
+) -> dict[str, Any]:
+    """The options a sync and an async pool share: the connections' conninfo and session settings,
+    in autocommit, and the pool's sizes and wait."""
+    extra = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+    return {
+        "conninfo": conninfo(dsn, purpose=purpose, schema=schema, **extra),
+        "min_size": min_size,
+        "max_size": max_size,
+        "kwargs": {"autocommit": True, **session_kwargs()},
+        "timeout": timeout,
+    }
+
+
 def create_pool(
     dsn: str,
     *,
@@ -401,17 +416,11 @@ def create_pool(
     """Open a pool of autocommit connections that waits at most ``timeout`` s for one;
     ``check`` (e.g. ``ConnectionPool.check_connection``) vets each connection handed out;
     ``connect_timeout`` (libpq's, whole seconds) bounds each new connection's attempt."""
-    extra = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
-    info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
     # Typed as a pool of plain connections, as a caller's own pool is: a PooledConnection is one.
     pool: ConnectionPool[Any] = ConnectionPool(
-        info,
-        min_size=min_size,
-        max_size=max_size,
-        kwargs={"autocommit": True, **session_kwargs()},
+        **_pool_options(dsn, purpose, schema, min_size, max_size, timeout, connect_timeout),
         connection_class=PooledConnection,
         configure=_configure,
-        timeout=timeout,
         open=True,
         name=f"miniqueue-{purpose}",
         check=check,
@@ -433,16 +442,10 @@ def create_async_pool(
 ) -> AsyncConnectionPool[AsyncConnection]:
     """:func:`create_pool` for asyncio, not yet open: ``await pool.open()`` on the event loop
     that uses it (an asyncio pool belongs to the loop it was opened on)."""
-    extra = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
-    info = conninfo(dsn, purpose=purpose, schema=schema, **extra)
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        info,
-        min_size=min_size,
-        max_size=max_size,
-        kwargs={"autocommit": True, **session_kwargs()},
+        **_pool_options(dsn, purpose, schema, min_size, max_size, timeout, connect_timeout),
         connection_class=AsyncPooledConnection,
         configure=_aconfigure,
-        timeout=timeout,
         open=False,
         name=name or f"miniqueue-{purpose}",
         check=check,
