@@ -151,16 +151,9 @@ Report = (
     | DeadRowsGauge
     | GaugesSent
 )
-_GAUGE_STATES = (
-    State.AVAILABLE,
-    State.RUNNING,
-    State.COMPLETED,
-    State.FAILED,
-    State.DEAD,
-    State.CANCELLED,
-    State.WAITING,
-    State.EXPIRED,
-)
+#: A queue line's counts, one per state in the order State declares them: the children are forked
+#: from the supervisor, so both ends of the pipe read the same order.
+_GAUGE_STATES = tuple(State)
 
 _LISTENING = {True: "1", False: "0", None: "-"}
 
