@@ -332,12 +332,8 @@ class Job(DurableSteps):
                 "job.transaction() is only available to 'def' handlers run by a miniqueue Worker "
                 "(an async handler uses 'async with job.atransaction()')"
             )
-        with self._transaction(self) as conn:
-            self._completing_on = conn
-            try:
-                yield conn
-            finally:
-                self._completing_on = None
+        with self._transaction(self) as conn, self._completing_in(conn):
+            yield conn
         self.completed_in_transaction = True
 
     def atransaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection[Any]]:
@@ -359,12 +355,19 @@ class Job(DurableSteps):
     @contextlib.asynccontextmanager
     async def _completing(self, factory: AsyncTransactionFactory) -> AsyncIterator[AsyncConnection[Any]]:
         async with factory(self) as conn:
-            self._completing_on = conn
-            try:
+            with self._completing_in(conn):
                 yield conn
-            finally:
-                self._completing_on = None
         self.completed_in_transaction = True
+
+    @contextlib.contextmanager
+    def _completing_in(self, conn: Connection | AsyncConnection[Any]) -> Iterator[None]:
+        """While the block runs, ``conn`` is the transaction this job completes in (what
+        :meth:`add_to_group` enqueues on)."""
+        self._completing_on = conn
+        try:
+            yield
+        finally:
+            self._completing_on = None
 
     def add_to_group(self, spec: JobSpec) -> EnqueueResult:
         """Enqueue ``spec`` into this job's group: the jobs that wait for this one (its group's
