@@ -4,8 +4,8 @@ task's size, and a batch's jobs interrupted by a crash each ran alone next.
 Each job's execution row names the handler's call it ran in (chaos.batches), so the calls and
 their sizes come from ``chaos_executions``. When a worker dies while several of its handlers'
 jobs run (a batch), which job killed it is not known: each goes back uncharged, its history
-saying ``interrupted after ...: worker process died: ... while N jobs ran; attempt not charged:
-it runs alone next``, and its next run must be a batch of one (docs/guarantees.md, "A crash is
+saying ``interrupted after ...: worker process died: ... while N jobs ran in the process; attempt
+not charged: it runs alone next ...``, and its next run must be a batch of one (docs/guarantees.md, "A crash is
 charged to its cause").
 """
 
@@ -22,7 +22,7 @@ from .rows import Row, info, rule
 from .workload import Workload
 
 #: How the history says a job was interrupted beside others, uncharged, to run alone next.
-_ALONE_NEXT = re.compile(r"^(?:handed back: )?interrupted after [0-9.]+s: .* while \d+ jobs ran; .*runs alone next")
+_ALONE_NEXT = re.compile(r"^(?:handed back: )?interrupted after [0-9.]+s: .* while \d+ jobs ran\b.*runs alone next")
 
 
 def batch_rows(ev: Evidence, workload: Workload, data: dict[str, Any]) -> list[Row]:

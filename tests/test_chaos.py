@@ -48,6 +48,7 @@ from typing import Any
 import pytest
 
 from chaos import schema
+from chaos.check_batches import batch_rows
 from chaos.check_limits import peak
 from chaos.check_unique import judge_overlaps
 from chaos.check_workflow import workflow_rows
@@ -374,6 +375,33 @@ def test_the_workflow_rules_catch_an_early_claim_and_a_wrong_parent_result() -> 
     assert len(rows["dependents that read a parent result other than its completion's"].offenders) == 1
     assert rows["dependents not completed exactly once"].ok
     assert rows["dependents not released exactly once (waiting -> available)"].ok
+
+
+def test_the_batch_rules_catch_an_oversize_call_and_a_batch_mate_that_did_not_run_alone_next() -> None:
+    workload = Workload()
+    ev = Evidence()
+    # One call of BATCH_SIZE + 1 jobs.
+    big = list(range(1, BATCH_SIZE + 2))
+    ev.executions += [Execution(job, 1, 100, 1.0, None, "big") for job in big]
+    # Job 20 ran beside job 21 when their worker was killed: both back uncharged, to run alone
+    # next; job 21 did, job 20 ran next in a call of two.
+    died = (
+        "interrupted after 0.3s: worker process died: SIGKILL (pid 101) while 2 jobs ran in the process; "
+        "attempt not charged: it runs alone next, so that a death is charged to the job that causes it"
+    )
+    for job in (20, 21):
+        ev.by_job[job].append(Attempt(job, 1, "host:101:w", 0.0, 1.0, "available", died))
+    ev.executions += [Execution(20, 1, 101, 0.5, None, "pair"), Execution(21, 1, 101, 0.5, None, "pair")]
+    ev.executions += [Execution(20, 2, 102, 2.0, None, "second"), Execution(22, 1, 102, 2.0, None, "second")]
+    ev.executions.append(Execution(21, 2, 103, 2.0, None, "alone"))
+    workload.batch_jobs.update([*big, 20, 21, 22])
+    data: dict[str, Any] = {}
+    rows = {row.label.strip(): row for row in batch_rows(ev, workload, data)}
+    assert len(rows[f"calls given more than {BATCH_SIZE} jobs"].offenders) == 1
+    assert rows["of those, next run not alone (a batch of one)"].offenders == [
+        "job 20: interrupted at attempt 1, ran next (attempt 2, pid 102) in a batch of 2"
+    ]
+    assert data["batches"]["interrupted_beside_others"] == 2
 
 
 def test_the_keyed_rules_allow_an_overlap_only_past_a_lost_lease() -> None:
