@@ -194,7 +194,10 @@ schedule_app_option = click.option(
 @friendly_errors
 def enable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
     """Enable schedule NAME (a schedule a scheduler has run, or one of --app's)."""
-    _switch_schedule(name, app_ref, database_url, enabled=True)
+    app = load_app(app_ref) if app_ref else None
+    with open_client(database_url) as client:
+        client.enable_schedule(name, app=app)
+    click.echo(f"schedule {name} enabled")
 
 
 @periodic.command("disable")
@@ -204,11 +207,7 @@ def enable_periodic(name: str, app_ref: str | None, database_url: str | None) ->
 @friendly_errors
 def disable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
     """Disable schedule NAME (its slots are skipped until enabled again)."""
-    _switch_schedule(name, app_ref, database_url, enabled=False)
-
-
-def _switch_schedule(name: str, app_ref: str | None, database_url: str | None, *, enabled: bool) -> None:
     app = load_app(app_ref) if app_ref else None
     with open_client(database_url) as client:
-        (client.enable_schedule if enabled else client.disable_schedule)(name, app=app)
-    click.echo(f"schedule {name} {'enabled' if enabled else 'disabled'}")
+        client.disable_schedule(name, app=app)
+    click.echo(f"schedule {name} disabled")

@@ -127,7 +127,9 @@ create_option = click.option(
 @friendly_errors
 def pause_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
     """Stop every worker, on every host, from claiming jobs of these queues (all or none)."""
-    _set_paused(names, create, database_url, paused=True)
+    with open_client(database_url) as client:
+        paused = client.pause_queues(names, create=create)
+    click.echo(f"paused {', '.join(paused)}")
 
 
 @queues.command("resume")
@@ -137,13 +139,9 @@ def pause_queues(names: tuple[str, ...], create: bool, database_url: str | None)
 @friendly_errors
 def resume_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
     """Let workers claim jobs of these queues again (all or none)."""
-    _set_paused(names, create, database_url, paused=False)
-
-
-def _set_paused(names: tuple[str, ...], create: bool, database_url: str | None, *, paused: bool) -> None:
     with open_client(database_url) as client:
-        switched = (client.pause_queues if paused else client.resume_queues)(names, create=create)
-    click.echo(f"{'paused' if paused else 'resumed'} {', '.join(switched)}")
+        resumed = client.resume_queues(names, create=create)
+    click.echo(f"resumed {', '.join(resumed)}")
 
 
 @queues.command("limit")
