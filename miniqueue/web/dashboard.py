@@ -201,6 +201,7 @@ class Dashboard:
             "csrf_token": csrf_token(request),
             "root": request.scope.get("root_path", ""),
             "refresh_ms": int(self.refresh_seconds * 1000),
+            "live": live,
             "live_url": _live_url(request) if live else None,
             "has_app": self.app is not None,
             "over_map": self.sharded is not None,
