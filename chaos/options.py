@@ -344,6 +344,7 @@ class Options:
                 self.outage_run or not outage_only,
                 f"{', '.join(outage_only)}: only in the outage run (--databases N with no mode)",
             ),
+            (not self.outage_run or not self.report, "--report: the outage run (--databases N alone) writes none"),
             (n == 1 or self.workers >= n, f"--workers {self.workers}: --databases {n} needs one per database"),
             (self.outage > 0, f"--outage {self.outage}: use a positive number of seconds"),
             (

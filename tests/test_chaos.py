@@ -55,11 +55,12 @@ from chaos.check_workflow import workflow_rows
 from chaos.evidence import Attempt, Evidence, Execution
 from chaos.faults import Fault
 from chaos.keyed import Holding, KeyedEvidence, Overlap, Run
+from chaos.known_faults import FORGOTTEN
 from chaos.options import ALL_SCENARIOS, BATCH_SIZE, LIMIT_KEYS
 from chaos.report import FAIR_KEYS_LINE, INVARIANTS
 from chaos.server import Harness
 from chaos.supervisors import SupervisorLog, supervisor_rows
-from chaos.verify import explain
+from chaos.verify import explain, lost_attempt_causes
 from chaos.workload import CHAIN_STEP, Workload
 from miniqueue.core.db import connect
 from miniqueue.core.shards import ID_BASE, MODULUS
@@ -407,6 +408,30 @@ def test_the_batch_rules_catch_an_oversize_call_and_a_batch_mate_that_did_not_ru
         "job 20: interrupted at attempt 1, ran next (attempt 2, pid 102) in a batch of 2"
     ]
     assert data["batches"]["interrupted_beside_others"] == 2
+
+
+def test_a_lease_its_live_worker_forgot_is_reported_as_the_known_fault_and_nothing_else_is() -> None:
+    worker = "host:300:w"
+    handed = Attempt(1, 1, worker, 0.0, 0.5, "available", "handed back unstarted: every handler thread ...")
+    forgot = Attempt(1, 2, worker, 0.53, 3.6, "available", "worker lost: lease expired without renewal")
+    busy = [Attempt(job, 1, worker, 1.8, 2.0, "completed") for job in (2, 3)]  # the worker went on working
+
+    def causes(*leases: Attempt) -> dict[int, str]:
+        ev = Evidence()
+        for lease in leases:
+            ev.leases.append(lease)
+            ev.by_job[lease.job].append(lease)
+        found, _ = lost_attempt_causes(ev, [], set(), 1.0)
+        return {attempt: cause for (job, attempt, _pid), cause in found.items() if job == 1}
+
+    assert causes(handed, forgot, *busy)[2] == FORGOTTEN
+    # The same expiry under a worker that did nothing more (dead or frozen, and no fault says so) ...
+    assert causes(handed, forgot)[2] == "UNEXPLAINED"
+    # ... or claimed long after the hand-back, or after another worker's lease: not that fault.
+    late = Attempt(1, 2, worker, 2.0, 5.0, "available", "worker lost: lease expired without renewal")
+    assert causes(handed, late, *busy)[2] == "UNEXPLAINED"
+    other = Attempt(1, 1, "host:301:w", 0.0, 0.5, "available", "handed back unstarted: every handler thread ...")
+    assert causes(other, forgot, *busy)[2] == "UNEXPLAINED"
 
 
 def test_the_keyed_rules_allow_an_overlap_only_past_a_lost_lease() -> None:
