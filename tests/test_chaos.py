@@ -216,6 +216,9 @@ def test_everything_at_once_under_every_fault_loses_nothing_and_reports_every_in
     # the sequences); no two jobs of a key held it or ran at once.
     unique = result["unique"]
     assert unique["enqueues"] == 18
+    # Stored: the 72 plain jobs (22 of the batch task), the 160 of the workflow, the 50 sequence
+    # jobs, and each unique key's jobs (not its duplicates).
+    assert result["enqueued"] == 72 + 160 + 50 + unique["stored"]
     assert unique["duplicates"] >= 1 and unique["stored"] >= 4, unique
     assert unique["stored"] + unique["duplicates"] >= 18  # a lost reply's retry may store one more
     for broken in ("failed_enqueues", "wrong_duplicates", "not_completed_once", "held_at_once", "overlaps"):
