@@ -80,15 +80,16 @@ _LAST_ID = "SELECT coalesce(max(id), 0) FROM miniqueue_jobs"
 def drain(ctx: Context) -> Sample:
     """``ctx.workers`` supervised workers drain 5 x --jobs no-op jobs enqueued in one transaction."""
     options = SuperviseOptions(NOOP_APP, ctx.workers, concurrency=CONCURRENCY, prefetch=PREFETCH)
-    return drain_through_supervisor(ctx.dsn, options, _noop_jobs(ctx))
+    return drain_through_supervisor(ctx.dsn, options, noop_jobs(ctx))
 
 
 def drain_default(ctx: Context) -> Sample:
     """The same drain with no tuning flag: ``miniqueue-supervise --app ... --workers N``."""
-    return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), _noop_jobs(ctx))
+    return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), noop_jobs(ctx))
 
 
-def _noop_jobs(ctx: Context) -> list[JobSpec]:
+def noop_jobs(ctx: Context) -> list[JobSpec]:
+    """The plain drains' jobs: 5 x --jobs no-op jobs of one queue."""
     return [JobSpec(TASK, payload(n), queue=QUEUE) for n in range(ctx.jobs * DRAIN_SCALE)]
 
 

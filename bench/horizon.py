@@ -9,6 +9,10 @@
   dashboard's banner and ``miniqueue doctor`` (which must also exit 1). p50 is when the last of
   the four named it and p99 when the first did, in ms after the transaction began; a run fails
   unless all four did within 60 s (the threshold is the defaults' 30 s).
+- ``drain-horizon-2``: ``drain-2-default``'s drain (its baseline, in the same run) while another
+  session of the same database holds one snapshot throughout (``REPEATABLE READ``, opened before
+  the enqueue, closed after the last completion): no row version the claims and completions leave
+  behind can be vacuumed, so each claim walks past them (docs/figures.md, "Under a held horizon").
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from miniqueue.core.db import connect
 from miniqueue.web.server import create_app
 
 from .database import QUEUE, TASK, payload, settle
-from .drain import enqueue_in_one_transaction
+from .drain import NOOP_APP, drain_through_supervisor, enqueue_in_one_transaction, noop_jobs
 from .measure import Sample
 from .registry import Benchmark, Context
 from .supervised import REPO_ROOT, SuperviseOptions, supervised
@@ -108,7 +112,25 @@ def _doctor_names(dsn: str, pid: int) -> bool:
     return not horizon["ok"] and any(h["pid"] == pid for h in report["horizon"])
 
 
+def drain_beside_a_held_snapshot(ctx: Context) -> Sample:
+    """``drain-2-default``'s drain while a session of the same database holds one snapshot."""
+    with connect(ctx.dsn, purpose="bench-horizon", autocommit=False) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM miniqueue_jobs")  # the snapshot, held until the rollback
+        try:
+            return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), noop_jobs(ctx))
+        finally:
+            holder.rollback()
+
+
 BENCHMARKS: list[Benchmark] = [
+    Benchmark(
+        "drain-horizon-2",
+        "supervise drain, no-op, defaults, a snapshot held in the same database throughout",
+        2,
+        drain_beside_a_held_snapshot,
+        baselines=("drain-2-default",),
+    ),
     Benchmark(
         "horizon-report",
         f"supervise drain of {HORIZON_SCALE} x --jobs, a session idle in a transaction meanwhile: p50 = named by "
