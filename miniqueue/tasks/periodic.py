@@ -100,10 +100,9 @@ class Periodic:
 
     def latest_slot(self, now: dt.datetime) -> dt.datetime:
         """The most recent slot at or before ``now``, as a UTC instant."""
-        if self.timezone == "UTC":
-            slot: dt.datetime = croniter(self.cron, now.astimezone(UTC) + _TICK).get_prev(dt.datetime)
-            return slot
         t = now.astimezone(UTC)
+        if self.timezone == "UTC":
+            return self._wall_at_or_before(t)
         while True:
             span = span_of(self.zone, t)
             found = self._last_in(span, t)
@@ -113,10 +112,9 @@ class Periodic:
 
     def next_slot(self, now: dt.datetime) -> dt.datetime:
         """The first slot after ``now``, as a UTC instant."""
-        if self.timezone == "UTC":
-            slot: dt.datetime = croniter(self.cron, now.astimezone(UTC)).get_next(dt.datetime)
-            return slot
         t = now.astimezone(UTC)
+        if self.timezone == "UTC":
+            return self._wall_after(t)
         while True:
             span = span_of(self.zone, t)
             found = self._first_in(span, now)
