@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from .options import PIN_SECONDS, STOP_DATABASE, STOP_DATABASE_SECONDS, Options
 from .processes import Child, Supervisor
 from .site import Site
 
+#: A supervisor's log line for each child it forks (and, over a shard map, each database's supervisor).
+_FORKED = re.compile(r"(?:spawned (?:worker-\d+|reaper)|started the supervisor of database \S+) \(pid (\d+)")
 #: The connection that pins the horizon is the harness's (``chaos:*``): ``terminate-backend``
 #: never picks it.
 PIN_APP_NAME = "chaos:horizon"
@@ -121,6 +124,10 @@ class Injector:
     down: Down | None = None
     extra_until: float | None = None  # when the second supervisor is stopped (time.monotonic())
     extra_fault: Fault | None = None
+    #: Supervisors a fault stopped or killed, with the fault: once the run is over, the fault also
+    #: names every child each had (one it forked as the fault struck, say a worker it was
+    #: restarting, is told to stop too): see :meth:`settle`.
+    ended: list[tuple[Fault, Supervisor]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
     # -- dispatch ------------------------------------------------------------------------------
@@ -156,6 +163,15 @@ class Injector:
             self._release_pin()
         if self.down is not None:
             self._start_database()
+
+    def settle(self) -> None:
+        """Once every supervisor is gone: each fault that stopped or killed one names every child
+        it had, as the harness saw them and as its log says it forked them (its children when the
+        fault struck, and any it forked after)."""
+        for fault, supervisor in self.ended:
+            seen = [t.pid for t in self.fleet.tracker.processes.values() if t.supervisor == supervisor.number]
+            forked = [int(pid) for pid in _FORKED.findall(supervisor.output())]
+            fault.pids = tuple(dict.fromkeys([*fault.pids, *seen, *forked]))
 
     @property
     def stopped_pids(self) -> set[int]:
@@ -434,9 +450,11 @@ class Injector:
         replacement = self.fleet.start()
         if self.extra_until is not None and len(self.fleet.running()) > 1:
             self.say(f"supervisor {replacement.number} replaces it as the second supervisor")
-        return Fault(
+        fault = Fault(
             "kill-supervisor", now, now, (supervisor.pid, *children), leases, f"supervisor {supervisor.number}"
         )
+        self.ended.append((fault, supervisor))
+        return fault
 
     def _kill_database_supervisor(self) -> Fault | None:
         frozen = {s.parent for s in self.stops if s.resumed is None}
@@ -493,6 +511,7 @@ class Injector:
             children = tuple(c.pid for c in newest.children())
             self.extra_fault.at = time.time()
             self.extra_fault.pids = (newest.pid, *children)
+            self.ended.append((self.extra_fault, newest))
             newest.terminate(self.options.shutdown_timeout + 15.0)
             self.extra_fault.until = time.time() + self.options.shutdown_timeout + 1.0
             self.say(f"two-supervisors: SIGTERM supervisor {newest.number}")

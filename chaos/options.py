@@ -213,9 +213,9 @@ class Options:
         instead of emptying before the first fault."""
         if self.spread is not None:
             return self.spread
-        # Over several databases every job is due at once: the workers stay busy, so the rate
-        # measured around the outage is theirs, not the arrival rate.
-        return 0.0 if self.sharded else self.duration * 0.8
+        # In the outage run every job is due at once: the workers stay busy, so the rate measured
+        # around the outage is theirs, not the arrival rate.
+        return 0.0 if self.outage_run else self.duration * 0.8
 
     @property
     def sharded(self) -> bool:

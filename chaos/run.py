@@ -117,6 +117,7 @@ def run(options: Options) -> int:
             blocked = release_blocked(site, workload, fleet, injector, say)
         sampler.stop()
         fleet.stop_all()
+        injector.settle()
         elapsed = time.monotonic() - started
         if options.keyed:
             found = reconcile(site, workload)
