@@ -98,7 +98,7 @@ def enqueue_unique(ctx: Context) -> Sample:
 
 
 def enqueue_idempotent(ctx: Context) -> Sample:
-    """The same, each job with an idempotency key of its own (``_ENQUEUE_MANY``: an insert ON
+    """The same, each job with an idempotency key of its own (``_MANY_JOBS``: an insert ON
     CONFLICT too, the keyed rows' other reference)."""
     return _enqueue(ctx, idempotency_keys=True)
 

@@ -17,7 +17,7 @@ from ..core.steps import CopyIn, Query, Steps, atomic, run
 from ..core.validation import NewJob
 from .base import Statement, StoreBase
 
-# A large batch goes by COPY: 25% faster than the batch statement (enqueue._ENQUEUE_MANY) at
+# A large batch goes by COPY: 25% faster than the batch statement (enqueue._MANY_JOBS) at
 # 10,000 jobs, though its four extra round trips make it slower below a few hundred. Its ids are
 # drawn first (to return them), with the transaction's now(): the database clock that every
 # job's scheduled_at counts from, exactly as the column default would.

@@ -25,95 +25,47 @@ from .keyed import KeyedEnqueuing
 
 # Insert one job (idempotently) and return its id, or the id of the job that already holds the key.
 # NOTIFY is sent from the same statement, so it is delivered exactly when the insert commits.
-# `held`, `scoped` and the result (`enqueued`): see miniqueue.store.insertion.
-_ENQUEUE = compose(
-    """
-WITH {held}, ins AS (
+# `held`, `scoped` and the result (`enqueued`): see miniqueue.store.insertion. One template in four
+# variants (see _one_job): a job with limits also creates (or updates) the rows of its scopes, so
+# that the claim finds them (`scoped`), and writes its rate cost (the others keep the column's
+# default of 1, which no claim reads); a job with parents is inserted waiting for those not
+# completed yet (`pending`; of a job that runs whatever their outcome, `run_when`, those not
+# finished yet, and `failed` those that finished without completing), with its deadline if it has
+# one.
+_ONE_JOB = """
+WITH {scoping}{held}, ins AS (
     INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context)
+                        idempotency_key, limits, trace_context{waiting_columns}{cost_column})
     SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
            %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
            COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-           %(limits)s::text[], %(trace)s::jsonb
+           %(limits)s::text[], %(trace)s::jsonb{waiting_values}{cost_value}
      WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
     RETURNING id, queue, scheduled_at
 )
 {enqueued}
-""",
-    held=HELD,
-    enqueued=ENQUEUED,
-)
-
-# _ENQUEUE for a job with limits: the same statement also creates (or updates) the rows of the
-# job's scopes, so that the claim finds them (`scoped`). Only a job with limits writes its rate
-# cost: the others keep the column's default of 1, which no claim reads.
-_ENQUEUE_LIMITED = compose(
-    """
-WITH {scoped}, {held}, ins AS (
-    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, rate_cost)
-    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
-           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-           %(limits)s::text[], %(trace)s::jsonb, %(rate_cost)s
-     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
-    RETURNING id, queue, scheduled_at
-)
-{enqueued}
-""",
-    scoped=SCOPED,
-    held=HELD,
-    enqueued=ENQUEUED,
-)
-
-# _ENQUEUE for a job with parents: inserted waiting for those not completed yet (`pending`; of a
-# job that runs whatever their outcome, `run_when`, those not finished yet, and `failed` those that
-# finished without completing), with its deadline if it has one.
-_ENQUEUE_WAITING = compose(
-    """
-WITH {held}, ins AS (
-    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
-                        run_when, failed_parents)
-    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
-           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-           %(limits)s::text[], %(trace)s::jsonb,
+"""
+_WAITING_COLUMNS = """, state, parents, pending_parents, expires_at,
+                        run_when, failed_parents"""
+_WAITING_VALUES = """,
            CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
            COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
-           %(run_when)s, %(failed)s
-     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
-    RETURNING id, queue, scheduled_at
-)
-{enqueued}
-""",
-    held=HELD,
-    enqueued=ENQUEUED,
-)
+           %(run_when)s, %(failed)s"""
 
-# _ENQUEUE for a job with parents and limits (see the two above).
-_ENQUEUE_WAITING_LIMITED = compose(
-    """
-WITH {scoped}, {held}, ins AS (
-    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context, state, parents, pending_parents, expires_at,
-                        run_when, failed_parents, rate_cost)
-    SELECT coalesce((SELECT job_id FROM held), nextval({job_ids})),
-           %(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s, %(max_attempts)s,
-           COALESCE(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s)), %(key)s,
-           %(limits)s::text[], %(trace)s::jsonb,
-           CASE WHEN %(pending)s > 0 THEN 'waiting' ELSE 'available' END, %(parents)s::bigint[], %(pending)s,
-           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
-           %(run_when)s, %(failed)s, %(rate_cost)s
-     WHERE %(key)s::text IS NULL OR EXISTS (SELECT 1 FROM held)
-    RETURNING id, queue, scheduled_at
-)
-{enqueued}
-""",
-    scoped=SCOPED,
-    held=HELD,
-    enqueued=ENQUEUED,
-)
+
+def _one_job(*, limited: bool, waiting: bool) -> str:
+    """_ONE_JOB for a job with limits or not, with parents or not."""
+    return compose(
+        _ONE_JOB,
+        scoping=f"{SCOPED}, " if limited else "",
+        held=HELD,
+        waiting_columns=_WAITING_COLUMNS if waiting else "",
+        cost_column=", rate_cost" if limited else "",
+        waiting_values=_WAITING_VALUES if waiting else "",
+        cost_value=", %(rate_cost)s" if limited else "",
+        enqueued=ENQUEUED,
+    )
+
 
 # Lock a new job's parents (in id order, so concurrent enqueues never deadlock) and read their
 # states. A completion of one of them that is under way finishes first; one that starts later
@@ -130,36 +82,12 @@ _BY_IDEMPOTENCY_KEY = "SELECT job_id FROM {idempotency_keys} WHERE key = %(key)s
 
 # Insert many jobs in one statement. Ids are drawn up front so each input row can be matched
 # to its outcome (inserted, duplicate of an existing job, or duplicate within the batch: `held`
-# takes each key once, for the first job of the batch that has it).
-# A job's limits travel as one text, its scope names joined by U+001F (which no scope name holds).
-_ENQUEUE_MANY = compose(
-    """
-WITH src AS MATERIALIZED (
-    SELECT nextval({job_ids}) AS id, u.*
-      FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
-                  %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
-                  %(limits)b::text[])
-           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
-), {held_many}, ins AS (
-    INSERT INTO {live} (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context)
-    SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
-           COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
-           %(trace)s::jsonb
-      FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
-    RETURNING id, queue, scheduled_at
-), {stored_many}
-""",
-    held_many=HELD_MANY,
-    stored_many=STORED_MANY,
-)
-
-# _ENQUEUE_MANY for a batch with limits: `scoped`, for every scope the batch names; a job's rate
-# cost NULL (an empty array: every job of the batch costs 1) for 1.
-_ENQUEUE_MANY_LIMITED = compose(
-    """
-WITH {scoped},
-src AS MATERIALIZED (
+# takes each key once, for the first job of the batch that has it). A job's limits travel as one
+# text, its scope names joined by U+001F (which no scope name holds); a job's rate cost NULL (an
+# empty array: every job of the batch costs 1) for 1. A batch with limits also writes `scoped`,
+# for every scope the batch names (see _many_jobs).
+_MANY_JOBS = """
+WITH {scoping}src AS MATERIALIZED (
     SELECT nextval({job_ids}) AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
@@ -175,25 +103,26 @@ src AS MATERIALIZED (
       FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
     RETURNING id, queue, scheduled_at
 ), {stored_many}
-""",
-    scoped=SCOPED,
-    held_many=HELD_MANY,
-    stored_many=STORED_MANY,
-)
+"""
+
+
+def _many_jobs(*, limited: bool) -> str:
+    """_MANY_JOBS for a batch with limits or without."""
+    return compose(_MANY_JOBS, scoping=f"{SCOPED},\n" if limited else "", held_many=HELD_MANY, stored_many=STORED_MANY)
 
 
 class Enqueuing(KeyedEnqueuing):
     """Inserting jobs (those with keys or a deadline through :class:`KeyedEnqueuing`)."""
 
-    _enqueue = Statement(_ENQUEUE)
-    _enqueue_limited = Statement(_ENQUEUE_LIMITED)
-    _enqueue_waiting = Statement(_ENQUEUE_WAITING)
-    _enqueue_waiting_limited = Statement(_ENQUEUE_WAITING_LIMITED)
+    _enqueue = Statement(_one_job(limited=False, waiting=False))
+    _enqueue_limited = Statement(_one_job(limited=True, waiting=False))
+    _enqueue_waiting = Statement(_one_job(limited=False, waiting=True))
+    _enqueue_waiting_limited = Statement(_one_job(limited=True, waiting=True))
     _lock_parents = Statement(_LOCK_PARENTS)
     _link_dependent = Statement(_LINK_DEPENDENT)
     _by_key = Statement(_BY_IDEMPOTENCY_KEY)
-    _enqueue_many = Statement(_ENQUEUE_MANY)
-    _enqueue_many_limited = Statement(_ENQUEUE_MANY_LIMITED)
+    _enqueue_many = Statement(_many_jobs(limited=False))
+    _enqueue_many_limited = Statement(_many_jobs(limited=True))
 
     def enqueue(
         self, conn: Connection, job: NewJob, *, notify: bool = True, trace_context: str | None = None
@@ -220,7 +149,7 @@ class Enqueuing(KeyedEnqueuing):
         return EnqueueResult(id=rows[0][0], duplicate=True)
 
     def _job_params(self, job: NewJob, notify: bool, trace_context: str | None) -> dict[str, Any]:
-        """The parameters of _ENQUEUE for one job (and of its limits, for _ENQUEUE_LIMITED)."""
+        """The parameters of _ONE_JOB for one job (and of its limits, for a job with limits)."""
         params = {
             "queue": job.queue,
             "task": job.task,
@@ -394,7 +323,7 @@ def _check_parents(ids: list[int], states: dict[int, State], *, tolerant: bool =
 
 
 def _scope_columns(scopes: Iterable[Scope]) -> dict[str, list[Any]]:
-    """The parameters of `scoped` (_ENQUEUE_LIMITED and the like): one array per column of the
+    """The parameters of `scoped` (_ONE_JOB with limits and the like): one array per column of the
     scope rows."""
     rows = list(scopes)
     return {

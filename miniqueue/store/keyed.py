@@ -141,7 +141,7 @@ _OPEN_WINDOW = """
 UPDATE {unique_windows} SET job_id = %(id)s, until = now() + make_interval(secs => %(window)s) WHERE key = %(unique)s
 """
 
-# Insert many jobs with keys or deadlines in one statement (enqueue._ENQUEUE_MANY with more
+# Insert many jobs with keys or deadlines in one statement (enqueue._MANY_JOBS with more
 # columns, and `sequenced` and `advanced` as in _ENQUEUE_KEYED, for every key of the batch: its
 # rows locked in key order, so that two batches never deadlock on them). A job whose key another
 # holds, stored or earlier in the batch, stores nothing: the first of a batch wins, and each

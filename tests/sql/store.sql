@@ -130,8 +130,9 @@ WITH src AS MATERIALIZED (
     SELECT nextval('"public"."miniqueue_jobs_id_seq"') AS id, u.*
       FROM unnest(%(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[], %(priorities)b::int[],
                   %(max_attempts)b::int[], %(run_ats)b::timestamptz[], %(delays)b::float8[], %(keys)b::text[],
-                  %(limits)b::text[])
-           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, ord)
+                  %(limits)b::text[], %(rate_costs)b::int[])
+           WITH ORDINALITY AS u(queue, task, payload, priority, max_attempts, run_at, delay, key, limits, rate_cost,
+                                ord)
 ), held AS (
     INSERT INTO "public"."miniqueue_idempotency_keys" (key, job_id)
     SELECT key, id FROM src WHERE key IS NOT NULL ORDER BY ord
@@ -139,10 +140,10 @@ WITH src AS MATERIALIZED (
     RETURNING key, job_id
 ), ins AS (
     INSERT INTO "public"."miniqueue_jobs_live" (id, queue, task, payload, priority, max_attempts, attempt_budget, scheduled_at,
-                        idempotency_key, limits, trace_context)
+                        idempotency_key, limits, trace_context, rate_cost)
     SELECT id, queue, task, payload::jsonb, priority, max_attempts, max_attempts,
            COALESCE(run_at, now() + make_interval(secs => COALESCE(delay, 0))), key, string_to_array(limits, chr(31)),
-           %(trace)s::jsonb
+           %(trace)s::jsonb, COALESCE(rate_cost, 1)
       FROM src WHERE key IS NULL OR id IN (SELECT job_id FROM held) ORDER BY ord
     RETURNING id, queue, scheduled_at
 ), notified AS (
