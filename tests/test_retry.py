@@ -8,11 +8,13 @@ import random
 
 import pytest
 
-from miniqueue import App, JobSpec, default_backoff, exponential_backoff
+from miniqueue import App, Client, JobSpec, Snooze, default_backoff, exponential_backoff
 from miniqueue.core.backoff import backoff_ceiling
 from miniqueue.core.db import Connection
 from miniqueue.core.validation import validate
 from miniqueue.store.store import Failure, Store
+from miniqueue.tasks.job import Job
+from miniqueue.testing import run_jobs
 
 from .helpers import expire_lease
 
@@ -133,3 +135,48 @@ def test_a_task_publishes_its_exponential_backoff_only() -> None:
     app.task("c")(lambda job: None)
     published = {d.task: (d.backoff_base, d.backoff_cap) for d in app.declarations()}
     assert published == {"a": (0.5, 60.0), "b": (None, None), "c": (1.0, THIRTY_MINUTES)}
+
+
+@pytest.mark.parametrize("how", ["crash", "expired lease"])
+def test_runs_handed_back_uncharged_do_not_lengthen_the_next_retry(conn: Connection, how: str) -> None:
+    """The delay after a failure is the backoff of the attempts charged, not of the runs: a job
+    snoozed five times (six runs) that then fails its first charged attempt waits attempt 1's
+    delay (0-2 s by default), whoever charges it."""
+    store = Store()
+    ids = [store.enqueue(conn, validate(JobSpec("t", queue="q"))).id for _ in range(20)]
+    for _ in range(5):
+        leases = store.claim(conn, ["q"], "w1", 30, len(ids))
+        for lease in leases:
+            store.snooze(conn, lease.id, "w1", lease.attempt, 0.0)
+    leases = store.claim(conn, ["q"], "w1", 30, len(ids))
+    assert {lease.attempt for lease in leases} == {6}, "the sixth run of each job"
+    if how == "expired lease":
+        for lease in leases:
+            expire_lease(conn, lease.id)
+        store.recover_expired_leases(conn)
+    else:
+        store.record_failures(conn, "w1", [Failure(lease.id, lease.attempt, "worker process died") for lease in leases])
+    rows = conn.execute(
+        "SELECT attempt, extract(epoch FROM scheduled_at - now())::float FROM miniqueue_jobs WHERE id = ANY(%s)", [ids]
+    ).fetchall()
+    assert all(attempt == 6 and delay <= backoff_ceiling(1) for attempt, delay in rows), rows
+
+
+def test_a_worker_draws_the_retry_delay_from_the_attempts_charged(conn: Connection, dsn: str) -> None:
+    """The worker's own backoff call is given the attempt charged (1 here), not the run (6)."""
+    app = App()
+    runs: list[int] = []
+
+    @app.task("flaky", queue="q", backoff=lambda attempt: 100.0 * attempt)
+    def flaky(job: Job) -> None:
+        runs.append(job.run)
+        if job.run <= 5:
+            raise Snooze(0)
+        raise RuntimeError("boom")
+
+    Client(dsn).enqueue("flaky", queue="q")
+    run_jobs(app, dsn, retries="later", timeout=30)
+    row = conn.execute("SELECT attempt, extract(epoch FROM scheduled_at - now())::float FROM miniqueue_jobs").fetchone()
+    assert runs == [1, 2, 3, 4, 5, 6] and row is not None
+    attempt, delay = row
+    assert attempt == 6 and 90.0 <= delay <= 100.0, (attempt, delay)  # backoff(1), not backoff(6) = 600 s

@@ -29,7 +29,7 @@ WITH recovered AS (
 UPDATE {jobs}
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at
-                           ELSE now() + make_interval(secs => {retry_delay}(task => task, attempt => attempt,
+                           ELSE now() + make_interval(secs => {retry_delay}(task => task, attempt => attempt_budget - (max_attempts - attempt),
                                default_base => %(base)s, default_cap => %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',

@@ -50,9 +50,10 @@ SELECT id, lease_expires_at, CASE WHEN told THEN pg_notify(%(channel)s, id::text
 """  # noqa: E501
 
 # Record failed attempts: retry after the given backoff (NULL: the task's published backoff, for
-# a caller without the app: miniqueue_retry_delay, migration 020), or dead once attempts are
-# exhausted. The error history gains an entry: which attempt, when, who held it, why. Then
-# `counted`, `per_minute` and `settled` (see miniqueue.store.finishing), of the jobs that are now dead.
+# a caller without the app: miniqueue_retry_delay, migration 020, at the attempts charged, which
+# runs handed back uncharged do not count), or dead once attempts are exhausted. The error
+# history gains an entry: which attempt, when, who held it, why. Then `counted`, `per_minute`
+# and `settled` (see miniqueue.store.finishing), of the jobs that are now dead.
 _RECORD_FAILURES = compose(
     """
 WITH failed AS (
@@ -60,7 +61,7 @@ UPDATE {jobs} j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
                            ELSE now() + make_interval(secs => coalesce(
-                               f.backoff, {retry_delay}(task => j.task, attempt => j.attempt,
+                               f.backoff, {retry_delay}(task => j.task, attempt => j.attempt_budget - (j.max_attempts - j.attempt),
                                    default_base => %(base)s, default_cap => %(cap)s))) END,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = f.error, errors = j.errors || jsonb_build_array(jsonb_build_object(

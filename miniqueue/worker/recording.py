@@ -168,7 +168,7 @@ class OutcomeRecorder:
         for job, outcome in batch.outcomes:
             if outcome.kind == "error":
                 task = self.app.tasks.get(job.task)
-                failed[job.id] = (job, outcome, (task.backoff if task else default_backoff)(job.run))
+                failed[job.id] = (job, outcome, (task.backoff if task else default_backoff)(job.attempt))
         if not failed:
             return {}
         failures = [Failure(job.id, job.run, outcome.error or "", delay) for job, outcome, delay in failed.values()]

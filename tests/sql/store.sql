@@ -1185,7 +1185,7 @@ UPDATE "public"."miniqueue_jobs" j
    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN j.attempt >= j.max_attempts THEN j.scheduled_at
                            ELSE now() + make_interval(secs => coalesce(
-                               f.backoff, "public"."miniqueue_retry_delay"(task => j.task, attempt => j.attempt,
+                               f.backoff, "public"."miniqueue_retry_delay"(task => j.task, attempt => j.attempt_budget - (j.max_attempts - j.attempt),
                                    default_base => %(base)s, default_cap => %(cap)s))) END,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = f.error, errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -1417,7 +1417,7 @@ WITH recovered AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
        scheduled_at = CASE WHEN attempt >= max_attempts THEN scheduled_at
-                           ELSE now() + make_interval(secs => "public"."miniqueue_retry_delay"(task => task, attempt => attempt,
+                           ELSE now() + make_interval(secs => "public"."miniqueue_retry_delay"(task => task, attempt => attempt_budget - (max_attempts - attempt),
                                default_base => %(base)s, default_cap => %(cap)s)) END,
        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
        last_error = format('worker lost: %%s stopped renewing its lease on attempt %%s of %%s',
