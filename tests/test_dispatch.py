@@ -177,12 +177,31 @@ def test_a_lost_lease_stops_its_handler_and_drops_an_unstarted_one() -> None:
     parts.slots.add_ready([lease(1), lease(2)], start_by=FAR)
     parts.dispatcher.dispatch()
     wait_until(lambda: parts.started == [1], what="the first job started")
-    parts.dispatcher.stop_lost({1: "cancelled", 2: "lease lost"})
+    parts.dispatcher.stop_lost({(1, 1): "cancelled", (2, 1): "lease lost"})
     wait_until(lambda: len(parts.outcomes) == 1, what="the stopped handler's outcome")
     running = parts.slots.running_jobs()
     assert running == [] and not parts.slots.has_ready(), "the unstarted job is forgotten, not run"
     (stopped,) = [job for job, _ in parts.outcomes.queue]
     assert stopped.stop_reason == "cancelled"
+
+
+def test_a_lost_lease_leaves_a_newer_lease_of_the_same_job_alone() -> None:
+    """The heartbeat reports a lease lost by its run: the job claimed again by the same worker
+    since (its old lease expired and was recovered) keeps its new lease, started or not."""
+    app = App()
+    app.task("t")(lambda job: job.wait(5))
+    parts = Parts(app, concurrency=1)
+    again = Lease(1, "default", "t", {"n": 1}, 0, 2, 5, NOW, NOW, NOW, None)
+    parts.slots.add_ready([again, lease(2)], start_by=FAR)
+    parts.dispatcher.stop_lost({(2, 1): "lease lost", (1, 1): "lease lost"})
+    assert [held for held in parts.slots.leases()] == [(1, 2)], "only the lost run is forgotten"
+    parts.dispatcher.dispatch()
+    wait_until(lambda: parts.started == [1], what="the newer lease started")
+    parts.dispatcher.stop_lost({(1, 1): "lease lost"})
+    (running,) = parts.slots.running_jobs()
+    assert running.run == 2 and running.stop_reason is None
+    parts.dispatcher.stop_lost({(1, 2): "lease lost"})
+    wait_until(lambda: len(parts.outcomes) == 1, what="the stopped handler's outcome")
 
 
 def test_a_handler_past_its_timeout_is_told_to_stop() -> None:

@@ -212,12 +212,13 @@ class Dispatcher:
 
     # -- stopping them (the heartbeat, the claim loop) -----------------------------------------
 
-    def stop_lost(self, reasons: dict[int, str]) -> None:
-        """The heartbeat found these leases lost: forget the unstarted ones and tell the
-        handlers of the others to stop."""
+    def stop_lost(self, reasons: dict[tuple[int, int], str]) -> None:
+        """The heartbeat found these leases lost (by job id and run): forget the unstarted ones
+        and tell the handlers of the others to stop."""
         for job in self.slots.drop_lost(reasons):
-            log.warning("job %d (%s): %s; telling its handler to stop", job.id, job.task, reasons[job.id])
-            job.request_stop(reasons[job.id])
+            reason = reasons[(job.id, job.run)]
+            log.warning("job %d (%s): %s; telling its handler to stop", job.id, job.task, reason)
+            job.request_stop(reason)
 
     def stop_timed_out(self) -> None:
         """Tell each handler that has run past its task's timeout to stop."""

@@ -41,7 +41,7 @@ class Heartbeat(Service):
         lease_seconds: float,
         interval: float,
         leases: Callable[[], HeldLeases],
-        on_lost: Callable[[dict[int, str]], None],
+        on_lost: Callable[[dict[tuple[int, int], str]], None],
         on_tick: Callable[[], None] = lambda: None,
         on_renewed: Callable[[Collection[int], float], None] = lambda ids, sent_at: None,
     ) -> None:
@@ -86,10 +86,13 @@ class Heartbeat(Service):
         renewed = self.store.renew_leases(self._conn, self.worker_id, held, self.lease_seconds, progress=progress)
         self._unwritten = {}  # written, or its lease is lost: either way nothing is left to write
         self.on_renewed(renewed.keys(), sent_at)
-        lost = [job_id for job_id, _ in held if job_id not in renewed]
+        # Each by its run: the worker may hold a newer lease of the same job by now (it claimed
+        # the job again after this lease expired), which is not lost.
+        lost = [(job_id, run) for job_id, run in held if job_id not in renewed]
         if lost:
-            states = self.store.states(self._conn, lost)
-            self.on_lost({i: "cancelled" if states.get(i) == State.CANCELLED else "lease lost" for i in lost})
+            states = self.store.states(self._conn, [job_id for job_id, _ in lost])
+            cancelled = {job_id for job_id, state in states.items() if state == State.CANCELLED}
+            self.on_lost({(job_id, run): "cancelled" if job_id in cancelled else "lease lost" for job_id, run in lost})
 
     def _close(self) -> None:
         if self._conn is not None:

@@ -306,14 +306,16 @@ class Slots:
         with self.lock:
             self.ready.extendleft(reversed(leases))
 
-    def drop_lost(self, ids: Collection[int]) -> list[Job]:
-        """Forget unstarted leases in ``ids``; return the started jobs among them."""
+    def drop_lost(self, lost: Collection[tuple[int, int]]) -> list[Job]:
+        """Forget the unstarted leases among ``lost`` (job id and run: a newer lease of the same
+        job is not lost); return the started jobs among them."""
         with self.lock:
-            self.ready = collections.deque(lease for lease in self.ready if lease.id not in ids)
-            for job_id in ids:
-                self.start_by.pop(job_id, None)
-                self.ready_since.pop(job_id, None)
-            return [job for job in self.running.values() if job.id in ids]
+            dropped = [lease for lease in self.ready if (lease.id, lease.attempt) in lost]
+            self.ready = collections.deque(lease for lease in self.ready if (lease.id, lease.attempt) not in lost)
+            for lease in dropped:
+                self.start_by.pop(lease.id, None)
+                self.ready_since.pop(lease.id, None)
+            return [job for job in self.running.values() if (job.id, job.run) in lost]
 
     def running_jobs(self) -> list[Job]:
         with self.lock:
