@@ -105,7 +105,7 @@ def test_ready_jobs_run_on_handler_threads_and_their_outcomes_wait_to_be_recorde
     assert {outcome.kind for outcome in parts.recorded().values()} == {"completed"}
     assert sorted(parts.started) == [1, 2, 3, 4, 5], "every start is told, by the loop or the handler"
     assert parts.wake.is_set()
-    assert sorted(parts.slots.finishing) == [1, 2, 3, 4, 5] and not parts.slots.running
+    assert sorted(job_id for job_id, _ in parts.slots.finishing) == [1, 2, 3, 4, 5] and not parts.slots.running
 
 
 def test_a_finished_job_holding_a_concurrency_slot_is_a_reason_to_claim() -> None:
@@ -202,6 +202,20 @@ def test_a_lost_lease_leaves_a_newer_lease_of_the_same_job_alone() -> None:
     assert running.run == 2 and running.stop_reason is None
     parts.dispatcher.stop_lost({(1, 2): "lease lost"})
     wait_until(lambda: len(parts.outcomes) == 1, what="the stopped handler's outcome")
+
+
+def test_a_stale_handler_that_ends_leaves_the_newer_run_of_its_job_held() -> None:
+    """A worker runs a job's new lease beside its stale handler (the old lease lost, the job
+    claimed again): the stale one ending takes nothing of the new run's, which stays held."""
+    app = App()
+    app.task("t")(lambda job: None)
+    slots = Parts(app, concurrency=2).slots
+    again = Lease(1, "default", "t", {"n": 1}, 0, 2, 5, NOW, NOW, NOW, None)
+    stale, new = Job(lease(1), worker_id="w"), Job(again, worker_id="w")
+    slots.running[(1, 1)], slots.running[(1, 2)] = stale, new
+    slots.finish(stale)
+    slots.forget(stale)
+    assert slots.running_jobs() == [new] and list(slots.leases()) == [(1, 2)]
 
 
 def test_a_handler_past_its_timeout_is_told_to_stop() -> None:

@@ -57,8 +57,10 @@ class Slots:
     #: one by one.
     batches: dict[str, Batch] = field(default_factory=dict)
     ready: collections.deque[Lease] = field(default_factory=collections.deque)
-    running: dict[int, Job] = field(default_factory=dict)
-    finishing: dict[int, Job] = field(default_factory=dict)
+    # Keyed by job id and run: a worker may hold a new lease of a job whose stale handler (its
+    # lease lost, the job claimed again) still runs.
+    running: dict[tuple[int, int], Job] = field(default_factory=dict)
+    finishing: dict[tuple[int, int], Job] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     running_async: int = 0
     #: By when (monotonic) each ready lease must start: its lease may have ended after that. A
@@ -110,7 +112,7 @@ class Slots:
                     break
                 self.overdue.append(lease)  # a stall (SIGSTOP, swap) outlived its lease: not ours to start
             job = make_job(lease)
-            self.running[job.id] = job
+            self.running[(job.id, job.run)] = job
             self.running_async += run_async
             return job
 
@@ -145,7 +147,7 @@ class Slots:
             self.overdue.append(lease)  # as in start_next: not ours to start
             return None
         job = make_job(lease)
-        self.running[job.id] = job
+        self.running[(job.id, job.run)] = job
         self.running_async += run_async
         self.alone = job.id
         return job
@@ -212,7 +214,7 @@ class Slots:
             else:
                 self.overdue.append(lease)  # as in start_next: not ours to start
         for job in jobs:
-            self.running[job.id] = job
+            self.running[(job.id, job.run)] = job
         self.running_async += len(jobs) if run_async else 0
         self.batched.update(job.id for job in jobs[1:])
         self.batched_by_kind[run_async] += max(0, len(jobs) - 1)
@@ -257,16 +259,16 @@ class Slots:
         with self.lock:
             if self.alone == job.id:
                 self.alone = None
-            if self.running.pop(job.id, None) is not None and job.task in self.async_tasks:
+            if self.running.pop((job.id, job.run), None) is not None and job.task in self.async_tasks:
                 self.running_async -= 1
             if job.id in self.batched:
                 self.batched.discard(job.id)
                 self.batched_by_kind[job.task in self.async_tasks] -= 1
-            self.finishing[job.id] = job
+            self.finishing[(job.id, job.run)] = job
 
     def forget(self, job: Job) -> None:
         with self.lock:
-            self.finishing.pop(job.id, None)
+            self.finishing.pop((job.id, job.run), None)
 
     def has_ready(self) -> bool:
         with self.lock:
