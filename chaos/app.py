@@ -63,11 +63,11 @@ RECORD_RETRY_SECONDS = 20.0
 #: With ``--databases``: the shard map's file, which says where each job's evidence goes.
 SHARDS_ENV = "CHAOS_SHARDS"
 #: Every chaos task's retry backoff: miniqueue's default (0-2 s after a first charged attempt,
-#: doubling) but capped at this many seconds instead of 30 minutes. A run lasts minutes: a retry
-#: put off for longer would outlast the drain's deadline. The cap also matters because the delay
-#: follows the job's run number rather than its charged attempts (see chaos/README.md, "What it
-#: has found"): a job handed back uncharged a dozen times would otherwise wait half an hour after
-#: its first charged failure, and the run would end before it ran again.
+#: doubling) but capped at this many seconds instead of 30 minutes. A short form lasts a minute
+#: and its drain two at most: a job the faults charge again and again (a kill, a SIGSTOP past its
+#: lease, a lost backend, each charged) would wait 8, 16, 32 s ... after its third, fourth, fifth
+#: charged attempt, and the long form's busiest jobs minutes, past the drain's deadline. The
+#: retry rule (chaos.check_leases) judges every charged retry against this backoff.
 RETRY_CAP_SECONDS = 4.0
 BACKOFF = exponential_backoff(base=1.0, cap=RETRY_CAP_SECONDS)
 

@@ -83,6 +83,8 @@ INVARIANTS = (
     Invariant("transitions the contracts forbid", ("odd_transitions", "repeated_fences")),
     Invariant("dead jobs (but one planned to die)", ("dead",)),
     Invariant("unexplained re-executions (attempts lost to no injected fault)", ("unexplained",)),
+    Invariant("re-claimed leases forgotten by a live worker", ("forgotten_leases",)),
+    Invariant("charged retries put off past their backoff", ("late_retries",)),
     Invariant("late completions of a frozen worker that stood", ("late_completions",)),
     Invariant("limit overruns", ("limit_exceeded",), "limits"),
     Invariant("recorded steps re-run", ("durable_replayed_steps", "durable_stale_steps"), "durable"),
@@ -129,12 +131,6 @@ INVARIANTS = (
 )
 #: Fair keys are not in miniqueue yet: the report says so on their line, which their rule will fill.
 FAIR_KEYS_LINE = "fair-key violations"
-#: Faults of miniqueue the run reports without failing (see chaos/README.md, "What it has found"):
-#: a line each, with its count, under the invariants.
-KNOWN_FAULTS = (
-    ("re-claimed leases their live worker forgot (charged 'worker lost')", "forgotten_leases"),
-    ("charged retries put off past their backoff (it follows the run number)", "late_retries"),
-)
 
 
 def invariant_counts(options: Options, data: dict[str, Any]) -> list[tuple[str, int | None]]:
@@ -203,14 +199,6 @@ def write_report(
             f"| {name} | {'not run' if count is None else count} |"
             for name, count in invariant_counts(options, verdict.data)
         ],
-        "",
-        "## Known faults of miniqueue",
-        "",
-        "Reported, not judged: faults the harness found and diagnosed (chaos/README.md, 'What it has found').",
-        "",
-        "| fault | count |",
-        "| --- | --- |",
-        *[f"| {name} | {len(_at(verdict.data, key))} |" for name, key in KNOWN_FAULTS],
         "",
         "## Faults",
         "",

@@ -24,3 +24,11 @@ def rule(label: str, offenders: list[str], what: str = "must be 0", value: str |
 def info(label: str, value: object) -> Row:
     """A figure the table reports without judging it."""
     return Row(label, str(value))
+
+
+def first_line(error: str | None) -> str:
+    """An error recorded for an attempt, as one line: a traceback's last line, else the first."""
+    if not error:
+        return "no error recorded"
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")

@@ -14,6 +14,7 @@ from miniqueue.core.shards import MODULUS
 
 from .app import PLANNED_FAILURE
 from .check_batches import batch_rows
+from .check_leases import forgotten_rows, retry_rows
 from .check_limits import limit_rows
 from .check_sequences import sequence_rows
 from .check_unique import Causes, unique_rows
@@ -21,9 +22,8 @@ from .check_workflow import workflow_rows
 from .evidence import Attempt, Evidence
 from .faults import Fault, Stop
 from .feeder import Blocked
-from .known_faults import FORGOTTEN, forgotten, retry_rows
 from .options import ALL_SCENARIOS, KILLS, STOP_DATABASE, Options
-from .rows import Row, info, rule
+from .rows import Row, first_line, info, rule
 from .workload import Workload
 
 #: Faults that hit a process: they explain a lost attempt held by one of their pids.
@@ -79,9 +79,10 @@ def judge(evidence: Evidence, run: RunRecord) -> Verdict:
     """Every check, in the order the table prints them."""
     rows: list[Row] = []
     data: dict[str, Any] = {}
-    causes, unexplained = lost_attempt_causes(evidence, run.faults, set(run.workload.failing), run.options.heartbeat)
+    causes, unexplained = lost_attempt_causes(evidence, run.faults, set(run.workload.failing))
     rows += _job_rows(evidence, run, data)
     rows += _execution_rows(evidence, run, causes, unexplained, data)
+    rows += forgotten_rows(evidence, causes, run.options.heartbeat, data)
     rows += retry_rows(evidence, data)
     rows += _effect_rows(evidence, run, data)
     if run.options.limits:
@@ -239,19 +240,11 @@ def _hit(fault: Fault, job: int) -> bool:
 PLANNED = "planned failure"
 
 
-def lost_attempt_causes(
-    ev: Evidence, faults: list[Fault], failing: set[int], interval: float = 1.0
-) -> tuple[Causes, list[str]]:
+def lost_attempt_causes(ev: Evidence, faults: list[Fault], failing: set[int]) -> tuple[Causes, list[str]]:
     """Every lease that ended without completion -> the fault that explains it ("UNEXPLAINED" if
     none); and the unexplained ones, described. An attempt of a job planned to fail that ended by
-    its planned error is explained by that; one that fits the worker's known fault of forgetting a
-    lease it claimed again (:func:`forgotten`, ``interval`` the heartbeat's), by that."""
+    its planned error is explained by that."""
     ordered = sorted(faults, key=lambda f: f.at)
-    activity: dict[str | None, list[float]] = collections.defaultdict(list)
-    for x in ev.leases:
-        activity[x.worker] += [x.claimed] if x.ended is None else [x.claimed, x.ended]
-    for times in activity.values():
-        times.sort()
     causes: Causes = {}
     unexplained: list[str] = []
     for lease in ev.leases:
@@ -259,12 +252,10 @@ def lost_attempt_causes(
             continue
         planned = lease.job in failing and PLANNED_FAILURE in (lease.error or "")
         cause = PLANNED if planned else explain(lease, ordered)
-        if cause is None and forgotten(ev, lease, interval, activity):
-            cause = FORGOTTEN
         if cause is None:
             unexplained.append(
                 f"job {lease.job} attempt {lease.attempt} ({lease.end_state}, {lease.worker}): "
-                f"{_first_line(lease.error)}"
+                f"{first_line(lease.error)}"
             )
         causes[(lease.job, lease.attempt, lease.pid)] = cause or "UNEXPLAINED"
     return causes, unexplained
@@ -283,11 +274,7 @@ def _execution_rows(
         if done is None or done.attempt != execution.attempt or done.pid != execution.pid:
             by_cause[causes.get((execution.job, execution.attempt, execution.pid), "not ended")] += 1
     lost_attempts = collections.Counter(causes.values())
-    forgot = sorted(
-        f"job {job} attempt {attempt} (pid {pid})" for (job, attempt, pid), c in causes.items() if c == FORGOTTEN
-    )
     data.update(
-        forgotten_leases=forgot,
         executions=len(ev.executions),
         executed_twice=twice,
         re_executions=re_executions,
@@ -302,14 +289,7 @@ def _execution_rows(
         rule("  attempts executed twice", twice),
         info("attempts ended without completion", sum(lost_attempts.values())),
         *[info(f"  by {cause}", n) for cause, n in sorted(lost_attempts.items(), key=lambda kv: -kv[1])],
-        rule("  not explained by an injected fault (nor the known fault below)", unexplained),
-        Row(
-            "  re-claimed leases their live worker forgot (a fault of the worker)",
-            str(len(forgot)),
-            "reported",
-            None,
-            forgot,
-        ),
+        rule("  not explained by an injected fault", unexplained),
     ]
     return rows
 
@@ -412,7 +392,7 @@ def _release_kind(lease: Attempt) -> str:
         return "the supervisor"
     if error.startswith("worker lost"):
         return "the reaper (lease expiry)"
-    return f"other ({_first_line(error)[:40]})"
+    return f"other ({first_line(error)[:40]})"
 
 
 # -- SIGSTOP past the lease ------------------------------------------------------------------------
@@ -533,10 +513,3 @@ def _spread(values: list[float]) -> str:
     if not values:
         return "-"
     return f"median {statistics.median(values):.2f}s, max {max(values):.2f}s (n={len(values)})"
-
-
-def _first_line(error: str | None) -> str:
-    if not error:
-        return "no error recorded"
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    return lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")

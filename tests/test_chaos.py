@@ -21,8 +21,10 @@ so a kill lands on several at once) with ``--limits --workflow``, on one databas
 every scenario is still injected, each one once early on).
 
 The rules of the modes are also shown to catch what they are meant to catch, on records built by
-hand: leases of one key held at once, a dependent claimed before its parent completed, and two
-runs of one key at once (allowed only past a lost lease); and the keyed SQL on rows made by hand
+hand: leases of one key held at once, a dependent claimed before its parent completed, two runs
+of one key at once (allowed only past a lost lease), a re-claimed lease its live worker forgot and
+a retry put off past the backoff of its charged attempts (two faults the run once found, fixed
+since); and the keyed SQL on rows made by hand
 in a database of the session's server (an overlap, two holders of a unique key, a sequence job
 released, claimed and run before its turn).
 
@@ -49,13 +51,13 @@ import pytest
 
 from chaos import schema
 from chaos.check_batches import batch_rows
+from chaos.check_leases import forgotten_rows, retry_rows
 from chaos.check_limits import peak
 from chaos.check_unique import judge_overlaps
 from chaos.check_workflow import workflow_rows
 from chaos.evidence import Attempt, Evidence, Execution
 from chaos.faults import Fault
 from chaos.keyed import Holding, KeyedEvidence, Overlap, Run
-from chaos.known_faults import FORGOTTEN
 from chaos.options import ALL_SCENARIOS, BATCH_SIZE, LIMIT_KEYS
 from chaos.report import FAIR_KEYS_LINE, INVARIANTS
 from chaos.server import Harness
@@ -141,7 +143,7 @@ def _assert_limits_and_workflow(result: dict[str, Any]) -> None:
 
 
 def _table_lines(report: Path, section: str) -> dict[str, str]:
-    """A two-column table of the report (the invariants, the known faults): each line's name and count."""
+    """A two-column table of the report (the invariants): each line's name and count."""
     lines = report.read_text().split(f"## {section}", 1)[1].split("\n## ", 1)[0].splitlines()
     rows = [line.strip("| ").split(" | ") for line in lines if line.startswith("| ") and "---" not in line]
     return {name: count for name, count in rows[1:]}
@@ -149,7 +151,7 @@ def _table_lines(report: Path, section: str) -> dict[str, str]:
 
 def _keep_report(report: Path) -> None:
     """With MINIQUEUE_CHAOS_REPORT_DIR set: the report and its charts there, and in ``summary.txt``
-    (what CI prints) the invariant lines, then the known faults' lines."""
+    (what CI prints) the invariant lines."""
     target = os.environ.get(REPORT_DIR_ENV)
     if not target or not report.exists():
         return
@@ -159,8 +161,6 @@ def _keep_report(report: Path) -> None:
         shutil.copy2(path, folder / path.name)
     summary = ["chaos --everything (CI short form): invariants, each must be 0"]
     summary += [f"  {name}: {count}" for name, count in _table_lines(report, "Invariants").items()]
-    summary.append("known faults of miniqueue (reported, see chaos/README.md)")
-    summary += [f"  {name}: {count}" for name, count in _table_lines(report, "Known faults of miniqueue").items()]
     (folder / "summary.txt").write_text("\n".join(summary) + "\n")
 
 
@@ -191,6 +191,8 @@ def test_everything_at_once_under_every_fault_loses_nothing_and_reports_every_in
         "odd_transitions",
         "repeated_fences",
         "unexplained",
+        "forgotten_leases",
+        "late_retries",
         "late_completions",
         "process_problems",
         "zombies_left",
@@ -253,6 +255,10 @@ def test_everything_at_once_under_every_fault_loses_nothing_and_reports_every_in
     assert set(invariants) == {i.name for i in INVARIANTS} | {FAIR_KEYS_LINE}, invariants
     assert invariants.pop(FAIR_KEYS_LINE) == "not run"
     assert set(invariants.values()) == {"0"}, invariants
+    # Two faults the run once found, fixed since: each is an invariant line of its own.
+    assert invariants["re-claimed leases forgotten by a live worker"] == "0"
+    assert invariants["charged retries put off past their backoff"] == "0"
+    assert "## Known faults" not in report.read_text()
 
 
 @pytest.mark.timeout(150)
@@ -413,28 +419,53 @@ def test_the_batch_rules_catch_an_oversize_call_and_a_batch_mate_that_did_not_ru
     assert data["batches"]["interrupted_beside_others"] == 2
 
 
-def test_a_lease_its_live_worker_forgot_is_reported_as_the_known_fault_and_nothing_else_is() -> None:
+def test_a_lease_its_live_worker_forgot_is_unexplained_and_named_by_its_own_story() -> None:
     worker = "host:300:w"
     handed = Attempt(1, 1, worker, 0.0, 0.5, "available", "handed back unstarted: every handler thread ...")
     forgot = Attempt(1, 2, worker, 0.53, 3.6, "available", "worker lost: lease expired without renewal")
     busy = [Attempt(job, 1, worker, 1.8, 2.0, "completed") for job in (2, 3)]  # the worker went on working
 
-    def causes(*leases: Attempt) -> dict[int, str]:
+    def judged(*leases: Attempt) -> tuple[str, list[str], bool | None]:
         ev = Evidence()
         for lease in leases:
             ev.leases.append(lease)
             ev.by_job[lease.job].append(lease)
-        found, _ = lost_attempt_causes(ev, [], set(), 1.0)
-        return {attempt: cause for (job, attempt, _pid), cause in found.items() if job == 1}
+        causes, _ = lost_attempt_causes(ev, [], set())
+        data: dict[str, Any] = {}
+        (row,) = forgotten_rows(ev, causes, 1.0, data)
+        assert row.offenders == data["forgotten_leases"]
+        cause = next(c for (job, attempt, _pid), c in causes.items() if (job, attempt) == (1, 2))
+        return cause, data["forgotten_leases"], row.ok
 
-    assert causes(handed, forgot, *busy)[2] == FORGOTTEN
+    # No fault explains it: it fails the run twice, unexplained and as that story.
+    assert judged(handed, forgot, *busy) == ("UNEXPLAINED", ["job 1 attempt 2 (pid 300)"], False)
     # The same expiry under a worker that did nothing more (dead or frozen, and no fault says so) ...
-    assert causes(handed, forgot)[2] == "UNEXPLAINED"
-    # ... or claimed long after the hand-back, or after another worker's lease: not that fault.
+    assert judged(handed, forgot) == ("UNEXPLAINED", [], True)
+    # ... or claimed long after the hand-back, or after another worker's lease: not that story.
     late = Attempt(1, 2, worker, 2.0, 5.0, "available", "worker lost: lease expired without renewal")
-    assert causes(handed, late, *busy)[2] == "UNEXPLAINED"
+    assert judged(handed, late, *busy) == ("UNEXPLAINED", [], True)
     other = Attempt(1, 1, "host:301:w", 0.0, 0.5, "available", "handed back unstarted: every handler thread ...")
-    assert causes(other, forgot, *busy)[2] == "UNEXPLAINED"
+    assert judged(other, forgot, *busy) == ("UNEXPLAINED", [], True)
+
+
+def test_the_retry_rule_judges_a_delay_by_the_attempts_charged_not_the_run() -> None:
+    worker = "host:400:w"
+    failed = "RuntimeError: boom"
+    ev = Evidence()
+    # Run 6 of job 1, its first charged attempt (five runs handed back before it): at most 2 s.
+    ev.leases.append(Attempt(1, 6, worker, 0.0, 1.0, "available", failed, due=2.9, charged=1))
+    # The same, due 3 s later: past its backoff (attempt 6's would allow it).
+    ev.leases.append(Attempt(2, 6, worker, 0.0, 1.0, "available", failed, due=4.0, charged=1))
+    # Three attempts charged: up to 4 s (the chaos cap), with the clock slack.
+    ev.leases.append(Attempt(3, 3, worker, 0.0, 1.0, "available", failed, due=5.2, charged=3))
+    # Handed back, or not charged: not a charged retry, however late.
+    ev.leases.append(Attempt(4, 1, worker, 0.0, 1.0, "available", "handed back unstarted: ...", due=60.0, charged=0))
+    ev.leases.append(Attempt(5, 1, worker, 0.0, 1.0, "available", "... attempt not charged", due=60.0, charged=0))
+    data: dict[str, Any] = {}
+    retries, late = retry_rows(ev, data)
+    assert retries.value == "3"
+    assert late.ok is False and late.offenders == data["late_retries"]
+    assert [entry.split(",")[0] for entry in late.offenders] == ["job 2 run 6"]
 
 
 def test_the_keyed_rules_allow_an_overlap_only_past_a_lost_lease() -> None:
