@@ -19,6 +19,7 @@ from miniqueue.core.records import Lease
 from miniqueue.store.store import Store
 from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
+from miniqueue.tasks.outcomes import Outcome, WorkerHooks
 from miniqueue.tasks.task import is_async_handler
 from miniqueue.worker.aio import EventLoop
 from miniqueue.worker.claiming import ClaimPolicy
@@ -26,7 +27,6 @@ from miniqueue.worker.config import WorkerConfig
 from miniqueue.worker.dispatch import Dispatcher
 from miniqueue.worker.execute import Executor
 from miniqueue.worker.handlerthreads import HandlerThreads
-from miniqueue.worker.outcomes import Outcome, WorkerHooks
 from miniqueue.worker.recording import OutcomeRecorder
 from miniqueue.worker.slots import Slots
 

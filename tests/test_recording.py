@@ -17,7 +17,7 @@ from miniqueue.core.records import Lease
 from miniqueue.store.store import Store
 from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
-from miniqueue.worker.outcomes import Outcome, WorkerHooks
+from miniqueue.tasks.outcomes import Outcome, WorkerHooks
 from miniqueue.worker.prefetch import PrefetchPolicy
 from miniqueue.worker.recording import Batch, OutcomeRecorder
 from miniqueue.worker.slots import Slots

@@ -1,4 +1,4 @@
 """Tracing and logs.
 
-Rule: Imports ``core``, ``tasks`` and the worker's outcome vocabulary.
+Rule: Imports ``core`` and ``tasks`` (the outcome vocabulary included: ``tasks.outcomes``).
 """

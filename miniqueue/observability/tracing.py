@@ -72,6 +72,7 @@ takes the setting in force when it is created, a worker when it starts running.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import os
@@ -105,7 +106,7 @@ except ImportError:  # the otel extra is not installed: tracing stays off, for t
 if TYPE_CHECKING:
     from ..core.records import JobSpec
     from ..tasks.job import Job
-    from ..worker.outcomes import Outcome, WorkerHooks
+    from ..tasks.outcomes import Outcome, WorkerHooks
 
 __all__ = ["ENV", "HAVE_API", "Tracing", "current", "disable", "enable"]
 
@@ -184,6 +185,14 @@ class _Untraced:
 _UNTRACED = _Untraced()
 
 
+def _installed_version() -> str | None:
+    """miniqueue's version as installed (the tracer's version), or None when run uninstalled."""
+    try:
+        return importlib.metadata.version("miniqueue")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def sending(tracing: Tracing | None, specs: Sequence[JobSpec], *, batch: bool = False) -> _Untraced | _Sending:
     """``with sending(client._tracing, specs) as send``: a producer span around an enqueue, whose
     ``send.context`` the jobs store (None when nothing is traced)."""
@@ -194,12 +203,10 @@ class Tracing:
     """The tracer miniqueue's spans come from, and what they record (see the module's doc)."""
 
     def __init__(self, tracer_provider: TracerProvider | None = None, *, as_child: bool = True) -> None:
-        from .. import __version__
-
         self.tracer_provider = tracer_provider
         self.as_child = as_child
         # Without a provider of its own, a proxy: it follows a global provider set later.
-        self.tracer = trace.get_tracer("miniqueue", __version__, tracer_provider=tracer_provider)
+        self.tracer = trace.get_tracer("miniqueue", _installed_version(), tracer_provider=tracer_provider)
 
     def active(self) -> bool:
         """Whether spans go anywhere: a provider was given, or a global one is set."""

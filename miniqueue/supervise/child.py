@@ -29,9 +29,9 @@ from ..store.store import Store
 from ..tasks.app import App
 from ..tasks.job import Job
 from ..tasks.loading import load_app
+from ..tasks.outcomes import Outcome, WorkerHooks
 from ..worker.claiming import goes_down
 from ..worker.inflight import InflightBoard
-from ..worker.outcomes import Outcome, WorkerHooks
 from ..worker.worker import Worker, WorkerConfig, new_worker_id
 from . import reports
 from .signals import SUPERVISOR_SIGNALS

@@ -29,7 +29,7 @@ from ..core.errors import ConfigError
 from ..core.records import JobRecord, State
 from ..tasks.app import App
 from ..tasks.job import Job
-from ..worker.outcomes import Outcome, OutcomeKind, WorkerHooks
+from ..tasks.outcomes import Outcome, OutcomeKind, WorkerHooks
 from ..worker.worker import Worker, WorkerConfig
 from .assertions import reading_connection
 

@@ -21,11 +21,11 @@ from ..core.records import Lease, ParentOutcome
 from ..tasks.app import App
 from ..tasks.durable import StepStore
 from ..tasks.job import AsyncTransactionFactory, GroupAdder, Job, TransactionFactory
+from ..tasks.outcomes import Outcome, WorkerHooks
 from .aio import EventLoop
 from .claiming import ClaimPolicy
 from .execute import Executor
 from .handlerthreads import HandlerThreads
-from .outcomes import Outcome, WorkerHooks
 from .recording import OutcomeRecorder
 from .slots import Slots
 

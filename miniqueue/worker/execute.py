@@ -1,6 +1,6 @@
 """Running one handler, ``def`` or ``async def``, inside the run hooks of its app's middleware
 (:mod:`miniqueue.tasks.middleware`), and classifying what it did as an
-:class:`~miniqueue.worker.outcomes.Outcome`.
+:class:`~miniqueue.tasks.outcomes.Outcome`.
 
 Whatever a handler does (returns, raises, returns what cannot be stored, completes its job in
 its own transaction, asks to be snoozed, sleeps or waits for a signal) becomes an outcome here,
@@ -24,8 +24,8 @@ from ..tasks.app import App
 from ..tasks.batch import BatchHandler
 from ..tasks.durable import JobSuspended
 from ..tasks.job import Job, PermanentError, RateLimited, Snooze
+from ..tasks.outcomes import Outcome, WorkerHooks
 from ..tasks.task import Handler
-from .outcomes import Outcome, WorkerHooks
 
 log = logging.getLogger("miniqueue.worker")
 

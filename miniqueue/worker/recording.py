@@ -29,7 +29,7 @@ from ..core.records import State
 from ..store.store import Failure, Store
 from ..tasks.app import App
 from ..tasks.job import Job
-from .outcomes import Outcome, WorkerHooks
+from ..tasks.outcomes import Outcome, WorkerHooks
 from .prefetch import PrefetchPolicy
 from .slots import Slots
 

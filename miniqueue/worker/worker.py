@@ -32,6 +32,7 @@ from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES
 from ..observability import tracing
 from ..store.store import Release, Store
 from ..tasks.app import App
+from ..tasks.outcomes import Outcome, WorkerHooks
 from ..tasks.task import is_async_handler
 from .aio import POOL_MAX_SIZE, AsyncTransactions, EventLoop
 from .claiming import ClaimPolicy
@@ -45,7 +46,6 @@ from .handlerdb import HandlerConnections
 from .handlerthreads import HandlerThreads
 from .heartbeat import Heartbeat
 from .notify import Listener, listener_for
-from .outcomes import Outcome, WorkerHooks
 from .recording import Batch, OutcomeRecorder
 from .slots import Slots, start_deadline
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..tasks.job import Job
+from .job import Job
 
 #: What became of a handler run. A handler's exception is an ``error`` (recorded as ``retried``
 #: or ``dead``); a PermanentError is ``permanent`` (recorded as ``failed``). A durable sleep
