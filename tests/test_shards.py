@@ -12,6 +12,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 from click.testing import CliRunner
@@ -281,3 +282,41 @@ def test_supervise_with_a_map_runs_a_supervisor_per_database_sharing_the_workers
         assert supervised.proc.wait(timeout=30) == 0, supervised.output()
     finally:
         supervised.stop()
+
+
+def test_a_map_supervisor_killed_outright_takes_every_database_supervisor_down(
+    joined: dict[str, str], tmp_path: Path, repo_root: Path
+) -> None:
+    """SIGKILL of ``miniqueue-supervise --shards`` (it forwards nothing): each database's
+    supervisor stops as on TERM, and with it its workers and reaper; no process is left."""
+    databases = {n: {"url": joined[n], "index": i} for i, n in enumerate("ab")}
+    args = [
+        "--app",
+        "tests.apps.supervised:app",
+        "--workers",
+        "2",
+        *FAST,
+        "--shards",
+        json.dumps({"databases": databases}),
+    ]
+    supervised = Supervised(joined["a"], args, tmp_path / "supervisor", repo_root)
+    try:
+        wait_until(lambda: len(supervised.process.children(recursive=True)) == 6, timeout=60, what="2 supervisors")
+        tree = supervised.process.children(recursive=True)
+        supervised.proc.kill()
+        supervised.proc.wait(timeout=10)
+        wait_until(
+            lambda: not [p for p in tree if _alive(p)],
+            timeout=30,
+            what="every process of the tree gone",
+        )
+    finally:
+        supervised.stop()
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (a process gone meanwhile is not)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -24,6 +24,7 @@ import time
 from setproctitle import setproctitle
 
 from ..core.errors import ConfigError
+from ..core.process import die_with_parent
 from ..core.shards import Database, ShardMap
 from .config import SupervisorConfig
 
@@ -128,12 +129,18 @@ class ShardedSupervisor:
                 self._start(name)
 
     def _start(self, name: str) -> None:
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             from .supervisor import Supervisor  # in the child: the parent never holds its state
 
             for sig in FORWARDED:
                 signal.signal(sig, signal.SIG_DFL)
+            # Killed outright (SIGKILL, the OOM killer), this process forwards nothing: each
+            # database's supervisor then stops as on TERM, its workers' jobs handed back.
+            die_with_parent(signal.SIGTERM)
+            if os.getppid() != parent:  # it died before prctl took effect
+                os._exit(0)
             code = 1
             try:
                 code = Supervisor(self.plans[name]).run()
