@@ -1,10 +1,10 @@
 """The producer API for asyncio: :class:`AsyncClient`, :class:`~miniqueue.Client` on psycopg's
 ``AsyncConnection``.
 
-Every call is :class:`~miniqueue.client.BaseClient`'s, the one :class:`~miniqueue.Client`
+Every call is :class:`~miniqueue.client.base.BaseClient`'s, the one :class:`~miniqueue.Client`
 makes: the same validation (before any connection is borrowed), the same steps (statements,
-row mapping, errors; see :mod:`miniqueue.steps`), run here by the async executor
-(:func:`~miniqueue.steps.arun`) instead of the sync one. Only the connection handling is this
+row mapping, errors; see :mod:`miniqueue.core.steps`), run here by the async executor
+(:func:`~miniqueue.core.steps.arun`) instead of the sync one. Only the connection handling is this
 module's own: an ``AsyncConnectionPool``, opened on the event loop that uses it.
 """
 

@@ -117,7 +117,7 @@ class BaseClient:
 
     def _declared_steps(self, specs: Sequence[JobSpec], what: str = "job") -> Steps[Declared]:
         """``specs`` with what their callers left unset filled from their tasks' declarations
-        (see :func:`~miniqueue.validation.declared`), and the tasks of those that went to the
+        (see :func:`~miniqueue.core.validation.declared`), and the tasks of those that went to the
         default queue for want of one; a batch's error names the job (``what``) by index."""
         declarations = yield from self._declarations_steps({spec.task for spec in specs})
         filled = []

@@ -1,7 +1,7 @@
 """The client's read-only inspection calls: what an operator's view (the dashboard) reads about
 jobs, workers and throughput beyond :class:`~miniqueue.Client`'s producer and repair calls.
 
-The store answers these on a sync connection only (they are not :mod:`steps <miniqueue.steps>`),
+The store answers these on a sync connection only (they are not :mod:`steps <miniqueue.core.steps>`),
 so :class:`Inspection` is mixed into :class:`~miniqueue.Client` alone; :class:`~miniqueue.AsyncClient`
 offers them once the store has them as steps. Each takes ``conn=``, so that a page that reads
 several things reads them on one connection, as with the client's other calls.

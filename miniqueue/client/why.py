@@ -1,6 +1,6 @@
 """Why a job has not run, in words: the store's facts (:mod:`miniqueue.store.why`) made into a
-:class:`~miniqueue.core.records.Diagnosis`, one :class:`~miniqueue.core.records.Cause` per thing
-that holds the job back, most decisive first.
+:class:`~miniqueue.core.diagnosis.Diagnosis`, one :class:`~miniqueue.core.diagnosis.Cause` per
+thing that holds the job back, most decisive first.
 
 The order: what the job can never get past by itself (its deadline passed, a failed job blocks
 its sequence, its queue is paused, no worker serves it), then what passes with time or another

@@ -1,6 +1,6 @@
 """The rules of a job's keys and deadline: unique keys, sequence keys and expiry (see
 docs/guides/keys.md). Checked before the job reaches the database, so a bad value stores nothing;
-each check raises :class:`~miniqueue.errors.InvalidInput` naming the value and the rule.
+each check raises :class:`~miniqueue.core.errors.InvalidInput` naming the value and the rule.
 """
 
 from __future__ import annotations

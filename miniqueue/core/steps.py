@@ -24,13 +24,14 @@ know three requests:
 
 A request that fails is thrown back into the steps at the ``yield`` that made it, so steps
 can catch an error (to name what failed) or let it propagate; a failed :class:`Atomic` has
-rolled back by then. Both executors translate psycopg's errors the same way (:class:`~miniqueue.db.translate_errors`),
-so a sync and an async caller see the same exceptions. Callers validate their input *before*
+rolled back by then. Both executors translate psycopg's errors the same way
+(:func:`~miniqueue.core.db.translate_errors`), so a sync and an async caller see the same
+exceptions. Callers validate their input *before*
 making the steps (a plain function that checks, then returns the generator), so bad input
 raises InvalidInput before a connection is borrowed.
 
 Adding an operation both clients offer: write ``x_steps`` on the store (or on
-:class:`~miniqueue.client.BaseClient` when it composes store steps with ``yield from``), then
+:class:`~miniqueue.client.base.BaseClient` when it composes store steps with ``yield from``), then
 one line in each client: ``return self._run(self._x_steps(...), conn)`` and ``return await
 self._run(...)``. A request kind neither executor knows (a sleep between polls, say) is one
 class here and one branch in each executor.
@@ -105,7 +106,7 @@ MOVED_ROW_RETRIES = 5
 def fetch(conn: Connection, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
     """Run one statement on ``conn`` and return its rows (none for a statement that returns none).
 
-    A pooled connection's own cursor runs it (see :class:`~miniqueue.db.PooledConnection`).
+    A pooled connection's own cursor runs it (see :class:`~miniqueue.core.db.PooledConnection`).
     A statement that waited for a row's lock while another moved that row to another partition
     of the jobs table (a job finished, requeued or cancelled meanwhile) fails with a
     serialization failure where it would have read the row's new version: run outside a

@@ -1,6 +1,6 @@
 """Input rules, checked before a job reaches the database, so that a bad value stores nothing.
 
-Each check raises :class:`~miniqueue.errors.InvalidInput` with a message naming the value and
+Each check raises :class:`~miniqueue.core.errors.InvalidInput` with a message naming the value and
 the rule it broke.
 """
 

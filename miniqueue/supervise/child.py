@@ -309,7 +309,7 @@ class _Progress:
     - ``start`` for each job whose handler is still running, once (at once for a task with a
       hard timeout, since the supervisor times it), and ``end`` for such a job once its handler
       returned;
-    - ``done`` per (outcome, queue, task): a :class:`~miniqueue.reports.Tally` of every job
+    - ``done`` per (outcome, queue, task): a :class:`~miniqueue.supervise.reports.Tally` of every job
       whose outcome was recorded since.
 
     A job whose handler starts and returns between two flushes is only counted. (Its outcome is

@@ -3,7 +3,7 @@
 Its holder is known dead (``waitpid`` said so), so its jobs may leave ``running`` at once
 instead of waiting for their leases to expire. Only a death nobody asked for (a crash, a kill
 from outside, a hard timeout, the memory ceiling) costs an attempt, and only to the job whose
-handler was running, as the worker's :class:`~miniqueue.inflight.InflightBoard` shows: the
+handler was running, as the worker's :class:`~miniqueue.worker.inflight.InflightBoard` shows: the
 others (prefetched, or finished with the outcome not yet recorded) go back uncharged, as does
 everything a worker we asked to stop leaves behind. When several handlers were running (a
 batch, or handler threads), which of them killed the process is not known: none is charged,

@@ -4,10 +4,10 @@ It has a child of its own check that the app loads, forks N worker processes and
 runs a loop that ticks at least once a second:
 act on recorded signals → read children's reports → reap dead children with ``waitpid`` (and
 return the jobs a dead worker held) → kill stale ones → spawn missing ones. Each concern lives
-in a module of its own: :mod:`~miniqueue.signals` (handlers that only record),
-:mod:`~miniqueue.children` and :mod:`~miniqueue.reports` (what children say),
-:mod:`~miniqueue.recovery` (a dead worker's jobs), :mod:`~miniqueue.registry` (the process
-registry), :mod:`~miniqueue.probes` (``--metrics-port``), :mod:`~miniqueue.child` (what a
+in a module of its own: :mod:`~miniqueue.supervise.signals` (handlers that only record),
+:mod:`~miniqueue.supervise.children` and :mod:`~miniqueue.supervise.reports` (what children say),
+:mod:`~miniqueue.supervise.recovery` (a dead worker's jobs), :mod:`~miniqueue.supervise.registry` (the process
+registry), :mod:`~miniqueue.supervise.probes` (``--metrics-port``), :mod:`~miniqueue.supervise.child` (what a
 forked child does) and :mod:`~miniqueue.supervise.decisions` (when to restart a slot, which
 slot TTIN/TTOU adds or removes, which child to kill or retire: decided there, done here). It
 holds no database connection across ``fork()``: it opens one only to check the schema at

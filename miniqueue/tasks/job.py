@@ -324,7 +324,7 @@ class Job(DurableSteps):
         Do the handler's database work on the yielded connection. When the block ends without
         an exception, the job's fenced completion runs inside the same transaction, then it
         commits: the handler's writes and the completion happen together or not at all. If
-        the lease was lost, :class:`~miniqueue.errors.LeaseLost` is raised and everything
+        the lease was lost, :class:`~miniqueue.core.errors.LeaseLost` is raised and everything
         rolls back. Use it once per job, as the handler's last database step.
         """
         if self._transaction is None:
@@ -341,7 +341,7 @@ class Job(DurableSteps):
 
         The yielded ``psycopg.AsyncConnection`` comes from a small pool of the worker's event
         loop; the same contract holds: the handler's writes and the job's fenced completion
-        commit together, or :class:`~miniqueue.errors.LeaseLost` is raised and nothing does.
+        commit together, or :class:`~miniqueue.core.errors.LeaseLost` is raised and nothing does.
         If the job's coroutine is cancelled inside the block (its lease was lost, it timed
         out), the transaction rolls back.
         """

@@ -9,7 +9,7 @@ loop to start jobs, the heartbeat to cancel one whose lease was lost or whose ti
 ``job.atransaction()`` draws from a small ``AsyncConnectionPool`` that belongs to the loop,
 opened on first use (a worker that never uses it opens no connection), and completes the
 job inside the handler's transaction with the store's own fenced completion (its steps, run by
-:func:`miniqueue.steps.arun`: the statement, the fence and the counts are the sync worker's).
+:func:`miniqueue.core.steps.arun`: the statement, the fence and the counts are the sync worker's).
 """
 
 from __future__ import annotations

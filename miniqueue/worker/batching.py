@@ -5,7 +5,7 @@ A batch task's ready leases wait in the worker's slots like any other (renewed b
 handed back unstarted past their start-by time) until ``size`` of them are ready or the oldest
 has waited ``wait`` seconds; then up to ``size`` of them start as one handler's jobs (see
 :meth:`~miniqueue.worker.slots.Slots.start_batch`), and each job's outcome is queued and
-recorded on its own (see :mod:`miniqueue.worker.batchrun`).
+recorded on its own (see :meth:`~miniqueue.worker.execute.Executor.run_batch`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class WorkerConfig:
     renewed like running ones, and are released unstarted at shutdown): ``"auto"`` holds as
     many as the threads are expected to finish within ``prefetch_budget`` seconds, judged from
     recent run times, and hands them back when every thread is stuck past the budget (see
-    :mod:`miniqueue.prefetch`); a number holds that many; 0 claims one job per free thread.
+    :mod:`miniqueue.worker.prefetch`); a number holds that many; 0 claims one job per free thread.
     ``poll_only`` skips LISTEN/NOTIFY; ``listen_url`` runs LISTEN on a connection of its own
     to that URL (a direct one, when the worker's DSN goes through PgBouncer in transaction mode).
     ``concurrency`` is how many ``def`` handlers run at once (threads) and, separately, how many
