@@ -26,9 +26,9 @@ A request that fails is thrown back into the steps at the ``yield`` that made it
 can catch an error (to name what failed) or let it propagate; a failed :class:`Atomic` has
 rolled back by then. Both executors translate psycopg's errors the same way
 (:func:`~miniqueue.core.db.translate_errors`), so a sync and an async caller see the same
-exceptions. Callers validate their input *before*
-making the steps (a plain function that checks, then returns the generator), so bad input
-raises InvalidInput before a connection is borrowed.
+exceptions. Callers validate their input *before* making the steps (a plain function that
+checks, then returns the generator), so bad input raises InvalidInput before a connection is
+borrowed.
 
 Adding an operation both clients offer: write ``x_steps`` on the store (or on
 :class:`~miniqueue.client.base.BaseClient` when it composes store steps with ``yield from``), then
