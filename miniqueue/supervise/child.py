@@ -84,7 +84,7 @@ def _refuse_a_schema_moved_on(spec: ChildSpec) -> int:
     config = spec.worker or spec.reaper
     schema = config.schema if config is not None else "public"
     try:
-        with connect(spec.dsn, purpose="schema-check", schema=schema) as conn:
+        with connect(spec.dsn, purpose="schema-check", schema=schema, connect_timeout=5) as conn:
             check_workers_from(conn, schema)
     except SchemaOutOfDate as exc:
         reports.write(spec.report_fd, [reports.Error(str(exc))])
