@@ -53,6 +53,7 @@ _PARTS = load_statements(Path(__file__).with_name("claim.sql").read_text(encodin
 #: The clauses the template uses in each variant, as claim.sql's header describes them.
 _SHARED = {name: _PARTS[name].strip("\n") for name in ("room", "held", "refilled")}
 _QUEUES = {"one": _PARTS["fast_one"].strip("\n"), "many": _PARTS["fast_many"].strip("\n")}
+_QUEUE_NAMES = {"one": _PARTS["queue_names_one"].strip("\n"), "many": _PARTS["queue_names_many"].strip("\n")}
 _DIRECTIONS = {"up": {"next": ">", "order": ""}, "down": {"next": "<", "order": " DESC"}}
 
 
@@ -64,6 +65,7 @@ def _claim(queues: str, direction: str) -> Statement:
             _PARTS["claim"],
             completion=COMPLETION,
             fast=_QUEUES[queues],
+            queue_names=_QUEUE_NAMES[queues],
             room=room,
             held=_SHARED["held"],
             refilled=_SHARED["refilled"],

@@ -3,8 +3,10 @@
 -- commit. A claim with nothing to complete is the same statement with empty arrays (%(ids)s,
 -- %(attempts)s, %(results)s). It is one template, `claim` below, read top to bottom; two
 -- switches stay in its text, each a named clause after it, because each changes a query plan:
---   {fast}         from one queue (`fast_one`: one ordered scan of the claim index) or several
---                  (`fast_many`: an ordered scan per queue, merged): see "One queue or several";
+--   {fast} {queue_names}
+--                  from one queue (`fast_one`: one ordered scan of the claim index; the queue as
+--                  one VALUES row) or several (`fast_many`: an ordered scan per queue, merged;
+--                  the queues unnested from %(queues)s): see "One queue or several";
 --   {next} {order} stepping up through the groups of limited jobs (`>`, ``) or down (`<`,
 --                  ` DESC`): see "Up or down".
 -- So the store prepares four variants, each named for its switches (claim_one, claim_many,
@@ -107,8 +109,10 @@
 -- One queue or several ({fast}). From one queue, `queue = %(queue)s` keeps the ordered scan of
 -- the claim index; a paused queue gives nothing, and a capped one gives its jobs to admission
 -- instead. From several, an ordered index scan per queue, merged (`queue = ANY(...)` would scan
--- and sort every available row of every queue on each claim). The other parts read the queues
--- from %(queues)s (one or several).
+-- and sort every available row of every queue on each claim). `open_queues` reads one queue as
+-- a VALUES row, which the planner counts as one row: an array parameter unnested is counted as
+-- ten in a generic plan, and the plan of the whole claim changed with it (a drain by the testing
+-- kit's worker ran 3x slower).
 --
 -- Sharing (`scopes`, `blocked`). Whether two groups of a claim may share a scope, so that their
 -- jobs must take its room in turn. In one queue, groups are distinct sets of scopes, so only a
@@ -138,7 +142,7 @@ fast AS MATERIALIZED (
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
            CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN {queues} p ON p.name = q.name
+      FROM {queue_names} AS q(name) LEFT JOIN {queues} p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
@@ -265,6 +269,14 @@ SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
      ORDER BY priority DESC, scheduled_at, id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+
+-- name: queue_names_one
+-- {queue_names} of one queue.
+(VALUES (%(queue)s::text))
+
+-- name: queue_names_many
+-- {queue_names} of several queues.
+unnest(%(queues)b::text[])
 
 -- name: fast_many
 -- {fast} from several queues.

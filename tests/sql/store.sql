@@ -470,7 +470,7 @@ fast AS MATERIALIZED (
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
            CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
@@ -822,7 +822,7 @@ fast AS MATERIALIZED (
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
            CASE WHEN p.max_running IS NULL THEN '{}'::text[] ELSE ARRAY['queue ' || q.name] END AS scope
-      FROM unnest(%(queues)b::text[]) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
+      FROM (VALUES (%(queue)s::text)) AS q(name) LEFT JOIN "public"."miniqueue_queues" p ON p.name = q.name
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
