@@ -175,13 +175,13 @@ class Claiming(StoreBase):
             # the sweep keeps the rest.
             "kept": min(limit, MAX_GROUPS_PER_CLAIM),
             "tasks": None if tasks is None else list(tasks),
-            "queues": queues,
             # Whether two groups of the claim may share a scope: one key's jobs in two queues.
             "shared": len(queues) > 1,
         }
         if len(queues) == 1:
             params["queue"] = queues[0]
             return (self._claim_one_down if descending else self._claim_one), params
+        params["queues"] = queues
         return (self._claim_many_down if descending else self._claim_many), params
 
     def set_custom_plans(self, conn: Connection, on: bool) -> None:
