@@ -79,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
         help="a server to create the run's database on (default: an embedded "
         "server of the harness's own, in the run directory, which restart-postgres needs)",
     )
-    p.add_argument("--lease", type=float, default=3.0, help="lease seconds (heartbeat: a third of it)")
+    p.add_argument("--lease-duration", type=float, default=3.0, help="lease seconds (heartbeat: a third of it)")
     p.add_argument("--effect-share", type=float, default=0.5, help="share of jobs completing transactionally")
     p.add_argument(
         "--sleep-ms",
@@ -209,7 +209,7 @@ def options_from(argv: list[str] | None) -> Options:
         seed=seed,
         scenarios=tuple(scenarios),
         database_url=args.database_url,
-        lease=args.lease,
+        lease_duration=args.lease_duration,
         effect_share=args.effect_share,
         sleep_ms=tuple(given["sleep_ms"]) if "sleep_ms" in given else sleep_ms,
         max_attempts=args.max_attempts,

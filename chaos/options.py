@@ -119,7 +119,7 @@ class Options:
     seed: int = 0
     scenarios: tuple[str, ...] = SCENARIOS
     database_url: str | None = None
-    lease: float = 3.0
+    lease_duration: float = 3.0
     effect_share: float = 0.5
     sleep_ms: tuple[int, int] = (10, 100)
     max_attempts: int = 25
@@ -205,7 +205,7 @@ class Options:
 
     @property
     def heartbeat(self) -> float:
-        return self.lease / 3
+        return self.lease_duration / 3
 
     @property
     def enqueue_spread(self) -> float:
@@ -226,8 +226,8 @@ class Options:
     def stop_bounds(self) -> tuple[float, float]:
         """How long a SIGSTOP lasts: at least the lease plus a reaper pass (so the lease is
         recovered and re-claimed), at most well inside the supervisor's liveness timeout."""
-        shortest = self.lease + self.reaper_interval + 1.0
-        return shortest, max(shortest, min(self.liveness_timeout - 8.0, 4 * self.lease + self.reaper_interval))
+        shortest = self.lease_duration + self.reaper_interval + 1.0
+        return shortest, max(shortest, min(self.liveness_timeout - 8.0, 4 * self.lease_duration + self.reaper_interval))
 
     @property
     def workflow_jobs(self) -> int:
@@ -280,8 +280,8 @@ class Options:
                 f"--kill-interval {self.kill_interval}: use 0 < MIN <= MAX",
             ),
             (
-                0.5 <= self.lease <= 10,
-                f"--lease {self.lease}: use 0.5 to 10 seconds (short, so leases expire under chaos)",
+                0.5 <= self.lease_duration <= 10,
+                f"--lease-duration {self.lease_duration}: use 0.5 to 10 seconds (short, so leases expire under chaos)",
             ),
             (0 <= self.effect_share <= 1, f"--effect-share {self.effect_share}: use a fraction from 0 to 1"),
             (0 <= self.sleep_ms[0] <= self.sleep_ms[1], f"--sleep-ms {self.sleep_ms}: use 0 <= MIN <= MAX"),

@@ -95,7 +95,7 @@ class Supervisor(SupervisorProcess):
             "--concurrency",
             str(options.concurrency),
             "--lease-duration",
-            f"{options.lease:g}",
+            f"{options.lease_duration:g}",
             "--heartbeat-interval",
             f"{options.heartbeat:g}",
             "--poll-interval",

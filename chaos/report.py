@@ -290,7 +290,10 @@ def _parameters(options: Options) -> list[tuple[str, str]]:
         ("chaos", f"{options.duration:g}s, a fault every {options.kill_interval[0]:g}-{options.kill_interval[1]:g}s"),
         ("seed", str(options.seed)),
         ("scenarios", ", ".join(options.scenarios)),
-        ("lease, heartbeat, reaper", f"{options.lease:g}s, {options.heartbeat:g}s, {options.reaper_interval:g}s"),
+        (
+            "lease, heartbeat, reaper",
+            f"{options.lease_duration:g}s, {options.heartbeat:g}s, {options.reaper_interval:g}s",
+        ),
         ("handler sleep", f"{options.sleep_ms[0]}-{options.sleep_ms[1]} ms"),
         ("transactional effects", f"{options.effect_share:.0%} of the jobs"),
     ]

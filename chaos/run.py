@@ -202,7 +202,7 @@ def _title(options: Options, site: Site) -> list[str]:
         f"{_modes(options)}"
         f"{options.duration:g}s of chaos, a fault every {options.kill_interval[0]:g}-{options.kill_interval[1]:g}s, "
         f"seed {options.seed}",
-        f"server: {site.describe()}; lease {options.lease:g}s, heartbeat {options.heartbeat:g}s, reaper "
+        f"server: {site.describe()}; lease {options.lease_duration:g}s, heartbeat {options.heartbeat:g}s, reaper "
         f"{options.reaper_interval:g}s; scenarios: {','.join(options.scenarios)}",
     ]
 

@@ -166,7 +166,7 @@ def _title(options: Options, databases: Databases, outage: Outage, elapsed: floa
         f"{options.concurrency} thread(s) shared by weight; {shard.name}'s server stopped "
         f"{options.outage_after:g}s after the enqueue for {options.outage:g}s; seed {options.seed}",
         f"servers: {databases.shards[0].server.describe()} and {options.databases - 1} more like it; lease "
-        f"{options.lease:g}s, heartbeat {options.heartbeat:g}s, reaper {options.reaper_interval:g}s; "
+        f"{options.lease_duration:g}s, heartbeat {options.heartbeat:g}s, reaper {options.reaper_interval:g}s; "
         f"scenarios: {STOP_DATABASE}",
         f"enqueue to graceful stop {elapsed:.0f}s; run directory {workdir}",
     ]

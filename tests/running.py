@@ -11,7 +11,7 @@ from miniqueue.tasks.app import App
 from miniqueue.worker.worker import Worker, WorkerConfig
 
 #: Short leases and intervals so tests stay fast.
-FAST = WorkerConfig(lease_seconds=2.0, heartbeat_seconds=0.5, poll_interval=0.2, shutdown_timeout=5.0)
+FAST = WorkerConfig(lease_duration=2.0, heartbeat_seconds=0.5, poll_interval=0.2, shutdown_timeout=5.0)
 
 
 class Running:

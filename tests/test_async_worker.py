@@ -124,7 +124,7 @@ def test_heartbeat_keeps_a_short_lease_alive_through_a_long_coroutine(
     reaper = Reaper(dsn, ReaperConfig(interval=0.2))  # recovers any lease that lapses
     threading.Thread(target=reaper.run, daemon=True).start()
     try:
-        start_worker(app, lease_seconds=1.0, heartbeat_seconds=0.25)
+        start_worker(app, lease_duration=1.0, heartbeat_seconds=0.25)
         wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=15, what="slow job completed")
     finally:
         reaper.stop()
@@ -219,7 +219,7 @@ def test_lease_lost_cancels_the_coroutine_and_its_outcome_is_discarded(
         await stops.sleep_until_cancelled(job, 10)
 
     job_id = app.enqueue(client, "contested").id
-    start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
+    start_worker(app, lease_duration=2.0, heartbeat_seconds=0.5)
     assert started.wait(10)
     take_lease_away(conn, store, job_id)  # as the reaper does, while the worker still heartbeats
     lease = take_over(conn, store, job_id, "other-worker")  # as if its retry delay passed
@@ -374,7 +374,7 @@ def test_atransaction_rolls_back_when_the_lease_is_lost(
 
     job_id = app.enqueue(client, "late").id
     # A heartbeat that does not beat during the test: the fence, not the cancellation, catches it.
-    start_worker(app, lease_seconds=60.0, heartbeat_seconds=30.0)
+    start_worker(app, lease_duration=60.0, heartbeat_seconds=30.0)
     assert started.wait(10)
     store.cancel(conn, [job_id])
     may_commit.set()

@@ -23,7 +23,7 @@ from .test_web import on_localhost
 
 @pytest.fixture
 def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn, lease_seconds=10.0, heartbeat_seconds=2.0)
+    yield from worker_starter(dsn, lease_duration=10.0, heartbeat_seconds=2.0)
 
 
 def test_after_a_requeue_every_surface_counts_the_same_attempt_and_the_history_shows_the_requeue(

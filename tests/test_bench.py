@@ -189,7 +189,7 @@ def test_the_claim_floor_sends_what_a_worker_sends(
         assert query == statement
         expected = floor_params(claim_params, [])
         assert params.keys() == expected.keys()
-        differ = {"lease", "ids", "attempts"}  # the floor's lease is longer; the leases it completes its own
+        differ = {"lease_duration", "ids", "attempts"}  # the floor's lease is longer; the leases it completes its own
         assert {k: v for k, v in params.items() if k not in differ} == {
             k: v for k, v in expected.items() if k not in differ
         }

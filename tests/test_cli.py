@@ -590,7 +590,7 @@ def test_cancel_a_job_running_under_a_real_worker_tells_its_handler_to_stop(
         reasons.append(job.stop_reason)
 
     job_id = app.enqueue(client, "long").id
-    worker = Worker(app, dsn, WorkerConfig(lease_seconds=2, heartbeat_seconds=0.3, poll_interval=0.2))
+    worker = Worker(app, dsn, WorkerConfig(lease_duration=2, heartbeat_seconds=0.3, poll_interval=0.2))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

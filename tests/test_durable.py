@@ -35,7 +35,7 @@ def start_worker(dsn: str) -> Iterator[StartWorker]:
     """Workers with a 10 s lease unless a test asks for less: these tests never wait for a lease to
     expire (but the stale attempt's), and a claimed job must not outlive its lease unstarted when
     the machine is slow."""
-    yield from worker_starter(dsn, lease_seconds=10.0, heartbeat_seconds=2.0)
+    yield from worker_starter(dsn, lease_duration=10.0, heartbeat_seconds=2.0)
 
 
 @pytest.fixture
@@ -480,7 +480,7 @@ def test_a_stale_attempt_cannot_record_a_step_after_another_worker_resumed_the_j
         job.step("b", counter, dsn, job, "b")
 
     job_id = app.enqueue(client, "stale").id
-    start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
+    start_worker(app, lease_duration=2.0, heartbeat_seconds=0.5)
     assert stalled.wait(10)
     take_lease_away(runs, store, job_id)  # as the reaper does, while the worker still heartbeats
     lease = take_over(runs, store, job_id, "other-worker")

@@ -154,7 +154,7 @@ def test_a_finished_job_starts_its_keys_next_job_without_waiting_for_a_poll(
     app = App()
     app.task("t", concurrency_key="A")(lambda job: None)
     client.enqueue_many([app.task_spec("t", {"i": i}) for i in range(5)])
-    config = WorkerConfig(poll_only=True, poll_interval=60.0, lease_seconds=5.0, heartbeat_seconds=1.0)
+    config = WorkerConfig(poll_only=True, poll_interval=60.0, lease_duration=5.0, heartbeat_seconds=1.0)
     workers.append(Running(Worker(app, dsn, config)))
     wait_until(lambda: count(conn, "state = 'completed'") == 5, timeout=20, what="5 jobs of one key completed")
     assert count(conn, "attempt <> 1") == 0
@@ -262,7 +262,7 @@ def test_limits_hold_with_many_workers(dsn: str, client: Client, conn: Connectio
     specs += [app.task_spec("wide", {"key": "wide"}) for _ in range(24)]
     client.enqueue_many(specs)
     for _ in range(4):
-        config = WorkerConfig(concurrency=4, lease_seconds=5.0, heartbeat_seconds=1.0, poll_interval=0.2)
+        config = WorkerConfig(concurrency=4, lease_duration=5.0, heartbeat_seconds=1.0, poll_interval=0.2)
         workers.append(Running(Worker(app, dsn, config)))
     wait_until(lambda: count(conn, "state = 'completed'") == 84, timeout=60, what="84 jobs completed")
     overlap = dict(

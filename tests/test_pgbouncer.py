@@ -31,7 +31,7 @@ from .pgbouncer import PGBOUNCER, POOL_SIZE, PgBouncer
 from .running import Running
 from .supervised import Supervised
 
-FAST = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "poll_interval": 0.2, "shutdown_timeout": 5.0}
+FAST = {"lease_duration": 2.0, "heartbeat_seconds": 0.5, "poll_interval": 0.2, "shutdown_timeout": 5.0}
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_heartbeats_renew_the_lease_through_the_pooler(pooled: str, conn: Connec
     app.task("slow")(lambda job: job.wait(5))
     with Client(pooled) as client:
         job_id = app.enqueue(client, "slow").id
-    start(workers, app, pooled, lease_seconds=2.0, heartbeat_seconds=0.5, poll_only=True)
+    start(workers, app, pooled, lease_duration=2.0, heartbeat_seconds=0.5, poll_only=True)
     first = wait_until(lambda: row(conn, job_id)["lease_expires_at"], what="job claimed")
     wait_until(lambda: (row(conn, job_id)["lease_expires_at"] or first) > first, what="lease renewed")
     wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=15, what="slow job completed")

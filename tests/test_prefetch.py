@@ -133,7 +133,7 @@ def test_a_prefetched_job_whose_lease_may_have_ended_is_handed_back_at_once_and_
         waiting = app.enqueue(client, "next", conn=conn).id
     # A lease of 2 s renewed every 1.9 s: the prefetched job may start for 1 s after its claim or
     # renewal, so it is overdue when the slow job ends, as after a stall of the whole process.
-    start_worker(app, concurrency=1, prefetch=1, lease_seconds=2.0, heartbeat_seconds=1.9)
+    start_worker(app, concurrency=1, prefetch=1, lease_duration=2.0, heartbeat_seconds=1.9)
     wait_until(lambda: row(conn, waiting)["state"] == "completed", what="the handed-back job completed")
     [note] = [e["error"] for e in row(conn, waiting)["errors"]]
     assert note.startswith("handed back unstarted: its lease may have ended before it could start")

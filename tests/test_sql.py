@@ -74,7 +74,7 @@ def test_a_schema_qualifies_every_table() -> None:
 def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection) -> None:
     params = {
         "worker": "w",
-        "lease": 30.0,
+        "lease_duration": 30.0,
         "limit": 1,
         "queue": "q",
         "queues": ["q", "r"],

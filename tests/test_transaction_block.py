@@ -28,7 +28,7 @@ from .running import StartWorker, worker_starter
 def start_worker(dsn: str) -> Iterator[StartWorker]:
     """Workers of concurrency 1 (a handler pool of one connection), with a lease long enough
     that no test waits on one."""
-    yield from worker_starter(dsn, concurrency=1, lease_seconds=10.0, heartbeat_seconds=2.0)
+    yield from worker_starter(dsn, concurrency=1, lease_duration=10.0, heartbeat_seconds=2.0)
 
 
 @pytest.fixture

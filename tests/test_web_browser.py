@@ -248,7 +248,7 @@ def test_pausing_a_queue_stops_a_real_worker_claiming_from_it(
     worker = Worker(
         demo_app(),
         dsn,
-        WorkerConfig(queues=["webhooks", "thumbnails"], lease_seconds=5, poll_interval=0.1, shutdown_timeout=5),
+        WorkerConfig(queues=["webhooks", "thumbnails"], lease_duration=5, poll_interval=0.1, shutdown_timeout=5),
     )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()

@@ -32,7 +32,7 @@ SUPERVISOR = "host-1:4200"
 
 @pytest.fixture
 def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn, lease_seconds=10.0, heartbeat_seconds=2.0)
+    yield from worker_starter(dsn, lease_duration=10.0, heartbeat_seconds=2.0)
 
 
 def serve(

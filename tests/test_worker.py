@@ -53,7 +53,7 @@ def test_heartbeat_keeps_a_short_lease_alive_through_a_long_handler(
     app = App()
     app.task("slow")(lambda job: time.sleep(6))
     job_id = app.enqueue(client, "slow").id
-    start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
+    start_worker(app, lease_duration=2.0, heartbeat_seconds=0.5)
     wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=15, what="slow job completed")
     stored = row(conn, job_id)
     assert stored["attempt"] == 1, "the lease expired and the job was re-run"
@@ -204,7 +204,7 @@ def test_lease_lost_mid_handler_is_signalled_and_its_completion_rejected(
         reasons.append(job.stop_reason)
 
     job_id = app.enqueue(client, "contested").id
-    start_worker(app, lease_seconds=2.0, heartbeat_seconds=0.5)
+    start_worker(app, lease_duration=2.0, heartbeat_seconds=0.5)
     assert first_started.wait(10)
     # Take the job away from the worker: expire it, recover it, and complete it elsewhere.
     take_lease_away(conn, store, job_id)  # as the reaper does, while the worker still heartbeats
@@ -459,7 +459,7 @@ def test_worker_rejects_a_heartbeat_not_below_the_lease(dsn: str) -> None:
     from miniqueue import ConfigError
 
     with pytest.raises(ConfigError, match="heartbeat interval 5s must be below the lease"):
-        Worker(app, dsn, WorkerConfig(lease_seconds=5, heartbeat_seconds=5))
+        Worker(app, dsn, WorkerConfig(lease_duration=5, heartbeat_seconds=5))
     with pytest.raises(ConfigError, match="concurrency 0"):
         Worker(app, dsn, WorkerConfig(concurrency=0))
 

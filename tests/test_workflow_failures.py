@@ -28,7 +28,7 @@ from .test_supervisor import handler_started, held_by
 def start_worker(dsn: str) -> Iterator[StartWorker]:
     """Workers with a 10 s lease: no test here waits for one to expire, and a claimed job must
     not outlive its lease unstarted when the machine is slow."""
-    yield from worker_starter(dsn, lease_seconds=10.0, heartbeat_seconds=2.0)
+    yield from worker_starter(dsn, lease_duration=10.0, heartbeat_seconds=2.0)
 
 
 @pytest.fixture

@@ -203,7 +203,7 @@ def supervise(
         concurrency=concurrency,
         prefetch=parse_prefetch(prefetch),
         prefetch_budget=prefetch_budget,
-        lease_seconds=lease_duration,
+        lease_duration=lease_duration,
         heartbeat_seconds=heartbeat_interval,
         poll_interval=poll_interval,
         shutdown_timeout=shutdown_timeout,

@@ -87,7 +87,7 @@ class Claiming(StoreBase):
         conn: Connection,
         queues: Sequence[str],
         worker_id: str,
-        lease_seconds: float,
+        lease_duration: float,
         limit: int,
         *,
         after: Sequence[str] = (),
@@ -98,7 +98,7 @@ class Claiming(StoreBase):
 
         Order: priority (higher first), then scheduled time, then id. Jobs scheduled in the
         future are invisible. Each claimed job is ``running``, leased to ``worker_id`` until
-        ``now() + lease_seconds``, its ``attempt`` one higher.
+        ``now() + lease_duration``, its ``attempt`` one higher.
 
         Jobs with limits are claimed only where every limit they name has room, and a queue
         with a cap gives no more jobs than its free slots. Limited jobs are taken group by
@@ -111,7 +111,7 @@ class Claiming(StoreBase):
         if not queues or limit < 1:
             return []
         return self.complete_and_claim(
-            conn, worker_id, (), queues, lease_seconds, limit, after=after, descending=descending, tasks=tasks
+            conn, worker_id, (), queues, lease_duration, limit, after=after, descending=descending, tasks=tasks
         )[1]
 
     def complete_and_claim(
@@ -120,7 +120,7 @@ class Claiming(StoreBase):
         worker_id: str,
         completions: Iterable[tuple[int, int]],
         queues: Sequence[str],
-        lease_seconds: float,
+        lease_duration: float,
         limit: int,
         *,
         after: Sequence[str] = (),
@@ -138,7 +138,7 @@ class Claiming(StoreBase):
         """
         ids, attempts = columns(completions)
         query, params = self._claim_query(
-            queues, worker_id, lease_seconds, max(limit, 0), after=after, descending=descending, tasks=tasks
+            queues, worker_id, lease_duration, max(limit, 0), after=after, descending=descending, tasks=tasks
         )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
@@ -148,7 +148,7 @@ class Claiming(StoreBase):
         self,
         queues: Sequence[str],
         worker_id: str,
-        lease_seconds: float,
+        lease_duration: float,
         limit: int,
         *,
         after: Sequence[str],
@@ -162,7 +162,7 @@ class Claiming(StoreBase):
         start: list[str | None] = [*after] or ([None] if descending else [])
         params: dict[str, Any] = {
             "worker": worker_id,
-            "lease": float(lease_seconds),
+            "lease_duration": float(lease_duration),
             "limit": limit,
             "after": start,
             # Groups taken into admission: enough to fill the claim with one job per group, and a

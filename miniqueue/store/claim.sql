@@ -57,7 +57,7 @@
 --                lease they belong to, and the holders that ended pruned. (A scope's new holders are listed in no particular
 --                order, ids and attempts aligned: ordering them took a sort per scope, a thousand
 --                small sorts in a claim of 1,000 keys.)
---   claimed      the chosen jobs leased: running, leased to %(worker)s for %(lease)s seconds, their
+--   claimed      the chosen jobs leased: running, leased to %(worker)s for %(lease_duration)s seconds, their
 --                attempt one higher.
 -- A paused scope (back-pressure: its `paused_until` not yet passed, see migration 027) is
 -- passed over in `looked` as one with no room, by one more predicate on the row it reads anyway:
@@ -252,7 +252,7 @@ taken AS (
 claimed AS (
 UPDATE {jobs}
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
+       lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone

@@ -38,7 +38,7 @@ SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0
 _RENEW = """
 WITH renewed AS (
 UPDATE {jobs}
-   SET lease_expires_at = now() + make_interval(secs => %(lease)s),
+   SET lease_expires_at = now() + make_interval(secs => %(lease_duration)s),
        progress = coalesce(((%(progress)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb
                            || jsonb_build_object('at', now()), progress)
  WHERE id = ANY(%(ids)b::bigint[])
@@ -250,11 +250,11 @@ class Outcomes(StoreBase):
         conn: Connection,
         worker_id: str,
         leases: Iterable[tuple[int, int]],
-        lease_seconds: float,
+        lease_duration: float,
         *,
         progress: Mapping[int, str] | None = None,
     ) -> dict[int, dt.datetime]:
-        """Extend every lease still held to ``now() + lease_seconds``; return id → new expiry.
+        """Extend every lease still held to ``now() + lease_duration``; return id → new expiry.
 
         ``progress`` maps a job id to the progress its handler reported since the last renewal
         (JSON text, validated: see :meth:`~miniqueue.Job.progress`), written with the renewal;
@@ -263,15 +263,15 @@ class Outcomes(StoreBase):
         ids, attempts = columns(leases)
         if not ids:
             return {}
-        params = {"ids": ids, "attempts": attempts, "worker": worker_id, "lease": float(lease_seconds)}
+        params = {"ids": ids, "attempts": attempts, "worker": worker_id, "lease_duration": float(lease_duration)}
         params |= {"progress": aligned(ids, progress), "channel": progress_channel(self.schema)}
         return {row[0]: row[1] for row in self._rows(conn, self._renew, params)}
 
     def renew_lease(
-        self, conn: Connection, job_id: int, worker_id: str, attempt: int, lease_seconds: float
+        self, conn: Connection, job_id: int, worker_id: str, attempt: int, lease_duration: float
     ) -> dt.datetime:
         """Extend one lease; return its new expiry, or raise LeaseLost."""
-        renewed = self.renew_leases(conn, worker_id, [(job_id, attempt)], lease_seconds)
+        renewed = self.renew_leases(conn, worker_id, [(job_id, attempt)], lease_duration)
         if job_id not in renewed:
             raise LeaseLost(job_id, worker_id, attempt)
         return renewed[job_id]

@@ -44,7 +44,7 @@ class WorkerConfig:
 
     queues: Sequence[str] | None = None
     concurrency: int = 1
-    lease_seconds: float = 30.0
+    lease_duration: float = 30.0
     heartbeat_seconds: float | None = None
     poll_interval: float = 1.0
     shutdown_timeout: float = 10.0
@@ -65,12 +65,12 @@ class WorkerConfig:
 
     @property
     def heartbeat_interval(self) -> float:
-        return self.heartbeat_seconds if self.heartbeat_seconds is not None else self.lease_seconds / 3
+        return self.heartbeat_seconds if self.heartbeat_seconds is not None else self.lease_duration / 3
 
     def validated(self) -> WorkerConfig:
         """Return this config if it is consistent, else raise ConfigError naming the problem."""
         positive = {
-            "lease_seconds": self.lease_seconds,
+            "lease_duration": self.lease_duration,
             "poll_interval": self.poll_interval,
             "heartbeat interval": self.heartbeat_interval,
             "prefetch_budget": self.prefetch_budget,
@@ -78,10 +78,10 @@ class WorkerConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise ConfigError(f"{name} {value!r} is invalid: use a positive number of seconds")
-        if self.heartbeat_interval >= self.lease_seconds:
+        if self.heartbeat_interval >= self.lease_duration:
             raise ConfigError(
                 f"heartbeat interval {self.heartbeat_interval:g}s must be below the lease "
-                f"({self.lease_seconds:g}s), or leases expire between renewals"
+                f"({self.lease_duration:g}s), or leases expire between renewals"
             )
         if self.concurrency < 1:
             raise ConfigError(

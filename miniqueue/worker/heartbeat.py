@@ -38,7 +38,7 @@ class Heartbeat(Service):
         store: Store,
         worker_id: str,
         *,
-        lease_seconds: float,
+        lease_duration: float,
         interval: float,
         leases: Callable[[], HeldLeases],
         on_lost: Callable[[dict[tuple[int, int], str]], None],
@@ -47,7 +47,7 @@ class Heartbeat(Service):
     ) -> None:
         super().__init__("miniqueue-heartbeat")
         self.dsn, self.store, self.worker_id = dsn, store, worker_id
-        self.lease_seconds, self.interval = lease_seconds, interval
+        self.lease_duration, self.interval = lease_duration, interval
         self.leases, self.on_lost, self.on_tick, self.on_renewed = leases, on_lost, on_tick, on_renewed
         self._conn: Connection | None = None
         # Progress taken from the handlers and not yet written (a renewal failed), by job id.
@@ -81,9 +81,9 @@ class Heartbeat(Service):
             return
         if self._conn is None:
             self._conn = connect(self.dsn, purpose="heartbeat", schema=self.store.schema)
-        sent_at = time.monotonic()  # the renewed leases end no sooner than lease_seconds after this
+        sent_at = time.monotonic()  # the renewed leases end no sooner than lease_duration after this
         progress = self._unwritten
-        renewed = self.store.renew_leases(self._conn, self.worker_id, held, self.lease_seconds, progress=progress)
+        renewed = self.store.renew_leases(self._conn, self.worker_id, held, self.lease_duration, progress=progress)
         self._unwritten = {}  # written, or its lease is lost: either way nothing is left to write
         self.on_renewed(renewed.keys(), sent_at)
         # Each by its run: the worker may hold a newer lease of the same job by now (it claimed

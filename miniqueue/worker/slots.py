@@ -28,12 +28,12 @@ START_MARGIN_SECONDS = 1.0
 START_MARGIN_SHARE = 0.1
 
 
-def start_deadline(sent_at: float, lease_seconds: float) -> float:
+def start_deadline(sent_at: float, lease_duration: float) -> float:
     """Until when a lease claimed or renewed by a statement sent at ``sent_at`` (monotonic) may
-    start: it lasts ``lease_seconds`` from the database's ``now()``, which is later than
+    start: it lasts ``lease_duration`` from the database's ``now()``, which is later than
     ``sent_at``; the margin keeps a job from starting just as its lease ends."""
-    margin = min(max(START_MARGIN_SECONDS, lease_seconds * START_MARGIN_SHARE), lease_seconds / 2)
-    return sent_at + lease_seconds - margin
+    margin = min(max(START_MARGIN_SECONDS, lease_duration * START_MARGIN_SHARE), lease_duration / 2)
+    return sent_at + lease_duration - margin
 
 
 class HeldLeases(list[tuple[int, int]]):

@@ -199,12 +199,12 @@ class Worker:
             self.dsn,
             self.store,
             self.worker_id,
-            lease_seconds=cfg.lease_seconds,
+            lease_duration=cfg.lease_duration,
             interval=cfg.heartbeat_interval,
             leases=self._slots.leases,
             on_lost=self._dispatch.stop_lost,
             on_tick=self._dispatch.stop_timed_out,
-            on_renewed=lambda ids, sent_at: self._slots.renewed(ids, start_deadline(sent_at, cfg.lease_seconds)),
+            on_renewed=lambda ids, sent_at: self._slots.renewed(ids, start_deadline(sent_at, cfg.lease_duration)),
         )
         threads = HandlerThreads(cfg.concurrency, "miniqueue-handler")
         aio = EventLoop() if self._slots.async_tasks else None
@@ -383,13 +383,13 @@ class Worker:
         policy says; the leases join the ready ones."""
         claims = self._claims
         self._claim_conn.plan_custom(claims.custom_plans(time.monotonic()))
-        sent_at = time.monotonic()  # the leases end no sooner than lease_seconds after this
+        sent_at = time.monotonic()  # the leases end no sooner than lease_duration after this
         completed, leases = self.store.complete_and_claim(
             conn,
             self.worker_id,
             batch.completions,
             self.queues,
-            self.config.lease_seconds,
+            self.config.lease_duration,
             claim,
             after=claims.cursor,
             descending=claims.descending,
@@ -397,7 +397,7 @@ class Worker:
             tasks=self._tasks,
         )
         claims.claimed(leases, claim, batch.kept(), time.monotonic())
-        self._slots.add_ready(leases, start_deadline(sent_at, self.config.lease_seconds))
+        self._slots.add_ready(leases, start_deadline(sent_at, self.config.lease_duration))
         return completed
 
     def _release_ready(self, note: str, kinds: Collection[bool] = (False, True)) -> None:

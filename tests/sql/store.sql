@@ -592,7 +592,7 @@ taken AS (
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
+       lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone
@@ -770,7 +770,7 @@ taken AS (
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
+       lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone
@@ -944,7 +944,7 @@ taken AS (
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
+       lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone
@@ -1122,7 +1122,7 @@ taken AS (
 claimed AS (
 UPDATE "public"."miniqueue_jobs"
    SET state = 'running', leased_by = %(worker)s, attempt = attempt + 1, started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease)s)
+       lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone
@@ -1169,7 +1169,7 @@ SELECT id FROM completed WHERE (SELECT count(*) FROM settled) >= 0;
 -- _renew
 WITH renewed AS (
 UPDATE "public"."miniqueue_jobs"
-   SET lease_expires_at = now() + make_interval(secs => %(lease)s),
+   SET lease_expires_at = now() + make_interval(secs => %(lease_duration)s),
        progress = coalesce(((%(progress)b::text[])[width_bucket(id, %(ids)b::bigint[])])::jsonb
                            || jsonb_build_object('at', now()), progress)
  WHERE id = ANY(%(ids)b::bigint[])
