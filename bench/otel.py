@@ -113,7 +113,7 @@ def _compare(database_url: str | None, jobs: int, runs: int, modes: list[str]) -
 def _run(mode: str, dsn: str, jobs: int) -> dict[str, float]:
     """One run in this (fresh) process: set the mode up, enqueue, drain."""
     provider = _set_up(mode)
-    from miniqueue import App, Client, Worker, WorkerConfig
+    from miniqueue import App, Client, Worker, WorkerConfig, tracing
     from miniqueue.core.db import connect
 
     app = App()
@@ -123,7 +123,7 @@ def _run(mode: str, dsn: str, jobs: int) -> dict[str, float]:
         for n in range(jobs):
             client.enqueue("noop", {"n": n})
         enqueue_seconds = time.perf_counter() - started
-    worker = Worker(app, dsn, WorkerConfig())
+    worker = Worker(app, dsn, WorkerConfig(), hooks=tracing.worker_hooks())  # as an in-process worker is traced
     with connect(dsn, purpose="bench-otel") as conn:
         thread = threading.Thread(target=worker.run, daemon=True)
         started = time.perf_counter()
@@ -173,7 +173,7 @@ def _micro(runs: int, calls: int = 20_000) -> int:
         with tracing.sending(specs) as send:
             stored = json.loads(send.context) if send.context else None
         lease = Lease(1, "default", "noop", None, 0, 1, 5, now, now, now, stored)
-        hooks = tracing.instrument(WorkerHooks(), "bench") if tracing.active() else None
+        hooks = tracing.instrument(WorkerHooks()) if tracing.active() else None
         completed = Outcome("completed")
 
         def enqueue(tracing: Tracing = tracing) -> None:

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from miniqueue import tracing
 from miniqueue.tasks.app import App
 from miniqueue.worker.worker import Worker, WorkerConfig
 
@@ -37,7 +38,9 @@ def worker_starter(dsn: str, **defaults: Any) -> Iterator[StartWorker]:
     started: list[Running] = []
 
     def start(app: App, **config: Any) -> Running:
-        running = Running(Worker(app, dsn, dataclasses.replace(FAST, **{**defaults, **config})))
+        # Built as docs/operations/supervise.md builds an in-process worker, traced as it says.
+        worker = Worker(app, dsn, dataclasses.replace(FAST, **{**defaults, **config}), hooks=tracing.worker_hooks())
+        running = Running(worker)
         started.append(running)
         return running
 

@@ -61,12 +61,13 @@ and nowhere while none is set. What it costs on the hot path:
 - without the package: nothing per job; an enqueue checks ``self._tracing is None``;
 - with it, and no tracer provider: an enqueue looks up the global provider (under a
   microsecond) and stores nothing; a worker that starts without a provider does not trace
-  at all (it looks once, when :meth:`Worker.run` starts);
+  at all (:func:`worker_hooks` looks once, when the worker is built);
 - with a provider: a span per enqueue call and per attempt, as measured in docs/guides/opentelemetry.md.
 
 ``MINIQUEUE_TRACING=off`` in the environment, or :func:`disable`, turns it off; :func:`enable`
 turns it on, optionally with a tracer provider of its own instead of the global one. A client
-takes the setting in force when it is created, a worker when it starts running.
+takes the setting in force when it is created, a worker when it is built: whoever builds one
+applies :func:`worker_hooks` (the supervisor's worker processes and the testing kit's runner do).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ if TYPE_CHECKING:
     from ..tasks.job import Job
     from ..tasks.outcomes import Outcome, WorkerHooks
 
-__all__ = ["ENV", "HAVE_API", "Tracing", "current", "disable", "enable"]
+__all__ = ["ENV", "HAVE_API", "Tracing", "current", "disable", "enable", "flush", "worker_hooks"]
 
 log = logging.getLogger("miniqueue.tracing")
 
@@ -165,6 +166,26 @@ def for_worker() -> Tracing | None:
         log.debug("opentelemetry-api is installed but no tracer provider is set: this worker traces nothing")
         return None
     return tracing
+
+
+def worker_hooks(hooks: WorkerHooks | None = None) -> WorkerHooks:
+    """``hooks`` (default: none) with a consumer span around each attempt, when tracing is on for
+    a worker built now (:func:`for_worker`); ``hooks`` as they are otherwise. Whoever builds a
+    worker applies it: the supervisor's worker processes and the testing kit's runner do, and an
+    in-process worker's own code passes ``Worker(app, dsn, hooks=worker_hooks())``."""
+    from ..tasks.outcomes import WorkerHooks
+
+    hooks = hooks or WorkerHooks()
+    tracing = for_worker()
+    return hooks if tracing is None else tracing.instrument(hooks)
+
+
+def flush() -> None:
+    """Export the spans the tracer provider still buffers (see :meth:`Tracing.flush`), when
+    tracing is on: a worker process that ends with ``os._exit`` calls it once its worker stopped."""
+    tracing = for_worker()
+    if tracing is not None:
+        tracing.flush()
 
 
 class _Untraced:
@@ -237,7 +258,7 @@ class Tracing:
 
     # -- consuming -------------------------------------------------------------------------------
 
-    def instrument(self, hooks: WorkerHooks, worker_id: str) -> WorkerHooks:
+    def instrument(self, hooks: WorkerHooks) -> WorkerHooks:
         """``hooks`` with a consumer span around each attempt: started and made current on the
         handler's thread (or task) right before the handler, detached right after it, ended
         once the outcome is recorded."""
@@ -245,21 +266,21 @@ class Tracing:
 
         def on_handler_start(job: Job) -> None:
             handler_start(job)
-            self.start(job, worker_id)  # last: nothing may fail between attaching and the handler
+            self.start(job)  # last: nothing may fail between attaching and the handler
 
         def on_handler_end(job: Job) -> None:
             self.stop(job)
             handler_end(job)
 
         def on_job_end(job: Job, outcome: Outcome) -> None:
-            self.finish(job, outcome, worker_id)
+            self.finish(job, outcome)
             job_end(job, outcome)
 
         return dataclasses.replace(
             hooks, on_handler_start=on_handler_start, on_handler_end=on_handler_end, on_job_end=on_job_end
         )
 
-    def start(self, job: Job, worker_id: str, *, attach: bool = True, start_time: int | None = None) -> None:
+    def start(self, job: Job, *, attach: bool = True, start_time: int | None = None) -> None:
         """Start ``job``'s attempt span and, with ``attach``, make it current here."""
         try:
             parent = _extract(job.trace_context)
@@ -270,7 +291,7 @@ class Tracing:
                 "messaging.operation.name": "process",
                 "messaging.destination.name": job.queue,
                 "messaging.message.id": str(job.id),
-                "messaging.client.id": worker_id,
+                "messaging.client.id": job.worker_id,
                 "miniqueue.job.id": job.id,
                 "miniqueue.task": job.task,
                 "miniqueue.attempt": job.attempt,
@@ -299,12 +320,12 @@ class Tracing:
             attempt.token = None
             attempt.end_time = time.time_ns()
 
-    def finish(self, job: Job, outcome: Outcome, worker_id: str) -> None:
+    def finish(self, job: Job, outcome: Outcome) -> None:
         """Record the outcome on ``job``'s attempt span and end it."""
         try:
             if job._trace is None:  # no handler ran (a task this worker's app does not know)
                 started = time.time_ns() - int((time.monotonic() - job.started_at) * 1e9)
-                self.start(job, worker_id, attach=False, start_time=started)
+                self.start(job, attach=False, start_time=started)
             attempt: _Attempt | None = job._trace
             job._trace = None
             if attempt is not None:

@@ -24,6 +24,7 @@ from ..core.errors import AppLoadError, DatabaseUnavailable, MiniqueueError, Sch
 from ..core.process import EXIT_BOOT_ERROR, EXIT_SCHEMA_REFUSED, die_with_parent, set_label, set_title
 from ..core.service import Service
 from ..maintenance.reaper import Reaper, ReaperConfig
+from ..observability import tracing
 from ..store.migrate import check_workers_from
 from ..store.store import Store
 from ..tasks.app import App
@@ -148,11 +149,14 @@ def _run_worker(spec: ChildSpec) -> int:
         board.handler_finished(job)
         progress.handler_ended(job)
 
-    worker.hooks = WorkerHooks(
-        on_job_start=progress.job_started,
-        on_job_end=progress.job_ended,
-        on_handler_start=board.handler_started,
-        on_handler_end=handler_ended,
+    # A span per attempt when tracing is on (miniqueue.tracing), around the supervisor's hooks.
+    worker.hooks = tracing.worker_hooks(
+        WorkerHooks(
+            on_job_start=progress.job_started,
+            on_job_end=progress.job_ended,
+            on_handler_start=board.handler_started,
+            on_handler_end=handler_ended,
+        )
     )
     _install_stop_signals(worker.stop, board)
     _start_reporter(spec, worker.stop, beat=lambda: progress.beat(worker.listening), tick=progress.tick)
@@ -165,6 +169,7 @@ def _run_worker(spec: ChildSpec) -> int:
     worker.run()
     board.stop_requested()  # also when it stopped itself (max_jobs): handlers left running were not a crash
     progress.flush()
+    tracing.flush()  # the spans still buffered: this process ends with os._exit, which runs no atexit flush
     return 0
 
 

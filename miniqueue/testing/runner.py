@@ -27,6 +27,7 @@ from ..core.backoff import Backoff
 from ..core.db import Connection
 from ..core.errors import ConfigError
 from ..core.records import JobRecord, State
+from ..observability import tracing
 from ..tasks.app import App
 from ..tasks.job import Job
 from ..tasks.outcomes import Outcome, OutcomeKind, WorkerHooks
@@ -247,7 +248,7 @@ class _Run:
             schema=client.store.schema,
             worker_id=f"miniqueue-testing:{secrets.token_hex(4)}",
         )
-        hooks = WorkerHooks(on_job_start=self._started, on_job_end=self._record)
+        hooks = tracing.worker_hooks(WorkerHooks(on_job_start=self._started, on_job_end=self._record))
         self.worker = Worker(_app_for_run(app, retries, timeout), _dsn_of(client), config, hooks=hooks)
         paused = {name for name, is_paused in client.list_queues().items() if is_paused}
         self.queues = set(self.worker.queues) - paused
@@ -309,6 +310,8 @@ class _Run:
             self.worker.run()
         except BaseException as exc:  # raised in the caller's thread by run()
             self.failure = exc
+        finally:
+            tracing.flush()
 
     def _record(self, job: Job, outcome: Outcome) -> None:
         """The worker's hook, called once an outcome is recorded in the database."""

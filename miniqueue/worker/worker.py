@@ -29,7 +29,6 @@ from psycopg_pool import ConnectionPool
 from ..core.db import Connection
 from ..core.errors import ConfigError, DatabaseUnavailable
 from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES
-from ..observability import tracing
 from ..store.store import Release, Store
 from ..tasks.app import App
 from ..tasks.outcomes import Outcome, WorkerHooks
@@ -190,9 +189,6 @@ class Worker:
         ``miniqueue-supervise``, the supervisor) returns them to the queue.
         """
         cfg = self.config
-        hooks = self.hooks
-        if (traced := tracing.for_worker()) is not None:
-            self.hooks = traced.instrument(hooks, self.worker_id)  # a span per attempt (miniqueue.tracing)
         listener = listener_for(self.dsn, cfg.listen_url, self.store, self.queues, self._nudge, poll_only=cfg.poll_only)
         self._listener = listener
         heartbeat = Heartbeat(
@@ -225,9 +221,6 @@ class Worker:
                 listener.stop()
             self._claim_conn.close()
             self._handler_db.close()
-            self.hooks = hooks
-            if traced is not None:
-                traced.flush()  # before a supervised worker's os._exit, which runs no atexit flush
             log.info("worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
 
     def _loop(self) -> None:
