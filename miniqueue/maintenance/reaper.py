@@ -44,7 +44,7 @@ class ReaperConfig:
     Finished jobs are kept ``completed_retention`` (completed and cancelled, default 24 h) or
     ``failed_retention`` (dead, failed and expired, default 7 days) after they finish; ``None``
     keeps them forever. ``prune=False`` turns pruning off altogether. ``vacuum`` vacuums the
-    jobs table as claims churn it (see :mod:`miniqueue.vacuum`), on a connection of its own.
+    jobs table as claims churn it (see :mod:`miniqueue.maintenance.vacuum`), on a connection of its own.
     """
 
     interval: float = 5.0

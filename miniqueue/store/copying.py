@@ -180,7 +180,7 @@ def _copy_rows(
     due: set[str],
     trace_context: str | None,
 ) -> Iterator[tuple[Any, ...]]:
-    """The COPY rows of :meth:`Enqueuing.copy_many`, made as they stream; adds to ``due`` each
+    """The COPY rows of :meth:`Copying.copy_many`, made as they stream; adds to ``due`` each
     queue given a job that is due at once. A traced batch sends its trace context with every row."""
     for job_id, job in zip(ids, jobs, strict=True):
         if job.idempotency_key is not None or job.scopes or job.keys.keyed:
