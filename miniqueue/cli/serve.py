@@ -16,6 +16,13 @@ from typing import Any, TypeVar
 
 import click
 
+from ..core.scaling import (
+    CPU_SATURATED,
+    DEFAULT_SCALE_COOLDOWN,
+    DEFAULT_SCALE_TARGET,
+    parse_cpu_ceiling,
+    parse_workers,
+)
 from .database import current_schema, database_option, resolve_database
 from .errors import OneLineCommand, friendly_errors
 from .shards import load_map, shards_option
@@ -91,7 +98,36 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
     cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "MINIQUEUE"}
 )
 @click.option("--app", "app_ref", required=True, help="The app to run, as module:attribute.")
-@click.option("--workers", type=int, default=os.cpu_count() or 1, show_default=True, help="Worker processes.")
+@click.option(
+    "--workers",
+    "workers_text",
+    default=str(os.cpu_count() or 1),
+    show_default=True,
+    help="Worker processes: a number, or MIN:MAX to scale between them with the backlog "
+    "(see docs/operations/autoscaling.md).",
+)
+@click.option(
+    "--scale-target",
+    type=float,
+    default=DEFAULT_SCALE_TARGET,
+    show_default=True,
+    help="With --workers MIN:MAX: add a worker while the due jobs would take longer than this many seconds to drain.",
+)
+@click.option(
+    "--scale-cooldown",
+    type=float,
+    default=DEFAULT_SCALE_COOLDOWN,
+    show_default=True,
+    help="With --workers MIN:MAX: retire a worker after this many seconds idle with nothing due.",
+)
+@click.option(
+    "--scale-cpu-ceiling",
+    "scale_cpu_text",
+    default=f"{CPU_SATURATED:g}",
+    show_default=True,
+    help="With --workers MIN:MAX: add no worker while the host's CPU is at least this busy (0 to 1), "
+    "or 'off' to add workers whatever the CPU.",
+)
 @click.option("--queues", help="Comma-separated queues to claim from (default: every queue of the app's tasks).")
 @click.option(
     "--concurrency",
@@ -159,7 +195,10 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @friendly_errors
 def supervise(
     app_ref: str,
-    workers: int,
+    workers_text: str,
+    scale_target: float,
+    scale_cooldown: float,
+    scale_cpu_text: str,
     queues: str | None,
     concurrency: int,
     prefetch: str,
@@ -197,6 +236,7 @@ def supervise(
     from ..worker.prefetch import parse_prefetch
     from ..worker.worker import WorkerConfig
 
+    workers, max_workers = parse_workers(workers_text)
     configure_logging(log_level, log_format)
     worker = WorkerConfig(
         queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
@@ -215,6 +255,10 @@ def supervise(
         schema=current_schema(),
         app_ref=app_ref,
         workers=workers,
+        max_workers=max_workers,
+        scale_target=scale_target,
+        scale_cooldown=scale_cooldown,
+        scale_cpu_ceiling=parse_cpu_ceiling(scale_cpu_text),
         worker=worker,
         reaper=ReaperConfig(interval=reaper_interval, vacuum=vacuum),
         max_jobs_per_child=max_jobs_per_child,

@@ -49,6 +49,8 @@ IDENTIFIERS = {
     "shard": "miniqueue_shard",
     "id_sequence": "miniqueue_jobs_id_seq",
     "advance": "miniqueue_sequence_advance",
+    "backlog": "miniqueue_backlog",
+    "desired_workers": "miniqueue_desired_workers",
 }
 
 # A placeholder: a name in braces. SQL's own braces (an empty array, '{}') never match.

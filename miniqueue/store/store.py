@@ -24,7 +24,8 @@ substituted into them, the schema's names):
 - :mod:`~miniqueue.store.schema`: the schema's version and migrations;
 - :mod:`~miniqueue.store.shards`: a database's place in a shard map (its ids' residue);
 - :mod:`~miniqueue.store.health`: what holds the MVCC horizon back, the jobs table's dead rows and sizes;
-- :mod:`~miniqueue.store.why`: the facts that hold a job back (or say that it ran).
+- :mod:`~miniqueue.store.why`: the facts that hold a job back (or say that it ran);
+- :mod:`~miniqueue.store.scaling`: the backlog an autoscaler reads, and the workers it calls for.
 
 Every value is bound as a parameter. All times come from the database clock (``now()``).
 
@@ -51,6 +52,7 @@ from .outcomes import Failure, Outcomes, Release
 from .progress import Progress
 from .registry import Registry
 from .rows import columns as _columns
+from .scaling import Scaling
 from .schedules import StoredSchedules
 from .schema import SchemaStatements
 from .sequences import Sequences
@@ -89,6 +91,7 @@ class Store(
     History,
     Shards,
     Why,
+    Scaling,
 ):
     """All of miniqueue's SQL, for the queue tables in one schema.
 

@@ -57,6 +57,18 @@ class ChildSpec:
     shutdown_timeout: float = 10.0
     board: InflightBoard | None = None  # a worker's running handlers, shared with the supervisor
     gauge_interval: float | None = None  # the reaper reads the queue gauges this often (for /metrics)
+    scale: ScaleWatch | None = None  # the reaper reads the served queues' backlog (autoscaling)
+
+
+@dataclass(frozen=True)
+class ScaleWatch:
+    """What the reaper reads for an autoscaling supervisor, and how often."""
+
+    #: The queues the workers serve (None: the app's).
+    queues: tuple[str, ...] | None
+    interval: float
+    target: float
+    max_workers: int
 
 
 def run_child(spec: ChildSpec, close_fds: list[int]) -> None:
@@ -181,6 +193,9 @@ def _run_reaper(spec: ChildSpec) -> int:
         reports.write(spec.report_fd, [reports.Error(f"{type(exc).__name__}: {exc}")])
         return EXIT_BOOT_ERROR
     _install_stop_signals(reaper.stop)
+    if spec.scale is not None:
+        queues = spec.scale.queues or tuple(reaper.app.queues if reaper.app else ())
+        _BacklogWatch(spec, spec.scale, queues, spec.reaper.schema).start()
     beat = [reports.Beat(None)]
     _start_reporter(spec, reaper.stop, beat=lambda: reports.write(spec.report_fd, beat), tick=lambda: None)
     if spec.gauge_interval is not None:
@@ -241,6 +256,41 @@ class _Gauges(Service):
                         conn.close()
                 conn = None
             if self.stopping.wait(self.interval):
+                break
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class _BacklogWatch(Service):
+    """The reaper's thread for an autoscaling supervisor: every ``scale.interval`` seconds, read the
+    served queues' backlog (and ``miniqueue_desired_workers``, which /metrics serves) on a
+    connection of its own and send it to the supervisor, which decides. It runs until the process
+    exits; a reading that fails is skipped (the supervisor holds its workers meanwhile)."""
+
+    log = log
+
+    def __init__(self, spec: ChildSpec, scale: ScaleWatch, queues: tuple[str, ...], schema: str) -> None:
+        super().__init__("miniqueue-backlog")
+        self.spec, self.scale, self.queues, self.schema = spec, scale, queues, schema
+
+    def run(self) -> None:
+        store, scale = Store(self.schema), self.scale
+        conn: Connection | None = None
+        while True:
+            try:
+                if conn is None:
+                    conn = connect(self.spec.dsn, purpose="backlog", schema=self.schema, connect_timeout=5)
+                backlog = store.backlog(conn, self.queues)
+                desired = store.desired_workers(conn, self.queues, scale.target, scale.max_workers)
+                reports.write(self.spec.report_fd, [reports.BacklogReading(backlog, desired)])
+            except MiniqueueError as exc:
+                log.warning("cannot read the backlog for autoscaling: %s", exc)
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                conn = None
+            if self.stopping.wait(scale.interval):
                 break
         if conn is not None:
             with contextlib.suppress(Exception):

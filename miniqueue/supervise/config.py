@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..core.db import behind_pooler, check_schema, connect
 from ..core.errors import ConfigError
+from ..core.scaling import CPU_SATURATED, DEFAULT_SCALE_COOLDOWN, DEFAULT_SCALE_TARGET, Autoscaler, parse_workers
 from ..maintenance.reaper import ReaperConfig
 from ..store.migrate import check_schema_version
 from ..store.store import Store
@@ -28,7 +29,16 @@ class SupervisorConfig:
     app_ref: str
     #: The one schema of the deployment: the workers' and the reaper's configs are set to it.
     schema: str = "public"
+    #: Worker processes; with ``max_workers``, the fewest (autoscaling from ``workers`` to it).
     workers: int = os.cpu_count() or 1
+    #: ``--workers MIN:MAX``'s MAX (None: a fixed number of workers; see docs/operations/autoscaling.md).
+    max_workers: int | None = None
+    #: Autoscaling: the longest the served queues' due jobs should take to drain (seconds).
+    scale_target: float = DEFAULT_SCALE_TARGET
+    #: Autoscaling: how long workers sit idle, nothing due, before one is retired (seconds).
+    scale_cooldown: float = DEFAULT_SCALE_COOLDOWN
+    #: Autoscaling: the host's CPU busy share (0 to 1) at which no worker is added.
+    scale_cpu_ceiling: float = CPU_SATURATED
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
     max_jobs_per_child: int | None = None
@@ -49,6 +59,10 @@ class SupervisorConfig:
     def validated(self) -> SupervisorConfig:
         if self.workers < 1:
             raise ConfigError(f"--workers {self.workers} is invalid: run at least 1 worker process")
+        if self.max_workers is not None:
+            parse_workers(f"{self.workers}:{self.max_workers}")
+        # The scaling options are checked even for a fixed number of workers: a typo is an error.
+        Autoscaler(self.workers, self.max_workers or self.workers, self.scale_target, self.scale_cooldown)
         if self.max_jobs_per_child is not None and self.max_jobs_per_child < 1:
             raise ConfigError(f"--max-jobs-per-child {self.max_jobs_per_child} is invalid: use 1 or more")
         if self.max_memory_mb is not None and not self.max_memory_mb > 0:
@@ -77,8 +91,11 @@ def check_database(config: SupervisorConfig, store: Store) -> None:
     own = 2 if worker.poll_only else 3
     pools = 2 * min(worker.concurrency, POOL_MAX_SIZE)
     per_worker = own + pools
-    # The reaper's (and its vacuum's, and with --metrics-port its gauge reader's) and the supervisor's own.
-    needed = config.workers * per_worker + 2 + int(config.reaper.vacuum) + int(config.metrics_port is not None)
+    # The reaper's (and its vacuum's, with --metrics-port its gauge reader's, and when autoscaling
+    # its backlog reader's) and the supervisor's own; an autoscaling supervisor's MAX workers.
+    workers = config.max_workers or config.workers
+    readers = int(config.metrics_port is not None) + int(config.max_workers is not None)
+    needed = workers * per_worker + 2 + int(config.reaper.vacuum) + readers
     with connect(config.dsn, purpose="supervisor", schema=store.schema) as conn:
         check_schema_version(conn, store.schema)
         limit, reserved, in_use = store.connection_capacity(conn)
@@ -88,10 +105,15 @@ def check_database(config: SupervisorConfig, store: Store) -> None:
     if needed > available:
         fit = max(0, (available - 2) // per_worker)
         raise ConfigError(
-            f"--workers {config.workers} --concurrency {worker.concurrency} needs {needed} connections "
+            f"--workers {_workers(config)} --concurrency {worker.concurrency} needs {needed} connections "
             f"({per_worker} per worker: {own} of its own and up to {pools} for job.transaction() and "
             "job.atransaction(); "
             f"plus the reaper and the supervisor) but the server has {available} free "
             f"(max_connections {limit}, {reserved} reserved, {in_use} in use): run at most {fit} worker(s) "
             "at this concurrency, lower --concurrency, or raise max_connections"
         )
+
+
+def _workers(config: SupervisorConfig) -> str:
+    """``--workers`` as it was given."""
+    return str(config.workers) if config.max_workers is None else f"{config.workers}:{config.max_workers}"

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -150,6 +150,19 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_QueueCollector(processes, gauges, database))
+        #: With ``--workers MIN:MAX`` (see docs/operations/autoscaling.md).
+        self.supervisor_workers = Gauge(
+            "miniqueue_supervisor_workers",
+            "Worker processes the autoscaling supervisor aims at (target) and runs (running)",
+            ["state"],
+            registry=self.registry,
+        )
+        self.desired_workers = Gauge(
+            "miniqueue_desired_workers",
+            "Worker processes that would drain the served queues within --scale-target "
+            "(miniqueue_desired_workers), for a horizontal autoscaler",
+            registry=self.registry,
+        )
 
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         """Count a worker's tally of finished jobs."""

@@ -15,7 +15,9 @@ Each report is one line of space-separated words, the kind first:
 - ``queue <name> <available> <running> <completed> <failed> <dead> <cancelled> <scheduled>
   <oldest|-> <expired>`` per queue, then ``gauges 1|0``: the reaper's periodic reading of the
   queue gauges (``0``: the database did not answer), which ``/metrics`` serves; before ``gauges``,
-  ``limit <waiting> <scope>`` per limit that jobs wait on.
+  ``limit <waiting> <scope>`` per limit that jobs wait on;
+- ``backlog <due> <walked> <oldest> <running> <desired|->``: the reaper's reading of the served
+  queues' backlog for autoscaling, with ``miniqueue_desired_workers`` (``-``: not read).
 
 Text is escaped (backslash and newline) so that a report never spans lines, and a line is at
 most :data:`LINE_LIMIT` bytes, so that a write of one arrives whole (below ``PIPE_BUF``) even
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..core.records import QueueStats, State
+from ..core.scaling import Backlog
 
 #: The longest report line, and the most written at once (below PIPE_BUF, 4096 on Linux).
 LINE_LIMIT = 4000
@@ -136,6 +139,14 @@ class GaugesSent(NamedTuple):
     database_up: bool
 
 
+class BacklogReading(NamedTuple):
+    """The served queues' backlog, as the reaper read it for autoscaling, and the worker
+    processes ``miniqueue_desired_workers`` calls for (None: not read)."""
+
+    backlog: Backlog
+    desired: int | None
+
+
 Report = (
     Beat
     | Ready
@@ -150,6 +161,7 @@ Report = (
     | HorizonGauge
     | DeadRowsGauge
     | GaugesSent
+    | BacklogReading
 )
 #: A queue line's counts, one per state in the order State declares them: the children are forked
 #: from the supervisor, so both ends of the pipe read the same order.
@@ -201,6 +213,9 @@ def _words(report: Report) -> str:
         return f"horizon {seconds} {pid} {_escape(report.kind)} {_escape(report.name or '')}"
     if isinstance(report, DeadRowsGauge):
         return f"deadrows {report.dead_rows}"
+    if isinstance(report, BacklogReading):
+        b, desired = report.backlog, "-" if report.desired is None else str(report.desired)
+        return f"backlog {b.due} {b.walked} {b.oldest_seconds:.3f} {b.running} {desired}"
     if isinstance(report, Done):
         tally = report.tally
         buckets = ",".join(map(str, tally.buckets))
@@ -254,6 +269,10 @@ def decode(line: bytes) -> Report:
         return HorizonGauge(_unescape(what), None if pid == "-" else int(pid), _unescape(name) or None, held)
     if kind == "deadrows":
         return DeadRowsGauge(int(rest))
+    if kind == "backlog":
+        due, walked, oldest, running, desired = rest.split(" ")
+        backlog = Backlog(int(due), int(walked), float(oldest), int(running))
+        return BacklogReading(backlog, None if desired == "-" else int(desired))
     if kind == "sequence":
         job_id, waiting, key = rest.split(" ", 2)
         return SequenceGauge(_unescape(key), int(job_id), int(waiting))

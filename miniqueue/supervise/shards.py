@@ -61,7 +61,10 @@ class ShardedSupervisor:
 
     def __init__(self, config: SupervisorConfig, shards: ShardMap) -> None:
         self.shards = shards
-        shares = split_workers(config.workers, list(shards.databases.values()))
+        databases = list(shards.databases.values())
+        shares = split_workers(config.workers, databases)
+        # --workers MIN:MAX: each database's supervisor scales its share on its own backlog.
+        highs = None if config.max_workers is None else split_workers(config.max_workers, databases)
         self.plans: dict[str, SupervisorConfig] = {}
         for number, database in enumerate(shards.databases.values()):
             if database.name not in shares:
@@ -74,6 +77,7 @@ class ShardedSupervisor:
                 config,
                 dsn=database.url,
                 workers=shares[database.name],
+                max_workers=None if highs is None else max(highs[database.name], shares[database.name]),
                 metrics_port=port,
                 database=database.name,
                 reaper=reaper,

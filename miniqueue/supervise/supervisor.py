@@ -31,6 +31,7 @@ import psutil
 from ..core.db import mask_dsn
 from ..core.errors import AppLoadError
 from ..core.process import EXIT_BOOT_ERROR, EXIT_SCHEMA_REFUSED, describe_exit, host_name, set_title, signal_name
+from ..core.scaling import Autoscaler, RateMeter, Reading
 from ..store.store import Store
 from ..tasks.app import App
 from ..tasks.batch import MAX_BATCH_SIZE
@@ -38,7 +39,7 @@ from ..tasks.loading import load_app
 from ..worker.inflight import InflightBoard
 from ..worker.worker import new_worker_id
 from . import decisions, reports
-from .child import ChildSpec, run_app_check, run_child
+from .child import ChildSpec, ScaleWatch, run_app_check, run_child
 from .children import Child
 from .config import SupervisorConfig, check_database
 from .decisions import RestartBackoff
@@ -51,6 +52,8 @@ from .systemd import Notifier
 log = logging.getLogger("miniqueue.supervisor")
 
 TICK_SECONDS = 1.0
+#: How often an autoscaling supervisor's reaper reads the backlog (each reading is decided on).
+SCALE_READ_SECONDS = 1.0
 
 
 class Supervisor:
@@ -75,6 +78,23 @@ class Supervisor:
         host = host_name()
         self.registry = ProcessRegistry(config.dsn, self.store, host, f"{host}:{os.getpid()}:{secrets.token_hex(3)}")
         self.notifier = Notifier()
+        #: With --workers MIN:MAX: the decisions, the rate the workers finish jobs at, and the
+        #: reaper's latest reading of the backlog (decided on once, when it arrives).
+        self.autoscaler = (
+            None
+            if config.max_workers is None
+            else Autoscaler(
+                config.workers,
+                config.max_workers,
+                config.scale_target,
+                config.scale_cooldown,
+                cpu_ceiling=config.scale_cpu_ceiling,
+            )
+        )
+        self.finished = RateMeter()
+        self.backlog: reports.BacklogReading | None = None
+        self.desired: int | None = None
+        self.held_by = ""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -83,6 +103,7 @@ class Supervisor:
         set_title("supervisor")
         self.signals.install()  # first: a TERM during start-up must stop us cleanly, not kill us
         check_database(self.config, self.store)
+        psutil.cpu_percent(None)  # the first reading of the host's CPU starts here
         self.slots = dict.fromkeys([*(f"worker-{i}" for i in range(1, self.config.workers + 1)), "reaper"])
         if self.config.preload:
             self.app = load_app(self.config.app_ref)
@@ -90,9 +111,11 @@ class Supervisor:
             self.check_app()
         if self.config.metrics_port is not None:
             self.probes = Probes(self.config.metrics_host, self.config.metrics_port, database=self.config.database)
+        scaling = "" if self.config.max_workers is None else f" (autoscaling up to {self.config.max_workers})"
         log.info(
-            "supervisor starting %d worker(s) and a reaper for %s on %s",
+            "supervisor starting %d worker(s)%s and a reaper for %s on %s",
             self.config.workers,
+            scaling,
             self.config.app_ref,
             mask_dsn(self.config.dsn),
         )
@@ -151,6 +174,7 @@ class Supervisor:
         else:
             self.murder_workers()
             self.spawn_missing()
+            self.autoscale()
         if self.registry.due():
             busy = self.registry.refresh(self.children.values(), self.backoff.restarts)
             workers = len(self.slots) - 1
@@ -239,8 +263,9 @@ class Supervisor:
                 self.retire(child, "replaced by HUP")
                 self.slots[slot] = None
 
-    def resize(self, delta: int) -> None:
-        """TTIN/TTOU: one worker more or fewer (never fewer than one; see :func:`decisions.resize`)."""
+    def resize(self, delta: int, why: str = "removed by TTOU") -> None:
+        """TTIN/TTOU, or autoscaling: one worker more or fewer (never fewer than one; see
+        :func:`decisions.resize`); a worker removed is stopped gracefully, for ``why``."""
         change = decisions.resize(self.slots, delta)
         if change is None:
             return
@@ -251,8 +276,32 @@ class Supervisor:
             child = self.slots.pop(change.slot)
             self.restart_at.pop(change.slot, None)
             if child is not None:
-                self.retire(child, "removed by TTOU")
+                self.retire(child, why)
             log.info("removing %s (now %d workers)", change.slot, change.workers)
+
+    def autoscale(self) -> None:
+        """With --workers MIN:MAX, on each reading of the backlog the reaper sends: one worker
+        more or fewer, as :class:`~miniqueue.core.scaling.Autoscaler` decides (each change and
+        each new reason to hold is logged)."""
+        if self.autoscaler is None or self.backlog is None or not self.announced_ready:
+            return
+        backlog, self.backlog = self.backlog.backlog, None
+        workers = [slot for slot in self.slots if slot != "reaper"]
+        busy = sum(1 for c in self.children.values() if c.board is not None and not c.retiring and c.board.running())
+        now = time.monotonic()
+        reading = Reading(backlog, self.finished.rate(now), len(workers), busy, psutil.cpu_percent(None) / 100)
+        decision = self.autoscaler.decide(reading, now)
+        if decision.change:
+            self.held_by = ""
+            log.info("autoscaling: %s", decision.reason)
+            self.resize(decision.change, "retired by autoscaling")
+        elif decision.hold != "starting" and decision.hold != self.held_by:
+            self.held_by = decision.hold  # said once, until what holds the workers changes
+            if decision.hold:
+                log.info("autoscaling holds at %d worker(s): %s", len(workers), decision.reason)
+        if self.probes:
+            running = sum(1 for c in self.children.values() if c.worker_id and not c.retiring)
+            self.probes.scaling(len(self.slots) - 1, running, self.desired)
 
     def retire(self, child: Child, why: str, *, charge: bool = False) -> None:
         """Stop ``child`` gracefully. With ``charge``, a job it is made to abandon is charged an
@@ -313,7 +362,11 @@ class Supervisor:
         )
         if slot == "reaper":
             gauges = None if self.config.metrics_port is None else self.config.metrics_interval
-            return dataclasses.replace(spec, reaper=self.config.reaper, gauge_interval=gauges)
+            scale = None
+            if self.config.max_workers is not None:
+                queues = tuple(self.config.worker.queues) if self.config.worker.queues else None
+                scale = ScaleWatch(queues, SCALE_READ_SECONDS, self.config.scale_target, self.config.max_workers)
+            return dataclasses.replace(spec, reaper=self.config.reaper, gauge_interval=gauges, scale=scale)
         return dataclasses.replace(
             spec,
             worker_suffix=suffix,
@@ -335,6 +388,10 @@ class Supervisor:
     def take_reports(self, child: Child) -> None:
         """Read what ``child`` said; act on what concerns more than the child itself."""
         for report in child.read():
+            if isinstance(report, reports.Done):
+                self.finished.add(report.tally.count, time.monotonic())
+            if isinstance(report, reports.BacklogReading):
+                self.backlog, self.desired = report, report.desired
             if isinstance(report, reports.Ready):
                 self.backoff.booted()
                 log.info("%s (pid %d) ready", child.slot, child.pid)
