@@ -15,7 +15,7 @@
  *
  * Each action names the statements of tests/sql/store.sql it stands for in a comment
  * "sql: _name ..." above it; the statements that change no job's state in this protocol are in
- * the comment "outside" at the end of this file, each with why. tests/test_protocol_model.py
+ * the comment "outside" at the end of this file, each with why. tests/unit/test_protocol_model.py
  * checks that every statement of the snapshot is named exactly once in the two.
  */
 
@@ -525,6 +525,8 @@ ltl no_job_lost { <> [] ALL_JOBS(FINAL) }
  *   _record_version             records a migration
  *   _horizon                    reads what holds the MVCC horizon back
  *   _table_health               reads table statistics
+ *   _backlog                    reads the backlog an autoscaler acts on
+ *   _desired_workers            reads how many workers would drain it in time
  *   _release_sequence           lets a blocked sequence go on: sequences are left out
  *   _blocked_sequences          reads the blocked sequences
  *   _sequence                   reads a sequence

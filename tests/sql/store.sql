@@ -2247,3 +2247,9 @@ SELECT count(*) FROM (
         AND (j.scheduled_at, j.id) < (%(scheduled_at)s::timestamptz, %(id)s::bigint)
       LIMIT %(cap)s)
 ) a;
+
+-- _backlog
+SELECT due, walked, oldest_seconds, running FROM "public"."miniqueue_backlog"(%(queues)s::text[]);
+
+-- _desired_workers
+SELECT "public"."miniqueue_desired_workers"(%(queues)s::text[], %(target)s::float8, %(max_workers)s::int);
