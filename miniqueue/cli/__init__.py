@@ -7,7 +7,7 @@ only the migrator).
 ``periodic``, ``admin`` and ``serve``; these share ``errors`` (one-line errors and exit
 statuses), ``database`` (``--database-url``/``--schema`` and the client on them), ``params``
 (the kinds of value options take) and ``output`` (``--json``). ``demo`` is the app ``miniqueue
-demo`` runs. ``tests/test_cli_surface.py`` pins every command's help and options.
+demo`` runs. ``tests/unit/test_cli_surface.py`` pins every command's help and options.
 """
 
 from .main import main, supervise_main

@@ -1,4 +1,4 @@
-"""A traced app for tests/test_otel.py's supervisor test: as docs/guides/opentelemetry.md says, the SDK's tracer
+"""A traced app for tests/db/test_otel.py's supervisor test: as docs/guides/opentelemetry.md says, the SDK's tracer
 provider is set up in the module the workers load. It exports each span as a line of JSON to
 ``$MINIQUEUE_TEST_SPANS`` through a BatchSpanProcessor that would wait a minute before exporting
 on its own: the spans reach the file only because each worker flushes its provider when it

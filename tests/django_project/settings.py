@@ -23,6 +23,6 @@ DATABASES = {
     }
 }
 MINIQUEUE = {"APP": "tests.django_project.shop.tasks:app"}
-# Set by tests/test_django.py to check that a router's allow_migrate keeps miniqueue's tables off.
+# Set by tests/db/test_django.py to check that a router's allow_migrate keeps miniqueue's tables off.
 if os.environ.get("DJANGO_TEST_NO_QUEUE_MIGRATE"):
     DATABASE_ROUTERS = ["tests.django_project.shop.routers.NoQueueMigrations"]

@@ -1,5 +1,5 @@
 """The shop's own tests, run by Django's test runner (``manage.py test tests.django_project.shop``,
-which tests/test_django.py runs in a subprocess) with miniqueue's testing kit: the runner's new
+which tests/db/test_django.py runs in a subprocess) with miniqueue's testing kit: the runner's new
 test database gets the queue's tables from ``migrate``, the assertions see what a
 ``TestCase``'s uncommitted transaction enqueued, and the test database is dropped at the end."""
 
