@@ -86,6 +86,10 @@ class RateMeter:
         if count:
             self._counts.append((now, count))
 
+    def measured_for(self, now: float) -> float:
+        """How long the meter has been measuring (0 before its first count)."""
+        return 0.0 if self._since is None else now - self._since
+
     def rate(self, now: float) -> float:
         while self._counts and self._counts[0][0] <= now - self.window:
             self._counts.popleft()
@@ -107,6 +111,8 @@ class Reading(NamedTuple):
     busy: int
     #: The host's CPU busy share since the last decision, 0 to 1.
     cpu: float
+    #: How long the rate has been measured: a rate of 0 means "none finished" only after a window.
+    measured_for: float = RATE_WINDOW_SECONDS
 
 
 class Decision(NamedTuple):
@@ -150,6 +156,12 @@ class Autoscaler:
         self.idle_since = (self.idle_since if self.idle_since is not None else now) if idle else None
         if behind:
             why = _behind(backlog, reading.rate, drain, self.target)
+            if (
+                math.isinf(drain)
+                and reading.measured_for < RATE_WINDOW_SECONDS
+                and backlog.oldest_seconds <= self.target
+            ):
+                return Decision(0, f"{why}: the workers' rate is not measured yet", "starting")
             if workers >= self.high:
                 return Decision(0, f"{why}, at the maximum of {self.high}", "maximum")
             if reading.cpu >= self.cpu_ceiling:

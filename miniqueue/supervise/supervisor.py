@@ -286,10 +286,12 @@ class Supervisor:
         if self.autoscaler is None or self.backlog is None or not self.announced_ready:
             return
         backlog, self.backlog = self.backlog.backlog, None
+        now = time.monotonic()
+        self.finished.add(0, now)  # the rate is measured from the first reading on
         workers = [slot for slot in self.slots if slot != "reaper"]
         busy = sum(1 for c in self.children.values() if c.board is not None and not c.retiring and c.board.running())
-        now = time.monotonic()
-        reading = Reading(backlog, self.finished.rate(now), len(workers), busy, psutil.cpu_percent(None) / 100)
+        cpu = psutil.cpu_percent(None) / 100
+        reading = Reading(backlog, self.finished.rate(now), len(workers), busy, cpu, self.finished.measured_for(now))
         decision = self.autoscaler.decide(reading, now)
         if decision.change:
             self.held_by = ""

@@ -96,6 +96,15 @@ def test_jobs_due_and_none_finished_yet_adds_a_worker() -> None:
     assert decision.change == +1 and "no job finished lately" in decision.reason
 
 
+def test_at_start_no_rate_yet_is_not_read_as_no_job_finishing() -> None:
+    scaler = Autoscaler(1, 4, target=30)
+    starting = Reading(backlog(4000), 0.0, 1, 1, 0.2, measured_for=1.0)
+    assert scaler.decide(starting, now=1.0)[::2] == (0, "starting")
+    assert scaler.decide(starting._replace(measured_for=5.0), now=5.0).change == +1
+    late = Reading(backlog(4000, oldest=31.0), 0.0, 1, 1, 0.2, measured_for=1.0)
+    assert Autoscaler(1, 4, target=30).decide(late, now=1.0).change == +1, "jobs waiting past the target do not wait"
+
+
 def test_a_saturated_cpu_holds_and_says_so() -> None:
     scaler = Autoscaler(1, 4, target=30)
     decision = scaler.decide(reading(4000, rate=45.0, workers=2, busy=2, cpu=0.97), now=10.0)
