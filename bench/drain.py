@@ -144,12 +144,17 @@ def database_clock(conn: Connection) -> dt.datetime:
     return now
 
 
+def drained(conn: Connection) -> bool:
+    """Whether no job of the bench's queue is available or running."""
+    row = conn.execute(_DRAINED, {"queue": QUEUE}).fetchone()
+    return bool(row and row[0])
+
+
 def wait_drained(conn: Connection) -> None:
     """Poll until no job is available or running; raise after DRAIN_TIMEOUT_SECONDS."""
     deadline = time.monotonic() + DRAIN_TIMEOUT_SECONDS
     while True:
-        row = conn.execute(_DRAINED, {"queue": QUEUE}).fetchone()
-        if row and row[0]:
+        if drained(conn):
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"the supervisor did not drain the queue within {DRAIN_TIMEOUT_SECONDS:.0f} s")

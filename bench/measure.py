@@ -46,6 +46,11 @@ class Sample:
     # The scale-reads row: a /metrics scrape and a dashboard overview, in ms (medians of 5).
     scrape_ms: float | None = None
     overview_ms: float | None = None
+    # The autoscaling rows: when a second worker ran (ms from the commit), the most workers seen,
+    # and when the supervisor was back at its minimum (ms from the drain's end).
+    scale_up_ms: float | None = None
+    peak_workers: int | None = None
+    scale_down_ms: float | None = None
 
     @property
     def jobs_per_s(self) -> float:

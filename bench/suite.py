@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from . import (
+    autoscale,
     batch,
     claim,
     cpu,
@@ -38,6 +39,7 @@ BENCHMARKS: list[Benchmark] = [
     *fairness.BENCHMARKS,
     *latency.BENCHMARKS,
     *cpu.BENCHMARKS,
+    *autoscale.BENCHMARKS,
     *iobound.BENCHMARKS,
     *scale.BENCHMARKS,
     *limits.BENCHMARKS,

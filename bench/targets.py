@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .autoscale import BASELINE as AUTOSCALE_BASELINE
+from .autoscale import TARGETS as AUTOSCALE
 from .batch import TARGETS as BATCH_TARGETS
 from .claim import FLOOR_DRAIN
 from .cpu import BASELINE, Calibration
@@ -95,6 +97,7 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                     name,
                 )
             )
+    verdicts += _autoscaling(by_name)
     if (reads := by_name.get("scale-reads")) is not None:
         for label, field, limit in (
             ("miniqueue stats, end to end", "p50_ms", 300.0),
@@ -229,6 +232,47 @@ def render_cpu_table(ratios: Sequence[Ratio], calibration: Calibration | None) -
         f"CPU-bound jobs ({work} per job), processes vs threads. 'worker cores' is the CPU time the "
         f"worker processes used per second of the run: how many cores they actually got.\n\n{table}"
     )
+
+
+def _autoscaling(by_name: dict[str, RowResult]) -> list[Verdict]:
+    """The autoscaling rows' targets (see :mod:`bench.autoscale`)."""
+    burst, fixed = by_name.get("autoscale-burst"), by_name.get(AUTOSCALE_BASELINE)
+    if burst is None:
+        return []
+    found = []
+    if fixed is not None and fixed.jobs_per_s:
+        share = burst.jobs_per_s / fixed.jobs_per_s
+        found.append(
+            _at_least(
+                f"autoscale-burst / {AUTOSCALE_BASELINE} (same run)",
+                share,
+                AUTOSCALE["share"],
+                lambda v: f"{v:.2f}x",
+                f"autoscale-burst / {AUTOSCALE_BASELINE}",
+            )
+        )
+    for label, field in (
+        ("a second worker, from the commit", "scale_up_ms"),
+        ("back at one, from the drain's end", "scale_down_ms"),
+    ):
+        value = burst.median_of(field)
+        limit = AUTOSCALE[field]
+        found.append(
+            _at_most(
+                f"autoscale-burst: {label}", float("inf") if value is None else value, limit, _ms, "autoscale-burst"
+            )
+        )
+    if (peak := burst.median_of("peak_workers")) is not None:
+        found.append(
+            _at_most(
+                "autoscale-burst: the most workers (2 cores)",
+                peak,
+                AUTOSCALE["peak_workers"],
+                lambda v: f"{v:.0f}",
+                "autoscale-burst",
+            )
+        )
+    return found
 
 
 def render_verdicts(verdicts: Sequence[Verdict]) -> str:
