@@ -101,8 +101,7 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option(
     "--workers",
     "workers_text",
-    default=str(os.cpu_count() or 1),
-    show_default=True,
+    show_default="the host's CPUs",
     help="Worker processes: a number, or MIN:MAX to scale between them with the backlog "
     "(see docs/operations/autoscaling.md).",
 )
@@ -195,7 +194,7 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @friendly_errors
 def supervise(
     app_ref: str,
-    workers_text: str,
+    workers_text: str | None,
     scale_target: float,
     scale_cooldown: float,
     scale_cpu_text: str,
@@ -236,7 +235,7 @@ def supervise(
     from ..worker.prefetch import parse_prefetch
     from ..worker.worker import WorkerConfig
 
-    workers, max_workers = parse_workers(workers_text)
+    workers, max_workers = parse_workers(workers_text or str(os.cpu_count() or 1))
     configure_logging(log_level, log_format)
     worker = WorkerConfig(
         queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,

@@ -100,11 +100,12 @@ class Probes:
     def jobs_finished(self, queue: str, task: str, outcome: str, tally: Tally) -> None:
         self.metrics.jobs_finished(queue, task, outcome, tally)
 
-    def scaling(self, target: int, running: int, desired: int | None) -> None:
-        """An autoscaling supervisor's workers: the number it aims at, the number running, and
-        what ``miniqueue_desired_workers`` last said (None: not read yet)."""
-        self.metrics.supervisor_workers.labels("target").set(target)
-        self.metrics.supervisor_workers.labels("running").set(running)
+    def scaling(self, target: int | None, running: int | None, desired: int | None) -> None:
+        """An autoscaling supervisor's workers, the number it aims at and the number running (None:
+        not autoscaling), and what ``miniqueue_desired_workers`` last said (None: not read yet)."""
+        if target is not None and running is not None:
+            self.metrics.supervisor_workers.labels("target").set(target)
+            self.metrics.supervisor_workers.labels("running").set(running)
         if desired is not None:
             self.metrics.desired_workers.set(desired)
 

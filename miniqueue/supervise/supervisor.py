@@ -54,6 +54,8 @@ log = logging.getLogger("miniqueue.supervisor")
 TICK_SECONDS = 1.0
 #: How often an autoscaling supervisor's reaper reads the backlog (each reading is decided on).
 SCALE_READ_SECONDS = 1.0
+#: The most workers /metrics' miniqueue_desired_workers says, for a fixed number of workers.
+DESIRED_WORKERS_CAP = 100
 
 
 class Supervisor:
@@ -280,12 +282,16 @@ class Supervisor:
             log.info("removing %s (now %d workers)", change.slot, change.workers)
 
     def autoscale(self) -> None:
-        """With --workers MIN:MAX, on each reading of the backlog the reaper sends: one worker
+        """On each reading of the backlog the reaper sends: with --workers MIN:MAX, one worker
         more or fewer, as :class:`~miniqueue.core.scaling.Autoscaler` decides (each change and
-        each new reason to hold is logged)."""
-        if self.autoscaler is None or self.backlog is None or not self.announced_ready:
+        each new reason to hold is logged); and the gauges /metrics serves."""
+        if self.backlog is None or not self.announced_ready:
             return
         backlog, self.backlog = self.backlog.backlog, None
+        if self.autoscaler is None:
+            if self.probes:
+                self.probes.scaling(None, None, self.desired)
+            return
         now = time.monotonic()
         self.finished.add(0, now)  # the rate is measured from the first reading on
         workers = [slot for slot in self.slots if slot != "reaper"]
@@ -364,10 +370,13 @@ class Supervisor:
         )
         if slot == "reaper":
             gauges = None if self.config.metrics_port is None else self.config.metrics_interval
+            # Read when autoscaling (each reading is decided on) and for /metrics' desired workers.
             scale = None
-            if self.config.max_workers is not None:
+            if self.config.max_workers is not None or self.config.metrics_port is not None:
                 queues = tuple(self.config.worker.queues) if self.config.worker.queues else None
-                scale = ScaleWatch(queues, SCALE_READ_SECONDS, self.config.scale_target, self.config.max_workers)
+                interval = SCALE_READ_SECONDS if self.config.max_workers is not None else self.config.metrics_interval
+                most = self.config.max_workers or DESIRED_WORKERS_CAP
+                scale = ScaleWatch(queues, interval, self.config.scale_target, most)
             return dataclasses.replace(spec, reaper=self.config.reaper, gauge_interval=gauges, scale=scale)
         return dataclasses.replace(
             spec,

@@ -16,7 +16,8 @@ from miniqueue.core.db import Connection
 from miniqueue.store.store import Store
 
 from ..helpers import count, wait_until
-from ..supervised import Fleet, StartSupervisor
+from ..supervised import Fleet, StartSupervisor, free_ports_after
+from .test_metrics import scrape_until, value
 
 APP = "tests.apps.supervised:app"
 QUEUE = "scaled"
@@ -160,8 +161,14 @@ def test_a_backlog_grows_the_workers_and_an_idle_spell_takes_them_back_uncharged
         [json.dumps({"sleep_on": [1], "seconds": 0.05, "deaf": True}), QUEUE],
     )
     scaling = ("--workers", "1:3", "--scale-target", "1", "--scale-cooldown", "2", "--scale-cpu-ceiling", "off")
-    sup = supervise(*scaling, "--queues", QUEUE, workers=1)
+    port = free_ports_after(1) + 1
+    sup = supervise(*scaling, "--queues", QUEUE, "--metrics-port", str(port), workers=1)
     wait_until(lambda: len(sup.workers()) == 3, timeout=30, what="three workers, the maximum")
+    samples = scrape_until(
+        port, lambda s: value(s, "miniqueue_supervisor_workers", state="target") == 3, "the target on /metrics"
+    )
+    assert value(samples, "miniqueue_supervisor_workers", state="running") in (2, 3)
+    assert (value(samples, "miniqueue_desired_workers") or 0) >= 1
     wait_until(lambda: count(conn, "state = 'completed'") == 240, timeout=60, what="the backlog drained")
     wait_until(lambda: len(sup.workers()) == 1, timeout=30, what="back to one worker, the minimum")
     log = sup.output()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,11 +27,6 @@ EXPECTED = Path(__file__).parents[1] / "cli_surface"
 
 #: ``miniqueue-supervise`` is ``miniqueue supervise`` under a name of its own.
 supervise = main.commands["supervise"]
-
-#: ``--workers`` defaults to this machine's core count: the expected files hold this instead.
-CORES = "<os.cpu_count()>"
-_WORKERS_DEFAULT = re.compile(r"(--workers INTEGER +Worker processes\. +\[default: )\d+(\])")
-
 
 def command_paths(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """The words that name every command below ``group`` (``("jobs", "list")``...), depth first."""
@@ -50,7 +44,7 @@ def help_text(command: click.Command, prog_name: str, path: tuple[str, ...]) -> 
     its CliRunner would wrap at 80 unless told)."""
     result = CliRunner().invoke(command, [*path, "--help"], prog_name=prog_name, terminal_width=78)
     assert result.exit_code == 0, result.output
-    return _WORKERS_DEFAULT.sub(rf"\g<1>{CORES}\g<2>", result.stdout)
+    return result.stdout
 
 
 def all_help() -> str:
@@ -74,9 +68,6 @@ def describe(command: click.Command, ctx: click.Context) -> dict[str, Any]:
             sub = command.get_command(ctx, name)
             assert sub is not None
             info["commands"][name] = describe(sub, click.Context(sub, info_name=name, parent=ctx))
-    for param in info["params"]:
-        if param["name"] == "workers":
-            param["default"] = CORES
     return info
 
 
