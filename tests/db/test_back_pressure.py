@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -22,14 +21,9 @@ from miniqueue.tasks.job import Job
 from miniqueue.web import create_app
 
 from ..helpers import row, wait_until
-from ..running import StartWorker, worker_starter
+from ..running import StartWorker
 
 PAUSE = 2.0
-
-
-@pytest.fixture
-def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn)
 
 
 @pytest.fixture

@@ -26,9 +26,6 @@ from miniqueue.worker.batching import batch_capacity
 from ..helpers import count, row, wait_until
 from ..running import StartWorker
 from ..supervised import Fleet, StartSupervisor
-from . import test_worker
-
-start_worker = test_worker.start_worker
 
 BATCH_APP = "tests.apps.batch_app:app"
 

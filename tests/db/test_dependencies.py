@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,14 +16,9 @@ from miniqueue.tasks.job import Job
 from miniqueue.web import create_app
 
 from ..helpers import count, expire_lease, row, wait_until
-from ..running import StartWorker, worker_starter
+from ..running import StartWorker
 from .test_cli import run
 from .test_web import on_localhost
-
-
-@pytest.fixture
-def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn)
 
 
 class Recorder:

@@ -37,17 +37,12 @@ from miniqueue.core.db import Connection
 from miniqueue.testing import run_jobs
 
 from ..helpers import count, row, wait_until
-from ..running import StartWorker, worker_starter
+from ..running import StartWorker
 from ..supervised import Fleet, StartSupervisor
 from .test_otel import Spans, span_id, spans, traced_client, tracing_state
 from .test_periodic import hourly_due, recorded, report_app, scheduler, set_last_slot
 
 __all__ = ["spans", "traced_client", "tracing_state"]  # the tracing fixtures, used by name
-
-
-@pytest.fixture
-def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn)
 
 
 class Stamp(Middleware):

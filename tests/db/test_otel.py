@@ -36,10 +36,6 @@ from miniqueue.testing import run_jobs
 from ..helpers import row, wait_until
 from ..running import StartWorker
 from ..supervised import FAST, Supervised
-from . import test_worker
-
-# The worker tests' fixture: a worker on a thread, stopped at the end.
-start_worker = test_worker.start_worker
 
 
 class Spans:

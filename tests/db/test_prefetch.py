@@ -18,7 +18,6 @@ from miniqueue.worker.prefetch import AUTO_CAP, PrefetchPolicy, parse_prefetch
 
 from ..helpers import count, row, wait_until
 from ..running import StartWorker
-from .test_worker import start_worker  # noqa: F401 (the fixture)
 
 
 @pytest.mark.parametrize(("given", "parsed"), [("auto", "auto"), ("0", 0), ("250", 250), (7, 7)])
@@ -62,7 +61,7 @@ def test_auto_is_stuck_only_when_every_thread_outlived_the_budget() -> None:
 def test_a_new_worker_claims_only_its_free_threads(
     client: Client,
     conn: Connection,
-    start_worker: StartWorker,  # noqa: F811
+    start_worker: StartWorker,
 ) -> None:
     app = App()
     release = threading.Event()
@@ -81,7 +80,7 @@ def test_a_new_worker_claims_only_its_free_threads(
 def test_jobs_waiting_behind_a_long_job_are_handed_back_for_another_worker(
     client: Client,
     conn: Connection,
-    start_worker: StartWorker,  # noqa: F811
+    start_worker: StartWorker,
 ) -> None:
     app = App()
     long_started, release = threading.Event(), threading.Event()
@@ -123,7 +122,7 @@ def test_jobs_waiting_behind_a_long_job_are_handed_back_for_another_worker(
 def test_a_prefetched_job_whose_lease_may_have_ended_is_handed_back_at_once_and_runs(
     client: Client,
     conn: Connection,
-    start_worker: StartWorker,  # noqa: F811
+    start_worker: StartWorker,
 ) -> None:
     app = App()
     app.task("slow")(lambda job: time.sleep(1.5))  # the handler's work, outlasting the next job's start-by time
@@ -145,7 +144,7 @@ def test_a_prefetched_job_whose_lease_may_have_ended_is_handed_back_at_once_and_
 def test_in_an_app_of_both_kinds_a_job_waiting_behind_its_own_kind_goes_to_an_idle_worker(
     client: Client,
     conn: Connection,
-    start_worker: StartWorker,  # noqa: F811
+    start_worker: StartWorker,
     slow_kind: str,
 ) -> None:
     """Each kind of handler is judged alone: a worker whose one handler thread is busy holds no

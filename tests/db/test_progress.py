@@ -8,7 +8,6 @@ import asyncio
 import functools
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -27,12 +26,7 @@ from miniqueue.tasks.job import MAX_PROGRESS_META_BYTES, Job, encode_progress
 from miniqueue.web import create_app
 
 from ..helpers import expire_lease, row, take_over, wait_until
-from ..running import StartWorker, worker_starter
-
-
-@pytest.fixture
-def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn)
+from ..running import StartWorker
 
 
 def stepping_app(gate: threading.Event, steps: int = 3) -> App:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -22,12 +21,7 @@ from miniqueue.tasks.job import Job
 from miniqueue.testing import run_jobs
 
 from ..helpers import count, row, wait_until
-from ..running import StartWorker, worker_starter
-
-
-@pytest.fixture
-def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn)
+from ..running import StartWorker
 
 
 def claim(store: Store, conn: Connection, limit: int = 10) -> list[int]:

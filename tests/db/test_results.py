@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,12 +25,7 @@ from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
 
 from ..helpers import row, wait_until
-from ..running import StartWorker, worker_starter
-
-
-@pytest.fixture
-def start_worker(dsn: str) -> Iterator[StartWorker]:
-    yield from worker_starter(dsn)
+from ..running import StartWorker
 
 
 def echo_app() -> App:

@@ -1,0 +1,54 @@
+"""What is particular to ``def`` handlers, against a real PostgreSQL: a handler that returns a
+coroutine instead of running it, and a worker given a pool for their ``job.transaction()``.
+What holds for every handler is in ``test_worker.py``, run for both kinds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from miniqueue import Client
+from miniqueue.core.db import Connection, create_pool
+from miniqueue.tasks.app import App
+from miniqueue.tasks.job import Job
+from miniqueue.worker.worker import Worker
+
+from ..helpers import row, wait_until
+from ..running import FAST, Running, StartWorker
+
+
+def test_a_handler_returning_an_awaitable_fails_its_attempt(
+    client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    app = App()
+    ran: list[int] = []
+
+    async def body(job: Job) -> None:
+        ran.append(job.id)
+
+    @app.task("sneaky", max_attempts=1)
+    def sneaky(job: Job) -> Any:
+        return body(job)  # a coroutine nobody awaits: the work never happens
+
+    job_id = app.enqueue(client, "sneaky").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "dead", what="job dead, not completed")
+    assert ran == []
+    assert "returned coroutine instead of running" in row(conn, job_id)["last_error"]
+
+
+def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Connection, dsn: str, effects: None) -> None:
+    app = App()
+
+    @app.task("pooled")
+    def pooled(job: Job) -> None:
+        with job.transaction() as tx:
+            tx.execute("INSERT INTO effects (job_id) VALUES (%s)", [job.id])
+
+    job_id = app.enqueue(client, "pooled").id
+    with create_pool(dsn, purpose="app") as pool:
+        running = Running(Worker(app, pool, FAST))
+        try:
+            wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+        finally:
+            running.stop()
+    assert conn.execute("SELECT job_id FROM effects").fetchall() == [(job_id,)]
