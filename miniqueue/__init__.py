@@ -2,7 +2,7 @@
 
 What is exported here is the public API: tasks and their handlers (:class:`App`, :class:`Job`,
 :class:`PermanentError`, :class:`Snooze`, :class:`RateLimited`; :class:`Middleware` and its hooks' types), producing
-and inspecting (:class:`Client`, :class:`AsyncClient`, :class:`JobSpec` and the result types;
+and inspecting (:class:`Client`, :class:`AsyncClient`, :class:`JobOptions`, :class:`JobSpec` and the result types;
 :class:`ShardedClient` and :class:`AsyncShardedClient` over several databases), running
 in-process (:class:`Worker`, :class:`Reaper` and their configs), migrations, backoff, and the errors.
 Everything else (the store, the supervisor and its children, the wire protocol between them)
@@ -30,6 +30,7 @@ from .core.errors import (
     SchemaOutOfDate,
     WaitTimeout,
 )
+from .core.options import JobOptions
 from .core.records import (
     AttemptError,
     BlockedSequence,
@@ -80,6 +81,7 @@ __all__ = [
     "JobFailed",
     "JobNotFinished",
     "JobNotFound",
+    "JobOptions",
     "JobProgress",
     "JobRecord",
     "JobSpec",

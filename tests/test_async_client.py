@@ -165,7 +165,7 @@ def test_app_aenqueue_uses_the_tasks_defaults(dsn: str, conn: Connection) -> Non
     )
     assert row(conn, override.id)["priority"] == 9
     with pytest.raises(ConfigError, match="unknown enqueue options"):
-        using(dsn, lambda client: app.aenqueue(client, "resize", colour="red"))
+        using(dsn, lambda client: app.aenqueue(client, "resize", colour="red"))  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match="not registered"):
         using(dsn, lambda client: app.aenqueue(client, "nope"))
 

@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import psycopg
 import pytest
 
-from miniqueue import Client, EnqueueResult, InvalidInput, JobNotFound, JobSpec, QueueCount, State
+from miniqueue import Client, EnqueueResult, InvalidInput, JobNotFound, JobOptions, JobSpec, QueueCount, State
 from miniqueue.core.db import Connection, PooledConnection, connect
 from miniqueue.store.store import Store
 
@@ -193,6 +193,20 @@ def test_enqueue_many_without_notify_sends_none(dsn: str) -> None:
         with Client(dsn) as loud:
             loud.enqueue("t", queue="marker")
         assert [n.payload for n in listener.notifies(timeout=10, stop_after=1)] == ["marker"]
+
+
+# --- options ------------------------------------------------------------------------------------
+
+
+def test_a_misspelt_option_is_a_type_error_that_names_it_and_stores_nothing(client: Client, conn: Connection) -> None:
+    with pytest.raises(TypeError, match=r"unknown enqueue options \['qeue'\]: use allow_failure, "):
+        client.enqueue("t", qeue="q")  # type: ignore[call-arg]  # the misspelt keyword under test
+    assert count(conn) == 0
+
+
+def test_every_job_option_is_a_field_of_a_job_spec() -> None:
+    # mypy sees that each option is a JobSpec field (enqueue unpacks them into one); not the converse.
+    assert set(JobOptions.__annotations__) == set(JobSpec._fields) - {"task", "payload"}
 
 
 # --- transactional enqueue ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
@@ -27,9 +27,9 @@ from ..core.db import (
     translate_errors,
 )
 from ..core.diagnosis import Diagnosis
+from ..core.options import JobOptions, job_spec
 from ..core.records import (
     BlockedSequence,
-    Debounce,
     EnqueueResult,
     GroupResult,
     JobProgress,
@@ -48,6 +48,8 @@ from .schedules import AsyncSchedules
 from .why import why_steps
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
+
     from ..tasks.app import App
 
 T = TypeVar("T")
@@ -140,59 +142,10 @@ class AsyncClient(BaseClient):
             return await arun(c, steps)
 
     async def enqueue(
-        self,
-        task: str,
-        payload: Any = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        max_attempts: int | None = None,
-        idempotency_key: str | None = None,
-        concurrency_key: str | None = None,
-        max_concurrent: int | None = None,
-        rate_limit: str | None = None,
-        rate_limit_key: str | None = None,
-        rate_cost: int | None = None,
-        depends_on: Sequence[int] | None = None,
-        allow_failure: bool = False,
-        unique_key: str | None = None,
-        unique_states: Collection[str] | None = None,
-        unique_window: float | dt.timedelta | None = None,
-        on_conflict: str | Debounce | None = None,
-        sequence_key: str | None = None,
-        on_failure: str | None = None,
-        expires_in: float | dt.timedelta | None = None,
-        expires_at: dt.datetime | None = None,
-        conn: AsyncConnection | None = None,
+        self, task: str, payload: Any = None, *, conn: AsyncConnection | None = None, **options: Unpack[JobOptions]
     ) -> EnqueueResult:
         """Enqueue one job and return its id (see :meth:`miniqueue.Client.enqueue`)."""
-        spec = JobSpec(
-            task,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=max_attempts,
-            idempotency_key=idempotency_key,
-            concurrency_key=concurrency_key,
-            max_concurrent=max_concurrent,
-            rate_limit=rate_limit,
-            rate_limit_key=rate_limit_key,
-            rate_cost=rate_cost,
-            depends_on=depends_on,
-            allow_failure=allow_failure,
-            unique_key=unique_key,
-            unique_states=unique_states,
-            unique_window=unique_window,
-            on_conflict=on_conflict,
-            sequence_key=sequence_key,
-            on_failure=on_failure,
-            expires_in=expires_in,
-            expires_at=expires_at,
-        )
+        spec = job_spec(task, payload, options)
         if self._tracing is None:
             return await self._run(self._enqueue_steps(spec), conn)
         declared = await self._run(self._declared_steps([spec]), conn)  # the span names the job's queue

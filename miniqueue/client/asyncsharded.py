@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.db import AsyncConnection
 from ..core.errors import DatabaseUnavailable
+from ..core.options import JobOptions, job_spec
 from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, TaskDeclaration
 from ..core.shards import Database
 from ..core.steps import arun
 from .asyncclient import AsyncClient
 from .routing import ShardRouter, Unanswered
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
 
 T = TypeVar("T")
 
@@ -92,10 +96,10 @@ class AsyncShardedClient(ShardRouter[AsyncClient]):
     # -- producing -------------------------------------------------------------------------------
 
     async def enqueue(
-        self, task: str, payload: Any = None, *, conn: AsyncConnection | None = None, **options: Any
+        self, task: str, payload: Any = None, *, conn: AsyncConnection | None = None, **options: Unpack[JobOptions]
     ) -> EnqueueResult:
         """:meth:`miniqueue.AsyncClient.enqueue` on the job's database."""
-        spec = JobSpec(task, payload, **options)
+        spec = job_spec(task, payload, options)
         database = self.together([spec], await self.route_all([spec]), "the job and its parents")
         await self._check_connection(conn, database)
         return await self._on(database, lambda client: client.enqueue(task, payload, conn=conn, **options))

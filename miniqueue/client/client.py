@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import ConnectionPool
@@ -20,9 +20,9 @@ from psycopg_pool import ConnectionPool
 from ..core.db import DEFAULT_CONNECT_TIMEOUT, Connection, connect, connect_seconds, create_pool, translate_errors
 from ..core.diagnosis import Diagnosis
 from ..core.health import Reading
+from ..core.options import JobOptions, job_spec
 from ..core.records import (
     BlockedSequence,
-    Debounce,
     EnqueueResult,
     GroupResult,
     HorizonHolder,
@@ -47,6 +47,8 @@ from .schedules import Schedules
 from .why import why_steps
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
+
     from ..tasks.app import App
 
 T = TypeVar("T")
@@ -117,91 +119,17 @@ class Client(BaseClient, Inspection):
             return run(c, steps)
 
     def enqueue(
-        self,
-        task: str,
-        payload: Any = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        max_attempts: int | None = None,
-        idempotency_key: str | None = None,
-        concurrency_key: str | None = None,
-        max_concurrent: int | None = None,
-        rate_limit: str | None = None,
-        rate_limit_key: str | None = None,
-        rate_cost: int | None = None,
-        depends_on: Sequence[int] | None = None,
-        allow_failure: bool = False,
-        unique_key: str | None = None,
-        unique_states: Collection[str] | None = None,
-        unique_window: float | dt.timedelta | None = None,
-        on_conflict: str | Debounce | None = None,
-        sequence_key: str | None = None,
-        on_failure: str | None = None,
-        expires_in: float | dt.timedelta | None = None,
-        expires_at: dt.datetime | None = None,
-        conn: Connection | None = None,
+        self, task: str, payload: Any = None, *, conn: Connection | None = None, **options: Unpack[JobOptions]
     ) -> EnqueueResult:
-        """Enqueue one job and return its id.
+        """Enqueue one job of ``task`` and return its id; ``options`` are the job's (see
+        :class:`~miniqueue.JobOptions`), each left out being what the task declares.
 
         ``payload`` must be JSON-serialisable (no NaN/Infinity, no U+0000, at most
-        ``max_payload_bytes`` encoded). ``run_at`` (timezone-aware) or ``delay`` (seconds on the
-        database clock) schedules it for later. With an ``idempotency_key`` already used by a
-        stored job, nothing is inserted and the result carries that job's id with
-        ``duplicate=True``. Invalid input raises InvalidInput and stores nothing.
-
-        Limits (see docs/guides/limits.md): with a ``concurrency_key``, at most ``max_concurrent``
-        (default 1) jobs of this task with that key run at once; with a ``rate_limit``
-        (``"100/s"``), at most that many jobs of the task (per ``rate_limit_key`` if given) start,
-        each taking ``rate_cost`` tokens (default 1, at most the limit's jobs per second).
-
-        ``depends_on`` names jobs that must complete first: the job is ``waiting`` until the
-        last of them completes (released in that completion's transaction), and is cancelled,
-        with an error naming the parent, if one of them ends failed, dead or cancelled. Its
-        handler reads their results as ``job.parent_results``. Every id must name a job that
-        exists and has not ended without completing, else InvalidInput (nothing stored). With
-        ``allow_failure=True`` the job runs once every parent finished, however it ended (a
-        parent that ended already counts as finished), and reads how each did in
-        ``job.parent_outcomes``.
-
-        Keys and deadlines (see docs/guides/keys.md): a ``unique_key`` conflicts with the job
-        that holds it (by default from its enqueue until it finishes; ``unique_states`` without
-        ``"running"``: until it starts), and for ``unique_window`` seconds whatever its state. On
-        a conflict the result says ``duplicate=True`` with the holder's id, and ``on_conflict``
-        decides: ``"keep"`` stores nothing, ``"replace"`` gives a holder that has not started
-        this job's payload, priority and run-at, a :class:`~miniqueue.Debounce` its payload and
-        a later run-at (``replaced=True``). Jobs of one ``sequence_key`` run one at a time in
-        enqueue order (``on_failure="continue"``: a failed one does not block the next). A job
-        not started by ``expires_at`` (or ``expires_in`` seconds on the database clock) ends
-        ``expired`` without running.
+        ``max_payload_bytes`` encoded). Where its idempotency key or unique key finds a job stored
+        already, the result is that job's id with ``duplicate=True``. Invalid input raises
+        InvalidInput and stores nothing; an unknown option, TypeError.
         """
-        spec = JobSpec(
-            task,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=max_attempts,
-            idempotency_key=idempotency_key,
-            concurrency_key=concurrency_key,
-            max_concurrent=max_concurrent,
-            rate_limit=rate_limit,
-            rate_limit_key=rate_limit_key,
-            rate_cost=rate_cost,
-            depends_on=depends_on,
-            allow_failure=allow_failure,
-            unique_key=unique_key,
-            unique_states=unique_states,
-            unique_window=unique_window,
-            on_conflict=on_conflict,
-            sequence_key=sequence_key,
-            on_failure=on_failure,
-            expires_in=expires_in,
-            expires_at=expires_at,
-        )
+        spec = job_spec(task, payload, options)
         if self._tracing is None:
             return self._run(self._enqueue_steps(spec), conn)
         (spec,), undeclared = self._run(self._declared_steps([spec]), conn)  # the span names the job's queue

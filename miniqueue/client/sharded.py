@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.db import Connection
 from ..core.errors import DatabaseUnavailable, InvalidInput
+from ..core.options import JobOptions, job_spec
 from ..core.records import (
     EnqueueResult,
     GroupResult,
@@ -45,6 +46,8 @@ from .merging import (
 from .routing import ShardRouter, Unanswered
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
+
     from ..tasks.app import App
 
 T = TypeVar("T")
@@ -129,10 +132,10 @@ class ShardedClient(ShardRouter[Client]):
             raise self.found_down(found, exc) from exc
 
     def enqueue(
-        self, task: str, payload: Any = None, *, conn: Connection | None = None, **options: Any
+        self, task: str, payload: Any = None, *, conn: Connection | None = None, **options: Unpack[JobOptions]
     ) -> EnqueueResult:
         """:meth:`miniqueue.Client.enqueue` on the job's database (see :meth:`route`)."""
-        spec = JobSpec(task, payload, **options)
+        spec = job_spec(task, payload, options)
         database = self.together([spec], [self.route(spec)], "the job and its parents")
         self._check_connection(conn, database)
         return self._on(database, lambda client: client.enqueue(task, payload, conn=conn, **options))

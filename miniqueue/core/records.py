@@ -38,60 +38,35 @@ CANCELLABLE_STATES = frozenset({State.AVAILABLE, State.RUNNING, State.WAITING})
 
 
 class JobSpec(NamedTuple):
-    """One job to enqueue, as passed to :meth:`miniqueue.Client.enqueue_many`.
+    """One job to enqueue, as passed to :meth:`miniqueue.Client.enqueue_many`: its task, its
+    payload, and the options of :class:`~miniqueue.JobOptions`, which says what each means and
+    what one left None is (the task's declaration, else a default; see docs/guides/tasks.md).
 
-    What the caller leaves None, the task's declaration fills, however the job is enqueued (see
-    docs/guides/tasks.md); what the caller sets wins.
-
-    ``run_at`` (timezone-aware) and ``delay`` (seconds or timedelta, counted on the database
-    clock) are mutually exclusive; with neither the job is available at once. (A NamedTuple:
-    producers build these by the thousand, and a frozen dataclass cost 3 us apiece.)
+    (A NamedTuple: producers build these by the thousand, and a frozen dataclass cost 3 us apiece.)
     """
 
     task: str
     payload: Any = None
-    #: Left None, the queue, priority and max attempts (and each limit below) are those the task
-    #: declares (see :class:`TaskDeclaration`), else ``"default"``, 0 and 5.
     queue: str | None = None
     priority: int | None = None
     run_at: dt.datetime | None = None
     delay: float | dt.timedelta | None = None
     max_attempts: int | None = None
     idempotency_key: str | None = None
-    #: Limits (see docs/guides/limits.md): at most ``max_concurrent`` (default 1) jobs of this
-    #: task with this key run at once, across every worker.
     concurrency_key: str | None = None
     max_concurrent: int | None = None
-    #: At most this many jobs of the task start (``"100/s"``, ``"30/min"``, ``"1000/h"``), per
-    #: task or, with a ``rate_limit_key``, per key.
     rate_limit: str | None = None
     rate_limit_key: str | None = None
-    #: Ids of jobs that must complete before this one runs (see :meth:`miniqueue.Client.enqueue`).
     depends_on: Sequence[int] | None = None
-    #: Keys (see docs/guides/keys.md). A job with a ``unique_key`` conflicts with the job that
-    #: holds the key: by default from its enqueue until it finishes (``unique_states`` picks
-    #: until it starts instead), and for ``unique_window`` seconds after the first one whatever
-    #: its state. ``on_conflict`` says what a conflict does: ``"keep"`` (store nothing),
-    #: ``"replace"`` (the waiting job takes this one's payload, priority and run-at) or a
-    #: :class:`Debounce`.
     unique_key: str | None = None
     unique_states: Collection[str] | None = None
     unique_window: float | dt.timedelta | None = None
     on_conflict: str | Debounce | None = None
-    #: Jobs of one ``sequence_key`` run one at a time, in enqueue order; ``on_failure`` says
-    #: whether a failed or dead one blocks the key (``"block"``, the default) or the next runs
-    #: (``"continue"``).
     sequence_key: str | None = None
     on_failure: str | None = None
-    #: A job not started by then never starts: it ends ``expired``. ``expires_in`` counts on the
-    #: database clock from the enqueue; the two are mutually exclusive.
     expires_in: float | dt.timedelta | None = None
     expires_at: dt.datetime | None = None
-    #: With ``depends_on``: run once every parent finished, in any state (its handler reads how
-    #: each ended in ``job.parent_outcomes``), instead of only after they all completed.
     allow_failure: bool = False
-    #: Tokens the job takes from its rate limit's bucket when it starts (a whole number from 1
-    #: to the bucket's size; needs a ``rate_limit``): None for the task's declared cost, else 1.
     rate_cost: int | None = None
 
 

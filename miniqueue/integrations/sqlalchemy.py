@@ -18,7 +18,7 @@ Any other :class:`miniqueue.Client` method that takes ``conn=`` works the same w
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from sqlalchemy.engine import Connection as SAConnection
@@ -27,7 +27,11 @@ from sqlalchemy.orm import Session
 from ..client.client import Client
 from ..core.db import Connection
 from ..core.errors import ConfigError
+from ..core.options import JobOptions
 from ..core.records import EnqueueResult, JobSpec
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
 
 __all__ = ["enqueue", "enqueue_many", "psycopg_connection"]
 
@@ -50,10 +54,10 @@ def psycopg_connection(bind: Session | SAConnection) -> Connection:
 
 
 def enqueue(
-    client: Client, bind: Session | SAConnection, task: str, payload: Any = None, **options: Any
+    client: Client, bind: Session | SAConnection, task: str, payload: Any = None, **options: Unpack[JobOptions]
 ) -> EnqueueResult:
     """:meth:`Client.enqueue` inside ``bind``'s transaction (the job exists only if it commits);
-    ``options`` are Client.enqueue's (queue, priority, run_at, delay, max_attempts, idempotency_key)."""
+    ``options`` are a job's (see :class:`~miniqueue.JobOptions`)."""
     return client.enqueue(task, payload, conn=psycopg_connection(bind), **options)
 
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from ..core.backoff import Backoff, default_backoff
 from ..core.db import AsyncConnection, Connection
 from ..core.errors import ConfigError, InvalidInput
 from ..core.keys import JobKeys, check_keys
 from ..core.limits import check_rate_cost, job_scopes
+from ..core.options import JobOptions, check_options
 from ..core.records import Debounce, EnqueueResult, GroupResult, JobSpec, TaskDeclaration
 from ..core.validation import MAX_ATTEMPTS_RANGE, PRIORITY_RANGE, check_int_range, check_queue_name, check_task_name
 from .batch import Batch
 from .middleware import Middleware, MiddlewareStack, group_results
 from .periodic import CatchUp, Periodic
 from .task import Handler, KeyOf, Task, _is_async_generator
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
 
 #: A task's handler as the decorator returns it: of one job, or of a batch of them.
 HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
@@ -96,19 +100,14 @@ class App:
     ) -> Callable[[HandlerT], HandlerT]:
         """Register the decorated function as the handler of task ``name`` (default: its name).
 
-        ``cron`` also schedules the task periodically, on the wall clock of ``timezone``
-        (default UTC; see :meth:`periodic`). Limits, enforced across every worker on every
-        host: with a ``concurrency_key`` (a string, or a function of the payload returning one
-        or None), at most ``max_concurrent`` (default 1) jobs of this task with the same key run
-        at once; with a ``rate_limit`` (``"100/s"``, ``"30/min"``, ``"1000/h"``), at most that
-        many start, per task or per ``rate_limit_key``, each taking ``rate_cost`` tokens (default
-        1, at most the limit's jobs per second) of the limit's bucket.
+        The queue, priority, attempts, limits, keys and ``expires_in`` are what every job of the
+        task gets however it is enqueued, unless its producer gives its own; each means what the
+        job option of its name does (see :class:`~miniqueue.JobOptions`). A key
+        (``concurrency_key``, ``rate_limit_key``, ``unique_key``, ``sequence_key``) may also be a
+        function of the payload returning one, or None.
 
-        Keys and deadlines, however its jobs are enqueued (see docs/guides/keys.md): a
-        ``unique_key`` (a string, or a function of the payload) with its ``unique_states``,
-        ``unique_window`` and ``on_conflict``; a ``sequence_key`` (jobs of one key run one at a
-        time, in order) with its ``on_failure``; ``expires_in``, seconds after which a job not
-        started never starts.
+        ``cron`` also schedules the task periodically, on the wall clock of ``timezone``
+        (default UTC; see :meth:`periodic`).
 
         ``batch`` (a :class:`~miniqueue.Batch`): the handler receives a ``list[Job]`` of up to
         ``batch.size`` jobs, waiting at most ``batch.wait`` seconds to fill one, and returns each
@@ -228,20 +227,16 @@ class App:
         task: str,
         payload: Any = None,
         *,
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        idempotency_key: str | None = None,
         conn: Connection | None = None,
-        **overrides: Any,
+        **options: Unpack[JobOptions],
     ) -> EnqueueResult:
-        """Enqueue a job of a registered task with the task's queue, priority, max_attempts,
-        limits, keys and deadline (each overridable by keyword: queue, priority, max_attempts,
-        concurrency_key, max_concurrent, rate_limit, rate_limit_key, rate_cost, unique_key,
-        unique_states, unique_window, on_conflict, sequence_key, on_failure, expires_in, expires_at).
+        """Enqueue a job of a registered task with what the task declares (queue, priority,
+        max_attempts, limits, keys and deadline), each option given in ``options`` winning (see
+        :class:`~miniqueue.JobOptions`); an unknown option is a ConfigError.
 
         The job passes the enqueue hooks of the app's middleware, inside ``conn``'s transaction
         when one is given."""
-        spec = self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides)
+        spec = self._enqueue_spec(task, payload, options)
         return self.middleware_stack.enqueue_one(spec, lambda spec: client.enqueue(conn=conn, **spec._asdict()))
 
     async def aenqueue(
@@ -250,14 +245,11 @@ class App:
         task: str,
         payload: Any = None,
         *,
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        idempotency_key: str | None = None,
         conn: AsyncConnection | None = None,
-        **overrides: Any,
+        **options: Unpack[JobOptions],
     ) -> EnqueueResult:
         """:meth:`enqueue` with an :class:`~miniqueue.AsyncClient` (``conn``: an ``AsyncConnection``)."""
-        spec = self._enqueue_spec(task, payload, run_at, delay, idempotency_key, overrides)
+        spec = self._enqueue_spec(task, payload, options)
         return await self.middleware_stack.aenqueue_one(spec, lambda spec: client.enqueue(conn=conn, **spec._asdict()))
 
     def chain(
@@ -302,45 +294,10 @@ class App:
 
         return await self.middleware_stack.aenqueue([*members, *callbacks.values()], store, group_results(callbacks))
 
-    def _enqueue_spec(
-        self,
-        task: str,
-        payload: Any,
-        run_at: dt.datetime | None,
-        delay: float | dt.timedelta | None,
-        idempotency_key: str | None,
-        overrides: dict[str, Any],
-    ) -> JobSpec:
-        """A job of ``task``: the task's defaults, with ``overrides``."""
-        unknown = set(overrides) - _OVERRIDABLE
-        if unknown:
-            raise ConfigError(f"unknown enqueue options {sorted(unknown)}: use {', '.join(sorted(_OVERRIDABLE))}")
-        return self.task_spec(task, payload)._replace(
-            run_at=run_at, delay=delay, idempotency_key=idempotency_key, **overrides
-        )
-
-
-#: The task defaults :meth:`App.enqueue` lets a caller override.
-_OVERRIDABLE = frozenset(
-    {
-        "queue",
-        "priority",
-        "max_attempts",
-        "concurrency_key",
-        "max_concurrent",
-        "rate_limit",
-        "rate_limit_key",
-        "rate_cost",
-        "unique_key",
-        "unique_states",
-        "unique_window",
-        "on_conflict",
-        "sequence_key",
-        "on_failure",
-        "expires_in",
-        "expires_at",
-    }
-)
+    def _enqueue_spec(self, task: str, payload: Any, options: JobOptions) -> JobSpec:
+        """A job of ``task``: the task's defaults, with ``options``."""
+        check_options(options, ConfigError)
+        return self.task_spec(task, payload)._replace(**options)
 
 
 def _replacing_schedule(schedule: str, task: str) -> str:

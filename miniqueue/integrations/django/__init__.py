@@ -32,7 +32,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from django.conf import settings
@@ -43,8 +43,12 @@ from psycopg_pool import ConnectionPool
 from ...client.client import Client
 from ...core.db import Connection, check_schema, create_pool
 from ...core.errors import ConfigError
+from ...core.options import JobOptions
 from ...core.records import EnqueueResult, JobSpec
 from ...store.migrate import Migration, apply_migrations
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
 
 __all__ = [
     "MiniqueueSettings",
@@ -204,10 +208,12 @@ def migrate(using: str | None = None) -> list[Migration]:
     return apply_migrations(psycopg_connection(using or chosen.database), chosen.schema)
 
 
-def enqueue(task: str, payload: Any = None, *, using: str | None = None, **options: Any) -> EnqueueResult:
+def enqueue(
+    task: str, payload: Any = None, *, using: str | None = None, **options: Unpack[JobOptions]
+) -> EnqueueResult:
     """:meth:`Client.enqueue` on Django's connection ``using``: inside ``transaction.atomic()``
     the job exists only if the block commits (workers are notified at that commit).
-    ``options`` are Client.enqueue's (queue, priority, run_at, delay, max_attempts, idempotency_key)."""
+    ``options`` are a job's (see :class:`~miniqueue.JobOptions`)."""
     return _on_django_connection(using, lambda conn: get_client().enqueue(task, payload, conn=conn, **options))
 
 
