@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 
 import click
 
-from ..core.errors import InvalidInput
+from ..core.errors import ConfigError, InvalidInput
+from ..core.scaling import parse_cpu_ceiling, parse_workers
 from ..core.validation import JOB_ID_RANGE, parse_json
 
 
@@ -22,6 +23,34 @@ class JsonText(click.ParamType):  # type: ignore[type-arg]
             return parse_json(value)
         except InvalidInput as exc:
             self.fail(str(exc), param, ctx)
+
+
+class WorkerCount(click.ParamType):  # type: ignore[type-arg]
+    """``--workers``: a number, or ``MIN:MAX`` (autoscaling): ``(low, high or None)``."""
+
+    name = "n|min:max"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_workers(str(value))
+        except ConfigError as exc:
+            self.fail(f"{value!r}: {str(exc).split(' is invalid: ', 1)[-1]}", param, ctx)
+
+
+class CpuCeiling(click.ParamType):  # type: ignore[type-arg]
+    """``--scale-cpu-ceiling``: a busy share above 0 and at most 1, or ``off``."""
+
+    name = "share|off"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_cpu_ceiling(str(value))
+        except ConfigError as exc:
+            self.fail(f"{value!r}: {str(exc).split(' is invalid: ', 1)[-1]}", param, ctx)
 
 
 class Seconds(click.FloatRange):

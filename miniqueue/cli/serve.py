@@ -16,15 +16,10 @@ from typing import Any, TypeVar
 
 import click
 
-from ..core.scaling import (
-    CPU_SATURATED,
-    DEFAULT_SCALE_COOLDOWN,
-    DEFAULT_SCALE_TARGET,
-    parse_cpu_ceiling,
-    parse_workers,
-)
+from ..core.scaling import CPU_SATURATED, DEFAULT_SCALE_COOLDOWN, DEFAULT_SCALE_TARGET
 from .database import current_schema, database_option, resolve_database
 from .errors import OneLineCommand, friendly_errors
+from .params import CpuCeiling, Seconds, WorkerCount
 from .shards import load_map, shards_option
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -100,28 +95,28 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @click.option("--app", "app_ref", required=True, help="The app to run, as module:attribute.")
 @click.option(
     "--workers",
-    "workers_text",
+    type=WorkerCount(),
     show_default="the host's CPUs",
     help="Worker processes: a number, or MIN:MAX to scale between them with the backlog "
     "(see docs/operations/autoscaling.md).",
 )
 @click.option(
     "--scale-target",
-    type=float,
+    type=Seconds(min=0, min_open=True),
     default=DEFAULT_SCALE_TARGET,
     show_default=True,
     help="With --workers MIN:MAX: add a worker while the due jobs would take longer than this many seconds to drain.",
 )
 @click.option(
     "--scale-cooldown",
-    type=float,
+    type=Seconds(min=0),
     default=DEFAULT_SCALE_COOLDOWN,
     show_default=True,
     help="With --workers MIN:MAX: retire a worker after this many seconds idle with nothing due.",
 )
 @click.option(
     "--scale-cpu-ceiling",
-    "scale_cpu_text",
+    type=CpuCeiling(),
     default=f"{CPU_SATURATED:g}",
     show_default=True,
     help="With --workers MIN:MAX: add no worker while the host's CPU is at least this busy (0 to 1), "
@@ -194,10 +189,10 @@ def _seconds(name: str, default: float | None) -> Callable[[F], F]:
 @friendly_errors
 def supervise(
     app_ref: str,
-    workers_text: str | None,
+    workers: tuple[int, int | None] | None,
     scale_target: float,
     scale_cooldown: float,
-    scale_cpu_text: str,
+    scale_cpu_ceiling: float,
     queues: str | None,
     concurrency: int,
     prefetch: str,
@@ -235,7 +230,7 @@ def supervise(
     from ..worker.prefetch import parse_prefetch
     from ..worker.worker import WorkerConfig
 
-    workers, max_workers = parse_workers(workers_text or str(os.cpu_count() or 1))
+    low, high = workers or (os.cpu_count() or 1, None)
     configure_logging(log_level, log_format)
     worker = WorkerConfig(
         queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
@@ -253,11 +248,11 @@ def supervise(
         dsn="",
         schema=current_schema(),
         app_ref=app_ref,
-        workers=workers,
-        max_workers=max_workers,
+        workers=low,
+        max_workers=high,
         scale_target=scale_target,
         scale_cooldown=scale_cooldown,
-        scale_cpu_ceiling=parse_cpu_ceiling(scale_cpu_text),
+        scale_cpu_ceiling=scale_cpu_ceiling,
         worker=worker,
         reaper=ReaperConfig(interval=reaper_interval, vacuum=vacuum),
         max_jobs_per_child=max_jobs_per_child,

@@ -830,7 +830,8 @@ def test_a_usage_error_of_miniqueue_supervise_is_one_line(repo_root: Path) -> No
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
-        "Error: Invalid value for '--workers': 'x' is not a valid integer (see 'miniqueue-supervise --help')\n"
+        "Error: Invalid value for '--workers': 'x': use a number (4) or a range MIN:MAX (2:16) "
+        "(see 'miniqueue-supervise --help')\n"
     )
 
 

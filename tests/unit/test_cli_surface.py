@@ -28,6 +28,7 @@ EXPECTED = Path(__file__).parents[1] / "cli_surface"
 #: ``miniqueue-supervise`` is ``miniqueue supervise`` under a name of its own.
 supervise = main.commands["supervise"]
 
+
 def command_paths(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """The words that name every command below ``group`` (``("jobs", "list")``...), depth first."""
     ctx = click.Context(group)

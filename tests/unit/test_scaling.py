@@ -7,7 +7,9 @@ import math
 import re
 
 import pytest
+from click.testing import CliRunner
 
+from miniqueue.cli import main
 from miniqueue.core.errors import ConfigError
 from miniqueue.core.scaling import (
     Autoscaler,
@@ -59,6 +61,25 @@ def test_a_bad_range_is_a_clear_error(text: str, says: str) -> None:
 def test_a_bad_target_or_cooldown_is_a_clear_error(target: float, cooldown: float) -> None:
     with pytest.raises(ConfigError, match=r"--scale-(target|cooldown) .* is invalid"):
         Autoscaler(1, 4, target, cooldown)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--workers", "4:2"], "Invalid value for '--workers': '4:2': MIN (4) is above MAX (2)"),
+        (["--workers", "0:0"], "Invalid value for '--workers': '0:0': both ends of MIN:MAX are at least 1"),
+        (
+            ["--workers", "1:4", "--scale-target", "-5"],
+            "Invalid value for '--scale-target': -5.0 is not in the range x>0",
+        ),
+        (["--workers", "1:4", "--scale-cooldown", "-1"], "Invalid value for '--scale-cooldown'"),
+        (["--workers", "1:4", "--scale-cpu-ceiling", "1.5"], "Invalid value for '--scale-cpu-ceiling': '1.5'"),
+    ],
+)
+def test_a_bad_scaling_option_stops_the_supervisor_before_anything_starts(args: list[str], says: str) -> None:
+    result = CliRunner().invoke(main, ["supervise", "--app", "tests.apps.supervised:app", *args])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert "starting" not in result.output
 
 
 def test_the_cpu_ceiling_is_a_share_or_off() -> None:
