@@ -554,3 +554,5 @@ class ProcessInfo:
     #: A worker's queues and the tasks its app declares (None: not reported).
     queues: tuple[str, ...] | None = None
     tasks: tuple[str, ...] | None = None
+    #: The jobs a worker finished per second over its supervisor's last refresh (None: not known).
+    jobs_per_second: float | None = None

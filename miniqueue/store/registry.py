@@ -14,19 +14,20 @@ _UPSERT_PROCESSES = """
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(pids)s::int[], %(titles)s::text[],
                          %(started)s::timestamptz[], %(rss)s::bigint[], %(done)s::bigint[], %(restarts)s::int[],
-                         %(current)s::text[], %(queues)s::text[], %(tasks)s::text[])
-           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs, queues, tasks)
+                         %(current)s::text[], %(queues)s::text[], %(tasks)s::text[], %(rates)s::float8[])
+           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs, queues, tasks,
+                jobs_per_second)
 ), gone AS (
     DELETE FROM {processes} WHERE supervisor = %(supervisor)s AND id <> ALL(%(ids)s::text[])
 )
 INSERT INTO {processes} AS p (id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done,
-                              restarts, current_jobs, queues, tasks)
+                              restarts, current_jobs, queues, tasks, jobs_per_second)
 SELECT id, %(supervisor)s, kind, %(host)s, pid, title, started_at, now(), rss_bytes, jobs_done, restarts,
-       current_jobs::bigint[], string_to_array(queues, ' '), string_to_array(tasks, ' ')
+       current_jobs::bigint[], string_to_array(queues, ' '), string_to_array(tasks, ' '), jobs_per_second
   FROM incoming
 ON CONFLICT (id) DO UPDATE SET title = excluded.title, last_seen = now(), rss_bytes = excluded.rss_bytes,
     jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs,
-    queues = excluded.queues, tasks = excluded.tasks
+    queues = excluded.queues, tasks = excluded.tasks, jobs_per_second = excluded.jobs_per_second
 """
 
 # Remove a supervisor's rows.
@@ -35,7 +36,7 @@ _DELETE_PROCESSES = "DELETE FROM {processes} WHERE supervisor = %(supervisor)s"
 # Every registered process seen recently, supervisors first; older rows belong to dead hosts.
 _PROCESSES = """
 SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs,
-       queues, tasks
+       queues, tasks, jobs_per_second
   FROM {processes}
  WHERE last_seen > now() - make_interval(secs => %(max_age)s)
  ORDER BY host, supervisor, kind <> 'supervisor', kind, pid
@@ -68,6 +69,7 @@ class Registry(StoreBase):
             # Each process's names as one text (names hold no space), split in the statement.
             "queues": [None if p.queues is None else " ".join(p.queues) for p in processes],
             "tasks": [None if p.tasks is None else " ".join(p.tasks) for p in processes],
+            "rates": [p.jobs_per_second for p in processes],
         }
         self._rowcount(conn, self._upsert_processes, params)
 

@@ -34,14 +34,19 @@ class ProcessRegistry:
         self.dsn, self.store, self.host, self.supervisor_id = dsn, store, host, supervisor_id
         self.db_ok = True
         self._next = 0.0
+        #: Each worker's jobs done at the last refresh, and when: its rate since, for autoscalers
+        #: (miniqueue_desired_workers).
+        self._done: dict[str, tuple[int, float]] = {}
 
     def due(self) -> bool:
         return time.monotonic() >= self._next
 
     def refresh(self, children: Iterable[Child], restarts: dict[str, int]) -> int:
         """Record this supervisor and ``children``; return how many jobs they run."""
-        self._next = time.monotonic() + REFRESH_SECONDS
+        now = time.monotonic()
+        self._next = now + REFRESH_SECONDS
         rows = [_info(os.getpid(), self.supervisor_id, "supervisor", "miniqueue supervisor", 0, ())]
+        done: dict[str, tuple[int, float]] = {}
         busy = 0
         for child in children:
             jobs = tuple(sorted(child.jobs))
@@ -52,7 +57,12 @@ class ProcessRegistry:
             row = _info(child.pid, ident, child.kind, title, child.jobs_done, jobs, restarts.get(child.slot, 0))
             if child.worker_id is not None and child.ready:
                 row = dataclasses.replace(row, queues=tuple(child.serves["queue"]), tasks=tuple(child.serves["task"]))
+                done[ident] = child.jobs_done, now
+                if ident in self._done and now > self._done[ident][1]:
+                    before, then = self._done[ident]
+                    row = dataclasses.replace(row, jobs_per_second=(child.jobs_done - before) / (now - then))
             rows.append(row)
+        self._done = done
         try:
             with connect(self.dsn, purpose="supervisor", schema=self.store.schema, connect_timeout=2) as conn:
                 self.store.register_processes(conn, self.supervisor_id, self.host, rows)

@@ -175,6 +175,9 @@ def test_a_backlog_grows_the_workers_and_an_idle_spell_takes_them_back_uncharged
     )
     assert value(samples, "miniqueue_supervisor_workers", state="running") in (2, 3)
     assert (value(samples, "miniqueue_desired_workers") or 0) >= 1
+    # Each supervisor's refresh writes its workers' rates, which miniqueue_desired_workers reads.
+    rate = "SELECT coalesce(max(jobs_per_second), 0) FROM miniqueue_processes WHERE kind = 'worker'"
+    wait_until(lambda: (conn.execute(rate).fetchone() or (0,))[0] > 0, timeout=15, what="the workers' rates")
     wait_until(lambda: count(conn, "state = 'completed'") == 240, timeout=60, what="the backlog drained")
     wait_until(lambda: len(sup.workers()) == 1, timeout=30, what="back to one worker, the minimum")
     log = sup.output()

@@ -1964,26 +1964,27 @@ RETURNING name;
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(pids)s::int[], %(titles)s::text[],
                          %(started)s::timestamptz[], %(rss)s::bigint[], %(done)s::bigint[], %(restarts)s::int[],
-                         %(current)s::text[], %(queues)s::text[], %(tasks)s::text[])
-           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs, queues, tasks)
+                         %(current)s::text[], %(queues)s::text[], %(tasks)s::text[], %(rates)s::float8[])
+           AS i(id, kind, pid, title, started_at, rss_bytes, jobs_done, restarts, current_jobs, queues, tasks,
+                jobs_per_second)
 ), gone AS (
     DELETE FROM "public"."miniqueue_processes" WHERE supervisor = %(supervisor)s AND id <> ALL(%(ids)s::text[])
 )
 INSERT INTO "public"."miniqueue_processes" AS p (id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done,
-                              restarts, current_jobs, queues, tasks)
+                              restarts, current_jobs, queues, tasks, jobs_per_second)
 SELECT id, %(supervisor)s, kind, %(host)s, pid, title, started_at, now(), rss_bytes, jobs_done, restarts,
-       current_jobs::bigint[], string_to_array(queues, ' '), string_to_array(tasks, ' ')
+       current_jobs::bigint[], string_to_array(queues, ' '), string_to_array(tasks, ' '), jobs_per_second
   FROM incoming
 ON CONFLICT (id) DO UPDATE SET title = excluded.title, last_seen = now(), rss_bytes = excluded.rss_bytes,
     jobs_done = excluded.jobs_done, restarts = excluded.restarts, current_jobs = excluded.current_jobs,
-    queues = excluded.queues, tasks = excluded.tasks;
+    queues = excluded.queues, tasks = excluded.tasks, jobs_per_second = excluded.jobs_per_second;
 
 -- _delete_processes
 DELETE FROM "public"."miniqueue_processes" WHERE supervisor = %(supervisor)s;
 
 -- _processes
 SELECT id, supervisor, kind, host, pid, title, started_at, last_seen, rss_bytes, jobs_done, restarts, current_jobs,
-       queues, tasks
+       queues, tasks, jobs_per_second
   FROM "public"."miniqueue_processes"
  WHERE last_seen > now() - make_interval(secs => %(max_age)s)
  ORDER BY host, supervisor, kind <> 'supervisor', kind, pid;
