@@ -1,11 +1,17 @@
-"""Test helpers: polling with a deadline, and direct row access for assertions."""
+"""Test helpers: polling with a deadline, direct row access for assertions, and the checks
+several files make alike."""
 
 from __future__ import annotations
 
+import datetime as dt
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
+
+from miniqueue import Client, InvalidInput, JobSpec
 from miniqueue.core.db import Connection
 from miniqueue.core.records import Lease
 from miniqueue.store.store import Store
@@ -35,6 +41,14 @@ def row(conn: Connection, job_id: int) -> dict[str, Any]:
     return {col.name: value for col, value in zip(cur.description, values, strict=True)}
 
 
+def db_now(conn: Connection) -> dt.datetime:
+    """The database clock's ``now()``, in UTC: the clock leases, schedules and delays are read on."""
+    found = conn.execute("SELECT now()").fetchone()
+    assert found is not None
+    now: dt.datetime = found[0]
+    return now.astimezone(dt.timezone.utc)
+
+
 def count(conn: Connection, where: str = "true", params: Any = None) -> int:
     """How many jobs match a SQL condition."""
     result = conn.execute(f"SELECT count(*) FROM miniqueue_jobs WHERE {where}", params).fetchone()
@@ -45,6 +59,16 @@ def count(conn: Connection, where: str = "true", params: Any = None) -> int:
 def expire_lease(conn: Connection, job_id: int) -> None:
     """Move a running job's lease expiry into the past (as if its worker died long ago)."""
     conn.execute("UPDATE miniqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job_id])
+
+
+def make_running(conn: Connection, job_id: int, worker: str, lease_left: float) -> None:
+    """Put a job in ``running`` at attempt 1, leased by ``worker`` for ``lease_left`` more seconds
+    of the database's clock (negative: expired that long ago), as a claim would have left it."""
+    conn.execute(
+        "UPDATE miniqueue_jobs SET state = 'running', attempt = 1, leased_by = %s,"
+        " lease_expires_at = now() + make_interval(secs => %s) WHERE id = %s",
+        [worker, lease_left, job_id],
+    )
 
 
 def take_lease_away(conn: Connection, store: Store, job_id: int) -> None:
@@ -75,3 +99,33 @@ def take_over(conn: Connection, store: Store, job_id: int, worker_id: str) -> Le
         (lease,) = store.claim(conn, ["default"], worker_id, 30, 1)
     assert lease.id == job_id
     return lease
+
+
+def assert_refused_and_nothing_stored(client: Client, conn: Connection, options: dict[str, Any], message: str) -> None:
+    """A job of ``options`` is refused, alone and second of a batch (the error names it), with
+    ``message``; no job and no limit is stored."""
+    with pytest.raises(InvalidInput, match=message):
+        client.enqueue("t", {}, **options)
+    with pytest.raises(InvalidInput, match=f"job 1: {message}"):
+        client.enqueue_many([JobSpec("t", {}), JobSpec("t", {}, **options)])
+    assert count(conn) == 0
+    assert conn.execute("SELECT count(*) FROM miniqueue_limits").fetchone() == (0,)
+
+
+def run_on_threads(target: Callable[[int], object], count: int, timeout: float = 60.0) -> None:
+    """Call ``target(0)`` to ``target(count - 1)``, each on a thread of its own, all started
+    before any is joined; fail with what they raised, if any did."""
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            target(n)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not errors, errors

@@ -30,6 +30,8 @@ class Running:
 
 
 StartWorker = Callable[..., Running]
+#: The ``run_one`` fixture: ``run_one(handler, state, payload=None, **task_options)``, the job's row.
+RunOne = Callable[..., dict[str, Any]]
 
 
 def worker_starter(dsn: str, **defaults: Any) -> Iterator[StartWorker]:

@@ -1,15 +1,20 @@
 """More real servers for the tests of several databases: two embedded PostgreSQL servers beside
-the suite's own, which a test may stop and start again (``pg_ctl``, as the user that owns them)."""
+the suite's own, which a test may stop and start again (``pg_ctl``, as the user that owns them);
+and a client over a map's databases."""
 
 from __future__ import annotations
 
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
 from miniqueue import embedded
+from miniqueue.client.sharded import ShardedClient
+from miniqueue.core.shards import ShardMap
+from miniqueue.testing import database as testing_db
 
 #: The data folders of the session's own servers, by their DSN.
 PGDATA: dict[str, Path] = {}
@@ -36,3 +41,12 @@ def pg_ctl(server: str, action: str) -> None:
     options = ["-m", "fast"] if action == "stop" else ["-o", f"-h '' -k {conninfo_to_dict(server)['host']}"]
     argv = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-t", "60", "-l", str(handle.log)]
     subprocess.run([*argv, *options, action], user=handle.system_user, capture_output=True, check=True, timeout=90)
+
+
+def emptied_client(shards: ShardMap) -> Iterator[ShardedClient]:
+    """The body of a ``sharded`` fixture: every database of ``shards`` emptied (their ids restart
+    on their residue), then a client over them, closed at the end."""
+    for database in shards.databases.values():
+        testing_db.clean_database(database.url)
+    with ShardedClient(shards) as client:
+        yield client

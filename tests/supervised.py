@@ -7,9 +7,10 @@ import random
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import psutil
+import psycopg
 
 from harness import SupervisorProcess
 
@@ -112,11 +113,18 @@ class StartSupervisor(Protocol):
 
 
 class Fleet:
-    """Starts supervisors for one test (each with its own log folder) and kills them all at the end."""
+    """Starts supervisors for one test (each with its own log folder) and kills them all at the
+    end: ``with Fleet(...) as fleet:``, or in a ``supervise`` fixture ``yield fleet.start``."""
 
     def __init__(self, dsn: str, folder: Path, cwd: Path, app: str) -> None:
         self.dsn, self.folder, self.cwd, self.app = dsn, folder, cwd, app
         self.started: list[Supervised] = []
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
 
     def start(self, *args: str, app: str | None = None, workers: int = 2) -> Supervised:
         argv = ["--app", app or self.app, "--workers", str(workers), *FAST, *args]
@@ -127,3 +135,11 @@ class Fleet:
     def stop_all(self) -> None:
         for supervised in self.started:
             supervised.stop()
+
+
+def create_executions(conn: psycopg.Connection[Any], *columns: str) -> None:
+    """Make afresh the ``executions`` table the apps of ``tests/apps`` record each run in (job,
+    attempt, pid, and ``columns``): another test in this database may have left one without a
+    column its app writes."""
+    conn.execute("DROP TABLE IF EXISTS executions")
+    conn.execute(f"CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT{''.join(', ' + c for c in columns)})")

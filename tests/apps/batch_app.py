@@ -6,23 +6,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
-
-import psycopg
 
 from miniqueue import App, Batch, exponential_backoff
 from miniqueue.tasks.job import Job
 
+from . import own_connection
+
 app = App()
-_conn: psycopg.Connection[Any] | None = None
 
 
 def record(jobs: list[Job]) -> None:
-    """Commit a row per job run before any effect (opened after fork, per process)."""
-    global _conn
-    if _conn is None:
-        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-    with _conn.cursor() as cur:
+    """Commit a row per job run before any effect."""
+    with own_connection().cursor() as cur:
         cur.executemany(
             "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)",
             [(job.id, job.run, os.getpid()) for job in jobs],

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import os
-from typing import Any
-
-import psycopg
 
 from miniqueue import App
 from miniqueue.tasks.job import Job
 
+from . import own_connection
+
 app = App()
-_conn: psycopg.Connection[Any] | None = None
 
 
 @app.task("ok", queue="fast")
 def ok(job: Job) -> None:
     """Record which worker process ran the job, then take ``seconds`` (default 0)."""
-    global _conn
-    if _conn is None:  # opened after fork, once per worker process
-        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-    _conn.execute("INSERT INTO metrics_runs (job_id, pid) VALUES (%s, %s)", [job.id, os.getpid()])
+    own_connection().execute("INSERT INTO metrics_runs (job_id, pid) VALUES (%s, %s)", [job.id, os.getpid()])
     job.wait(job.payload.get("seconds", 0))
 
 

@@ -5,23 +5,20 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Any
-
-import psycopg
 
 from miniqueue import App, exponential_backoff
 from miniqueue.tasks.job import Job
 
+from . import own_connection
+
 app = App()
-_conn: psycopg.Connection[Any] | None = None
 
 
 def record(job: Job) -> None:
-    """Commit a row per execution before the handler returns (opened after fork, per process)."""
-    global _conn
-    if _conn is None:
-        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-    _conn.execute("INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)", [job.id, job.run, os.getpid()])
+    """Commit a row per execution before the handler returns."""
+    own_connection().execute(
+        "INSERT INTO executions (job_id, attempt, pid) VALUES (%s, %s, %s)", [job.id, job.run, os.getpid()]
+    )
 
 
 @app.task("work", max_attempts=3)

@@ -6,21 +6,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import psycopg
-
 from miniqueue import App, JobSpec
 from miniqueue.tasks.job import Job, PermanentError
 
+from . import own_connection
+
 app = App()
-_conn: psycopg.Connection[Any] | None = None
 
 
 def record(job: Job) -> None:
-    """Commit a row per execution before the handler goes on (opened after fork, per process)."""
-    global _conn
-    if _conn is None:
-        _conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
-    _conn.execute(
+    """Commit a row per execution before the handler goes on."""
+    own_connection().execute(
         "INSERT INTO executions (job_id, attempt, pid, parents_done) "
         "SELECT %s, %s, %s, NOT EXISTS (SELECT 1 FROM miniqueue_jobs WHERE id = ANY(%s) AND state <> 'completed')",
         [job.id, job.run, os.getpid(), list(job.parents)],

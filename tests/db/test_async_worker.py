@@ -190,17 +190,14 @@ ASYNC_APP = "tests.apps.async_app:app"
 
 
 @pytest.fixture
-def supervise(dsn: str, conn: Connection, tmp_path: Path, repo_root: Path) -> Iterator[StartSupervisor]:
-    conn.execute("DROP TABLE IF EXISTS executions")
-    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
-    conn.execute("CREATE TABLE IF NOT EXISTS effects (job_id BIGINT PRIMARY KEY)")
-    conn.execute("TRUNCATE effects")
-    fleet = Fleet(dsn, tmp_path, repo_root, ASYNC_APP)
-    yield fleet.start
-    fleet.stop_all()
+def supervise(
+    dsn: str, executions: Connection, effects: None, tmp_path: Path, repo_root: Path
+) -> Iterator[StartSupervisor]:
+    with Fleet(dsn, tmp_path, repo_root, ASYNC_APP) as fleet:
+        yield fleet.start
 
 
-def executions(conn: Connection, job_id: int) -> int:
+def runs(conn: Connection, job_id: int) -> int:
     found = conn.execute("SELECT count(*) FROM executions WHERE job_id = %s", [job_id]).fetchone()
     return int(found[0]) if found else 0
 
@@ -216,7 +213,7 @@ def test_supervised_async_app_drains_survives_a_kill_and_stops_gracefully(
 
     # SIGKILL the worker running a coroutine: the supervisor charges it and another runs it.
     victim = client.enqueue("nap", {"sleep_on": [1], "seconds": 30}).id
-    wait_until(lambda: executions(conn, victim), what="the coroutine running")
+    wait_until(lambda: runs(conn, victim), what="the coroutine running")
     pid = int(row(conn, victim)["leased_by"].split(":")[1])
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: row(conn, victim)["state"] == "completed", timeout=15, what="job completed after the kill")
@@ -226,7 +223,7 @@ def test_supervised_async_app_drains_survives_a_kill_and_stops_gracefully(
 
     # TERM while a coroutine runs: it finishes, the supervisor exits 0.
     last = client.enqueue("nap", {"sleep_on": [1], "seconds": 1.5}).id
-    wait_until(lambda: executions(conn, last), what="the last coroutine running")
+    wait_until(lambda: runs(conn, last), what="the last coroutine running")
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(20) == 0
     assert row(conn, last)["state"] == "completed" and row(conn, last)["attempt"] == 1
@@ -240,7 +237,7 @@ def test_a_crash_charges_none_of_the_coroutines_that_were_running_and_each_runs_
     sup.wait_ready(1)
     with conn.transaction():
         ids = [client.enqueue("nap", {"sleep_on": [1], "seconds": 30}, conn=conn).id for _ in range(3)]
-    wait_until(lambda: all(executions(conn, i) for i in ids), what="three coroutines running")
+    wait_until(lambda: all(runs(conn, i) for i in ids), what="three coroutines running")
     pid = int(row(conn, ids[0])["leased_by"].split(":")[1])
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: all(row(conn, i)["errors"] for i in ids), timeout=15, what="all three returned")

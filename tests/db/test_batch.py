@@ -211,14 +211,12 @@ def test_the_testing_kit_runs_batch_tasks(dsn: str, client: Client, conn: Connec
 
 
 @pytest.fixture
-def supervise(dsn: str, conn: Connection, tmp_path: Path, repo_root: Path) -> Iterator[StartSupervisor]:
-    conn.execute("DROP TABLE IF EXISTS executions")
-    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
+def supervise(dsn: str, executions: Connection, tmp_path: Path, repo_root: Path) -> Iterator[StartSupervisor]:
+    conn = executions
     conn.execute("DROP TABLE IF EXISTS batch_effects")
     conn.execute("CREATE TABLE batch_effects (job_id BIGINT)")  # no key: a second write would show
-    fleet = Fleet(dsn, tmp_path, repo_root, BATCH_APP)
-    yield fleet.start
-    fleet.stop_all()
+    with Fleet(dsn, tmp_path, repo_root, BATCH_APP) as fleet:
+        yield fleet.start
 
 
 def test_a_worker_killed_mid_batch_loses_nothing_and_writes_each_effect_once(

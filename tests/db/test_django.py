@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from miniqueue.store.migrate import latest_version
 from miniqueue.testing import assert_enqueued, enqueued_jobs, run_jobs
 
 from ..helpers import count, wait_until
+from ..serving import start, stop
 
 SETTINGS = "tests.django_project.settings"
 MANAGE = Path(__file__).resolve().parents[1] / "django_project" / "manage.py"
@@ -192,17 +192,8 @@ def test_manage_py_miniqueue_runs_the_cli(shop: Any, capsys: pytest.CaptureFixtu
 def test_manage_py_miniqueue_supervise(shop: Any, dsn: str, repo_root: Path, tmp_path: Path) -> None:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS, "DJANGO_TEST_DSN": dsn, "PYTHONPATH": str(repo_root)}
     log = tmp_path / "supervise.log"
-    manage = repo_root / "tests" / "django_project" / "manage.py"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(manage), "miniqueue", "supervise", "--workers", "1", "--poll-interval", "0.1"],
-            env=env,
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    argv = [sys.executable, str(MANAGE), "miniqueue", "supervise", "--workers", "1", "--poll-interval", "0.1"]
+    proc = start(argv, log, env, cwd=tmp_path)
     try:
         from tests.django_project.shop.views import place_order
 
@@ -210,13 +201,8 @@ def test_manage_py_miniqueue_supervise(shop: Any, dsn: str, repo_root: Path, tmp
         wait_until(lambda: shop.Receipt.objects.filter(order=7).exists(), timeout=30, what="the receipt")
         assert shop.Receipt.objects.get(order=7).job_id == job_id
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    assert proc.returncode == 0, log.read_text()
+        stopped = stop(proc)
+    assert stopped == 0, log.read_text()
 
 
 def test_manage_py_test_runs_the_testing_kit(

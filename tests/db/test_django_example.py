@@ -30,7 +30,7 @@ from miniqueue.core.db import Connection
 from miniqueue.store.migrate import latest_version
 
 from ..helpers import row, wait_until
-from ..serving import listening, stop
+from ..serving import listening, start, stop
 from ..supervised import free_port
 
 PROJECT = Path(__file__).resolve().parents[2] / "examples" / "django_shop"
@@ -68,19 +68,10 @@ def manage(database: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def start(database: str, log: Path, *arguments: str) -> subprocess.Popen[bytes]:
+def in_background(database: str, log: Path, *arguments: str) -> subprocess.Popen[bytes]:
     """``python manage.py ARGUMENTS`` in the example's folder, in the background, in a process
     group of its own, its output to ``log``."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "manage.py", *arguments],
-            env=environment(database),
-            cwd=PROJECT,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    return start([sys.executable, "manage.py", *arguments], log, environment(database), cwd=PROJECT)
 
 
 def request(url: str, form: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -127,7 +118,7 @@ def test_served_as_the_readme_says(fresh_database: str, shop_conn: Connection, t
 
     assert stock() == 3
     port = free_port()
-    server = start(fresh_database, tmp_path / "runserver.log", "runserver", f"127.0.0.1:{port}", "--noreload")
+    server = in_background(fresh_database, tmp_path / "runserver.log", "runserver", f"127.0.0.1:{port}", "--noreload")
     workers = None
     try:
         base = f"http://127.0.0.1:{port}"
@@ -151,7 +142,7 @@ def test_served_as_the_readme_says(fresh_database: str, shop_conn: Connection, t
         assert len(jobs()) == 1 and stock() == 1
 
         # The workers run the job, which emails and sets confirmed_at through the ORM.
-        workers = start(fresh_database, tmp_path / "supervise.log", "miniqueue", "supervise", "--workers", "1")
+        workers = in_background(fresh_database, tmp_path / "supervise.log", "miniqueue", "supervise", "--workers", "1")
 
         def confirmed() -> dict[str, Any] | None:
             status, shown = request(f"{base}/orders/{placed['order']}/")

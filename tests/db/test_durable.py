@@ -26,7 +26,7 @@ from miniqueue.tasks.job import Job
 from miniqueue.web import create_app
 
 from ..helpers import expire_lease, row, take_lease_away, take_over, wait_until
-from ..running import StartWorker, worker_starter
+from ..running import RunOne, StartWorker, worker_starter
 from .test_web import on_localhost
 
 
@@ -62,6 +62,16 @@ def step_runs(conn: Connection, job_id: int) -> list[str]:
 
 def finished(conn: Connection, job_id: int) -> bool:
     return row(conn, job_id)["state"] in ("completed", "failed", "dead")
+
+
+def parked(client: Client, conn: Connection, start_worker: StartWorker, key: str) -> int:
+    """A job that returns the data of signal ``key``, parked waiting for it (its worker runs on)."""
+    app = App()
+    app.task("w")(lambda job: job.wait_for(key))
+    job_id = app.enqueue(client, "w").id
+    start_worker(app)
+    wait_until(lambda: row(conn, job_id)["state"] == "waiting", what="parked")
+    return job_id
 
 
 def test_a_recorded_step_does_not_run_again_when_the_job_retries(
@@ -259,15 +269,7 @@ def test_signal_many_resumes_each_waiter_once_and_keeps_the_rest(
 def test_a_signal_inside_the_callers_transaction_counts_only_if_it_commits(
     client: Client, runs: Connection, dsn: str, start_worker: StartWorker
 ) -> None:
-    app = App()
-
-    @app.task("gated")
-    def gated(job: Job) -> Any:
-        return job.wait_for("gate")
-
-    job_id = app.enqueue(client, "gated").id
-    start_worker(app)
-    wait_until(lambda: row(runs, job_id)["state"] == "waiting", what="parked")
+    job_id = parked(client, runs, start_worker, "gate")
     import psycopg
 
     with psycopg.connect(dsn) as caller, caller.transaction() as tx:
@@ -310,18 +312,8 @@ def test_steps_asked_for_in_another_order_fail_the_attempt_with_a_clear_error(
     assert issubclass(StepError, Exception)
 
 
-def test_a_step_value_that_is_not_json_fails_the_attempt_unrecorded(
-    client: Client, runs: Connection, start_worker: StartWorker
-) -> None:
-    app = App()
-
-    @app.task("bad", max_attempts=1)
-    def bad(job: Job) -> None:
-        job.step("set", lambda: {1, 2})
-
-    job_id = app.enqueue(client, "bad").id
-    start_worker(app)
-    stored = row_when_finished(runs, job_id, client)
+def test_a_step_value_that_is_not_json_fails_the_attempt_unrecorded(runs: Connection, run_one: RunOne) -> None:
+    stored = run_one(lambda job: job.step("set", lambda: {1, 2}), "dead", max_attempts=1)
     assert "the value of step 'set' is not JSON-serialisable" in stored["last_error"] and stored["steps"] is None
 
 
@@ -356,15 +348,7 @@ def test_async_handlers_have_the_same_steps_sleeps_and_waits(
 
 
 def test_the_async_client_signals(dsn: str, client: Client, runs: Connection, start_worker: StartWorker) -> None:
-    app = App()
-
-    @app.task("w")
-    def w(job: Job) -> Any:
-        return job.wait_for("async-key")
-
-    job_id = app.enqueue(client, "w").id
-    start_worker(app)
-    wait_until(lambda: row(runs, job_id)["state"] == "waiting", what="parked")
+    job_id = parked(client, runs, start_worker, "async-key")
 
     async def send() -> list[int | None]:
         async with AsyncClient(dsn) as aclient:
@@ -385,15 +369,7 @@ def test_bad_signals_are_refused_before_anything_is_stored(client: Client, runs:
 def test_a_cancelled_waiting_job_stops_waiting_and_a_requeue_waits_again(
     client: Client, runs: Connection, start_worker: StartWorker
 ) -> None:
-    app = App()
-
-    @app.task("w")
-    def w(job: Job) -> Any:
-        return job.wait_for("k")
-
-    job_id = app.enqueue(client, "w").id
-    start_worker(app)
-    wait_until(lambda: row(runs, job_id)["state"] == "waiting", what="parked")
+    job_id = parked(client, runs, start_worker, "k")
     client.cancel([job_id])
     assert client.signal("k", 1) is None, "a cancelled job waits for nothing"
     assert client.get(job_id).signal_key is None

@@ -7,7 +7,6 @@ import importlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -23,7 +22,7 @@ from miniqueue.core.db import Connection
 from miniqueue.testing import run_jobs
 
 from ..helpers import count, row, wait_until
-from ..serving import listening, stop
+from ..serving import listening, start, stop
 from ..supervised import free_port
 
 
@@ -110,26 +109,9 @@ def test_served_as_the_docstring_says(dsn: str, conn: Connection, repo_root: Pat
     env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(repo_root)}
     port = free_port()
     conn.execute("DROP TABLE IF EXISTS users")
-    with (tmp_path / "uvicorn.log").open("wb") as out:
-        server = subprocess.Popen(
-            [str(bin_dir / "uvicorn"), "examples.fastapi_app:api", "--port", str(port)],
-            env=env,
-            cwd=repo_root,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
-    with (tmp_path / "supervise.log").open("wb") as out:
-        workers = subprocess.Popen(
-            [str(bin_dir / "miniqueue-supervise"), "--app", "examples.fastapi_app:tasks", "--workers", "1"],
-            env=env,
-            cwd=repo_root,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    serve = [str(bin_dir / "uvicorn"), "examples.fastapi_app:api", "--port", str(port)]
+    supervise = [str(bin_dir / "miniqueue-supervise"), "--app", "examples.fastapi_app:tasks", "--workers", "1"]
+    server, workers = start(serve, tmp_path / "uvicorn.log", env), start(supervise, tmp_path / "supervise.log", env)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: listening(f"{base}/docs", server, tmp_path / "uvicorn.log"), timeout=30, what="uvicorn")

@@ -10,6 +10,8 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import pytest
 from psycopg import sql
@@ -25,6 +27,8 @@ from miniqueue.store.migrate import load_migrations
 from miniqueue.store.store import Failure, Store
 
 from ..helpers import count, wait_until
+
+T = TypeVar("T")
 
 W = "worker-1"
 DAY = 86400.0
@@ -235,27 +239,13 @@ def test_two_reapers_dropping_one_partition_at_once_drop_it_once_and_neither_fai
         store.complete(conn, claimed, W, attempt)
     finished_yesterday(conn, *ids)
     yesterday = where(conn, ids[0])
-    dropped: list[list[str]] = []
-    failures: list[BaseException] = []
-
-    def drop() -> None:  # each lists the partition, then waits for the history table's lock
-        with connect(dsn, purpose="test-drop") as own:
-            own.autocommit = True
-            try:
-                dropped.append(Store().drop_partitions(own, "done", 3600))
-            except BaseException as exc:
-                failures.append(exc)
-
     with connect(dsn, purpose="test-hold") as holder, holder.transaction():
         holder.execute(f'LOCK TABLE "{yesterday}" IN ACCESS SHARE MODE')  # a reader of its old jobs
-        reapers = [threading.Thread(target=drop) for _ in range(2)]
-        for reaper in reapers:
-            reaper.start()
+        # Each lists the partition, then waits for the history table's lock.
+        reapers = [in_background(dsn, "test-drop", retention_pass) for _ in "ab"]
         wait_until(lambda: waiting(conn, "test-drop") == 2, what="both reapers waiting for the lock")
-    for reaper in reapers:
-        reaper.join(30)
-    assert failures == []
-    assert len(dropped) == 2 and not set(dropped[0]) & set(dropped[1]), "no partition dropped twice"
+    dropped = [reaper.result(30) for reaper in reapers]
+    assert not set(dropped[0]) & set(dropped[1]), "no partition dropped twice"
     assert yesterday in dropped[0] + dropped[1]
     drop_detached_pass_by_pass(store, conn)
     assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
@@ -279,34 +269,17 @@ def test_a_drop_waiting_for_a_reader_holds_up_no_claim_and_a_completion_only_unt
     running = client.enqueue("t").id
     running_attempt = run_one(store, conn)[1]
     available = client.enqueue("t").id
-    outcomes: dict[str, object] = {}
-
-    def run(name: str, call: Callable[[Connection], object]) -> threading.Thread:
-        def target() -> None:
-            with connect(dsn, purpose=f"test-{name}") as own:
-                own.autocommit = True
-                try:
-                    outcomes[name] = call(own)
-                except BaseException as exc:
-                    outcomes[name] = exc
-
-        thread = threading.Thread(target=target)
-        thread.start()
-        return thread
-
     with connect(dsn, purpose="test-hold") as reader, reader.transaction():
         reader.execute("SELECT count(*) FROM miniqueue_jobs WHERE state = 'completed'")  # jobs list, say
-        dropping = run("drop", lambda own: Store().drop_partitions(own, "done", 3600))
+        dropping = in_background(dsn, "test-drop", retention_pass)
         wait_until(lambda: waiting(conn, "test-drop") == 1, what="the drop waiting for the reader")
         with connect(dsn, purpose="test-claim") as claimer:
             claimer.execute("SET statement_timeout = '10s'")  # a claim held up fails, not hangs
             assert [lease.id for lease in store.claim(claimer, ["default"], "w2", 30, 1)] == [available]
-        completing = run("complete", lambda own: Store().complete(own, running, W, running_attempt))
+        completing = in_background(dsn, "test-complete", lambda own: Store().complete(own, running, W, running_attempt))
         wait_until(lambda: waiting(conn, "test-complete") == 1, what="the completion waiting behind the drop")
-    dropping.join(30)
-    completing.join(30)
-    assert isinstance(outcomes["drop"], list) and yesterday in outcomes["drop"]
-    assert outcomes["complete"] is None
+    assert yesterday in dropping.result(30)
+    assert completing.result(30) is None
     assert where(conn, running).startswith("miniqueue_jobs_done_2")
     drop_detached_pass_by_pass(store, conn)
     assert conn.execute("SELECT to_regclass(%s)", [yesterday]).fetchone() == (None,)
@@ -326,24 +299,12 @@ def test_a_requeue_of_a_job_past_retention_during_its_drop_goes_on_and_the_drop_
     finished_yesterday(conn, old)
     yesterday = where(conn, old)
     assert yesterday.startswith("miniqueue_jobs_done_2")
-    outcome: list[object] = []
-
-    def drop() -> None:
-        with connect(dsn, purpose="test-drop") as own:
-            own.autocommit = True
-            try:
-                outcome.append(Store().drop_partitions(own, "done", 3600))
-            except BaseException as exc:
-                outcome.append(exc)
-
     with connect(dsn, purpose="test-requeue") as requeuer, requeuer.transaction():
         requeuer.execute("LOCK TABLE ONLY miniqueue_jobs_done IN ROW EXCLUSIVE MODE")  # a write's first lock
-        dropping = threading.Thread(target=drop)
-        dropping.start()
+        dropping = in_background(dsn, "test-drop", retention_pass)
         wait_until(lambda: waiting(conn, "test-drop") == 1, what="the drop waiting for the history table")
         assert store.requeue(requeuer, [old]) == [old]
-    dropping.join(30)
-    assert outcome == [[]], "the drop gave up, to try again at a later pass"
+    assert dropping.result(30) == [], "the drop gave up, to try again at a later pass"
     assert where(conn, old) == "miniqueue_jobs_live"
     assert client.enqueue("t", idempotency_key="k").id == old, "the requeued job holds its key"
     assert yesterday in {p.name for p in store.partitions(conn)}, "the partition still registered"
@@ -375,6 +336,27 @@ def test_a_claim_locks_no_partition_of_the_history_and_a_completion_only_the_one
             [locked] = conn.execute(history_locks).fetchone()  # type: ignore[misc]
         leases.extend(more)
         assert locked == [where(conn, lease.id)], "a completion locked more than its job's partition"
+
+
+def retention_pass(own: Connection) -> list[str]:
+    """The reaper's retention of finished jobs: drop the partitions of those done over an hour ago."""
+    return Store().drop_partitions(own, "done", 3600)
+
+
+def in_background(dsn: str, purpose: str, call: Callable[[Connection], T]) -> Future[T]:
+    """``call`` on a thread and an autocommit connection of its own, named ``purpose`` (so that
+    :func:`waiting` sees it wait for a lock); its future: what it returned, or raises."""
+
+    def target() -> T:
+        with connect(dsn, purpose=purpose) as own:
+            own.autocommit = True
+            return call(own)
+
+    executor = ThreadPoolExecutor(max_workers=1)
+    try:
+        return executor.submit(target)
+    finally:
+        executor.shutdown(wait=False)  # the thread ends once the call does
 
 
 def waiting(conn: Connection, application: str) -> int:

@@ -26,10 +26,9 @@ def start(dsn: str, host: str, folder: Path, cwd: Path) -> Supervised:
 
 @pytest.mark.timeout(90)
 def test_a_host_lost_whole_mid_run_loses_nothing(
-    dsn: str, tmp_path: Path, repo_root: Path, client: Client, conn: Connection
+    dsn: str, tmp_path: Path, repo_root: Path, client: Client, executions: Connection
 ) -> None:
-    conn.execute("DROP TABLE IF EXISTS executions")
-    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
+    conn = executions
     hosts = {name: start(dsn, name, tmp_path, repo_root) for name in ("host-a", "host-b")}
     try:
         for supervised in hosts.values():

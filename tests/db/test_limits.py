@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -20,16 +19,8 @@ from miniqueue.worker import claiming
 from miniqueue.worker.claiming import goes_down
 from miniqueue.worker.worker import Worker, WorkerConfig
 
-from ..helpers import count, expire_lease, row, wait_until
-from ..running import Running
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for running in started:
-        running.stop()
+from ..helpers import assert_refused_and_nothing_stored, count, expire_lease, row, wait_until
+from ..running import StartWorker
 
 
 def claim(
@@ -146,7 +137,7 @@ def test_a_completion_frees_its_slot_for_the_claim_in_the_same_statement(
 
 
 def test_a_finished_job_starts_its_keys_next_job_without_waiting_for_a_poll(
-    dsn: str, client: Client, conn: Connection, workers: list[Running], monkeypatch: pytest.MonkeyPatch
+    dsn: str, client: Client, conn: Connection, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No notification announces a freed slot, and the polls here are a minute apart: only the
     # worker's own finished job can be the reason its key's next job is claimed.
@@ -154,8 +145,7 @@ def test_a_finished_job_starts_its_keys_next_job_without_waiting_for_a_poll(
     app = App()
     app.task("t", concurrency_key="A")(lambda job: None)
     client.enqueue_many([app.task_spec("t", {"i": i}) for i in range(5)])
-    config = WorkerConfig(poll_only=True, poll_interval=60.0, lease_duration=5.0, heartbeat_seconds=1.0)
-    workers.append(Running(Worker(app, dsn, config)))
+    start_worker(app, poll_only=True, poll_interval=60.0, lease_duration=5.0, heartbeat_seconds=1.0)
     wait_until(lambda: count(conn, "state = 'completed'") == 5, timeout=20, what="5 jobs of one key completed")
     assert count(conn, "attempt <> 1") == 0
 
@@ -243,7 +233,7 @@ def test_the_latest_enqueue_sets_the_limit(client: Client, store: Store, conn: C
     assert ids(claim(store, conn)) == jobs[1:3]
 
 
-def test_limits_hold_with_many_workers(dsn: str, client: Client, conn: Connection, workers: list[Running]) -> None:
+def test_limits_hold_with_many_workers(dsn: str, client: Client, conn: Connection, start_worker: StartWorker) -> None:
     conn.execute("CREATE TABLE runs (job_id BIGINT, key TEXT, started TIMESTAMPTZ, ended TIMESTAMPTZ)")
     app = App()
 
@@ -262,8 +252,7 @@ def test_limits_hold_with_many_workers(dsn: str, client: Client, conn: Connectio
     specs += [app.task_spec("wide", {"key": "wide"}) for _ in range(24)]
     client.enqueue_many(specs)
     for _ in range(4):
-        config = WorkerConfig(concurrency=4, lease_duration=5.0, heartbeat_seconds=1.0, poll_interval=0.2)
-        workers.append(Running(Worker(app, dsn, config)))
+        start_worker(app, concurrency=4, lease_duration=5.0, heartbeat_seconds=1.0, poll_interval=0.2)
     wait_until(lambda: count(conn, "state = 'completed'") == 84, timeout=60, what="84 jobs completed")
     overlap = dict(
         conn.execute("""
@@ -388,12 +377,7 @@ def test_a_task_refuses_bad_limits_at_registration() -> None:
 def test_bad_limits_are_refused_and_nothing_is_stored(
     client: Client, conn: Connection, options: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(InvalidInput, match=message):
-        client.enqueue("t", {}, **options)
-    with pytest.raises(InvalidInput, match=f"job 1: {message}"):
-        client.enqueue_many([JobSpec("t", {}), JobSpec("t", {}, **options)])
-    assert count(conn) == 0
-    assert conn.execute("SELECT count(*) FROM miniqueue_limits").fetchone() == (0,)
+    assert_refused_and_nothing_stored(client, conn, options, message)
 
 
 def test_rates_in_every_unit(client: Client, conn: Connection) -> None:

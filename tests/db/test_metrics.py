@@ -7,8 +7,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from miniqueue import Client, JobSpec
 from miniqueue.core.db import Connection
 
-from ..helpers import count, wait_until
+from ..helpers import count, make_running, wait_until
+from ..serving import run_miniqueue
 from ..supervised import FAST, Fleet, StartSupervisor, Supervised, free_port
 
 APP = "tests.apps.metrics_app:app"
@@ -40,9 +39,25 @@ def runs(conn: Connection) -> Connection:
 
 @pytest.fixture
 def supervise(dsn: str, tmp_path: Path, repo_root: Path, runs: Connection) -> Iterator[StartSupervisor]:
-    fleet = Fleet(dsn, tmp_path, repo_root, APP)
-    yield fleet.start
-    fleet.stop_all()
+    with Fleet(dsn, tmp_path, repo_root, APP) as fleet:
+        yield fleet.start
+
+
+StartScraped = Callable[..., tuple[Supervised, int]]
+
+
+@pytest.fixture
+def supervise_scraped(supervise: StartSupervisor) -> StartScraped:
+    """Start a supervisor of ``workers`` whose /metrics answers on a free port (its gauges read
+    every 0.2 s), ready: the supervisor and its port."""
+
+    def start(*args: str, workers: int) -> tuple[Supervised, int]:
+        port = free_port()
+        sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", *args, workers=workers)
+        sup.wait_ready(workers)
+        return sup, port
+
+    return start
 
 
 def get(port: int, path: str = "/metrics", data: bytes | None = None) -> tuple[int, str]:
@@ -85,11 +100,9 @@ def finished(samples: Samples, queue: str, task: str, outcome: str) -> float | N
 
 
 def test_job_counters_durations_and_gauges_with_several_workers(
-    supervise: StartSupervisor, client: Client, conn: Connection
+    supervise_scraped: StartScraped, client: Client, conn: Connection
 ) -> None:
-    port = free_port()
-    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", workers=3)
-    sup.wait_ready(3)
+    sup, port = supervise_scraped(workers=3)
     client.enqueue_many(
         [JobSpec("ok", {"seconds": 0.1}, queue="fast") for _ in range(12)]
         + [JobSpec("boom", queue="flaky", max_attempts=2) for _ in range(2)]
@@ -141,18 +154,12 @@ def test_job_counters_durations_and_gauges_with_several_workers(
 
 
 def test_queue_gauges_for_waiting_and_expired_jobs(
-    supervise: StartSupervisor, client: Client, conn: Connection
+    supervise_scraped: StartScraped, client: Client, conn: Connection
 ) -> None:
     """Jobs of a queue no worker serves: their ages and leases, as the database has them."""
     canary = client.enqueue("t", queue="idle").id
-    conn.execute(
-        "UPDATE miniqueue_jobs SET state = 'running', attempt = 1, leased_by = 'gone:1:x',"
-        " lease_expires_at = now() - interval '1 second' WHERE id = %s",
-        [canary],
-    )
-    port = free_port()
-    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", "--reaper-interval", "600", workers=1)
-    sup.wait_ready(1)
+    make_running(conn, canary, "gone:1:x", lease_left=-1)
+    _, port = supervise_scraped("--reaper-interval", "600", workers=1)
     # The reaper's first pass recovers the canary; the next pass is ten minutes away.
     wait_until(lambda: count(conn, "id = %s AND state = 'available'", [canary]), what="the reaper's first pass")
     conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() - interval '1 hour' WHERE id = %s", [canary])
@@ -160,12 +167,7 @@ def test_queue_gauges_for_waiting_and_expired_jobs(
     client.enqueue("t", queue="idle", delay=3600)
     for expired in (False, True):
         job_id = client.enqueue("t", queue="idle").id
-        conn.execute(
-            "UPDATE miniqueue_jobs SET state = 'running', attempt = 1, leased_by = 'elsewhere:1:x',"
-            " lease_expires_at = now() + CASE WHEN %s THEN interval '-1 minute' ELSE interval '1 hour' END"
-            " WHERE id = %s",
-            [expired, job_id],
-        )
+        make_running(conn, job_id, "elsewhere:1:x", lease_left=-60 if expired else 3600)
 
     # The gauges are the reaper's latest reading (every 0.2 s here), not a query at scrape time.
     samples = scrape_until(
@@ -185,15 +187,13 @@ def test_queue_gauges_for_waiting_and_expired_jobs(
 
 
 def test_a_blocked_sequence_key_is_a_gauge_naming_the_job_that_blocks_it(
-    supervise: StartSupervisor, client: Client, conn: Connection
+    supervise_scraped: StartScraped, client: Client, conn: Connection
 ) -> None:
     dead = client.enqueue("t", queue="idle", sequence_key="acct:9").id
     for _ in range(2):
         client.enqueue("t", queue="idle", sequence_key="acct:9")
     conn.execute("UPDATE miniqueue_jobs SET state = 'dead', attempt = 1, finished_at = now() WHERE id = %s", [dead])
-    port = free_port()
-    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", workers=1)
-    sup.wait_ready(1)
+    _, port = supervise_scraped(workers=1)
     samples = scrape_until(
         port,
         lambda s: value(s, "miniqueue_sequence_blocked_jobs", key="acct:9", job=str(dead)) == 2,
@@ -209,11 +209,9 @@ def test_a_blocked_sequence_key_is_a_gauge_naming_the_job_that_blocks_it(
 
 
 def test_what_holds_the_horizon_back_is_a_gauge_naming_its_pid(
-    supervise: StartSupervisor, dsn: str, conn: Connection
+    supervise_scraped: StartScraped, dsn: str, conn: Connection
 ) -> None:
-    port = free_port()
-    sup = supervise("--metrics-port", str(port), "--metrics-interval", "0.2", workers=1)
-    sup.wait_ready(1)
+    _, port = supervise_scraped(workers=1)
     with psycopg.connect(dsn, application_name="nightly-report") as other:
         other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         other.execute("SELECT count(*) FROM miniqueue_jobs")
@@ -228,10 +226,8 @@ def test_what_holds_the_horizon_back_is_a_gauge_naming_its_pid(
     scrape_until(port, lambda s: held not in s, "a reading after it ended")
 
 
-def test_other_paths_and_methods_are_refused(supervise: StartSupervisor) -> None:
-    port = free_port()
-    sup = supervise("--metrics-port", str(port), workers=1)
-    sup.wait_ready(1)
+def test_other_paths_and_methods_are_refused(supervise_scraped: StartScraped) -> None:
+    _, port = supervise_scraped(workers=1)
     assert get(port, "/nope")[0] == 404
     assert get(port, "/metrics/extra")[0] == 404
     assert get(port, "/metrics", data=b"x=1")[0] == 405
@@ -239,10 +235,8 @@ def test_other_paths_and_methods_are_refused(supervise: StartSupervisor) -> None
     assert status == 200 and "miniqueue_processes" in body
 
 
-def test_a_killed_worker_counts_as_a_restart(supervise: StartSupervisor) -> None:
-    port = free_port()
-    sup = supervise("--metrics-port", str(port), workers=2)
-    sup.wait_ready(2)
+def test_a_killed_worker_counts_as_a_restart(supervise_scraped: StartScraped) -> None:
+    sup, port = supervise_scraped(workers=2)
     assert value(scrape(port), "miniqueue_child_restarts_total", kind="worker") in (None, 0)
     victim = sup.workers()[0]
     os.kill(victim, signal.SIGKILL)
@@ -261,30 +255,12 @@ def test_a_killed_worker_counts_as_a_restart(supervise: StartSupervisor) -> None
     assert value(samples, "miniqueue_child_restarts_total", kind="reaper") in (None, 0)
 
 
-def test_a_metrics_port_in_use_is_one_clear_line(dsn: str, repo_root: Path) -> None:
+def test_a_metrics_port_in_use_is_one_clear_line(dsn: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "miniqueue.cli",
-                "supervise",
-                "--app",
-                APP,
-                "--workers",
-                "1",
-                "--metrics-port",
-                str(port),
-            ],
-            env={**os.environ, "DATABASE_URL": dsn},
-            cwd=repo_root,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        result = run_miniqueue("supervise", "--app", APP, "--workers", "1", "--metrics-port", str(port), dsn=dsn)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr, result.stderr
     assert str(port) in result.stderr.strip().splitlines()[-1]
@@ -314,11 +290,7 @@ def test_json_logs_from_every_process_are_one_object_per_line(
 ) -> None:
     # An expired lease makes the reaper speak; a failing job and a completed one make workers run.
     lost = client.enqueue("t", queue="idle").id
-    conn.execute(
-        "UPDATE miniqueue_jobs SET state = 'running', attempt = 1, leased_by = 'gone:1:x',"
-        " lease_expires_at = now() - interval '1 second' WHERE id = %s",
-        [lost],
-    )
+    make_running(conn, lost, "gone:1:x", lease_left=-1)
     sup = supervise("--log-format", "json", workers=2)
     sup.wait_ready(2)
     done = client.enqueue("ok", queue="fast").id

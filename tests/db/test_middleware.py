@@ -517,9 +517,8 @@ def test_the_attempts_span_encloses_the_run_hooks(spans: Spans, traced_client: C
 
 @pytest.fixture
 def supervise(dsn: str, tmp_path: Path, repo_root: Path) -> Iterator[StartSupervisor]:
-    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.middleware_app:app")
-    yield fleet.start
-    fleet.stop_all()
+    with Fleet(dsn, tmp_path, repo_root, "tests.apps.middleware_app:app") as fleet:
+        yield fleet.start
 
 
 def test_supervised_workers_run_the_run_hooks_in_their_own_processes(

@@ -133,8 +133,7 @@ def test_old_workers_left_running_across_a_migration_they_cannot_serve_stop_with
     running workers fail on their next claim, each child says why in one line, and the supervisor
     stops (exit code non-zero) instead of forking children that fail again, forever."""
     dsn, conn = own
-    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.supervised:app")
-    try:
+    with Fleet(dsn, tmp_path, repo_root, "tests.apps.supervised:app") as fleet:
         old = fleet.start(workers=2)
         old.harness.wait_ready(60)
         future = latest_version() + 1
@@ -145,8 +144,6 @@ def test_old_workers_left_running_across_a_migration_they_cannot_serve_stop_with
         )
         Store().apply_migrations(conn, [breaking])
         code = old.proc.wait(60)
-    finally:
-        fleet.stop_all()
     output = old.output()
     refusal = f"workers before version {future} cannot serve"
     assert code != 0 and refusal in output, output[-3000:]

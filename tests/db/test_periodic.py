@@ -24,7 +24,7 @@ from miniqueue.store.store import Store
 from miniqueue.tasks.job import Job
 from miniqueue.tasks.periodic import Periodic
 
-from ..helpers import count, row, wait_until
+from ..helpers import count, db_now, row, run_on_threads, wait_until
 from ..supervised import FAST, Supervised
 
 UTC = dt.timezone.utc
@@ -52,13 +52,6 @@ def report_app(cron: str, **options: Any) -> App:
     app.task("report", queue="reports", priority=7, max_attempts=2)(noop)
     app.periodic(cron, task="report", payload={"kind": "daily"}, **options)
     return app
-
-
-def db_now(conn: Connection) -> dt.datetime:
-    found = conn.execute("SELECT now()").fetchone()
-    assert found is not None
-    now: dt.datetime = found[0]
-    return now.astimezone(UTC)
 
 
 def hourly_due(conn: Connection, minutes_ago: int) -> str:
@@ -315,22 +308,13 @@ def race(passes: list[Callable[[], Any]], repeat: int) -> list[Any]:
     """Run each pass ``repeat`` times on threads of their own, all released together."""
     barrier = threading.Barrier(len(passes))
     results: list[list[Any]] = [[] for _ in passes]
-    errors: list[BaseException] = []
 
     def loop(i: int) -> None:
-        try:
-            barrier.wait(10)
-            for _ in range(repeat):
-                results[i].append(passes[i]())
-        except BaseException as exc:
-            errors.append(exc)
+        barrier.wait(10)
+        for _ in range(repeat):
+            results[i].append(passes[i]())
 
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(passes))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    run_on_threads(loop, len(passes))
     return [result for per_thread in results for result in per_thread]
 
 

@@ -9,11 +9,9 @@ direct URL of its own (or not at all).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -24,14 +22,12 @@ from miniqueue.core.db import POOLER_ENV, Connection, behind_pooler
 from miniqueue.core.errors import ConfigError
 from miniqueue.store.migrate import check_schema_version, load_migrations, run_migrations
 from miniqueue.tasks.app import App
-from miniqueue.worker.worker import Worker, WorkerConfig
+from miniqueue.worker.worker import WorkerConfig
 
-from ..helpers import count, row, wait_until
+from ..helpers import count, row, run_on_threads, wait_until
 from ..pgbouncer import PGBOUNCER, POOL_SIZE, PgBouncer
-from ..running import Running
-from ..supervised import Supervised
-
-FAST = {"lease_duration": 2.0, "heartbeat_seconds": 0.5, "poll_interval": 0.2, "shutdown_timeout": 5.0}
+from ..running import StartWorker, worker_starter
+from ..supervised import FAST, Supervised
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +56,9 @@ def executions(conn: Connection) -> None:
 
 
 @pytest.fixture
-def workers() -> Iterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for running in started:
-        running.stop()
-
-
-def start(started: list[Running], app: App, dsn: str, **config: Any) -> Running:
-    running = Running(Worker(app, dsn, WorkerConfig(**{**FAST, **config})))
-    started.append(running)
-    return running
+def start_pooled_worker(pooled: str) -> Iterator[StartWorker]:
+    """Start workers on threads that reach the database through the pooler."""
+    yield from worker_starter(pooled)
 
 
 def server_connections(bouncer: PgBouncer) -> int:
@@ -118,22 +106,13 @@ def test_the_setting_accepts_only_yes_or_no(monkeypatch: pytest.MonkeyPatch) -> 
 def test_enqueue_from_more_clients_than_server_connections(pooled: str, conn: Connection, bouncer: PgBouncer) -> None:
     """Six clients enqueue one by one, each statement far past psycopg's prepare threshold,
     interleaved over 3 server connections; then two large batches (INSERT and COPY)."""
-    errors: list[BaseException] = []
 
     def produce(n: int) -> None:
-        try:
-            with Client(pooled) as client:
-                for i in range(25):
-                    client.enqueue("work", {"client": n, "i": i}, idempotency_key=f"{n}-{i}" if i % 2 else None)
-        except BaseException as exc:
-            errors.append(exc)
+        with Client(pooled) as client:
+            for i in range(25):
+                client.enqueue("work", {"client": n, "i": i}, idempotency_key=f"{n}-{i}" if i % 2 else None)
 
-    threads = [threading.Thread(target=produce, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert errors == []
+    run_on_threads(produce, 6)
     assert count(conn) == 150
     with Client(pooled) as client:
         client.enqueue_many([JobSpec("work", {"i": i}, idempotency_key=f"batch-{i}") for i in range(300)])
@@ -144,7 +123,7 @@ def test_enqueue_from_more_clients_than_server_connections(pooled: str, conn: Co
 
 
 def test_claim_and_complete_through_the_pooler(
-    pooled: str, conn: Connection, bouncer: PgBouncer, workers: list[Running]
+    pooled: str, conn: Connection, bouncer: PgBouncer, start_pooled_worker: StartWorker
 ) -> None:
     app = App()
     seen: list[int] = []
@@ -152,7 +131,7 @@ def test_claim_and_complete_through_the_pooler(
     with Client(pooled) as client:
         ids = [app.enqueue(client, "work", {"i": i}).id for i in range(200)]
         for _ in range(2):
-            start(workers, app, pooled, concurrency=2, poll_only=True)
+            start_pooled_worker(app, concurrency=2, poll_only=True)
         wait_until(lambda: count(conn, "state = 'completed'") == 200, timeout=30, what="200 jobs completed")
     assert sorted(seen) == sorted(ids)
     assert count(conn, "attempt = 1 AND leased_by IS NULL AND lease_expires_at IS NULL") == 200
@@ -160,24 +139,26 @@ def test_claim_and_complete_through_the_pooler(
 
 
 def test_transactional_completion_through_the_pooler(
-    pooled: str, conn: Connection, executions: None, workers: list[Running]
+    pooled: str, conn: Connection, executions: None, start_pooled_worker: StartWorker
 ) -> None:
     from ..pgbouncer import app
 
     with Client(pooled) as client:
         ids = [app.enqueue(client, "record").id for _ in range(60)]
     # 4 handler threads each with a job.transaction() connection, plus claims and heartbeats.
-    start(workers, app, pooled, concurrency=4, poll_only=True)
+    start_pooled_worker(app, concurrency=4, poll_only=True)
     wait_until(lambda: count(conn, "state = 'completed'") == 60, timeout=30, what="60 jobs completed")
     assert_ran_once(conn, ids)
 
 
-def test_heartbeats_renew_the_lease_through_the_pooler(pooled: str, conn: Connection, workers: list[Running]) -> None:
+def test_heartbeats_renew_the_lease_through_the_pooler(
+    pooled: str, conn: Connection, start_pooled_worker: StartWorker
+) -> None:
     app = App()
     app.task("slow")(lambda job: job.wait(5))
     with Client(pooled) as client:
         job_id = app.enqueue(client, "slow").id
-    start(workers, app, pooled, lease_duration=2.0, heartbeat_seconds=0.5, poll_only=True)
+    start_pooled_worker(app, lease_duration=2.0, heartbeat_seconds=0.5, poll_only=True)
     first = wait_until(lambda: row(conn, job_id)["lease_expires_at"], what="job claimed")
     wait_until(lambda: (row(conn, job_id)["lease_expires_at"] or first) > first, what="lease renewed")
     wait_until(lambda: row(conn, job_id)["state"] == "completed", timeout=15, what="slow job completed")
@@ -195,14 +176,10 @@ def test_migrations_through_the_pooler(
     pooled = bouncer.dsn(str(conninfo_to_dict(fresh_database)["dbname"]))
     applied: list[int] = []
 
-    def migrate() -> None:
+    def migrate(_: int) -> None:
         applied.extend(m.version for m in run_migrations(pooled, schema="queue"))
 
-    threads = [threading.Thread(target=migrate) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_on_threads(migrate, 4)
     assert sorted(applied) == [m.version for m in load_migrations()]
     with psycopg.connect(fresh_database, autocommit=True) as direct:
         check_schema_version(direct, "queue")
@@ -222,11 +199,13 @@ def listening_backends(conn: Connection) -> int:
     return int(found[0])
 
 
-def test_listen_goes_to_the_direct_url(dsn: str, pooled: str, conn: Connection, workers: list[Running]) -> None:
+def test_listen_goes_to_the_direct_url(
+    dsn: str, pooled: str, conn: Connection, start_pooled_worker: StartWorker
+) -> None:
     app = App()
     app.task("work")(lambda job: None)
     # A 60 s poll: only a notification can start the job in time.
-    running = start(workers, app, pooled, poll_interval=60.0, listen_url=dsn)
+    running = start_pooled_worker(app, poll_interval=60.0, listen_url=dsn)
     wait_until(lambda: running.worker.listening, what="worker listening")
     assert listening_backends(conn) == 1
     time.sleep(0.1)  # past the worker's first poll, which would find the job without a notification
@@ -236,12 +215,12 @@ def test_listen_goes_to_the_direct_url(dsn: str, pooled: str, conn: Connection, 
 
 
 def test_without_a_listen_url_a_pooled_worker_polls_and_says_why(
-    pooled: str, conn: Connection, workers: list[Running], caplog: pytest.LogCaptureFixture
+    pooled: str, conn: Connection, start_pooled_worker: StartWorker, caplog: pytest.LogCaptureFixture
 ) -> None:
     app = App()
     app.task("work")(lambda job: None)
     with caplog.at_level(logging.WARNING, logger="miniqueue.notify"):
-        running = start(workers, app, pooled)
+        running = start_pooled_worker(app)
         with Client(pooled) as client:
             job_id = app.enqueue(client, "work").id
         wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed by polling")
@@ -270,23 +249,7 @@ def test_supervised_drain_through_the_pooler(
     tmp_path: Path,
 ) -> None:
     listen_args = ["--listen-url", dsn] if listen == "--listen-url" else ["--poll-only"]
-    argv = [
-        "--app",
-        "tests.pgbouncer:app",
-        "--workers",
-        "2",
-        "--concurrency",
-        "2",
-        "--lease-duration",
-        "5",
-        "--heartbeat-interval",
-        "1",
-        "--poll-interval",
-        "0.2",
-        "--reaper-interval",
-        "1",
-        *listen_args,
-    ]
+    argv = ["--app", "tests.pgbouncer:app", "--workers", "2", "--concurrency", "2", *FAST, *listen_args]
     supervisor = Supervised(pooled, argv, tmp_path / "supervisor", repo_root)
     try:
         supervisor.wait_ready(2)

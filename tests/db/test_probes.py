@@ -6,8 +6,6 @@ import http.client
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -22,6 +20,7 @@ from miniqueue import Client
 from miniqueue.core.db import Connection
 
 from ..helpers import row, wait_until
+from ..serving import run_miniqueue
 from ..supervised import FAST, Supervised, free_port
 
 APP = "tests.apps.supervised:app"
@@ -96,9 +95,8 @@ class SlowClient:
 
 
 @pytest.fixture
-def supervised(dsn: str, tmp_path: Path, repo_root: Path, conn: Connection) -> Iterator[tuple[Supervised, int]]:
-    conn.execute("DROP TABLE IF EXISTS executions")  # another test's may lack the pid column the app writes
-    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
+def supervised(dsn: str, tmp_path: Path, repo_root: Path, executions: Connection) -> Iterator[tuple[Supervised, int]]:
+    conn = executions
     conn.execute("TRUNCATE miniqueue_processes")
     port = free_port()
     sup = Supervised(
@@ -258,14 +256,7 @@ def test_healthcheck_command_exit_codes(supervised: tuple[Supervised, int], dsn:
     _, port = supervised
 
     def healthcheck(*args: str) -> int:
-        result = subprocess.run(
-            [sys.executable, "-m", "miniqueue.cli", "healthcheck", *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "DATABASE_URL": dsn},
-        )
-        return result.returncode
+        return run_miniqueue("healthcheck", *args, dsn=dsn).returncode
 
     assert healthcheck() == 0
     wait_until(lambda: get(port, "/readyz")[0] == 200, what="ready")  # its workers start after the fixture

@@ -26,7 +26,7 @@ from miniqueue.tasks.job import MAX_PROGRESS_META_BYTES, Job, encode_progress
 from miniqueue.web import create_app
 
 from ..helpers import expire_lease, row, take_over, wait_until
-from ..running import StartWorker
+from ..running import RunOne, StartWorker
 
 
 def stepping_app(gate: threading.Event, steps: int = 3) -> App:
@@ -243,17 +243,7 @@ def test_bad_progress_is_a_clear_error(percent: Any, meta: dict[str, Any], error
         encode_progress(percent, meta)
 
 
-def test_a_bad_report_fails_the_attempt_and_writes_nothing(
-    client: Client, conn: Connection, start_worker: StartWorker
-) -> None:
-    app = App()
-
-    @app.task("bad", max_attempts=1)
-    def bad(job: Job) -> None:
-        job.progress(150)
-
-    job_id = client.enqueue("bad", max_attempts=1).id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "dead", what="job dead")
-    assert "progress percent 150 is out of range" in row(conn, job_id)["last_error"]
-    assert row(conn, job_id)["progress"] is None
+def test_a_bad_report_fails_the_attempt_and_writes_nothing(run_one: RunOne) -> None:
+    stored = run_one(lambda job: job.progress(150), "dead", max_attempts=1)
+    assert "progress percent 150 is out of range" in stored["last_error"]
+    assert stored["progress"] is None

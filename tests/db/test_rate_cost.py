@@ -20,7 +20,7 @@ from miniqueue.store.store import Store
 from miniqueue.tasks.job import Job
 from miniqueue.testing import run_jobs
 
-from ..helpers import count, row, wait_until
+from ..helpers import assert_refused_and_nothing_stored, count, row, wait_until
 from ..running import StartWorker
 
 
@@ -192,12 +192,7 @@ def test_a_task_refuses_a_bad_cost_at_registration() -> None:
 def test_a_bad_cost_is_refused_and_nothing_is_stored(
     client: Client, conn: Connection, options: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(InvalidInput, match=message):
-        client.enqueue("t", {}, **options)
-    with pytest.raises(InvalidInput, match=f"job 1: {message}"):
-        client.enqueue_many([JobSpec("t", {}), JobSpec("t", {}, **options)])
-    assert count(conn) == 0
-    assert conn.execute("SELECT count(*) FROM miniqueue_limits").fetchone() == (0,)
+    assert_refused_and_nothing_stored(client, conn, options, message)
 
 
 # -- the command line ---------------------------------------------------------------------------------

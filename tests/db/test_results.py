@@ -25,7 +25,7 @@ from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
 
 from ..helpers import row, wait_until
-from ..running import StartWorker
+from ..running import RunOne, StartWorker
 
 
 def echo_app() -> App:
@@ -199,20 +199,13 @@ def test_only_awaited_jobs_notify_when_they_finish(
     assert received == [str(awaited)]
 
 
-def test_set_result_inside_a_transaction_commits_with_the_completion(
-    client: Client, conn: Connection, start_worker: StartWorker
-) -> None:
-    app = App()
-
-    @app.task("tx")
+def test_set_result_inside_a_transaction_commits_with_the_completion(client: Client, run_one: RunOne) -> None:
     def tx(job: Job) -> None:
         with job.transaction() as c:
             c.execute("SELECT 1")
             job.set_result({"written": job.id})
 
-    job_id = client.enqueue("tx").id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="completed")
+    job_id = run_one(tx, "completed")["id"]
     assert client.result(job_id) == {"written": job_id}
 
 

@@ -24,6 +24,7 @@ from miniqueue.core.db import Connection
 from miniqueue.tasks.job import Job
 from miniqueue.web import create_app
 
+from ..helpers import db_now
 from .test_web import AUDIT, audit_lines, on_localhost, post
 
 UTC = dt.timezone.utc
@@ -49,13 +50,6 @@ def reports_app() -> App:
     app.task("report", queue="reports", priority=7)(noop)
     app.periodic("0 3 * * *", task="report", name="nightly")
     return app
-
-
-def db_now(conn: Connection) -> dt.datetime:
-    found = conn.execute("SELECT now()").fetchone()
-    assert found is not None
-    now: dt.datetime = found[0]
-    return now.astimezone(UTC)
 
 
 def next_hour(conn: Connection) -> dt.datetime:

@@ -152,11 +152,8 @@ def test_a_supervisor_runs_its_jobs_in_its_schema(
     ok(cli("migrate", "--schema", tenant))
     ok(cli("enqueue", "work", "--schema", tenant))
     conn.execute("CREATE TABLE IF NOT EXISTS executions (job_id BIGINT, attempt INT, pid INT)")
-    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.supervised:app")
-    try:
+    with Fleet(dsn, tmp_path, repo_root, "tests.apps.supervised:app") as fleet:
         sup = fleet.start("--schema", tenant, workers=1)
         sup.wait_ready(1)
         jobs = sql.SQL("SELECT state FROM {}").format(sql.Identifier(tenant, "miniqueue_jobs"))
         wait_until(lambda: conn.execute(jobs).fetchall() == [("completed",)], what="the job completed in its schema")
-    finally:
-        fleet.stop_all()

@@ -6,9 +6,6 @@ a DSN (kept). A role short of a privilege is told so in one line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,6 +19,9 @@ from miniqueue.core.db import connect, create_pool
 from miniqueue.store.migrate import run_migrations
 from miniqueue.testing import run_jobs
 from miniqueue.testing.database import create_database, drop_database
+
+from ..helpers import run_on_threads
+from ..serving import run_miniqueue
 
 
 @pytest.fixture
@@ -109,23 +109,14 @@ def test_twenty_clients_replacing_one_unique_key_at_once_store_one_job_under_a_r
     """Under REPEATABLE READ, an enqueue that met the key's row changed by another would fail
     (could not serialize access); miniqueue's own connections run READ COMMITTED."""
     barrier = threading.Barrier(20)
-    errors: list[BaseException] = []
 
     def produce(n: int) -> None:
-        try:
-            with Client(odd_styles) as client:
-                client.counts()  # connected before the race
-                barrier.wait()
-                client.enqueue("t", {"n": n}, unique_key="hot", on_conflict="replace")
-        except BaseException as exc:
-            errors.append(exc)
+        with Client(odd_styles) as client:
+            client.counts()  # connected before the race
+            barrier.wait()
+            client.enqueue("t", {"n": n}, unique_key="hot", on_conflict="replace")
 
-    threads = [threading.Thread(target=produce, args=(n,)) for n in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert errors == []
+    run_on_threads(produce, 20)
     with connect(odd_styles, purpose="test") as conn:
         assert conn.execute("SELECT count(*) FROM miniqueue_jobs WHERE unique_key = 'hot'").fetchone() == (1,)
 
@@ -150,13 +141,7 @@ def test_a_role_short_of_a_privilege_is_told_so_in_one_line(fresh_database: str,
         visitor = make_conninfo(fresh_database, user=role, password="")
         with pytest.raises(ConfigError, match="lacks a privilege miniqueue needs: permission denied for database"):
             run_migrations(visitor)
-        cli = subprocess.run(
-            [sys.executable, "-m", "miniqueue.cli", "migrate"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "DATABASE_URL": visitor},
-        )
+        cli = run_miniqueue("migrate", dsn=visitor, timeout=60)
         assert cli.returncode == 1
         assert "lacks a privilege" in cli.stderr and "Schema and migrations" in cli.stderr
         assert "Traceback" not in cli.stderr

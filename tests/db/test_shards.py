@@ -29,7 +29,8 @@ from miniqueue.testing import database as testing_db
 from miniqueue.testing import run_jobs
 
 from ..helpers import row, wait_until
-from ..supervised import FAST, Supervised
+from ..servers import emptied_client
+from ..supervised import FAST, Supervised, create_executions
 
 
 def three_databases(server_dsn: str) -> Iterator[dict[str, str]]:
@@ -67,11 +68,8 @@ def shard_map(dsns: dict[str, str]) -> ShardMap:
 
 @pytest.fixture
 def sharded(joined: dict[str, str]) -> Iterator[ShardedClient]:
-    """A client over the joined databases, emptied for the test (their ids restart on their residue)."""
-    for dsn in joined.values():
-        testing_db.clean_database(dsn)
-    with ShardedClient(shard_map(joined)) as client:
-        yield client
+    """A client over the joined databases, emptied for the test."""
+    yield from emptied_client(shard_map(joined))
 
 
 def test_each_job_goes_to_its_queues_database_and_its_id_names_it(sharded: ShardedClient) -> None:
@@ -256,8 +254,7 @@ def test_supervise_with_a_map_runs_a_supervisor_per_database_sharing_the_workers
     with pytest.raises(ConfigError, match="need one worker each"):
         split_workers(1, [Database("a", "", 0), Database("b", "", 1)])
     with psycopg.connect(joined["a"], autocommit=True) as conn:  # where tests.apps.supervised records runs
-        conn.execute("DROP TABLE IF EXISTS executions")
-        conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
+        create_executions(conn)
     databases = {
         n: {"url": joined[n], "index": i, "weight": w} for i, (n, w) in enumerate(zip("abc", (1, 1, 0), strict=True))
     }

@@ -14,10 +14,8 @@ import json
 import logging
 import os
 import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -33,7 +31,8 @@ from miniqueue.core.shards import ID_BASE, MODULUS, ShardMap
 from miniqueue.testing import database as testing_db
 from miniqueue.web import create_app
 
-from ..helpers import wait_until
+from ..servers import emptied_client
+from ..serving import read_only_dashboard
 from ..supervised import free_port
 from .test_web import AUDIT, audit_lines
 
@@ -77,10 +76,7 @@ def closed_port() -> str:
 @pytest.fixture
 def sharded(joined: dict[str, str]) -> Iterator[ShardedClient]:
     """A client over the joined databases, emptied for the test."""
-    for dsn in joined.values():
-        testing_db.clean_database(dsn)
-    with ShardedClient(shard_map(joined)) as client:
-        yield client
+    yield from emptied_client(shard_map(joined))
 
 
 def cli(*args: str) -> Result:
@@ -405,27 +401,13 @@ def test_the_periodic_page_lists_each_databases_schedules_and_acts_on_the_databa
     ]
 
 
-def test_miniqueue_web_with_a_map_serves_every_database(sharded: ShardedClient, joined: dict[str, str]) -> None:
+def test_miniqueue_web_with_a_map_serves_every_database(
+    sharded: ShardedClient, joined: dict[str, str], tmp_path: Path
+) -> None:
     ids = enqueue_everywhere(sharded)
-    port = free_port()
     env = {**os.environ, "MINIQUEUE_SHARDS": map_json(joined), "MINIQUEUE_WEB_USER": "", "MINIQUEUE_WEB_PASSWORD": ""}
     env.pop("DATABASE_URL", None)
-    command = [sys.executable, "-m", "miniqueue.cli", "web", "--port", str(port), "--read-only"]
-    server = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    try:
-
-        def page() -> httpx2.Response | None:
-            try:
-                return httpx2.get(f"http://127.0.0.1:{port}/jobs", timeout=2)
-            except httpx2.TransportError:
-                assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
-                return None
-
-        response = wait_until(page, timeout=20, interval=0.1, what="miniqueue web --shards to answer")
+    with read_only_dashboard(env, tmp_path / "web.log") as address:
+        response = httpx2.get(f"{address}/jobs", timeout=5)
         assert response.status_code == 200
         assert {i for i, _ in listed(response.text)} == {i for found in ids.values() for i in found}
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(10)

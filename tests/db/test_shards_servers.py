@@ -41,7 +41,7 @@ from miniqueue.testing import run_jobs
 from ..helpers import wait_until
 from ..running import worker_starter
 from ..servers import pg_ctl
-from ..supervised import FAST, Supervised, free_port, free_ports_after
+from ..supervised import FAST, Supervised, create_executions, free_port, free_ports_after
 from .test_probes import get, status
 
 NAMES = ("a", "b", "c")
@@ -258,8 +258,7 @@ def test_a_database_that_is_down_costs_only_its_own_workers_and_the_probes_name_
     servers: list[str], dsns: dict[str, str], tmp_path: Path, repo_root: Path
 ) -> None:
     with psycopg.connect(dsns["a"], autocommit=True) as conn:  # where tests.apps.supervised records runs
-        conn.execute("DROP TABLE IF EXISTS executions")
-        conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
+        create_executions(conn)
     weights = {"a": 0, "b": 1, "c": 1}
     shards = json.dumps(
         {

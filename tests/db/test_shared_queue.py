@@ -22,9 +22,8 @@ from ..supervised import Fleet, StartSupervisor
 def supervise(dsn: str, conn: Connection, tmp_path: Path, repo_root: Path) -> Iterator[StartSupervisor]:
     conn.execute("DROP TABLE IF EXISTS runs")
     conn.execute("CREATE TABLE runs (job_id BIGINT, app TEXT, task TEXT)")
-    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.two_apps:app_a")
-    yield fleet.start
-    fleet.stop_all()
+    with Fleet(dsn, tmp_path, repo_root, "tests.apps.two_apps:app_a") as fleet:
+        yield fleet.start
 
 
 def test_two_apps_on_one_queue_run_only_their_own_tasks_and_charge_nothing_for_the_others(

@@ -19,7 +19,7 @@ from miniqueue.core.validation import validate
 from miniqueue.store.store import Failure, Release, Store
 from miniqueue.tasks.job import Job
 
-from ..helpers import count, expire_lease, make_due, row
+from ..helpers import count, db_now, expire_lease, make_due, row
 
 W1 = "host-a:101:aaaa"
 W2 = "host-b:202:bbbb"
@@ -38,13 +38,6 @@ def claim_one(store: Store, conn: Connection, worker: str, queue: str = "default
     leases = store.claim(conn, [queue], worker, lease, 1)
     assert len(leases) == 1, f"expected one job to claim from {queue!r}, got {leases}"
     return leases[0]
-
-
-def db_now(conn: Connection) -> dt.datetime:
-    result = conn.execute("SELECT now()").fetchone()
-    assert result is not None
-    value: dt.datetime = result[0]
-    return value
 
 
 def seconds_from_now(conn: Connection, job_id: int, column: str) -> float:

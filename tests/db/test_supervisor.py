@@ -8,8 +8,6 @@ import functools
 import os
 import re
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,25 +22,16 @@ from miniqueue.core.db import Connection
 from miniqueue.store.migrate import run_migrations
 
 from ..helpers import count, row, wait_until
-from ..supervised import Fleet, StartSupervisor, Supervised
+from ..serving import run_miniqueue
+from ..supervised import Fleet, StartSupervisor, Supervised, create_executions
 
 APP = "tests.apps.supervised:app"
 
 
 @pytest.fixture
-def executions(conn: Connection) -> Connection:
-    # Made afresh: another test in this process's database may have left a table of that name
-    # without the pid column that tests.apps.supervised writes.
-    conn.execute("DROP TABLE IF EXISTS executions")
-    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT)")
-    return conn
-
-
-@pytest.fixture
 def supervise(dsn: str, tmp_path: Path, repo_root: Path, executions: Connection) -> Iterator[StartSupervisor]:
-    fleet = Fleet(dsn, tmp_path, repo_root, APP)
-    yield fleet.start
-    fleet.stop_all()
+    with Fleet(dsn, tmp_path, repo_root, APP) as fleet:
+        yield fleet.start
 
 
 def held_by(conn: Connection, job_id: int) -> int | None:
@@ -365,29 +354,15 @@ def test_two_supervisors_share_the_work_without_duplicates(
         (["--workers", "6", "--concurrency", "400"], "run at most"),
     ],
 )
-def test_bad_options_get_one_clear_line(dsn: str, repo_root: Path, args: list[str], message: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "miniqueue.cli", "supervise", "--app", APP, *args],
-        env={**os.environ, "DATABASE_URL": dsn},
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+def test_bad_options_get_one_clear_line(dsn: str, args: list[str], message: str) -> None:
+    result = run_miniqueue("supervise", "--app", APP, *args, dsn=dsn)
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_demo_prints_jobs_in_priority_order(dsn: str, repo_root: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "miniqueue.cli", "demo"],
-        env={**os.environ, "DATABASE_URL": dsn},
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_demo_prints_jobs_in_priority_order(dsn: str) -> None:
+    result = run_miniqueue("demo", dsn=dsn, timeout=60)
     assert result.returncode == 0, result.stderr
     processed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("processed")]
     assert processed == [
@@ -401,8 +376,7 @@ def test_demo_prints_jobs_in_priority_order(dsn: str, repo_root: Path) -> None:
 
 @pytest.fixture
 def workflow_executions(conn: Connection) -> Connection:
-    conn.execute("DROP TABLE IF EXISTS executions")
-    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT, parents_done BOOLEAN)")
+    create_executions(conn, "parents_done BOOLEAN")
     return conn
 
 
@@ -410,8 +384,7 @@ def test_sigkill_mid_workflow_releases_each_dependent_once_after_its_parents(
     dsn: str, tmp_path: Path, repo_root: Path, workflow_executions: Connection, client: Client
 ) -> None:
     conn = workflow_executions
-    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.workflow:app")
-    try:
+    with Fleet(dsn, tmp_path, repo_root, "tests.apps.workflow:app") as fleet:
         sup = fleet.start(workers=2)
         sup.wait_ready(2)
         # The last member to finish is the slow one: its worker is killed while it runs, so the
@@ -433,8 +406,6 @@ def test_sigkill_mid_workflow_releases_each_dependent_once_after_its_parents(
             os.kill(pid, signal.SIGKILL)
         assert client.wait(group.then.id, timeout=60) == 106
         assert client.wait(chain[-1].id, timeout=60) == 111
-    finally:
-        fleet.stop_all()
     runs = conn.execute("SELECT job_id, count(*), bool_and(parents_done) FROM executions GROUP BY job_id").fetchall()
     by_job = {job_id: (n, done) for job_id, n, done in runs}
     # At least once, and every run beyond the first explained by a kill in the job's history: the

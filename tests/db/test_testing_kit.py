@@ -178,20 +178,29 @@ def test_a_handler_that_never_returns(miniqueue_client: miniqueue.Client) -> Non
 """
 
 
-def test_a_handler_that_never_returns_fails_the_test_names_its_job_and_lets_the_process_end(
-    tmp_path: Path, server_dsn: str, repo_root: Path
-) -> None:
-    (tmp_path / "test_hang.py").write_text(HANGING_TEST)
+def run_users_suite(folder: Path, server_dsn: str, repo_root: Path, test: str) -> subprocess.CompletedProcess[str]:
+    """``test`` as a user's ``test_user.py`` in ``folder``, run by pytest in a process of its own
+    with the plugin, on the suite's server; the process must end by itself (a timeout here is
+    the failure)."""
+    (folder / "test_user.py").write_text(textwrap.dedent(test))
     env = {**os.environ, "TEST_DATABASE_URL": server_dsn, "PYTHONPATH": str(repo_root)}
-    args = ["-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "--basetemp", str(tmp_path / "tmp")]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, "test_hang.py"],
-        cwd=tmp_path,
+    # A --basetemp of its own: pytest prunes old numbered temporary folders, the outer session's
+    # (where its embedded server's data lives) among them.
+    args = ["-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "--basetemp", str(folder / "tmp")]
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "test_user.py"],
+        cwd=folder,
         env=env,
         capture_output=True,
         text=True,
         timeout=90,
-    )  # the process must end by itself: a timeout here is the failure
+    )
+
+
+def test_a_handler_that_never_returns_fails_the_test_names_its_job_and_lets_the_process_end(
+    tmp_path: Path, server_dsn: str, repo_root: Path
+) -> None:
+    done = run_users_suite(tmp_path, server_dsn, repo_root, HANGING_TEST)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed" in done.stdout, done.stdout
     assert "RunTimeout: run_jobs: jobs still due or running after 2s" in done.stdout, done.stdout
@@ -293,18 +302,6 @@ def test_jobs_enqueued_by_name_take_their_tasks_queue(miniqueue_client: miniqueu
 
 
 def test_the_plugin_in_a_users_suite(tmp_path: Path, server_dsn: str, repo_root: Path) -> None:
-    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
-    env = {**os.environ, "TEST_DATABASE_URL": server_dsn, "PYTHONPATH": str(repo_root)}
-    # A --basetemp of its own: pytest prunes old numbered temporary folders, the outer session's
-    # (where its embedded server's data lives) among them.
-    args = ["-p", "miniqueue.testing", "-p", "no:cacheprovider", "-q", "--basetemp", str(tmp_path / "tmp")]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, "test_user.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    done = run_users_suite(tmp_path, server_dsn, repo_root, USER_TEST)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout

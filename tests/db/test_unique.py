@@ -19,7 +19,7 @@ from miniqueue.core.records import State
 from miniqueue.store.store import Store
 from miniqueue.testing import run_jobs
 
-from ..helpers import count, row, wait_until
+from ..helpers import count, db_now, row, run_on_threads, wait_until
 
 W = "worker-1"
 
@@ -67,7 +67,7 @@ def test_replace_changes_the_waiting_job_and_never_a_running_one(
     replaced = client.enqueue("t", {"v": 2}, unique_key="k", priority=5, on_conflict="replace")
     assert replaced == (first.id, True, True)
     stored = row(conn, first.id)
-    assert stored["payload"] == {"v": 2} and stored["priority"] == 5 and stored["scheduled_at"] <= _now(conn)
+    assert stored["payload"] == {"v": 2} and stored["priority"] == 5 and stored["scheduled_at"] <= db_now(conn)
     job_id, _ = claim(store, conn)
     late = client.enqueue("t", {"v": 3}, unique_key="k", on_conflict="replace")
     assert late == (job_id, True, False)
@@ -230,23 +230,15 @@ MODES: list[Any] = ["keep", "replace", Debounce(0.05, 60)]
 def test_fifty_threads_enqueueing_one_key_at_once_store_exactly_one_job(dsn: str, conn: Connection, mode: Any) -> None:
     barrier = threading.Barrier(50)
     results: list[Any] = []
-    errors: list[BaseException] = []
-
-    def produce(client: Client, n: int) -> None:
-        try:  # a connection each, so that the 50 enqueues reach the server at once
-            with psycopg.connect(dsn, autocommit=True) as own:
-                barrier.wait()
-                results.append(client.enqueue("t", {"n": n}, unique_key="hot", on_conflict=mode, conn=own))
-        except BaseException as exc:
-            errors.append(exc)
 
     with Client(dsn) as shared:  # one client, as an application server has, and 50 connections
-        threads = [threading.Thread(target=produce, args=(shared, n)) for n in range(50)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not errors, errors
+
+        def produce(n: int) -> None:
+            with psycopg.connect(dsn, autocommit=True) as own:  # so that the 50 reach the server at once
+                barrier.wait()
+                results.append(shared.enqueue("t", {"n": n}, unique_key="hot", on_conflict=mode, conn=own))
+
+        run_on_threads(produce, 50)
     assert count(conn) == 1
     (job_id,) = {r.id for r in results}
     assert sum(not r.duplicate for r in results) == 1
@@ -293,10 +285,6 @@ def test_the_job_that_runs_carries_the_last_payload_enqueued_before_it_started(d
         wait_until(lambda: row(conn, job_id)["state"] == "available")
         run_jobs(runs, client)
     assert ran == [19, 20]
-
-
-def _now(conn: Connection) -> Any:
-    return conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
 
 
 def test_group_members_keep_their_keys_and_a_chained_step_with_a_key_is_refused(

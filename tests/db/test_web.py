@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -25,7 +23,8 @@ from miniqueue.core.records import ProcessInfo
 from miniqueue.store.store import Store
 from miniqueue.web import create_app, redact_keys
 
-from ..helpers import count, row, wait_until
+from ..helpers import count, row
+from ..serving import read_only_dashboard
 
 WORKER = "web-7:4242:abc123"
 OTHER_WORKER = "web-8:77:ffee01"
@@ -628,40 +627,13 @@ def test_an_unreachable_database_is_a_503_page_not_a_traceback() -> None:
     assert "s3cret" not in response.text and "Traceback" not in response.text
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_miniqueue_web_serves_the_dashboard(dsn: str, client: Client) -> None:
+def test_miniqueue_web_serves_the_dashboard(dsn: str, client: Client, tmp_path: Path) -> None:
     job_id = client.enqueue("send_email", queue="emails").id
-    port = free_port()
     env = {**os.environ, "DATABASE_URL": dsn, "MINIQUEUE_WEB_USER": "", "MINIQUEUE_WEB_PASSWORD": ""}
-    command = [sys.executable, "-m", "miniqueue.cli", "web", "--port", str(port), "--read-only"]
-    server = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    try:
-
-        def page() -> httpx2.Response | None:
-            try:
-                return httpx2.get(f"http://127.0.0.1:{port}/jobs", timeout=2)
-            except httpx2.TransportError:
-                assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
-                return None
-
-        response = wait_until(page, timeout=20, interval=0.1, what="miniqueue web to answer")
-        assert (
-            response is not None
-            and response.status_code == 200
-            and f"/jobs/{job_id}" in response.text
-            and "read-only" in response.text
-        )
-        assert httpx2.post(f"http://127.0.0.1:{port}/queues/emails/pause").status_code == 403
-    finally:
-        server.terminate()
-        server.wait(10)
+    with read_only_dashboard(env, tmp_path / "web.log") as address:
+        response = httpx2.get(f"{address}/jobs", timeout=5)
+        assert response.status_code == 200 and f"/jobs/{job_id}" in response.text and "read-only" in response.text
+        assert httpx2.post(f"{address}/queues/emails/pause").status_code == 403
 
 
 def test_state_counts_are_consistent_with_the_store(

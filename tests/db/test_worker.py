@@ -26,21 +26,20 @@ from miniqueue.worker.worker import Worker, WorkerConfig
 
 from ..handlers import HandlerKind, Stops
 from ..helpers import count, expire_lease, row, take_lease_away, take_over, wait_until
-from ..running import StartWorker
+from ..running import RunOne, StartWorker
 
 # -- what holds for both kinds of handler --------------------------------------------------------
 
 
-def test_processes_a_job(client: Client, conn: Connection, start_worker: StartWorker, kind: HandlerKind) -> None:
-    app = App()
+def test_processes_a_job(run_one: RunOne, kind: HandlerKind) -> None:
     seen: list[tuple[Any, int, str]] = []
-    app.task("greet")(kind.calling(lambda job: seen.append((job.payload, job.run, threading.current_thread().name))))
-    job_id = app.enqueue(client, "greet", {"name": "ada"}).id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+
+    def greet(job: Job) -> None:
+        seen.append((job.payload, job.run, threading.current_thread().name))
+
+    stored = run_one(kind.calling(greet), "completed", {"name": "ada"})
     [(payload, run, thread)] = seen
     assert (payload, run) == ({"name": "ada"}, 1) and kind.ran_on(thread), thread
-    stored = row(conn, job_id)
     assert stored["lease_expires_at"] is None and stored["leased_by"] is None and stored["errors"] == []
     assert stored["completed_at"] is not None
 
@@ -63,19 +62,11 @@ def test_heartbeat_keeps_a_short_lease_alive_through_a_long_handler(
     assert stored["errors"] == []
 
 
-def test_error_retries_then_dead_with_the_error_recorded(
-    client: Client, conn: Connection, start_worker: StartWorker, kind: HandlerKind
-) -> None:
-    app = App()
-
+def test_error_retries_then_dead_with_the_error_recorded(run_one: RunOne, kind: HandlerKind) -> None:
     def explode(job: Job) -> None:
         raise ValueError(f"bad input on attempt {job.run}")
 
-    app.task("explode", max_attempts=3, backoff=lambda attempt: 0.0)(kind.calling(explode))
-    job_id = app.enqueue(client, "explode").id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "dead", what="job dead")
-    stored = row(conn, job_id)
+    stored = run_one(kind.calling(explode), "dead", max_attempts=3, backoff=lambda attempt: 0.0)
     assert stored["attempt"] == 3
     assert "ValueError: bad input on attempt 3" in stored["last_error"]
     assert "Traceback" in stored["last_error"] and "in explode" in stored["last_error"]
@@ -83,45 +74,28 @@ def test_error_retries_then_dead_with_the_error_recorded(
     assert all(e["worker"] for e in stored["errors"])
 
 
-def test_fails_twice_then_succeeds(
-    client: Client, conn: Connection, start_worker: StartWorker, kind: HandlerKind
-) -> None:
-    app = App()
-
+def test_fails_twice_then_succeeds(run_one: RunOne, kind: HandlerKind) -> None:
     def flaky(job: Job) -> None:
         if job.run < 3:
             raise RuntimeError("transient")
 
-    app.task("flaky", max_attempts=5, backoff=lambda attempt: 0.0)(kind.calling(flaky))
-    job_id = app.enqueue(client, "flaky").id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
-    stored = row(conn, job_id)
+    stored = run_one(kind.calling(flaky), "completed", max_attempts=5, backoff=lambda attempt: 0.0)
     assert stored["attempt"] == 3
     assert len(stored["errors"]) == 2
 
 
-def test_always_failing_goes_dead_after_max_attempts(
-    client: Client, conn: Connection, start_worker: StartWorker, kind: HandlerKind
-) -> None:
-    app = App()
+def test_always_failing_goes_dead_after_max_attempts(run_one: RunOne, kind: HandlerKind) -> None:
     calls: list[int] = []
 
     def never(job: Job) -> None:
         calls.append(job.run)
         raise RuntimeError("always")
 
-    app.task("never", max_attempts=4, backoff=lambda attempt: 0.0)(kind.calling(never))
-    job_id = app.enqueue(client, "never").id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "dead", what="job dead")
+    run_one(kind.calling(never), "dead", max_attempts=4, backoff=lambda attempt: 0.0)
     assert calls == [1, 2, 3, 4]
 
 
-def test_snooze_runs_again_later_without_spending_an_attempt(
-    client: Client, conn: Connection, start_worker: StartWorker, kind: HandlerKind
-) -> None:
-    app = App()
+def test_snooze_runs_again_later_without_spending_an_attempt(run_one: RunOne, kind: HandlerKind) -> None:
     runs: list[int] = []
 
     def later(job: Job) -> None:
@@ -129,31 +103,21 @@ def test_snooze_runs_again_later_without_spending_an_attempt(
         if len(runs) == 1:
             raise Snooze(0.2)
 
-    app.task("later", max_attempts=1)(kind.calling(later))
-    job_id = app.enqueue(client, "later").id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed after snooze")
+    stored = run_one(kind.calling(later), "completed", max_attempts=1)
     assert len(runs) == 2
-    stored = row(conn, job_id)
     assert stored["errors"] == [] and stored["max_attempts"] - stored["attempt"] == 0
 
 
-def test_permanent_error_fails_without_retry(
-    client: Client, conn: Connection, start_worker: StartWorker, kind: HandlerKind
-) -> None:
-    app = App()
+def test_permanent_error_fails_without_retry(run_one: RunOne, kind: HandlerKind) -> None:
     runs: list[int] = []
 
     def refuse(job: Job) -> None:
         runs.append(job.run)
         raise PermanentError("card declined")
 
-    app.task("refuse", max_attempts=5)(kind.calling(refuse))
-    job_id = app.enqueue(client, "refuse").id
-    start_worker(app)
-    wait_until(lambda: row(conn, job_id)["state"] == "failed", what="job failed")
+    stored = run_one(kind.calling(refuse), "failed", max_attempts=5)
     assert runs == [1]
-    assert "miniqueue.PermanentError: card declined" in row(conn, job_id)["last_error"]
+    assert "miniqueue.PermanentError: card declined" in stored["last_error"]
 
 
 def test_graceful_shutdown_completes_the_in_flight_job(

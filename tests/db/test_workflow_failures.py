@@ -20,7 +20,7 @@ from miniqueue.tasks.job import Job, PermanentError
 
 from ..helpers import row, wait_until
 from ..running import StartWorker, worker_starter
-from ..supervised import Fleet
+from ..supervised import Fleet, create_executions
 from .test_supervisor import handler_started, held_by
 
 
@@ -209,12 +209,10 @@ def test_add_to_group_outside_a_group_or_a_transaction_fails_the_attempt_clearly
 def test_under_a_sigkill_each_callback_runs_once_after_every_member_and_every_job_added(
     dsn: str, tmp_path: Path, repo_root: Path, conn: Connection, client: Client
 ) -> None:
-    conn.execute("DROP TABLE IF EXISTS executions")
-    conn.execute("CREATE TABLE executions (job_id BIGINT, attempt INT, pid INT, parents_done BOOLEAN)")
+    create_executions(conn, "parents_done BOOLEAN")
     conn.execute("DROP TABLE IF EXISTS callback_effects")
     conn.execute("CREATE TABLE callback_effects (job_id BIGINT PRIMARY KEY, parents_finished BOOLEAN NOT NULL)")
-    fleet = Fleet(dsn, tmp_path, repo_root, "tests.apps.workflow:app")
-    try:
+    with Fleet(dsn, tmp_path, repo_root, "tests.apps.workflow:app") as fleet:
         sup = fleet.start(workers=2)
         sup.wait_ready(2)
         slow = JobSpec("spawner", {"sleep_on": [1, 2], "seconds": 5})
@@ -226,8 +224,6 @@ def test_under_a_sigkill_each_callback_runs_once_after_every_member_and_every_jo
         os.kill(pid, signal.SIGKILL)
         for callback in (group.on_complete.id, group.on_failure.id):
             wait_until(lambda: row(conn, callback)["state"] == "completed", timeout=60, what="callback")  # noqa: B023
-    finally:
-        fleet.stop_all()
     assert row(conn, group.then.id)["state"] == "cancelled", "a member failed: the on-success callback is not needed"
     assert row(conn, slow_id)["attempt"] >= 2, "the slow member was killed and ran again"
     effects = dict(conn.execute("SELECT job_id, parents_finished FROM callback_effects").fetchall())
