@@ -499,6 +499,7 @@ ltl no_job_lost { <> [] ALL_JOBS(FINAL) }
  *   _serve_queues               notes the queues served
  *   _task_declarations          reads the tasks' declarations
  *   _unserved_queues            reads which queues no worker serves
+ *   _unrun_tasks                reads which queues' next job no live worker runs
  *   _set_paused                 pauses a queue: claims take nothing from it meanwhile, no job changes
  *   _paused                     reads the paused queues
  *   _set_queue_limit            caps a queue's running jobs: only a key's limit is modelled

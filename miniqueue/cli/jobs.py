@@ -47,6 +47,12 @@ from .shards import finish_map, open_map, shards_option
     type=int,
     help="Tokens the job takes from its task's rate limit (see docs/guides/limits.md). Default: the task's (else 1).",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse a task no app has declared on this database (rather than enqueue it, with a note, "
+    "where no worker may run it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @database_option
 @friendly_errors
@@ -69,6 +75,7 @@ def enqueue(
     on_failure: str | None,
     expires_in: float | None,
     rate_cost: int | None,
+    strict: bool,
     as_json: bool,
     database_url: str | None,
 ) -> None:
@@ -77,6 +84,11 @@ def enqueue(
     conflict = _on_conflict(on_conflict, debounce_wait, debounce_max_wait)
     states = None if unique_states is None else [s.strip() for s in unique_states.split(",") if s.strip()]
     with open_client(database_url) as client:
+        if strict and not client.declares(task):
+            raise click.ClickException(
+                f"task {task!r} is declared by no app on this database: nothing enqueued (start a worker of its "
+                'app once, or publish its declarations; see "Tasks and their options" in docs/guides/tasks.md)'
+            )
         result = client.enqueue(
             task,
             payload,

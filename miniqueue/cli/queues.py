@@ -51,6 +51,12 @@ def stats(as_json: bool, recount: bool, database_url: str | None, shards_source:
                 '(see "Tasks and their options" in docs/guides/tasks.md)',
                 err=True,
             )
+        if q.unrun_task is not None:
+            click.echo(
+                f"note: no live worker runs task {q.unrun_task!r}, whose job is next in queue {q.queue!r}: "
+                "the queue's live workers declare other tasks (see `miniqueue jobs why`)",
+                err=True,
+            )
 
 
 def _sharded_stats(shards: ShardMap, as_json: bool, recount: bool) -> None:
@@ -107,6 +113,7 @@ def _stats_dict(q: QueueStats) -> dict[str, Any]:
         "oldest_available_seconds": q.oldest_available_seconds,
         "expired_leases": q.expired_leases,
         "served": q.served,
+        "unrun_task": q.unrun_task,
     }
 
 

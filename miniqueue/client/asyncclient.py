@@ -155,6 +155,10 @@ class AsyncClient(BaseClient):
         self._warn_undeclared(undeclared)
         return result
 
+    async def declares(self, task: str, *, conn: AsyncConnection | None = None) -> bool:
+        """Whether an app has declared ``task`` here (see :meth:`miniqueue.Client.declares`)."""
+        return await self._run(self._declares_steps(task), conn)
+
     async def declare(self, app: App, *, conn: AsyncConnection | None = None) -> None:
         """Publish what ``app``'s tasks declare (see :meth:`miniqueue.Client.declare`)."""
         await self._run(self._declare_steps(app), conn)

@@ -142,8 +142,19 @@ class BaseClient:
         stats = yield from self.store.queue_stats_steps()
         if not check_served:
             return stats
-        unserved = set((yield from self.store.unserved_queues_steps([q.queue for q in stats])))
-        return [dataclasses.replace(q, served=False) if q.queue in unserved else q for q in stats]
+        names = [q.queue for q in stats]
+        unserved = set((yield from self.store.unserved_queues_steps(names)))
+        unrun = yield from self.store.unrun_tasks_steps([q.queue for q in stats if q.counts[State.AVAILABLE]])
+        return [
+            dataclasses.replace(q, served=q.queue not in unserved, unrun_task=unrun.get(q.queue))
+            if q.queue in unserved or q.queue in unrun
+            else q
+            for q in stats
+        ]
+
+    def _declares_steps(self, task: str) -> Steps[bool]:
+        declarations = yield from self._declarations_steps({task})
+        return task in declarations
 
     def _warn_undeclared(self, tasks: Iterable[str]) -> None:
         """Say once per task (and client) that a job went to the default queue because no app

@@ -138,6 +138,11 @@ class Client(BaseClient, Inspection):
         self._warn_undeclared(undeclared)
         return result
 
+    def declares(self, task: str, *, conn: Connection | None = None) -> bool:
+        """Whether an app has declared ``task`` on this database (its workers publish their app's
+        declarations when they start; :meth:`declare` does too)."""
+        return self._run(self._declares_steps(task), conn)
+
     def declare(self, app: App, *, conn: Connection | None = None) -> None:
         """Publish what ``app``'s tasks declare (queue, priority, attempts, limits), as each of its
         workers does when it starts, so that jobs enqueued by name get their task's options from

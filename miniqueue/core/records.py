@@ -527,6 +527,10 @@ class QueueStats:
     served: bool = True
     #: Of the waiting jobs, those parked until a signal (see docs/guides/durable.md).
     signal_waits: int = 0
+    #: The task of the queue's next due job when no live worker of the queue declares it while
+    #: some serve the queue (their claims pass its jobs over: see "Tasks and their options" in
+    #: docs/guides/tasks.md); None otherwise, or not checked.
+    unrun_task: str | None = None
 
     @property
     def stranded(self) -> int:

@@ -86,6 +86,23 @@ _UNSERVED_QUEUES = """
 SELECT q FROM unnest(%(queues)s::text[]) AS q WHERE NOT EXISTS (SELECT 1 FROM {served_queues} s WHERE s.queue = q)
 """
 
+# Per queue, the task of its next due job (the claim's order, among jobs without limits) when the
+# queue has live workers and none of them declares that task: their claims pass its jobs over.
+# A worker that reported no tasks (an older version) counts as declaring every task.
+_UNRUN_TASKS = """
+SELECT q.name, h.task
+  FROM unnest(%(queues)s::text[]) AS q(name)
+ CROSS JOIN LATERAL (
+       SELECT task FROM {jobs}
+        WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
+        ORDER BY priority DESC, scheduled_at, id LIMIT 1) h
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS workers, coalesce(bool_or(p.tasks IS NULL OR h.task = ANY(p.tasks)), false) AS runs
+         FROM {processes} p
+        WHERE p.kind = 'worker' AND q.name = ANY(p.queues) AND p.last_seen > now() - interval '30 seconds') w
+ WHERE w.workers > 0 AND NOT w.runs
+"""
+
 # Pause or resume a queue.
 _SET_PAUSED = """
 INSERT INTO {queues} (name, paused) VALUES (%(name)s, %(paused)s)
@@ -162,6 +179,7 @@ class Settings(StoreBase):
     _serve_queues = Statement(_SERVE_QUEUES)
     _task_declarations = Statement(_TASK_DECLARATIONS)
     _unserved_queues = Statement(_UNSERVED_QUEUES)
+    _unrun_tasks = Statement(_UNRUN_TASKS)
     _set_paused = Statement(_SET_PAUSED)
     _paused = Statement(_PAUSED)
     _set_queue_limit = Statement(_SET_QUEUE_LIMIT)
@@ -235,6 +253,12 @@ class Settings(StoreBase):
         """Which of ``queues`` no worker has ever served."""
         rows: list[tuple[str]] = yield Query(self._unserved_queues, {"queues": list(queues)})
         return [row[0] for row in rows]
+
+    def unrun_tasks_steps(self, queues: Sequence[str]) -> Steps[dict[str, str]]:
+        """Of ``queues``, those whose next due job is of a task none of their live workers
+        declares: queue → task."""
+        rows: list[tuple[str, str]] = yield Query(self._unrun_tasks, {"queues": list(queues)})
+        return {queue: task for queue, task in rows}
 
     # -- queues ---------------------------------------------------------------------------------------
 

@@ -50,3 +50,15 @@ def test_two_apps_on_one_queue_run_only_their_own_tasks_and_charge_nothing_for_t
     said = CliRunner().invoke(main, ["jobs", "why", str(orphan), "--database-url", dsn], env={"DATABASE_URL": None})
     assert said.exit_code == 0, said.output
     assert "No live worker runs task 'c1': the 2 live workers of queue 'shared' declare 'a1', 'a2', 'b1'" in said.output
+
+    stats = CliRunner().invoke(main, ["stats", "--database-url", dsn], env={"DATABASE_URL": None})
+    assert stats.exit_code == 0, stats.output
+    assert "no live worker runs task 'c1', whose job is next in queue 'shared'" in stats.output
+
+    enqueue = ["enqueue", "--queue", "shared", "--strict", "--database-url", dsn]
+    refused = CliRunner().invoke(main, [*enqueue[:1], "c2", *enqueue[1:]], env={"DATABASE_URL": None})
+    assert refused.exit_code == 1, refused.output
+    assert "task 'c2' is declared by no app on this database: nothing enqueued" in refused.output
+    assert count(conn, "task = 'c2'") == 0
+    accepted = CliRunner().invoke(main, [*enqueue[:1], "a1", *enqueue[1:]], env={"DATABASE_URL": None})
+    assert accepted.exit_code == 0 and "enqueued" in accepted.output, accepted.output

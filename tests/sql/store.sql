@@ -1864,6 +1864,19 @@ SELECT task, queue, priority, max_attempts, concurrency_key, concurrency_key_com
 -- _unserved_queues
 SELECT q FROM unnest(%(queues)s::text[]) AS q WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_served_queues" s WHERE s.queue = q);
 
+-- _unrun_tasks
+SELECT q.name, h.task
+  FROM unnest(%(queues)s::text[]) AS q(name)
+ CROSS JOIN LATERAL (
+       SELECT task FROM "public"."miniqueue_jobs"
+        WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
+        ORDER BY priority DESC, scheduled_at, id LIMIT 1) h
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS workers, coalesce(bool_or(p.tasks IS NULL OR h.task = ANY(p.tasks)), false) AS runs
+         FROM "public"."miniqueue_processes" p
+        WHERE p.kind = 'worker' AND q.name = ANY(p.queues) AND p.last_seen > now() - interval '30 seconds') w
+ WHERE w.workers > 0 AND NOT w.runs;
+
 -- _set_paused
 INSERT INTO "public"."miniqueue_queues" (name, paused) VALUES (%(name)s, %(paused)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
