@@ -145,15 +145,7 @@ class AsyncClient(BaseClient):
         self, task: str, payload: Any = None, *, conn: AsyncConnection | None = None, **options: Unpack[JobOptions]
     ) -> EnqueueResult:
         """Enqueue one job and return its id (see :meth:`miniqueue.Client.enqueue`)."""
-        spec = job_spec(task, payload, options)
-        if self._tracing is None:
-            return await self._run(self._enqueue_steps(spec), conn)
-        declared = await self._run(self._declared_steps([spec]), conn)  # the span names the job's queue
-        (spec,), undeclared = declared
-        with self._tracing.sending((spec,)) as send:  # a producer span: the job stores its context
-            result = send.sent(await self._run(self._enqueue_steps(spec, send.context), conn))
-        self._warn_undeclared(undeclared)
-        return result
+        return await self._run(self._enqueue_steps(job_spec(task, payload, options)), conn)
 
     async def declares(self, task: str, *, conn: AsyncConnection | None = None) -> bool:
         """Whether an app has declared ``task`` here (see :meth:`miniqueue.Client.declares`)."""
@@ -167,14 +159,7 @@ class AsyncClient(BaseClient):
         self, jobs: Iterable[JobSpec], *, conn: AsyncConnection | None = None
     ) -> list[EnqueueResult]:
         """Enqueue many jobs in one transaction (see :meth:`miniqueue.Client.enqueue_many`)."""
-        specs = list(jobs)
-        if self._tracing is None:
-            return await self._run(self._enqueue_many_steps(specs), conn)
-        specs, undeclared = await self._run(self._declared_steps(specs), conn)  # the span names the queue
-        with self._tracing.sending(specs, batch=True) as send:  # one producer span for the batch
-            results = send.sent(await self._run(self._enqueue_many_steps(specs, send.context), conn))
-        self._warn_undeclared(undeclared)
-        return results
+        return await self._run(self._enqueue_many_steps(jobs), conn)
 
     async def chain(self, steps: Sequence[JobSpec], *, conn: AsyncConnection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another (see :meth:`miniqueue.Client.chain`)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..core.errors import InvalidInput
 from ..core.keys import check_key
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("miniqueue.client")
+
+T = TypeVar("T")
 
 
 class Declared(NamedTuple):
@@ -169,16 +171,31 @@ class BaseClient:
                 DEFAULT_QUEUE,
             )
 
-    def _enqueue_steps(self, spec: JobSpec, trace_context: str | None = None) -> Steps[EnqueueResult]:
-        """Enqueue one job; ``trace_context`` is its producer span's (see :mod:`miniqueue.tracing`)."""
-        check_task_name(spec.task)
-        return self._enqueue_declared(spec, trace_context)
-
-    def _enqueue_declared(self, spec: JobSpec, trace_context: str | None) -> Steps[EnqueueResult]:
-        (filled,), undeclared = yield from self._declared_steps([spec])
-        result = yield from self._store_one_steps(filled, trace_context)
+    def _producing_steps(
+        self,
+        specs: Sequence[JobSpec],
+        store: Callable[[list[JobSpec], str | None], Steps[T]],
+        *,
+        what: str = "job",
+        batch: bool = False,
+    ) -> Steps[T]:
+        """The one pass of every enqueue: ``specs`` filled from their tasks' declarations, then
+        ``store(filled, trace_context)`` inside a producer span when tracing is on (one span for
+        the call, whose context every job stores: see :mod:`miniqueue.tracing`), on the one
+        connection the steps run on; a task no app declared is said once, after."""
+        filled, undeclared = yield from self._declared_steps(specs, what)
+        if self._tracing is None:
+            result = yield from store(filled, None)
+        else:
+            with self._tracing.sending(filled, batch=batch) as send:
+                result = send.sent((yield from store(filled, send.context)))
         self._warn_undeclared(undeclared)
         return result
+
+    def _enqueue_steps(self, spec: JobSpec) -> Steps[EnqueueResult]:
+        """Enqueue one job."""
+        check_task_name(spec.task)
+        return self._producing_steps([spec], lambda filled, context: self._store_one_steps(filled[0], context))
 
     def _store_one_steps(
         self, spec: JobSpec, trace_context: str | None, run_when: str | None = None
@@ -199,22 +216,11 @@ class BaseClient:
             )
         )
 
-    def _enqueue_many_steps(
-        self, jobs: Iterable[JobSpec], trace_context: str | None = None
-    ) -> Steps[list[EnqueueResult]]:
+    def _enqueue_many_steps(self, jobs: Iterable[JobSpec]) -> Steps[list[EnqueueResult]]:
+        """Enqueue many jobs in one transaction."""
         specs = list(jobs)
-        for index, spec in enumerate(specs):
-            try:
-                check_task_name(spec.task)
-            except InvalidInput as exc:
-                raise InvalidInput(f"job {index}: {exc}", arguments=exc.arguments) from exc
-        return self._enqueue_many_declared(specs, trace_context)
-
-    def _enqueue_many_declared(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
-        specs, undeclared = yield from self._declared_steps(specs)
-        results = yield from self._store_many_steps(specs, trace_context)
-        self._warn_undeclared(undeclared)
-        return results
+        _check_task_names(specs, "job")
+        return self._producing_steps(specs, self._store_many_steps, batch=True)
 
     def _store_many_steps(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
         """Store jobs whose options are all filled, in one transaction."""
@@ -264,15 +270,11 @@ class BaseClient:
     def _chain_steps(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
         if not steps:
             raise InvalidInput("a chain needs at least one step")
-        for index, step in enumerate(steps):
-            try:
-                check_task_name(step.task)
-            except InvalidInput as exc:
-                raise InvalidInput(f"step {index}: {exc}", arguments=exc.arguments) from exc
-        return atomic(self._chain_in_one(steps))
+        _check_task_names(steps, "step")
+        return atomic(self._producing_steps(steps, self._store_chain_steps, what="step", batch=True))
 
-    def _chain_in_one(self, steps: Sequence[JobSpec]) -> Steps[list[EnqueueResult]]:
-        filled, undeclared = yield from self._declared_steps(steps, "step")
+    def _store_chain_steps(self, filled: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
+        """Store a chain's steps (options filled), each waiting for the one before it."""
         self._check_all(filled, "step")
         for index, step in enumerate(filled[1:], start=1):  # each step after the first waits for the one before
             if step.unique_key is not None or step.sequence_key is not None:
@@ -281,8 +283,7 @@ class BaseClient:
         for step in filled:
             before = [results[-1].id] if results else []
             parents = [*before, *(step.depends_on or ())]
-            results.append((yield from self._store_one_steps(step._replace(depends_on=parents or None), None)))
-        self._warn_undeclared(undeclared)
+            results.append((yield from self._store_one_steps(step._replace(depends_on=parents or None), trace_context)))
         return results
 
     def _group_steps(self, members: Sequence[JobSpec], callbacks: dict[str, JobSpec | None]) -> Steps[GroupResult]:
@@ -291,21 +292,29 @@ class BaseClient:
         given = {role: spec for role, spec in callbacks.items() if spec is not None}
         if not given:
             raise InvalidInput("a group needs a callback: then (on_success), on_complete or on_failure")
-        members_steps = self._enqueue_many_steps(members)
+        _check_task_names(members, "job")
         for spec in given.values():
             check_task_name(spec.task)
-        return atomic(self._group_in_one(members_steps, given))
+        roles, count = list(given), len(members)
 
-    def _group_in_one(
-        self, members_steps: Steps[list[EnqueueResult]], callbacks: dict[str, JobSpec]
+        def store(filled: list[JobSpec], trace_context: str | None) -> Steps[GroupResult]:
+            callbacks = dict(zip(roles, filled[count:], strict=True))
+            return self._store_group_steps(filled[:count], callbacks, trace_context)
+
+        return atomic(self._producing_steps([*members, *given.values()], store, batch=True))
+
+    def _store_group_steps(
+        self, members: list[JobSpec], callbacks: dict[str, JobSpec], trace_context: str | None
     ) -> Steps[GroupResult]:
-        enqueued = yield from members_steps
+        """Store a group's members, then its callbacks (options filled), each callback waiting for
+        every member."""
+        enqueued = yield from self._store_many_steps(members, trace_context)
         stored: dict[str, EnqueueResult] = {}
         for role, spec in callbacks.items():
             parents = [*dict.fromkeys(r.id for r in enqueued), *(spec.depends_on or ())]
-            (filled,), undeclared = yield from self._declared_steps([spec._replace(depends_on=parents)])
-            stored[role] = yield from self._store_one_steps(filled, None, _GROUP_RUN_WHEN[role])
-            self._warn_undeclared(undeclared)
+            stored[role] = yield from self._store_one_steps(
+                spec._replace(depends_on=parents), trace_context, _GROUP_RUN_WHEN[role]
+            )
         return GroupResult(
             members=enqueued,
             on_success=stored.get("then"),
@@ -490,3 +499,12 @@ _KEYS_WITH_PARENTS = (
     "a job with depends_on cannot have a unique_key or a sequence_key: its turn would depend on two "
     "things at once; give the key to the first job of the chain, or order the jobs with a sequence alone"
 )
+
+
+def _check_task_names(specs: Sequence[JobSpec], what: str) -> None:
+    """Each spec's task name, checked before anything is read; an error names the ``what`` by index."""
+    for index, spec in enumerate(specs):
+        try:
+            check_task_name(spec.task)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{what} {index}: {exc}", arguments=exc.arguments) from exc

@@ -129,14 +129,7 @@ class Client(BaseClient, Inspection):
         already, the result is that job's id with ``duplicate=True``. Invalid input raises
         InvalidInput and stores nothing; an unknown option, TypeError.
         """
-        spec = job_spec(task, payload, options)
-        if self._tracing is None:
-            return self._run(self._enqueue_steps(spec), conn)
-        (spec,), undeclared = self._run(self._declared_steps([spec]), conn)  # the span names the job's queue
-        with self._tracing.sending((spec,)) as send:  # a producer span: the job stores its context
-            result = send.sent(self._run(self._enqueue_steps(spec, send.context), conn))
-        self._warn_undeclared(undeclared)
-        return result
+        return self._run(self._enqueue_steps(job_spec(task, payload, options)), conn)
 
     def declares(self, task: str, *, conn: Connection | None = None) -> bool:
         """Whether an app has declared ``task`` on this database (its workers publish their app's
@@ -156,15 +149,7 @@ class Client(BaseClient, Inspection):
         One invalid job raises InvalidInput (naming its index) and none is stored. Idempotency
         keys are honoured against stored jobs and within the batch (the first occurrence wins).
         """
-        specs = list(jobs)
-        if self._tracing is None:
-            return self._run(self._enqueue_many_steps(specs), conn)
-        specs, undeclared = self._run(self._declared_steps(specs), conn)  # the span names the jobs' queue
-        # One producer span for the batch, whose context every job stores (miniqueue.tracing).
-        with self._tracing.sending(specs, batch=True) as send:
-            results = send.sent(self._run(self._enqueue_many_steps(specs, send.context), conn))
-        self._warn_undeclared(undeclared)
-        return results
+        return self._run(self._enqueue_many_steps(jobs), conn)
 
     def chain(self, steps: Sequence[JobSpec], *, conn: Connection | None = None) -> list[EnqueueResult]:
         """Enqueue jobs that run one after another: each step depends on the one before it

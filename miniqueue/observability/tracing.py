@@ -1,10 +1,11 @@
 """OpenTelemetry tracing: a span for each enqueue and for each attempt, joined by the trace
 context stored with the job.
 
-**Producing.** :meth:`Client.enqueue` and :meth:`Client.enqueue_many`, and so everything built
-on them (``App.enqueue``, a transactional enqueue with ``conn=``, the Django and SQLAlchemy
-integrations), run their ``INSERT`` inside a PRODUCER span named ``send <task>`` (``send`` for
-a batch of several tasks). That span's context, as the configured propagator writes it (W3C
+**Producing.** :meth:`Client.enqueue`, :meth:`Client.enqueue_many`, :meth:`Client.chain` and
+:meth:`Client.group` (and their async twins), and so everything built on them (``App.enqueue``,
+a transactional enqueue with ``conn=``, the Django and SQLAlchemy integrations), run their
+``INSERT`` inside a PRODUCER span named ``send <task>`` (``send`` for a call with several
+tasks), in the same pass that fills the jobs' options from their tasks' declarations. That span's context, as the configured propagator writes it (W3C
 ``traceparent`` and ``tracestate``, plus baggage if there is some), is stored in the job's
 ``trace_context`` column. It is a child of whatever span is current where you enqueue, and it
 is current during the ``INSERT`` (so an instrumented driver's span nests under it). A batch

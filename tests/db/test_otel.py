@@ -214,6 +214,24 @@ def test_a_batch_gets_one_producer_span_whose_context_every_job_stores(
     assert len(results) == size
 
 
+def test_a_chain_and_a_group_are_traced_as_an_enqueue_is(spans: Spans, traced_client: Client, conn: Connection) -> None:
+    with spans.tracer.start_as_current_span("request"):
+        chained = traced_client.chain([JobSpec("fetch", queue="etl"), JobSpec("load", queue="etl")])
+    chain = spans.one("send")
+    assert parent_id(chain) == span_id(spans.one("request"))
+    assert chain.attributes is not None and chain.attributes["messaging.batch.message_count"] == 2
+    stored = "SELECT DISTINCT trace_context FROM miniqueue_jobs WHERE id = ANY(%s)"
+    assert conn.execute(stored, [[r.id for r in chained]]).fetchall() == [({"traceparent": traceparent(chain)},)]
+    spans.exporter.clear()
+    grouped = traced_client.group(
+        [JobSpec("part", {"n": n}, queue="etl") for n in range(3)], then=JobSpec("sum", queue="etl")
+    )
+    group = spans.one("send")
+    assert group.attributes is not None and group.attributes["messaging.batch.message_count"] == 4
+    ids = [r.id for r in grouped.members] + [grouped.on_success.id if grouped.on_success else 0]
+    assert conn.execute(stored, [ids]).fetchall() == [({"traceparent": traceparent(group)},)]
+
+
 def test_a_mixed_batch_names_no_task_or_queue(spans: Spans, traced_client: Client) -> None:
     traced_client.enqueue_many([JobSpec("a", queue="x"), JobSpec("b", queue="y")])
     send = spans.one("send")
