@@ -348,7 +348,7 @@ def test_two_supervisors_share_the_work_without_duplicates(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--workers", "0"], "--workers 0 is invalid"),
+        (["--workers", "0"], "Invalid value for '--workers': '0': run at least 1 worker process"),
         (["--lease-duration", "3", "--heartbeat-interval", "3"], "must be below the lease"),
         (["--workers", "500"], "needs 2503 connections"),
         (["--workers", "6", "--concurrency", "400"], "run at most"),
