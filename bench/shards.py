@@ -46,7 +46,7 @@ from psycopg.conninfo import make_conninfo
 from miniqueue import Client, JobSpec
 from miniqueue.client.sharded import ShardedClient, migrate_shards
 from miniqueue.core.db import Connection
-from miniqueue.core.shards import ShardMap
+from miniqueue.core.shard_map import ShardMap
 
 from .database import QUEUE, TASK, payload, scratch_database
 from .drain import DRAIN_SCALE, NOOP_APP, database_clock, drain_databases

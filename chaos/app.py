@@ -43,12 +43,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from miniqueue import App, Job, exponential_backoff
-from miniqueue.core.shards import ShardMap
+from miniqueue.core.shard_map import ShardMap
 
 TASK = "chaos"
 UNIQUE_TASK = "chaos-unique"
 SEQUENCE_TASK = "chaos-sequence"
-#: The durable task (``--durable``: see chaos.durable), whose jobs the durable checks judge alone.
+#: The durable task (``--durable``: see chaos.durable_jobs), whose jobs the durable checks judge alone.
 DURABLE_TASK = "chaos-durable"
 #: The batch task (``--batches``: see chaos.batches), whose handler takes a list of jobs.
 BATCH_TASK = "chaos-batch"

@@ -10,7 +10,7 @@ jobs as any other's (none lost or completed twice, no duplicated effect, each re
 explained), and the batch rules (chaos.check_batches) read the calls: none larger than the task's
 size, and a batch's jobs interrupted by a crash (uncharged) each ran alone next.
 
-The supervisors load this module's ``app`` (or ``async_app``) with ``--batches``: chaos.durable's,
+The supervisors load this module's ``app`` (or ``async_app``) with ``--batches``: chaos.durable_jobs's,
 the chaos tasks and the durable one, with the batch task added. Only then: a worker holds whole
 batches of a batch task (two at least), which changes how many jobs it holds of every task.
 """
@@ -36,7 +36,7 @@ from .app import (
     complete_with_effect_async,
     execute_async,
 )
-from .durable import app, async_app
+from .durable_jobs import app, async_app
 from .options import BATCH_SIZE, BATCH_WAIT
 
 __all__ = ["app", "async_app"]

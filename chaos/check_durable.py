@@ -1,4 +1,4 @@
-"""The durable rules (``--durable``; the jobs and their task: chaos.durable): every durable job
+"""The durable rules (``--durable``; the jobs and their task: chaos.durable_jobs): every durable job
 completed, once; the transactional step's effect exactly once per job; no step ran again in an
 attempt after the one that recorded it, and once in that one; and a job no fault touched spent one
 attempt, however many times it slept and waited.
@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from .app import DURABLE_TASK
-from .durable import STEPS
+from .durable_jobs import STEPS
 from .faults import Stop
 from .keyed import Rows
 from .rows import Row, info, rule

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from miniqueue.core.shards import MODULUS
+from miniqueue.core.shard_map import MODULUS
 
 from .app import BATCH_TASK, TASK
 from .evidence import Attempt, Evidence

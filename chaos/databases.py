@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 
 from miniqueue.client.sharded import ShardedClient
-from miniqueue.core.shards import ShardMap
+from miniqueue.core.shard_map import ShardMap
 
 from . import schema
 from .app import QUEUE

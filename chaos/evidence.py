@@ -77,7 +77,7 @@ class Evidence:
     def load(cls, db: Harness, clock_offset: float) -> Evidence:
         found = cls()
         # The durable jobs sleep and wait by design (leases that end unfinished, with no fault):
-        # chaos.durable judges them alone.
+        # chaos.durable_jobs judges them alone.
         for job, state, attempt in db.rows(
             "SELECT id, state, attempt FROM miniqueue_jobs WHERE task <> %s", [DURABLE_TASK]
         ):

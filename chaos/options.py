@@ -151,7 +151,7 @@ class Options:
     sequences: bool = False
     sequence_keys: int = 10
     sequence_length: int = 5
-    #: Enqueue ``durable_jobs`` durable jobs (five steps, two sleeps, a signal: chaos.durable) and
+    #: Enqueue ``durable_jobs`` durable jobs (five steps, two sleeps, a signal: chaos.durable_jobs) and
     #: check that no recorded step ran again and no sleep or wait spent an attempt.
     durable: bool = False
     durable_jobs: int = 40
@@ -185,10 +185,10 @@ class Options:
 
     @property
     def app(self) -> str:
-        """The app reference the supervisors run. chaos.durable adds its task to chaos.app's, and
-        chaos.batches its own to chaos.durable's (idle without ``--durable``); the batch task
+        """The app reference the supervisors run. chaos.durable_jobs adds its task to chaos.app's, and
+        chaos.batches its own to chaos.durable_jobs's (idle without ``--durable``); the batch task
         only with ``--batches``, since a worker holds whole batches of it, which changes its prefetch."""
-        module = "chaos.batches" if self.batches else "chaos.durable" if self.durable else "chaos.app"
+        module = "chaos.batches" if self.batches else "chaos.durable_jobs" if self.durable else "chaos.app"
         return f"{module}:async_app" if self.async_handlers else f"{module}:app"
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from miniqueue.core.shards import MODULUS
+from miniqueue.core.shard_map import MODULUS
 
 from .databases import Databases, Shard
 from .evidence import Evidence

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from .check_durable import durable_rows
-from .durable import Signaller, enqueue_durable
+from .durable_jobs import Signaller, enqueue_durable
 from .faults import Fault, Injector
 from .feeder import Blocked, Feeder, reconcile, release_blocked
 from .fleet import Fleet

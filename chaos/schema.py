@@ -139,7 +139,7 @@ CREATE TRIGGER chaos_transitions_delete AFTER DELETE ON miniqueue_jobs FOR EACH 
 """
 
 
-#: ``--durable``'s tables (see chaos.durable): each run of a step's function, the transactional
+#: ``--durable``'s tables (see chaos.durable_jobs): each run of a step's function, the transactional
 #: step's effect, and a second record of it.
 DURABLE_DDL = """
 CREATE TABLE chaos_step_runs (

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from miniqueue.core.shards import MODULUS
+from miniqueue.core.shard_map import MODULUS
 
 from .databases import Databases, Shard, enqueue_sharded
 from .evidence import Evidence

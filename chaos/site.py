@@ -18,7 +18,7 @@ from typing import Any
 
 from miniqueue import Client
 from miniqueue.client.sharded import ShardedClient
-from miniqueue.core.shards import MODULUS, ShardMap
+from miniqueue.core.shard_map import MODULUS, ShardMap
 
 from .databases import Databases, Shard
 from .evidence import Evidence

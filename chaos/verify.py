@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from miniqueue.core.shards import MODULUS
+from miniqueue.core.shard_map import MODULUS
 
 from .app import PLANNED_FAILURE
 from .check_batches import batch_rows
@@ -407,7 +407,7 @@ def _stop_rows(ev: Evidence, run: RunRecord, data: dict[str, Any]) -> list[Row]:
     taken_over = rejected_logged = 0
     for stop in run.stops:
         for job, attempt in stop.fault.leases:
-            if job not in ev.states:  # a durable job: chaos.durable judges its stops
+            if job not in ev.states:  # a durable job: chaos.durable_jobs judges its stops
                 continue
             own = ev.lease(job, attempt, pid=stop.pid)
             done = ev.completing_attempt(job)

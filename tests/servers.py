@@ -13,7 +13,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from miniqueue import embedded
 from miniqueue.client.sharded import ShardedClient
-from miniqueue.core.shards import ShardMap
+from miniqueue.core.shard_map import ShardMap
 from miniqueue.testing import database as testing_db
 
 #: The data folders of the session's own servers, by their DSN.

@@ -16,7 +16,7 @@ from ..client.sharded import migrate_shards
 from ..core.db import mask_dsn
 from ..core.records import State
 from ..store.migrate import latest_version, run_migrations
-from ..supervise.health import probe_database, probe_url
+from ..supervise.healthcheck import probe_database, probe_url
 from .database import current_schema, database_option, open_client, resolve_database
 from .errors import friendly_errors
 from .params import Duration, Seconds

@@ -11,7 +11,7 @@ from ..client.merging import TOTAL, QueueSetting, answered, total_settings, tota
 from ..client.sharded import ShardedClient, summed
 from ..core.errors import DatabaseUnavailable
 from ..core.records import QueueStats, State
-from ..core.shards import ShardMap
+from ..core.shard_map import ShardMap
 from .database import current_schema, database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json

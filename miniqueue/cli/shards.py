@@ -10,7 +10,7 @@ from ..client.sharded import ShardedClient
 from ..core.db import mask_dsn
 from ..core.errors import ConfigError, DatabaseUnavailable
 from ..core.records import State
-from ..core.shards import SHARDS_ENV, ShardMap
+from ..core.shard_map import SHARDS_ENV, ShardMap
 from .database import current_schema
 from .errors import friendly_errors
 from .output import to_json

@@ -45,7 +45,6 @@ from ..store.store import LimitWait
 from .base import BaseClient, _check_wait, group_callbacks
 from .results import await_for, awatch, progress_steps
 from .schedules import AsyncSchedules
-from .why import why_steps
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
@@ -209,7 +208,7 @@ class AsyncClient(BaseClient):
 
     async def why(self, job_id: int, *, conn: AsyncConnection | None = None) -> Diagnosis:
         """Why job ``job_id`` has not run (see :meth:`miniqueue.Client.why`)."""
-        return await self._run(why_steps(self.store, job_id), conn)
+        return await self._run(self._why_steps(job_id), conn)
 
     async def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""

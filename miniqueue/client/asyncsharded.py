@@ -15,7 +15,7 @@ from ..core.db import AsyncConnection
 from ..core.errors import DatabaseUnavailable
 from ..core.options import JobOptions, job_spec
 from ..core.records import EnqueueResult, GroupResult, JobRecord, JobSpec, TaskDeclaration
-from ..core.shards import Database
+from ..core.shard_map import Database
 from ..core.steps import arun
 from .asyncclient import AsyncClient
 from .routing import ShardRouter, Unanswered
@@ -31,7 +31,7 @@ AsyncAct = Callable[[AsyncClient, list[int]], Awaitable[list[int]]]
 class AsyncShardedClient(ShardRouter[AsyncClient]):
     """:class:`~miniqueue.AsyncClient`'s producing calls and the calls by job id over the
     databases of a shard map (its JSON, a file's path, or a
-    :class:`~miniqueue.core.shards.ShardMap`; by default ``$MINIQUEUE_SHARDS``). Each database's
+    :class:`~miniqueue.core.shard_map.ShardMap`; by default ``$MINIQUEUE_SHARDS``). Each database's
     client opens on first use."""
 
     async def client(self, database: Database | str) -> AsyncClient:

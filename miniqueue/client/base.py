@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from ..core.causes import diagnose
+from ..core.diagnosis import Diagnosis
 from ..core.errors import InvalidInput
 from ..core.keys import check_key
 from ..core.limits import check_limit
@@ -31,6 +33,7 @@ from ..core.validation import (
     NewJob,
     check_depends_on,
     check_int_range,
+    check_job_ids,
     check_queue_name,
     check_schedule_name,
     check_seconds,
@@ -321,6 +324,12 @@ class BaseClient:
             on_complete=stored.get("on_complete"),
             on_failure=stored.get("on_failure"),
         )
+
+    def _why_steps(self, job_id: int) -> Steps[Diagnosis]:
+        """The diagnosis of job ``job_id`` (the id checked first: InvalidInput)."""
+        (checked,) = check_job_ids([job_id])
+        facts = yield from self.store.why_steps(checked)
+        return diagnose(facts)
 
     def _result_steps(self, job_id: int) -> Steps[Any]:
         return result_steps(self.store, check_int_range("job id", job_id, JOB_ID_RANGE))

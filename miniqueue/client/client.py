@@ -44,7 +44,6 @@ from .base import BaseClient, _check_wait, group_callbacks
 from .inspection import Inspection
 from .results import progress_steps, wait_for, watch
 from .schedules import Schedules
-from .why import why_steps
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
@@ -239,7 +238,7 @@ class Client(BaseClient, Inspection):
         each a sentence and its facts (see :class:`~miniqueue.core.diagnosis.CauseKind`), read in
         one transaction on the database's clock; or the one cause that says it ran, runs, or is
         due with nothing in its way. Raises JobNotFound for an unknown id."""
-        return self._run(why_steps(self.store, job_id), conn)
+        return self._run(self._why_steps(job_id), conn)
 
     def counts(self) -> list[QueueCount]:
         """Job counts by queue and state."""

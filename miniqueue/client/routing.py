@@ -18,7 +18,7 @@ from typing import Generic, NamedTuple, TypeVar
 from ..core.db import DEFAULT_CONNECT_TIMEOUT, connect_seconds
 from ..core.errors import ConfigError, DatabaseUnavailable, InvalidInput
 from ..core.records import DEFAULT_QUEUE, EnqueueResult, JobSpec, TaskDeclaration
-from ..core.shards import SHARDS_ENV, Database, ShardMap
+from ..core.shard_map import SHARDS_ENV, Database, ShardMap
 from ..core.validation import check_job_ids, declared
 from ..store.store import Store
 from .base import BaseClient
@@ -91,7 +91,7 @@ def _spread(spec: JobSpec, queue: str, why: str, *, limit: bool = False) -> Inva
 
 class ShardRouter(Generic[C]):
     """What the sync and async clients over a shard map share, with no I/O of its own: the map
-    (its JSON, a file's path, or a :class:`~miniqueue.core.shards.ShardMap`; by default the
+    (its JSON, a file's path, or a :class:`~miniqueue.core.shard_map.ShardMap`; by default the
     ``MINIQUEUE_SHARDS`` environment variable's), where each job goes, what cannot span
     databases, and each database's client (``C``), opened on first use by the subclass."""
 

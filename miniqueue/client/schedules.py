@@ -23,7 +23,7 @@ from ..core.steps import Steps, atomic
 from ..core.validation import check_schedule_name, check_task_name
 from ..store.schedules import ScheduleDefinition
 from ..store.store import Store
-from ..tasks.periodic import CatchUp, Periodic
+from ..tasks.periodic import CatchUp, Periodic, as_periodic
 
 if TYPE_CHECKING:
     from ..core.db import AsyncConnection, Connection
@@ -83,13 +83,6 @@ def _catch_up(value: str) -> CatchUp:
     if value == "skip":
         return "skip"
     raise InvalidInput(f"catch_up {value!r} is invalid: use 'latest' or 'skip'")
-
-
-def as_periodic(row: Schedule) -> Periodic:
-    """Runtime schedule ``row`` as the scheduler reads its slots (a ConfigError if this host
-    cannot: a zone its tz data lacks)."""
-    catch_up: CatchUp = "latest" if row.catch_up == "latest" else "skip"
-    return Periodic(row.name, row.cron, row.task, row.payload, catch_up, row.grace, row.timezone)
 
 
 class ListedSchedule(NamedTuple):

@@ -1,5 +1,5 @@
 """A client over several databases, each a complete queue, with the routing in the client (see
-docs/guides/shards.md, and :mod:`miniqueue.core.shards` for the map and the ids).
+docs/guides/shards.md, and :mod:`miniqueue.core.shard_map` for the map and the ids).
 
 Each job lives in exactly one database and every guarantee holds there. What cannot span
 databases is refused before anything is stored: a dependency, chain or group whose jobs would
@@ -26,7 +26,7 @@ from ..core.records import (
     State,
     TaskDeclaration,
 )
-from ..core.shards import Database, ShardMap
+from ..core.shard_map import Database, ShardMap
 from ..core.steps import run
 from ..core.validation import check_job_ids
 from ..store.migrate import run_migrations
@@ -55,7 +55,7 @@ T = TypeVar("T")
 
 class ShardedClient(ShardRouter[Client]):
     """:class:`~miniqueue.Client`'s producing and inspecting calls over the databases of a
-    shard map (its JSON, a file's path, or a :class:`~miniqueue.core.shards.ShardMap`; by
+    shard map (its JSON, a file's path, or a :class:`~miniqueue.core.shard_map.ShardMap`; by
     default ``$MINIQUEUE_SHARDS``). Each database's client opens on first use."""
 
     def client(self, database: Database | str) -> Client:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import psycopg
 
-from ..client.schedules import as_periodic
 from ..core.db import Connection
 from ..core.errors import DatabaseUnavailable, MiniqueueError
 from ..core.records import DEFAULT_QUEUE, JobSpec, Schedule, TaskDeclaration
@@ -23,7 +22,7 @@ from ..core.steps import run
 from ..core.validation import declared, validate
 from ..store.store import Store
 from ..tasks.middleware import MiddlewareStack
-from ..tasks.periodic import Periodic
+from ..tasks.periodic import Periodic, as_periodic
 
 if TYPE_CHECKING:
     from ..tasks.app import App

@@ -5,9 +5,10 @@ context stored with the job.
 :meth:`Client.group` (and their async twins), and so everything built on them (``App.enqueue``,
 a transactional enqueue with ``conn=``, the Django and SQLAlchemy integrations), run their
 ``INSERT`` inside a PRODUCER span named ``send <task>`` (``send`` for a call with several
-tasks), in the same pass that fills the jobs' options from their tasks' declarations. That span's context, as the configured propagator writes it (W3C
-``traceparent`` and ``tracestate``, plus baggage if there is some), is stored in the job's
-``trace_context`` column. It is a child of whatever span is current where you enqueue, and it
+tasks), in the same pass that fills the jobs' options from their tasks' declarations. That
+span's context, as the configured propagator writes it (W3C ``traceparent`` and
+``tracestate``, plus baggage if there is some), is stored in the job's ``trace_context``
+column. It is a child of whatever span is current where you enqueue, and it
 is current during the ``INSERT`` (so an instrumented driver's span nests under it). A batch
 gets one span, whose context every job of the batch stores: thousands of per-job spans would
 cost a bulk enqueue more than its own ``COPY``.

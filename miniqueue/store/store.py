@@ -13,7 +13,7 @@ substituted into them, the schema's names):
 - :mod:`~miniqueue.store.claim`: leasing jobs, limits admitted (the statements in ``claim.sql``);
 - :mod:`~miniqueue.store.outcomes`: a worker's reports (complete, fail, snooze, release, renew);
 - :mod:`~miniqueue.store.progress`: jobs' progress, written by their workers, read and watched;
-- :mod:`~miniqueue.store.durable`: a durable job's steps, sleeps and waits, and signals;
+- :mod:`~miniqueue.store.durable_steps`: a durable job's steps, sleeps and waits, and signals;
 - :mod:`~miniqueue.store.maintenance`: recovery of expired leases, pruning, recounts, vacuum;
 - :mod:`~miniqueue.store.history`: the finished jobs' partitions, made ahead and dropped whole;
 - :mod:`~miniqueue.store.actions`: an operator's requeue, cancel and delete;
@@ -22,9 +22,9 @@ substituted into them, the schema's names):
 - :mod:`~miniqueue.store.schedules`: the periodic schedules created at run time;
 - :mod:`~miniqueue.store.registry`: the supervisors' process registry;
 - :mod:`~miniqueue.store.schema`: the schema's version and migrations;
-- :mod:`~miniqueue.store.shards`: a database's place in a shard map (its ids' residue);
-- :mod:`~miniqueue.store.health`: what holds the MVCC horizon back, the jobs table's dead rows and sizes;
-- :mod:`~miniqueue.store.why`: the facts that hold a job back (or say that it ran);
+- :mod:`~miniqueue.store.shard_place`: a database's place in a shard map (its ids' residue);
+- :mod:`~miniqueue.store.horizon`: what holds the MVCC horizon back, the jobs table's dead rows and sizes;
+- :mod:`~miniqueue.store.holdbacks`: the facts that hold a job back (or say that it ran);
 - :mod:`~miniqueue.store.scaling`: the backlog an autoscaler reads, and the workers it calls for.
 
 Every value is bound as a parameter. All times come from the database clock (``now()``).
@@ -41,11 +41,12 @@ from __future__ import annotations
 
 from .actions import OperatorActions
 from .claim import MAX_GROUPS_PER_CLAIM, Claiming
-from .durable import Durable
+from .durable_steps import Durable
 from .enqueue import Enqueuing
 from .groups import Groups
-from .health import Health
 from .history import History
+from .holdbacks import Why
+from .horizon import Health
 from .inspection import Inspection, LimitWait, job_filter
 from .maintenance import JobsChurn, Maintenance
 from .outcomes import Failure, Outcomes, Release
@@ -57,8 +58,7 @@ from .schedules import StoredSchedules
 from .schema import SchemaStatements
 from .sequences import Sequences
 from .settings import Settings
-from .shards import Shards
-from .why import Why
+from .shard_place import Shards
 
 __all__ = [
     "MAX_GROUPS_PER_CLAIM",

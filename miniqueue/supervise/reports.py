@@ -121,7 +121,7 @@ class SequenceGauge(NamedTuple):
 
 
 class HorizonGauge(NamedTuple):
-    """One thing that holds the MVCC horizon back (see miniqueue.store.health), and for how long."""
+    """One thing that holds the MVCC horizon back (see miniqueue.store.horizon), and for how long."""
 
     kind: str
     pid: int | None

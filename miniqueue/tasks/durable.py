@@ -8,7 +8,7 @@ runs. The one rule for the handler: ask for the same steps in the same order, ea
 run. A name asked for twice, or a step where another was recorded, raises :class:`StepError`.
 
 The database work is the worker's (:class:`StepStore`, implemented in
-:mod:`miniqueue.worker.durable`); this module holds the bookkeeping both kinds of handler share.
+:mod:`miniqueue.worker.worker_steps`); this module holds the bookkeeping both kinds of handler share.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class JobSuspended(BaseException):
 
 
 class StepStore(Protocol):
-    """What a durable job asks of its worker's database (see :mod:`miniqueue.worker.durable`).
+    """What a durable job asks of its worker's database (see :mod:`miniqueue.worker.worker_steps`).
     Every call is fenced by the job's worker and attempt, and raises LeaseLost once they no
     longer hold it."""
 

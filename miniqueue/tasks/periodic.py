@@ -38,6 +38,7 @@ from typing import Any, Literal
 from croniter import croniter
 
 from ..core.errors import ConfigError, InvalidInput
+from ..core.records import Schedule
 from ..core.validation import check_task_name, encode_payload
 
 CatchUp = Literal["latest", "skip"]
@@ -164,6 +165,13 @@ class Periodic:
     def _wall_after(self, wall: dt.datetime) -> dt.datetime:
         found: dt.datetime = croniter(self.cron, wall).get_next(dt.datetime)
         return found
+
+
+def as_periodic(row: Schedule) -> Periodic:
+    """A schedule made at run time (``client.schedules``), stored as ``row``, as the scheduler reads
+    its slots (a ConfigError if this host cannot: a zone its tz data lacks)."""
+    catch_up: CatchUp = "latest" if row.catch_up == "latest" else "skip"
+    return Periodic(row.name, row.cron, row.task, row.payload, catch_up, row.grace, row.timezone)
 
 
 def check_zone(timezone: str, schedule: str) -> None:

@@ -27,7 +27,7 @@ from ..core.errors import (
     MiniqueueError,
     SchemaOutOfDate,
 )
-from ..core.shards import ShardMap
+from ..core.shard_map import ShardMap
 from ..observability.logs import configure_logging
 from ..tasks.app import App
 from ..tasks.loading import load_app

@@ -38,7 +38,6 @@ from .claiming import ClaimPolicy
 from .config import WorkerConfig, new_worker_id
 from .connection import ClaimConnection
 from .dispatch import Dispatcher
-from .durable import WorkerSteps
 from .execute import Executor
 from .grouping import GroupMembers
 from .handlerdb import HandlerConnections
@@ -47,6 +46,7 @@ from .heartbeat import Heartbeat
 from .notify import Listener, listener_for
 from .recording import Batch, OutcomeRecorder
 from .slots import Slots, start_deadline
+from .worker_steps import WorkerSteps
 
 log = logging.getLogger("miniqueue.worker")
 

@@ -65,7 +65,7 @@ from chaos.supervisors import SupervisorLog, supervisor_rows
 from chaos.verify import explain, lost_attempt_causes
 from chaos.workload import CHAIN_STEP, Workload
 from miniqueue.core.db import connect
-from miniqueue.core.shards import ID_BASE, MODULUS
+from miniqueue.core.shard_map import ID_BASE, MODULUS
 from miniqueue.testing import database as testing_db
 
 EVERYTHING_FORM = ["--everything", "--jobs", "300", "--workers", "4", "--duration", "30", "--seed", "1"]

@@ -49,7 +49,7 @@ import miniqueue
 from miniqueue import Client, JobSpec
 from miniqueue.client.sharded import migrate_shards
 from miniqueue.core.db import Connection
-from miniqueue.core.shards import ShardMap
+from miniqueue.core.shard_map import ShardMap
 from miniqueue.testing import database as testing_db
 from miniqueue.testing import run_jobs
 

@@ -21,8 +21,8 @@ from miniqueue import JobSpec, State
 from miniqueue.cli.main import main
 from miniqueue.client.sharded import ShardedClient, migrate_shards
 from miniqueue.core.errors import ConfigError, InvalidInput
-from miniqueue.core.shards import ID_BASE, MODULUS, Database, ShardMap
-from miniqueue.supervise.shards import split_workers
+from miniqueue.core.shard_map import ID_BASE, MODULUS, Database, ShardMap
+from miniqueue.supervise.sharded import split_workers
 from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
 from miniqueue.testing import database as testing_db

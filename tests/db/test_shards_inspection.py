@@ -27,7 +27,7 @@ from starlette.testclient import TestClient
 from miniqueue import App, JobSpec
 from miniqueue.cli.main import main
 from miniqueue.client.sharded import ShardedClient, migrate_shards
-from miniqueue.core.shards import ID_BASE, MODULUS, ShardMap
+from miniqueue.core.shard_map import ID_BASE, MODULUS, ShardMap
 from miniqueue.testing import database as testing_db
 from miniqueue.web import create_app
 

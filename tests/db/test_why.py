@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from miniqueue import App, AsyncClient, Client, Job, State
 from miniqueue.cli.main import main
-from miniqueue.client.why import when
+from miniqueue.core.causes import when
 from miniqueue.core.db import Connection
 from miniqueue.core.diagnosis import Cause, CauseKind, Diagnosis
 from miniqueue.core.records import ProcessInfo

@@ -1,7 +1,7 @@
 """The database side of durable jobs: the steps, sleeps and waits of the jobs a worker runs
 (:class:`~miniqueue.tasks.durable.StepStore`), on the handlers' connections: a ``def``
 handler's on the handler pool, an ``async def`` one's on the event loop's pool. Every statement
-is fenced by the job's worker and attempt (see :mod:`miniqueue.store.durable`)."""
+is fenced by the job's worker and attempt (see :mod:`miniqueue.store.durable_steps`)."""
 
 from __future__ import annotations
 

@@ -11,10 +11,10 @@ the small settings tables.
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..core.errors import JobNotFound
+from ..core.job_facts import MAX_COUNTED, JobFacts, ParentFacts, ScopeFacts, SequenceFacts, WhyFacts, WorkerFacts
 from ..core.limits import queue_scope
 from ..core.records import State
 from ..core.steps import Query, Steps, atomic
@@ -26,7 +26,6 @@ from .rows import MONITORING_TIMEOUT
 LIVE_SECONDS = 30.0
 #: The most parents, or jobs ahead, a diagnosis reads one by one.
 MAX_LISTED = 10
-MAX_COUNTED = 1000
 
 # The job, the settings of its queue (paused, capped: the claim reads them from the same row),
 # when a worker last started serving the queue, and the database's clock.
@@ -144,101 +143,6 @@ SELECT count(*) FROM (
       LIMIT %(cap)s)
 ) a
 """
-
-
-class JobFacts(NamedTuple):
-    """The job's row as :data:`_WHY_JOB` reads it (its columns, by name)."""
-
-    id: int
-    queue: str
-    task: str
-    state: State
-    priority: int
-    attempt: int
-    max_attempts: int
-    attempt_budget: int
-    scheduled_at: dt.datetime
-    created_at: dt.datetime
-    completed_at: dt.datetime | None
-    finished_at: dt.datetime | None
-    lease_expires_at: dt.datetime | None
-    leased_by: str | None
-    last_error: str | None
-    limits: list[str] | None
-    parents: list[int] | None
-    pending_parents: int
-    run_when: str | None
-    sequence_key: str | None
-    signal_key: str | None
-    signal_timeout_at: dt.datetime | None
-    expires_at: dt.datetime | None
-    last_step: dict[str, Any] | None
-    last_failure: dict[str, Any] | None
-    paused: bool
-    settings_changed_at: dt.datetime | None
-    queue_cap: int | None
-    served_at: dt.datetime | None
-    now: dt.datetime
-
-
-class WorkerFacts(NamedTuple):
-    """What the process registry and the queue's leases say of its workers (:data:`_WHY_WORKERS`)."""
-
-    live_workers: int
-    worker_seen_at: dt.datetime | None
-    live_reapers: int
-    reaper_seen_at: dt.datetime | None
-    holder_seen_at: dt.datetime | None
-    worker_connections: int
-    queue_lease_until: dt.datetime | None
-    #: Of the live workers, those that reported their queues and tasks, those of them that claim
-    #: from the job's queue, and the tasks those declare (None: no live worker of the queue reported).
-    reporting_workers: int = 0
-    queue_workers: int = 0
-    queue_tasks: list[str] | None = None
-
-
-class ScopeFacts(NamedTuple):
-    """One limit the job needs, as it stands (:data:`_WHY_LIMITS`)."""
-
-    scope: str
-    max_running: int | None
-    rate: float | None
-    tokens: float
-    next_token_at: dt.datetime | None
-    holders: list[int]
-
-
-class ParentFacts(NamedTuple):
-    """A parent the job still waits for."""
-
-    id: int
-    state: State
-    task: str
-
-
-class SequenceFacts(NamedTuple):
-    """The job's sequence key as it stands (:data:`_WHY_SEQUENCE`)."""
-
-    head: int | None
-    head_state: State | None
-    head_task: str | None
-    head_error: str | None
-    head_scheduled_at: dt.datetime | None
-    on_failure: str
-    ahead: int
-
-
-class WhyFacts(NamedTuple):
-    """Everything :meth:`Why.why_steps` read of one job; what its state did not call for is
-    None (or empty)."""
-
-    job: JobFacts
-    workers: WorkerFacts | None = None
-    limits: tuple[ScopeFacts, ...] = ()
-    parents: tuple[ParentFacts, ...] = ()
-    sequence: SequenceFacts | None = None
-    ahead: int | None = None
 
 
 class Why(StoreBase):

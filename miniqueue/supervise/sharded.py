@@ -25,7 +25,7 @@ from setproctitle import setproctitle
 
 from ..core.errors import ConfigError
 from ..core.process import die_with_parent
-from ..core.shards import Database, ShardMap
+from ..core.shard_map import Database, ShardMap
 from .config import SupervisorConfig
 
 log = logging.getLogger("miniqueue.supervisor")

@@ -1,6 +1,6 @@
-"""Why a job has not run, in words: the store's facts (:mod:`miniqueue.store.why`) made into a
-:class:`~miniqueue.core.diagnosis.Diagnosis`, one :class:`~miniqueue.core.diagnosis.Cause` per
-thing that holds the job back, most decisive first.
+"""Why a job has not run, in words: the facts the store reads (:mod:`miniqueue.core.job_facts`)
+made into a :class:`~miniqueue.core.diagnosis.Diagnosis`, one :class:`~miniqueue.core.diagnosis.Cause`
+per thing that holds the job back, most decisive first.
 
 The order: what the job can never get past by itself (its deadline passed, a failed job blocks
 its sequence, its queue is paused, no worker serves it), then what passes with time or another
@@ -15,12 +15,9 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.diagnosis import Cause, CauseKind, Diagnosis
-from ..core.records import State, describe_attempts
-from ..core.steps import Steps
-from ..core.validation import check_job_ids
-from ..store.store import Store
-from ..store.why import MAX_COUNTED, JobFacts, ScopeFacts, SequenceFacts, WhyFacts, WorkerFacts
+from .diagnosis import Cause, CauseKind, Diagnosis
+from .job_facts import MAX_COUNTED, JobFacts, ScopeFacts, SequenceFacts, WhyFacts, WorkerFacts
+from .records import State, describe_attempts
 
 #: The reaper's interval when none is known (``miniqueue-supervise --reaper-interval``'s default).
 REAPER_INTERVAL = 5.0
@@ -34,19 +31,8 @@ _FINISHED = {
 }
 
 
-def why_steps(store: Store, job_id: int) -> Steps[Diagnosis]:
-    """The diagnosis of job ``job_id`` as steps (the id checked first: InvalidInput)."""
-    (checked,) = check_job_ids([job_id])
-    return _diagnosed(store, checked)
-
-
-def _diagnosed(store: Store, job_id: int) -> Steps[Diagnosis]:
-    facts = yield from store.why_steps(job_id)
-    return diagnose(facts)
-
-
 def diagnose(facts: WhyFacts) -> Diagnosis:
-    """The diagnosis the facts read by :meth:`~miniqueue.store.why.Why.why_steps` make."""
+    """The diagnosis the facts read by :meth:`~miniqueue.store.holdbacks.Why.why_steps` make."""
     job = facts.job
     if job.state is State.RUNNING:
         causes = [_running(job, facts.workers)]

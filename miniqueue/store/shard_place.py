@@ -1,5 +1,5 @@
 """A database's place in a shard map: joining one (its id sequence set so that its ids carry its
-index), and reading which database a connection is on (see :mod:`miniqueue.core.shards`)."""
+index), and reading which database a connection is on (see :mod:`miniqueue.core.shard_map`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from psycopg import sql
 
 from ..core.errors import ConfigError
-from ..core.shards import ID_BASE, MODULUS
+from ..core.shard_map import ID_BASE, MODULUS
 from ..core.steps import Query, Steps, atomic
 from .base import Statement, StoreBase
 
