@@ -26,7 +26,7 @@ import psutil
 from harness import WORKER_TITLE, SupervisorFailed, SupervisorProcess
 from miniqueue.core.db import Connection, connect
 from miniqueue.core.shard_map import ShardMap
-from miniqueue.supervise.sharded import split_workers
+from miniqueue.supervise.shard_supervisor import split_workers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_SECONDS = 120.0  # eight workers booting on two busy cores

@@ -263,7 +263,7 @@ def supervise(
         metrics_interval=metrics_interval,
     ).validated()
     if shards_source:
-        from ..supervise.sharded import ShardedSupervisor
+        from ..supervise.shard_supervisor import ShardedSupervisor
 
         sys.exit(ShardedSupervisor(config, load_map(shards_source)).run())
     announce = logging.getLogger("miniqueue.embedded").warning

@@ -25,7 +25,7 @@ substituted into them, the schema's names):
 - :mod:`~miniqueue.store.shard_place`: a database's place in a shard map (its ids' residue);
 - :mod:`~miniqueue.store.horizon`: what holds the MVCC horizon back, the jobs table's dead rows and sizes;
 - :mod:`~miniqueue.store.holdbacks`: the facts that hold a job back (or say that it ran);
-- :mod:`~miniqueue.store.scaling`: the backlog an autoscaler reads, and the workers it calls for.
+- :mod:`~miniqueue.store.backlog`: the backlog an autoscaler reads, and the workers it calls for.
 
 Every value is bound as a parameter. All times come from the database clock (``now()``).
 
@@ -40,6 +40,7 @@ a sync connection directly.
 from __future__ import annotations
 
 from .actions import OperatorActions
+from .backlog import Scaling
 from .claim import MAX_GROUPS_PER_CLAIM, Claiming
 from .durable_steps import Durable
 from .enqueue import Enqueuing
@@ -53,7 +54,6 @@ from .outcomes import Failure, Outcomes, Release
 from .progress import Progress
 from .registry import Registry
 from .rows import columns as _columns
-from .scaling import Scaling
 from .schedules import StoredSchedules
 from .schema import SchemaStatements
 from .sequences import Sequences

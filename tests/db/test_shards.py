@@ -22,7 +22,7 @@ from miniqueue.cli.main import main
 from miniqueue.client.sharded import ShardedClient, migrate_shards
 from miniqueue.core.errors import ConfigError, InvalidInput
 from miniqueue.core.shard_map import ID_BASE, MODULUS, Database, ShardMap
-from miniqueue.supervise.sharded import split_workers
+from miniqueue.supervise.shard_supervisor import split_workers
 from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
 from miniqueue.testing import database as testing_db

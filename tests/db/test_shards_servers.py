@@ -32,7 +32,7 @@ from miniqueue.client.sharded import ShardedClient, migrate_shards
 from miniqueue.core.errors import ConfigError, DatabaseUnavailable, InvalidInput
 from miniqueue.core.shard_map import MODULUS, ShardMap
 from miniqueue.supervise.config import SupervisorConfig
-from miniqueue.supervise.sharded import ShardedSupervisor
+from miniqueue.supervise.shard_supervisor import ShardedSupervisor
 from miniqueue.tasks.app import App
 from miniqueue.tasks.job import Job
 from miniqueue.testing import database as testing_db
