@@ -7,6 +7,10 @@
   the last of them completed; in the ``hot`` row, 10,000 jobs of one more key (limit 1) were
   enqueued first, in the same transaction. Equal figures mean the hot key's backlog costs the
   other keys nothing.
+- ``limits-backlog-2``: 1,000,000 queued no-op jobs over 10,000 keys of limit 1, drained by 2
+  workers with the defaults, beside ``drain-backlog-2`` (the same backlog without limits) in
+  the same run: a claim that scanned the backlog to find a free key would show here. Target:
+  >= 0.8 x of it.
 - ``rate-limit-N``: jobs of a task limited to 200/s, more than the workers could run in the
   time; the figure is the jobs that completed in the 10 s window from 2 s after the commit
   (the first seconds include the bucket's initial token). The rate limit's accuracy is this
@@ -25,9 +29,13 @@ from .database import QUEUE, TASK, payload, settle
 from .drain import DRAIN_SCALE, NOOP_APP, RAN_ONCE, drain_through_supervisor, enqueue_in_one_transaction
 from .measure import Sample
 from .registry import Benchmark, Context
+from .scale import BACKLOG, TINY_BACKLOG
 from .supervised import SuperviseOptions, supervised
 
 KEYS = 5000
+BACKLOG_KEYS = 10_000
+#: Rows held against a baseline of the same run: (baseline, least share).
+TARGETS: dict[str, tuple[str, float]] = {"limits-backlog-2": ("drain-backlog-2", 0.8)}
 OTHERS, OTHER_KEYS, HOT_JOBS = 10_000, 1000, 10_000
 RATE, RATE_JOBS, WINDOW_START, WINDOW_SECONDS = 200.0, 4000, 2.0, 10.0
 # A tiny run (see Context.sized): a few keys, a short backlog and a short window.
@@ -54,6 +62,13 @@ _SINCE = "SELECT extract(epoch FROM clock_timestamp() - %s::timestamptz)::float8
 def keyed_drain(ctx: Context) -> Sample:
     """5 x --jobs no-op jobs over 5,000 keys of limit 1, with the supervisor's defaults."""
     count, keys = ctx.jobs * DRAIN_SCALE, ctx.sized(KEYS, TINY_KEYS)
+    jobs = [JobSpec(TASK, payload(n), queue=QUEUE, concurrency_key=f"k{n % keys}") for n in range(count)]
+    return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), jobs)
+
+
+def keyed_backlog(ctx: Context) -> Sample:
+    """1,000,000 queued no-op jobs over 10,000 keys of limit 1, with the supervisor's defaults."""
+    count, keys = ctx.sized(BACKLOG, TINY_BACKLOG), ctx.sized(BACKLOG_KEYS, TINY_KEYS)
     jobs = [JobSpec(TASK, payload(n), queue=QUEUE, concurrency_key=f"k{n % keys}") for n in range(count)]
     return drain_through_supervisor(ctx.dsn, SuperviseOptions(NOOP_APP, ctx.workers), jobs)
 
@@ -122,6 +137,13 @@ BENCHMARKS: list[Benchmark] = [
     *(
         Benchmark(f"limits-keys-{n}", f"supervise drain, no-op, {KEYS:,} keys of limit 1, defaults", n, keyed_drain)
         for n in (2, 4)
+    ),
+    Benchmark(
+        "limits-backlog-2",
+        f"supervise drain, no-op, 1,000,000 queued over {BACKLOG_KEYS:,} keys of limit 1, defaults",
+        2,
+        keyed_backlog,
+        baselines=("drain-backlog-2",),
     ),
     Benchmark("limits-others-2", f"{OTHERS:,} jobs over {OTHER_KEYS:,} keys, alone, defaults", 2, others),
     Benchmark(

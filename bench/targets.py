@@ -19,6 +19,7 @@ from .durable import TARGETS as DURABLE_TARGETS
 from .fairness import ROWS as FAIRNESS_ROWS
 from .history import TARGETS as HISTORY_TARGETS
 from .keys import TARGETS as KEYED_TARGETS
+from .limits import TARGETS as LIMIT_TARGETS
 from .report import RowResult, markdown_table
 from .shards import ROUTING_TARGETS, routed_share
 from .shards import TARGETS as SHARD_TARGETS
@@ -132,7 +133,14 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
                     f"limits-keys-{workers} / drain-{workers}-default",
                 )
             )
-    same_run = {**KEYED_TARGETS, **HISTORY_TARGETS, **DURABLE_TARGETS, **SHARD_TARGETS, **BATCH_TARGETS}
+    same_run = {
+        **KEYED_TARGETS,
+        **HISTORY_TARGETS,
+        **DURABLE_TARGETS,
+        **SHARD_TARGETS,
+        **BATCH_TARGETS,
+        **LIMIT_TARGETS,
+    }
     for name, (baseline, share) in same_run.items():
         keyed, plain = by_name.get(name), by_name.get(baseline)
         if keyed and plain and plain.jobs_per_s:
