@@ -12,6 +12,7 @@ pool's connections, and at ``--concurrency 1`` (a pool of one) a second would ne
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -40,21 +41,24 @@ class HandlerConnections:
         self.dsn, self.store, self.worker_id = dsn, store, worker_id
         self.schema, self.max_size = schema, max_size
         self._pool, self._owns_pool = pool, pool is None
+        self._opening = threading.Lock()
 
     def pool(self) -> ConnectionPool[Connection]:
-        """The pool, opened on first use."""
-        if self._pool is None:
-            # Checked on checkout: a connection that died while idle (a server restart) would
-            # otherwise fail the next handler's transaction and cost its job an attempt.
-            self._pool = create_pool(
-                self.dsn,
-                purpose="handler",
-                schema=self.schema,
-                min_size=0,
-                max_size=self.max_size,
-                check=ConnectionPool.check_connection,
-            )
-        return self._pool
+        """The pool, opened on first use: once, however many handler threads ask at once (a pool
+        each would leave all but the last open, their connections with them)."""
+        with self._opening:
+            if self._pool is None:
+                # Checked on checkout: a connection that died while idle (a server restart) would
+                # otherwise fail the next handler's transaction and cost its job an attempt.
+                self._pool = create_pool(
+                    self.dsn,
+                    purpose="handler",
+                    schema=self.schema,
+                    min_size=0,
+                    max_size=self.max_size,
+                    check=ConnectionPool.check_connection,
+                )
+            return self._pool
 
     @contextlib.contextmanager
     def connection(self, job: Job) -> Iterator[Connection]:

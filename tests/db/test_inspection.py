@@ -16,7 +16,7 @@ from miniqueue.core.records import ProcessInfo
 from miniqueue.store.store import Store
 
 from ..helpers import count, row
-from ..test_async_client import own_connection, using
+from .test_async_client import own_connection, using
 
 WORKER = "web-7:4242:abc123"
 

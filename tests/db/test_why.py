@@ -23,7 +23,7 @@ from miniqueue.web import create_app
 
 from ..helpers import expire_lease, row, wait_until
 from ..running import StartWorker, worker_starter
-from ..test_async_client import using
+from .test_async_client import using
 from .test_web import on_localhost
 
 WORKER = "host-1:4242:abc123"

@@ -219,7 +219,7 @@ def test_transactional_completion_commits_writes_with_the_completion(
     client: Client, conn: Connection, start_worker: StartWorker, effects: None, kind: HandlerKind
 ) -> None:
     """``job.transaction()`` (``job.atransaction()``): the handler's writes commit with its job's
-    completion; the event loop's pool holds no more connections than the worker's concurrency."""
+    completion; the handlers' pool holds no more connections than the worker's concurrency."""
     app = App()
     app.task("effect")(kind.writing())
     ids = [app.enqueue(client, "effect").id for _ in range(20)]
@@ -227,11 +227,8 @@ def test_transactional_completion_commits_writes_with_the_completion(
     start_worker(app, concurrency=10)
     wait_until(lambda: count(conn, "state = 'completed'") == 20, what="jobs completed")
     assert sorted(i for (i,) in conn.execute("SELECT job_id FROM effects").fetchall()) == ids
-    if kind.is_async:
-        # Not asserted of def handlers: their pool is opened by the first handler thread that
-        # asks, and threads that ask at the same moment have been seen to open one each, whose
-        # connections outlive the worker (5 more than the concurrency of 10).
-        assert 1 <= len(_handler_connections(conn) - earlier) <= 10
+    # Ten handler threads ask for the pool at once: one pool is opened, not one each.
+    assert 1 <= len(_handler_connections(conn) - earlier) <= 10
 
 
 def _handler_connections(conn: Connection) -> set[int]:

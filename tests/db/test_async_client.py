@@ -34,7 +34,7 @@ from miniqueue import (
 from miniqueue.core.db import AsyncPooledConnection, Connection, connect
 from miniqueue.store.store import Store
 
-from .helpers import count, row
+from ..helpers import count, row
 
 T = TypeVar("T")
 W1 = "host-a:101:aaaa"

@@ -13,7 +13,7 @@ from miniqueue import Client, EnqueueResult, InvalidInput, JobNotFound, JobOptio
 from miniqueue.core.db import Connection, PooledConnection, connect
 from miniqueue.store.store import Store
 
-from .helpers import count, row, wait_until
+from ..helpers import count, row, wait_until
 
 W1 = "host-a:101:aaaa"
 
