@@ -16,8 +16,8 @@ from miniqueue.core.db import Connection
 from miniqueue.store.store import Store
 
 from ..helpers import count, wait_until
+from ..scraping import scrape_until, value
 from ..supervised import Fleet, StartSupervisor, free_ports_after
-from .test_metrics import scrape_until, value
 
 APP = "tests.apps.supervised:app"
 QUEUE = "scaled"

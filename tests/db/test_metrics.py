@@ -7,26 +7,22 @@ import json
 import os
 import signal
 import socket
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from miniqueue import Client, JobSpec
 from miniqueue.core.db import Connection
 
 from ..helpers import count, make_running, wait_until
+from ..scraping import Samples, get, scrape, scrape_until, value
 from ..serving import run_miniqueue
 from ..supervised import FAST, Fleet, StartSupervisor, Supervised, free_port
 
 APP = "tests.apps.metrics_app:app"
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @pytest.fixture
@@ -58,41 +54,6 @@ def supervise_scraped(supervise: StartSupervisor) -> StartScraped:
         return sup, port
 
     return start
-
-
-def get(port: int, path: str = "/metrics", data: bytes | None = None) -> tuple[int, str]:
-    """GET (or POST, with ``data``) ``path`` from the supervisor; return the status and body."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", data=data, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def scrape(port: int) -> Samples:
-    status, body = get(port)
-    assert status == 200, body
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(body)
-        for s in family.samples
-    }
-
-
-def scrape_until(port: int, predicate: Callable[[Samples], bool], what: str) -> Samples:
-    """Scrape until ``predicate`` holds (counters follow the workers' reports by up to a tick)."""
-
-    def check() -> Samples | None:
-        samples = scrape(port)
-        return samples if predicate(samples) else None
-
-    samples = wait_until(check, timeout=10, what=what)
-    assert samples is not None
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
 
 
 def finished(samples: Samples, queue: str, task: str, outcome: str) -> float | None:
