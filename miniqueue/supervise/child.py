@@ -210,47 +210,38 @@ def _run_reaper(spec: ChildSpec) -> int:
 LIMIT_GAUGES = 100
 
 
-class _Gauges(Service):
-    """The reaper's second thread: every ``interval`` seconds, read the queue gauges on a
-    connection of its own and send them to the supervisor, which serves them on /metrics. A
-    scrape then never waits on the database, and the supervisor holds no connection for it.
-    It runs until the process exits."""
+class _Reader(Service):
+    """A reaper's thread that reads the database every ``interval`` seconds, on a connection of
+    its own (opened again after an error), and sends what it read to the supervisor: the
+    supervisor then never waits on the database, nor holds a connection for it. It runs until
+    the process exits. A subclass says what it reads (:meth:`read`) and what it sends when a
+    reading fails (:meth:`unread`)."""
 
     log = log
+    #: What is read, as the log names it when a reading fails; the connection's purpose.
+    what, purpose = "", ""
 
-    def __init__(self, spec: ChildSpec, interval: float, schema: str) -> None:
-        super().__init__("miniqueue-gauges")
+    def __init__(self, name: str, spec: ChildSpec, interval: float, schema: str) -> None:
+        super().__init__(name)
         self.spec, self.interval, self.schema = spec, interval, schema
 
+    def read(self, store: Store, conn: Connection) -> list[reports.Report]:
+        raise NotImplementedError
+
+    def unread(self) -> list[reports.Report]:
+        return []
+
     def run(self) -> None:
-        spec, schema = self.spec, self.schema
-        store = Store(schema)
+        store = Store(self.schema)
         conn: Connection | None = None
         while True:
             try:
                 if conn is None:
-                    conn = connect(spec.dsn, purpose="gauges", schema=schema, connect_timeout=5)
-                stats = store.queue_stats(conn)
-                waits = [
-                    reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting
-                ]
-                blocked = [
-                    reports.SequenceGauge(b.key, b.job_id, b.waiting)
-                    for b in store.blocked_sequences(conn, LIMIT_GAUGES)
-                ]
-                horizon = [reports.HorizonGauge(h.kind, h.pid, h.name, h.seconds) for h in store.horizon(conn)]
-                gauges: list[reports.Report] = [
-                    *map(reports.QueueGauges, stats),
-                    *waits,
-                    *blocked,
-                    *horizon,
-                    reports.DeadRowsGauge(store.table_health(conn).dead_rows),
-                    reports.GaugesSent(True),
-                ]
-                reports.write(spec.report_fd, gauges)
+                    conn = connect(self.spec.dsn, purpose=self.purpose, schema=self.schema, connect_timeout=5)
+                reports.write(self.spec.report_fd, self.read(store, conn))
             except MiniqueueError as exc:
-                log.warning("cannot read the queue gauges: %s", exc)
-                reports.write(spec.report_fd, [reports.GaugesSent(False)])
+                log.warning("cannot read %s: %s", self.what, exc)
+                reports.write(self.spec.report_fd, self.unread())
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         conn.close()
@@ -262,39 +253,49 @@ class _Gauges(Service):
                 conn.close()
 
 
-class _BacklogWatch(Service):
-    """The reaper's thread for an autoscaling supervisor: every ``scale.interval`` seconds, read the
-    served queues' backlog (and ``miniqueue_desired_workers``, which /metrics serves) on a
-    connection of its own and send it to the supervisor, which decides. It runs until the process
-    exits; a reading that fails is skipped (the supervisor holds its workers meanwhile)."""
+class _Gauges(_Reader):
+    """The queue gauges that /metrics serves, read every ``interval`` seconds."""
 
-    log = log
+    what, purpose = "the queue gauges", "gauges"
+
+    def __init__(self, spec: ChildSpec, interval: float, schema: str) -> None:
+        super().__init__("miniqueue-gauges", spec, interval, schema)
+
+    def read(self, store: Store, conn: Connection) -> list[reports.Report]:
+        stats = store.queue_stats(conn)
+        waits = [reports.LimitGauge(w.scope, w.waiting) for w in store.limit_waits(conn, LIMIT_GAUGES) if w.waiting]
+        blocked = [
+            reports.SequenceGauge(b.key, b.job_id, b.waiting) for b in store.blocked_sequences(conn, LIMIT_GAUGES)
+        ]
+        horizon = [reports.HorizonGauge(h.kind, h.pid, h.name, h.seconds) for h in store.horizon(conn)]
+        return [
+            *map(reports.QueueGauges, stats),
+            *waits,
+            *blocked,
+            *horizon,
+            reports.DeadRowsGauge(store.table_health(conn).dead_rows),
+            reports.GaugesSent(True),
+        ]
+
+    def unread(self) -> list[reports.Report]:
+        return [reports.GaugesSent(False)]
+
+
+class _BacklogWatch(_Reader):
+    """The served queues' backlog (and ``miniqueue_desired_workers``, which /metrics serves), read
+    every ``scale.interval`` seconds for an autoscaling supervisor, which decides on each reading;
+    a reading that fails is skipped (the supervisor holds its workers meanwhile)."""
+
+    what, purpose = "the backlog for autoscaling", "backlog"
 
     def __init__(self, spec: ChildSpec, scale: ScaleWatch, queues: tuple[str, ...], schema: str) -> None:
-        super().__init__("miniqueue-backlog")
-        self.spec, self.scale, self.queues, self.schema = spec, scale, queues, schema
+        super().__init__("miniqueue-backlog", spec, scale.interval, schema)
+        self.scale, self.queues = scale, queues
 
-    def run(self) -> None:
-        store, scale = Store(self.schema), self.scale
-        conn: Connection | None = None
-        while True:
-            try:
-                if conn is None:
-                    conn = connect(self.spec.dsn, purpose="backlog", schema=self.schema, connect_timeout=5)
-                backlog = store.backlog(conn, self.queues)
-                desired = store.desired_workers(conn, self.queues, scale.target, scale.max_workers)
-                reports.write(self.spec.report_fd, [reports.BacklogReading(backlog, desired)])
-            except MiniqueueError as exc:
-                log.warning("cannot read the backlog for autoscaling: %s", exc)
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
-                conn = None
-            if self.stopping.wait(scale.interval):
-                break
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+    def read(self, store: Store, conn: Connection) -> list[reports.Report]:
+        backlog = store.backlog(conn, self.queues)
+        desired = store.desired_workers(conn, self.queues, self.scale.target, self.scale.max_workers)
+        return [reports.BacklogReading(backlog, desired)]
 
 
 def _install_stop_signals(stop: Callable[[], None], board: InflightBoard | None = None) -> None:
