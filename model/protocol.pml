@@ -503,6 +503,15 @@ ltl no_job_lost { <> [] ALL_JOBS(FINAL) }
  *   _set_paused                 pauses a queue: claims take nothing from it meanwhile, no job changes
  *   _paused                     reads the paused queues
  *   _set_queue_limit            caps a queue's running jobs: only a key's limit is modelled
+ *   _rank                       gives fair jobs just enqueued their turns (and a rule's limit scope): no job's state
+ *   _fair_queues                reads the fair queues
+ *   _set_fair                   makes a queue fair: no job's state
+ *   _unranked                   reads a queue's jobs without a turn
+ *   _set_rule                   stores a key rule: no job's state
+ *   _remove_rule                removes a key rule: no job's state
+ *   _apply_rules                re-ranks waiting fair jobs and sets their rule's limit scope: no job's state
+ *   _rules                      reads the key rules
+ *   _shares                     reads what each fair key holds
  *   _queue_limits               reads the queues' caps
  *   _known_queues               reads which queues exist
  *   _known_queue_names          reads the queues' names

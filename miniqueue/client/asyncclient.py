@@ -27,6 +27,7 @@ from ..core.db import (
     translate_errors,
 )
 from ..core.diagnosis import Diagnosis
+from ..core.fairness import KeyRule, KeyShare
 from ..core.options import JobOptions, job_spec
 from ..core.records import (
     BlockedSequence,
@@ -294,6 +295,34 @@ class AsyncClient(BaseClient):
     async def queue_limits(self, *, conn: AsyncConnection | None = None) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
         return await self._run(self.store.queue_limits_steps(), conn)
+
+    async def fair_queue(self, name: str, fair: bool = True, *, create: bool = False) -> int:
+        """Make every job of queue ``name`` fair, or not (see :meth:`miniqueue.Client.fair_queue`)."""
+        return await self._run(self._fair_queue_steps(name, fair, create))
+
+    async def fair_queues(self, *, conn: AsyncConnection | None = None) -> list[str]:
+        """The queues whose every job is fair."""
+        return sorted(await self._run(self.store.fair_queues_steps(), conn))
+
+    async def set_key_rule(
+        self, pattern: str, *, limit: int | None = None, weight: float | None = None, every_key: bool = False
+    ) -> KeyRule:
+        """Set the rule of the keys ``pattern`` matches (see :meth:`miniqueue.Client.set_key_rule`)."""
+        return await self._run(self._set_key_rule_steps(pattern, limit, weight, every_key))
+
+    async def remove_key_rule(self, pattern: str) -> bool:
+        """Remove the rule of ``pattern``; False if there was none."""
+        return await self._run(self._remove_key_rule_steps(pattern))
+
+    async def key_rules(self, *, conn: AsyncConnection | None = None) -> list[KeyRule]:
+        """Every key rule, most specific first."""
+        return await self._run(self.store.key_rules_steps(), conn)
+
+    async def key_shares(
+        self, queue: str | None = None, *, limit: int = 1000, conn: AsyncConnection | None = None
+    ) -> list[KeyShare]:
+        """The fair keys that have jobs, and what each holds now (see :meth:`miniqueue.Client.key_shares`)."""
+        return await self._run(self.store.key_shares_steps(queue, limit), conn)
 
     async def limit_waits(self, limit: int = 100, *, conn: AsyncConnection | None = None) -> list[LimitWait]:
         """The limits jobs are waiting on or hold slots of (see :meth:`miniqueue.Client.limit_waits`)."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from ..core.causes import diagnose
 from ..core.diagnosis import Diagnosis
 from ..core.errors import InvalidInput
+from ..core.fairness import KeyRule, check_rule, fair_spec
 from ..core.keys import check_key
 from ..core.limits import check_limit
 from ..core.records import (
@@ -92,6 +93,8 @@ class BaseClient:
         # The task declarations last read (see _declarations_steps), and when (monotonic).
         self._declarations: dict[str, TaskDeclaration] = {}
         self._declarations_read_at = float("-inf")
+        # The queues whose every job is fair, read with the declarations.
+        self._fair_queues: frozenset[str] = frozenset()
         self._undeclared_warned: set[str] = set()
 
     def _declarations_steps(self, tasks: Iterable[str]) -> Steps[dict[str, TaskDeclaration]]:
@@ -103,6 +106,7 @@ class BaseClient:
             return fresh
         read_at = time.monotonic()
         self._declarations = yield from self.store.task_declarations_steps()
+        self._fair_queues = yield from self.store.fair_queues_steps()
         self._declarations_read_at = read_at
         return self._declarations
 
@@ -132,11 +136,26 @@ class BaseClient:
             if declaration is None and spec.queue is None:
                 undeclared.add(spec.task)
             try:
-                filled.append(declared(spec, declaration))
+                filled.append(self._fair(declared(spec, declaration), declaration))
             except InvalidInput as exc:
                 message = f"{what} {index}: {exc}" if len(specs) > 1 else str(exc)
                 raise InvalidInput(message, arguments=exc.arguments) from exc
         return Declared(filled, undeclared)
+
+    def _fair(self, spec: JobSpec, declaration: TaskDeclaration | None) -> JobSpec:
+        """``spec`` (options filled) with its fair key, if it is fair (see docs/guides/fairness.md)."""
+        keys = None if declaration is None else declaration.keys
+        fair_by = None if keys is None else keys.fair_by
+        return fair_spec(spec, fair_by=fair_by, fair_queue=spec.queue in self._fair_queues)
+
+    def _ranked_steps(self, specs: Sequence[JobSpec], stored: Steps[list[EnqueueResult]]) -> Steps[list[EnqueueResult]]:
+        """``stored`` (the jobs ``specs``, options filled), then the fair ones it inserted given
+        their turns: to run in one transaction, so that no worker sees one without its turn."""
+        results = yield from stored
+        pairs = zip(specs, results, strict=True)
+        fresh = [(r.id, s.fair_key) for s, r in pairs if s.fair_key is not None and not r.duplicate]
+        yield from self.store.rank_fair_steps([job_id for job_id, _ in fresh], [key for _, key in fresh])
+        return results
 
     def _declare_steps(self, app: App) -> Steps[None]:
         declarations = app.declarations()
@@ -205,7 +224,16 @@ class BaseClient:
     ) -> Steps[EnqueueResult]:
         """Store one job whose options are all filled (``run_when``: see
         :meth:`~miniqueue.store.store.Store.enqueue_waiting_steps`; ``allow_failure`` is
-        ``"finished"``)."""
+        ``"finished"``), given its turn if it is fair."""
+        if spec.fair_key is None:
+            return (yield from self._insert_one_steps(spec, trace_context, run_when))
+        (result,) = yield from atomic(
+            self._ranked_steps([spec], _listed(self._insert_one_steps(spec, trace_context, run_when)))
+        )
+        return result
+
+    def _insert_one_steps(self, spec: JobSpec, trace_context: str | None, run_when: str | None) -> Steps[EnqueueResult]:
+        """Store one job whose options are all filled (see :meth:`_store_one_steps`)."""
         job = validate(spec, max_payload_bytes=self.max_payload_bytes)
         parents = check_depends_on(spec.depends_on)
         if parents is not None and (job.keys.unique_key is not None or job.keys.sequence_key is not None):
@@ -226,9 +254,15 @@ class BaseClient:
         return self._producing_steps(specs, self._store_many_steps, batch=True)
 
     def _store_many_steps(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
-        """Store jobs whose options are all filled, in one transaction."""
+        """Store jobs whose options are all filled, in one transaction, the fair ones given their turns."""
         if any(s.depends_on is not None or _one_by_one(s) for s in specs):
             return (yield from self._enqueue_each_steps(specs, trace_context))
+        if all(s.fair_key is None for s in specs):
+            return (yield from self._insert_many_steps(specs, trace_context))
+        return (yield from atomic(self._ranked_steps(specs, self._insert_many_steps(specs, trace_context))))
+
+    def _insert_many_steps(self, specs: list[JobSpec], trace_context: str | None) -> Steps[list[EnqueueResult]]:
+        """Store jobs whose options are all filled and that need no one-by-one enqueue, in one transaction."""
         checked = validate_each(specs, max_payload_bytes=self.max_payload_bytes)
         if len(specs) >= self.store.copy_threshold and all(_plain(s) for s in specs):
             # Each job is checked as the COPY streams it, so the checks overlap the server's
@@ -345,6 +379,27 @@ class BaseClient:
             yield from self._check_known_queues([queue])
         yield from self.store.set_queue_limit_steps(queue, max_running)
 
+    def _fair_queue_steps(self, name: str, fair: bool, create: bool) -> Steps[int]:
+        queue = check_queue_name(name)
+        return atomic(self._fair_queue_in_one(queue, fair, create))
+
+    def _fair_queue_in_one(self, queue: str, fair: bool, create: bool) -> Steps[int]:
+        if not create:
+            yield from self._check_known_queues([queue])
+        ranked = yield from self.store.set_queue_fair_steps(queue, fair)
+        self._declarations_read_at = float("-inf")  # this client's next enqueue reads the fair queues again
+        return ranked
+
+    def _set_key_rule_steps(
+        self, pattern: str, limit: int | None, weight: float | None, every_key: bool
+    ) -> Steps[KeyRule]:
+        rule = check_rule(pattern, limit, weight, every_key=every_key)
+        yield from atomic(self.store.set_key_rule_steps(rule))
+        return rule
+
+    def _remove_key_rule_steps(self, pattern: str) -> Steps[bool]:
+        return atomic(self.store.remove_key_rule_steps(pattern))
+
     def _signal_steps(self, signals: Iterable[tuple[str, Any]]) -> Steps[list[int | None]]:
         keys, data = [], []
         for key, value in signals:
@@ -437,6 +492,11 @@ def _each_indexed(steps: list[Steps[EnqueueResult]]) -> Steps[list[EnqueueResult
         except InvalidInput as exc:  # a parent that does not exist, or ended
             raise InvalidInput(f"job {index}: {exc}", arguments=exc.arguments) from exc
     return results
+
+
+def _listed(steps: Steps[EnqueueResult]) -> Steps[list[EnqueueResult]]:
+    """One job's enqueue, as a list of its result."""
+    return [(yield from steps)]
 
 
 def _check_wait(job_id: int, timeout: float) -> tuple[int, float]:

@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from ..core.db import DEFAULT_CONNECT_TIMEOUT, Connection, connect, connect_seconds, create_pool, translate_errors
 from ..core.diagnosis import Diagnosis
+from ..core.fairness import KeyRule, KeyShare
 from ..core.health import Reading
 from ..core.options import JobOptions, job_spec
 from ..core.records import (
@@ -375,6 +376,42 @@ class Client(BaseClient, Inspection):
     def queue_limits(self, *, conn: Connection | None = None) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
         return self._run(self.store.queue_limits_steps(), conn)
+
+    def fair_queue(self, name: str, fair: bool = True, *, create: bool = False) -> int:
+        """Make every job of queue ``name`` fair (see docs/guides/fairness.md), or, with
+        ``fair=False``, only those whose task or caller says so. The jobs the queue holds take
+        their turns at once, by their concurrency key; returns how many. Unknown names: as
+        :meth:`pause_queues`."""
+        return self._run(self._fair_queue_steps(name, fair, create))
+
+    def fair_queues(self, *, conn: Connection | None = None) -> list[str]:
+        """The queues whose every job is fair."""
+        return sorted(self._run(self.store.fair_queues_steps(), conn))
+
+    def set_key_rule(
+        self, pattern: str, *, limit: int | None = None, weight: float | None = None, every_key: bool = False
+    ) -> KeyRule:
+        """Set the rule of the keys ``pattern`` matches (``*`` matches any characters): at most
+        ``limit`` of a key's fair jobs run at once, and its ``weight`` (its jobs take that many
+        turns for one of a key of weight 1). It replaces the pattern's rule, and holds from the
+        next claim, for the jobs waiting too. A key takes each setting from the most specific rule
+        that sets it: its own name first, then the longest pattern. A pattern of ``*`` alone needs
+        ``every_key=True``. Returns the rule as stored."""
+        return self._run(self._set_key_rule_steps(pattern, limit, weight, every_key))
+
+    def remove_key_rule(self, pattern: str) -> bool:
+        """Remove the rule of ``pattern`` (the keys it matched take the other rules'); False if there was none."""
+        return self._run(self._remove_key_rule_steps(pattern))
+
+    def key_rules(self, *, conn: Connection | None = None) -> list[KeyRule]:
+        """Every key rule, most specific first."""
+        return self._run(self.store.key_rules_steps(), conn)
+
+    def key_shares(
+        self, queue: str | None = None, *, limit: int = 1000, conn: Connection | None = None
+    ) -> list[KeyShare]:
+        """The fair keys that have jobs (of ``queue``, or of every queue), and what each holds now."""
+        return self._run(self.store.key_shares_steps(queue, limit), conn)
 
     def limit_waits(self, limit: int = 100, *, conn: Connection | None = None) -> list[LimitWait]:
         """The limits jobs are waiting on or hold slots of, most waiting first: for each, how many

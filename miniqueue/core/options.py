@@ -57,6 +57,11 @@ class JobOptions(TypedDict, total=False):
     completing, else InvalidInput (nothing stored). With ``allow_failure=True`` the job runs
     once every parent finished, however it ended (a parent that ended already counts as
     finished), and reads how each did in ``job.parent_outcomes``.
+
+    **Fair share** (see docs/guides/fairness.md): a job with a ``fair_key`` (and every job of a
+    fair queue, or of a task that declares ``fair_by="key"``, whose fair key is then its
+    ``concurrency_key`` unless given) takes its turn among its queue's fair jobs round-robin by
+    key, each key's jobs in their order, weighted by the key's weight.
     """
 
     # Placement
@@ -85,6 +90,8 @@ class JobOptions(TypedDict, total=False):
     # Dependencies
     depends_on: Sequence[int] | None
     allow_failure: bool
+    # Fair share
+    fair_key: str | None
 
 
 #: Every option's name: a TypedDict checks nothing at run time, so a call's keywords are checked

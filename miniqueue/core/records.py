@@ -68,6 +68,7 @@ class JobSpec(NamedTuple):
     expires_at: dt.datetime | None = None
     allow_failure: bool = False
     rate_cost: int | None = None
+    fair_key: str | None = None
 
 
 class Debounce(NamedTuple):
@@ -95,6 +96,8 @@ class KeyOptions(NamedTuple):
     sequence_key_computed: bool = False
     on_failure: str | None = None
     expires_in: float | None = None
+    #: ``"key"``: the task's jobs take turns by key (see docs/guides/fairness.md); None: not fair.
+    fair_by: str | None = None
 
 
 class TaskDeclaration(NamedTuple):

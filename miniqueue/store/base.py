@@ -51,6 +51,11 @@ IDENTIFIERS = {
     "advance": "miniqueue_sequence_advance",
     "backlog": "miniqueue_backlog",
     "desired_workers": "miniqueue_desired_workers",
+    "fair_keys": "miniqueue_fair_keys",
+    "key_rules": "miniqueue_key_rules",
+    "key_rule": "miniqueue_key_rule",
+    "rank_fair": "miniqueue_rank_fair",
+    "apply_key_rules": "miniqueue_apply_key_rules",
 }
 
 # A placeholder: a name in braces. SQL's own braces (an empty array, '{}') never match.

@@ -142,7 +142,9 @@ class Claiming(StoreBase):
         )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
-        return completed, _in_claim_order(Lease(*row[1:]) for row in rows if row[1] is not None)
+        # Each row: the ids completed (first row only), the lease, and its turn (see claim.sql).
+        claimed = sorted((row for row in rows if row[1] is not None), key=lambda row: (-row[5], row[-1], row[1]))
+        return completed, [Lease(*row[1:-1]) for row in claimed]
 
     def _claim_query(
         self,
@@ -189,8 +191,3 @@ class Claiming(StoreBase):
         choose a generic plan for a prepared statement again (see the worker's use)."""
         with translate_errors():
             conn.execute(_CUSTOM_PLANS if on else _DEFAULT_PLANS)
-
-
-def _in_claim_order(leases: Iterable[Lease]) -> list[Lease]:
-    """Best first, as the claim picked them: priority, then scheduled time, then id."""
-    return sorted(leases, key=lambda lease: (-lease.priority, lease.scheduled_at, lease.id))

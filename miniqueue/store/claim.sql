@@ -1,5 +1,5 @@
 -- The claim: complete the batch a worker holds and lease up to %(limit)s available jobs, best
--- first (priority, then scheduled time, then id), in one statement: one round trip and one
+-- first (priority, then turn, then id), in one statement: one round trip and one
 -- commit. A claim with nothing to complete is the same statement with empty arrays (%(ids)s,
 -- %(attempts)s, %(results)s). It is one template, `claim` below, read top to bottom; two
 -- switches stay in its text, each a named clause after it, because each changes a query plan:
@@ -18,6 +18,11 @@
 -- sends it alone). {jobs}, {limits}, {queues} and the other names in braces become the schema's
 -- names. What a clause holds is the text after its `-- name:` line and comment, up to the next
 -- one, byte for byte (a trailing space included); tests/sql/store.sql shows each variant whole.
+--
+-- A job's turn is its rank among its queue's fair jobs (given as it was enqueued: see
+-- migrations/034_fair_share.sql), or for a job that is not fair its due time (scheduled_at); the
+-- claim index holds it, so the order costs no sort. Within a group of limited jobs the order is
+-- the due time (their index's), which for a fair key's jobs is the order they were enqueued in.
 --
 -- How a claim works. Jobs without limits come through `fast`, an ordered scan of the claim index
 -- (their part of it: `limits IS NULL`). Jobs with limits, and every job of a queue with a cap on
@@ -193,7 +198,7 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -203,10 +208,10 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM {jobs}
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
@@ -225,14 +230,14 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
+     ORDER BY priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE {limits} l
@@ -255,7 +260,7 @@ UPDATE {jobs}
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
+          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -263,11 +268,11 @@ SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
 
 -- name: fast_one
 -- {fast} from one queue.
-    SELECT id, priority, scheduled_at, attempt FROM {jobs}
+    SELECT id, priority, coalesce(rank_at, scheduled_at) AS turn, attempt FROM {jobs}
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
+     ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 
 -- name: queue_names_one
@@ -280,15 +285,15 @@ unnest(%(queues)b::text[])
 
 -- name: fast_many
 -- {fast} from several queues.
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+    SELECT c.id, c.priority, c.turn, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM {jobs}
+        SELECT id, priority, coalesce(rank_at, scheduled_at) AS turn, attempt FROM {jobs}
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     ORDER BY c.priority DESC, c.turn, c.id
      LIMIT %(limit)s
 
 -- name: room

@@ -1,6 +1,6 @@
 -- miniqueue's database schema, written out for reading: every table, column, constraint, index,
 -- storage and statistics setting and function that the migrations in `migrations/` leave behind,
--- as of migration 033 (033_autoscaling.sql).
+-- as of migration 034 (034_fair_share.sql).
 --
 -- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
 -- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
@@ -116,6 +116,10 @@ CREATE TABLE miniqueue_jobs (
     run_alone            BOOLEAN,
     -- When the latest run started (the claim sets it); each run's history entry carries its own.
     started_at           TIMESTAMPTZ,
+    -- A fair job's key ('' for one without a key) and its turn among its queue's fair jobs (see
+    -- miniqueue_rank_fair); NULL for a job that is not fair, which takes its turn by its due time.
+    fair_key             TEXT,
+    rank_at              TIMESTAMPTZ,
 
     CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1),
     CONSTRAINT expires_after_enqueue CHECK (expires_at > created_at),
@@ -183,14 +187,23 @@ ALTER TABLE miniqueue_jobs_live
     ALTER COLUMN progress SET STATISTICS 0,
     ALTER COLUMN rate_cost SET STATISTICS 0,
     ALTER COLUMN run_alone SET STATISTICS 0,
-    ALTER COLUMN started_at SET STATISTICS 0;
+    ALTER COLUMN started_at SET STATISTICS 0,
+    ALTER COLUMN fair_key SET STATISTICS 10,
+    ALTER COLUMN rank_at SET STATISTICS 0;
 
--- The claim index: available jobs without limits, in the claim's order (priority DESC,
--- scheduled_at, id), so a claim reads the first entries instead of sorting. Partial, so its size
--- never grows with finished rows, nor with a backlog held back by a limit.
+-- The claim index: available jobs without limits, in the claim's order (priority DESC, then the
+-- job's turn: its fair rank, or its due time; then id), so a claim reads the first entries
+-- instead of sorting. Partial, so its size never grows with finished rows, nor with a backlog
+-- held back by a limit.
 CREATE INDEX idx_miniqueue_jobs_claim
-    ON miniqueue_jobs_live (queue, priority DESC, scheduled_at, id)
+    ON miniqueue_jobs_live (queue, priority DESC, (coalesce(rank_at, scheduled_at)), id)
     WHERE state = 'available' AND limits IS NULL;
+
+-- A fair key's available jobs in their order (only fair jobs are in it): for ranking them again
+-- when a rule changes the key's weight, and for what `keys list` and `jobs why` say of a key.
+CREATE INDEX idx_miniqueue_jobs_fair
+    ON miniqueue_jobs_live (queue, fair_key, (coalesce(rank_at, scheduled_at)), id)
+    WHERE state = 'available' AND fair_key IS NOT NULL;
 
 -- Available jobs with limits, by their scopes, so that the claim steps from one group of scopes
 -- to the next (one probe per group) instead of reading a held-back group's backlog. Disjoint
@@ -528,7 +541,9 @@ CREATE TABLE miniqueue_queues (
     updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- A fleet-wide cap on the queue's running jobs (`miniqueue queues limit`): its slots are the
     -- concurrency scope 'queue:<name>' of miniqueue_limits.
-    max_running INT         CHECK (max_running > 0)
+    max_running INT         CHECK (max_running > 0),
+    -- Every job of the queue is fair (`miniqueue queues fair`): see miniqueue_fair_keys.
+    fair        BOOLEAN     NOT NULL DEFAULT false
 );
 
 -- What each task declares, published by the workers of the apps that run against this database,
@@ -797,6 +812,164 @@ BEGIN
         ceil(b.due * workers / (rate * target_seconds))::BIGINT,
         CASE WHEN late THEN workers + 1 ELSE 1 END,
         1));
+END
+$$;
+
+
+-- ================================================================================================
+-- Fair share by key (docs/guides/fairness.md)
+-- ================================================================================================
+
+-- Each fair key of each queue: its weight (from the rule that matches it, else 1) and its next
+-- turn. Written by the enqueue of its jobs (one row per key, locked in key order by each enqueue
+-- that ranks a job of the key) and by a rule's change.
+CREATE TABLE miniqueue_fair_keys (
+    queue   TEXT             NOT NULL,
+    key     TEXT             NOT NULL,
+    weight  DOUBLE PRECISION NOT NULL DEFAULT 1 CHECK (weight > 0),
+    next_at TIMESTAMPTZ      NOT NULL DEFAULT '-infinity',
+    PRIMARY KEY (queue, key)
+);
+CREATE INDEX idx_miniqueue_fair_keys_next ON miniqueue_fair_keys (queue, next_at);
+
+-- Rules by key pattern (`miniqueue keys set`): the limit on running jobs and the weight of every
+-- key the pattern matches (`like`: the pattern as a LIKE pattern, `*` matching any characters).
+-- A key takes each of the two from the most specific rule that sets it: a pattern without `*`
+-- (the key itself) first, then the longest pattern.
+CREATE TABLE miniqueue_key_rules (
+    pattern     TEXT             PRIMARY KEY,
+    "like"      TEXT             NOT NULL,
+    max_running INT              CHECK (max_running > 0),
+    weight      DOUBLE PRECISION CHECK (weight > 0),
+    set_at      TIMESTAMPTZ      NOT NULL DEFAULT now(),
+    CHECK (max_running IS NOT NULL OR weight IS NOT NULL)
+);
+
+-- The weight and the limit the rules give `key` (NULL: no rule sets it).
+CREATE FUNCTION miniqueue_key_rule(key TEXT, OUT weight DOUBLE PRECISION, OUT max_running INT)
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT (SELECT r.weight FROM miniqueue_key_rules r
+             WHERE r.weight IS NOT NULL AND miniqueue_key_rule.key LIKE r."like"
+             ORDER BY strpos(r.pattern, '*') = 0 DESC, length(r.pattern) DESC LIMIT 1),
+           (SELECT r.max_running FROM miniqueue_key_rules r
+             WHERE r.max_running IS NOT NULL AND miniqueue_key_rule.key LIKE r."like"
+             ORDER BY strpos(r.pattern, '*') = 0 DESC, length(r.pattern) DESC LIMIT 1)
+$$;
+
+-- Rank the fair jobs `ids`, just inserted, each of the key at the same place in `keys`: per queue
+-- and key, in id order, from the key's next turn or the queue's current one, whichever is later,
+-- one quantum (1 ms) over the key's weight apart; and give each job whose key a rule limits the
+-- key's limit (the scope 'concurrency * <key>', over every task). The key rows are locked in
+-- order, so two enqueues of the same keys wait for each other rather than deadlock, and the
+-- second ranks after the first. Returns the jobs ranked.
+CREATE FUNCTION miniqueue_rank_fair(ids BIGINT[], keys TEXT[]) RETURNS INT
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    ranked INT;
+BEGIN
+    INSERT INTO miniqueue_fair_keys AS k (queue, key, weight)
+    SELECT DISTINCT j.queue, u.key, coalesce((miniqueue_key_rule(u.key)).weight, 1)
+      FROM unnest(ids, keys) AS u(id, key) JOIN miniqueue_jobs_live j ON j.id = u.id
+     ORDER BY 1, 2
+    ON CONFLICT (queue, key) DO UPDATE SET key = excluded.key;
+
+    WITH fresh AS (
+        SELECT j.id, j.queue, u.key, j.limits,
+               row_number() OVER (PARTITION BY j.queue, u.key ORDER BY j.id) AS n
+          FROM unnest(ids, keys) AS u(id, key) JOIN miniqueue_jobs_live j ON j.id = u.id
+         WHERE j.state IN ('waiting', 'available')
+    ), clock AS (
+        SELECT q.queue, coalesce(
+                   (SELECT coalesce(h.rank_at, h.scheduled_at) FROM miniqueue_jobs_live h
+                     WHERE h.state = 'available' AND h.limits IS NULL AND h.queue = q.queue AND h.rank_at IS NOT NULL
+                     ORDER BY h.priority DESC, coalesce(h.rank_at, h.scheduled_at), h.id LIMIT 1),
+                   (SELECT k.next_at FROM miniqueue_fair_keys k WHERE k.queue = q.queue AND k.next_at > '-infinity'
+                     ORDER BY k.next_at DESC LIMIT 1),
+                   now()) AS now_at
+          FROM (SELECT DISTINCT queue FROM fresh) q
+    ), turns AS (
+        SELECT k.queue, k.key, greatest(k.next_at, c.now_at) AS first_at, interval '1 millisecond' / k.weight AS step,
+               (miniqueue_key_rule(k.key)).max_running AS max_running
+          FROM miniqueue_fair_keys k JOIN clock c ON c.queue = k.queue
+         WHERE (k.queue, k.key) IN (SELECT queue, key FROM fresh)
+    ), scoped AS (
+        INSERT INTO miniqueue_limits AS l (scope, max_running)
+        SELECT 'concurrency * ' || t.key, t.max_running FROM turns t WHERE t.max_running IS NOT NULL
+         ORDER BY 1
+        ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running
+         WHERE l.max_running IS DISTINCT FROM excluded.max_running
+    ), stamped AS (
+        UPDATE miniqueue_jobs_live j
+           SET rank_at = t.first_at + t.step * (f.n - 1), fair_key = f.key,
+               limits = CASE WHEN t.max_running IS NULL THEN j.limits
+                             ELSE ARRAY(SELECT DISTINCT s FROM unnest(coalesce(j.limits, '{}') || ('concurrency * ' || t.key)) AS s
+                                         ORDER BY s) END
+          FROM fresh f JOIN turns t ON t.queue = f.queue AND t.key = f.key
+         WHERE j.id = f.id
+        RETURNING f.queue, f.key
+    ), moved AS (
+        UPDATE miniqueue_fair_keys k SET next_at = t.first_at + t.step * s.n
+          FROM turns t JOIN (SELECT queue, key, count(*) AS n FROM stamped GROUP BY queue, key) s
+               ON s.queue = t.queue AND s.key = t.key
+         WHERE k.queue = t.queue AND k.key = t.key
+    )
+    SELECT count(*) INTO ranked FROM stamped;
+    RETURN ranked;
+END
+$$;
+
+-- Apply the rules again to the keys a pattern matches (its LIKE form, `matching`), after a rule
+-- of that pattern was set or removed: each matching key's weight, with its available jobs ranked
+-- again from the first one's turn, the new weight apart (so a new weight holds from the next
+-- claim, not only for jobs enqueued after); and each matching key's limit, on its limit row and on
+-- its fair jobs that wait (a key no rule limits any more: its jobs lose the scope, and run
+-- without it). Returns the jobs changed.
+CREATE FUNCTION miniqueue_apply_key_rules(matching TEXT) RETURNS INT
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    changed INT;
+    limited INT;
+BEGIN
+    WITH weighed AS (
+        UPDATE miniqueue_fair_keys k SET weight = coalesce((miniqueue_key_rule(k.key)).weight, 1)
+         WHERE k.key LIKE matching AND k.weight <> coalesce((miniqueue_key_rule(k.key)).weight, 1)
+        RETURNING k.queue, k.key, interval '1 millisecond' / k.weight AS step
+    ), queued AS (
+        SELECT j.id, w.queue, w.key, w.step,
+               min(coalesce(j.rank_at, j.scheduled_at)) OVER (PARTITION BY w.queue, w.key) AS first_at,
+               row_number() OVER (PARTITION BY w.queue, w.key ORDER BY coalesce(j.rank_at, j.scheduled_at), j.id) AS n
+          FROM weighed w JOIN miniqueue_jobs_live j
+            ON j.state = 'available' AND j.queue = w.queue AND j.fair_key = w.key
+    ), ranked AS (
+        UPDATE miniqueue_jobs_live j SET rank_at = q.first_at + q.step * (q.n - 1)
+          FROM queued q WHERE j.id = q.id AND j.state = 'available'
+        RETURNING q.queue, q.key, q.first_at + q.step * q.n AS next_at
+    ), moved AS (
+        UPDATE miniqueue_fair_keys k SET next_at = r.next_at
+          FROM (SELECT queue, key, max(next_at) AS next_at FROM ranked GROUP BY queue, key) r
+         WHERE k.queue = r.queue AND k.key = r.key
+    )
+    SELECT count(*) INTO changed FROM ranked;
+
+    WITH rules AS (
+        SELECT k.key, 'concurrency * ' || k.key AS scope, (miniqueue_key_rule(k.key)).max_running AS max_running
+          FROM (SELECT DISTINCT key FROM miniqueue_fair_keys WHERE key LIKE matching) k
+    ), scoped AS (
+        INSERT INTO miniqueue_limits AS l (scope, max_running)
+        SELECT scope, max_running FROM rules WHERE max_running IS NOT NULL ORDER BY scope
+        ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running
+         WHERE l.max_running IS DISTINCT FROM excluded.max_running
+    ), relimited AS (
+        UPDATE miniqueue_jobs_live j
+           SET limits = CASE WHEN r.max_running IS NULL THEN nullif(array_remove(j.limits, r.scope), '{}')
+                             ELSE ARRAY(SELECT DISTINCT s FROM unnest(coalesce(j.limits, '{}') || r.scope) AS s ORDER BY s) END
+          FROM rules r
+         WHERE j.fair_key = r.key AND j.state IN ('waiting', 'available')
+           AND (r.max_running IS NULL) = (r.scope = ANY(coalesce(j.limits, '{}')))
+        RETURNING j.id
+    )
+    SELECT count(*) INTO limited FROM relimited;
+    RETURN changed + limited;
 END
 $$;
 

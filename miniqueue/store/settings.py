@@ -95,7 +95,7 @@ SELECT q.name, h.task
  CROSS JOIN LATERAL (
        SELECT task FROM {jobs}
         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
-        ORDER BY priority DESC, scheduled_at, id LIMIT 1) h
+        ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id LIMIT 1) h
  CROSS JOIN LATERAL (
        SELECT count(*) AS workers, coalesce(bool_or(p.tasks IS NULL OR h.task = ANY(p.tasks)), false) AS runs
          FROM {processes} p

@@ -25,7 +25,8 @@ substituted into them, the schema's names):
 - :mod:`~miniqueue.store.shard_place`: a database's place in a shard map (its ids' residue);
 - :mod:`~miniqueue.store.horizon`: what holds the MVCC horizon back, the jobs table's dead rows and sizes;
 - :mod:`~miniqueue.store.holdbacks`: the facts that hold a job back (or say that it ran);
-- :mod:`~miniqueue.store.backlog`: the backlog an autoscaler reads, and the workers it calls for.
+- :mod:`~miniqueue.store.backlog`: the backlog an autoscaler reads, and the workers it calls for;
+- :mod:`~miniqueue.store.aging`: queues whose jobs age, and the reaper's batches that raise them.
 
 Every value is bound as a parameter. All times come from the database clock (``now()``).
 
@@ -40,10 +41,12 @@ a sync connection directly.
 from __future__ import annotations
 
 from .actions import OperatorActions
+from .aging import Aging
 from .backlog import Scaling
 from .claim import MAX_GROUPS_PER_CLAIM, Claiming
 from .durable_steps import Durable
 from .enqueue import Enqueuing
+from .fairness import Fairness
 from .groups import Groups
 from .history import History
 from .holdbacks import Why
@@ -92,6 +95,8 @@ class Store(
     Shards,
     Why,
     Scaling,
+    Aging,
+    Fairness,
 ):
     """All of miniqueue's SQL, for the queue tables in one schema.
 

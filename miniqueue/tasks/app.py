@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from ..core.backoff import Backoff, default_backoff
 from ..core.db import AsyncConnection, Connection
 from ..core.errors import ConfigError, InvalidInput
+from ..core.fairness import check_fair_by
 from ..core.keys import JobKeys, check_keys
 from ..core.limits import check_rate_cost, job_scopes
 from ..core.options import JobOptions, check_options
@@ -97,6 +98,7 @@ class App:
         on_failure: str | None = None,
         expires_in: float | dt.timedelta | None = None,
         batch: Batch | None = None,
+        fair_by: str | None = None,
     ) -> Callable[[HandlerT], HandlerT]:
         """Register the decorated function as the handler of task ``name`` (default: its name).
 
@@ -108,6 +110,10 @@ class App:
 
         ``cron`` also schedules the task periodically, on the wall clock of ``timezone``
         (default UTC; see :meth:`periodic`).
+
+        ``fair_by="key"``: the task's jobs take turns by key with the other fair jobs of their
+        queue, each key's in their order (the fair key is the job's ``fair_key``, else its
+        ``concurrency_key``; see docs/guides/fairness.md).
 
         ``batch`` (a :class:`~miniqueue.Batch`): the handler receives a ``list[Job]`` of up to
         ``batch.size`` jobs, waiting at most ``batch.wait`` seconds to fill one, and returns each
@@ -166,6 +172,7 @@ class App:
                 on_failure=on_failure,
                 expires_in=keys.expires_in,
                 batch=None if batch is None else batch.checked(task_name),
+                fair_by=_check_fair_by(task_name, fair_by),
             )
             if cron is not None:
                 self.periodic(cron, task=task_name, timezone=zone)
@@ -306,6 +313,13 @@ def _replacing_schedule(schedule: str, task: str) -> str:
         "and a slot's job carries an idempotency key (each slot is enqueued once), which cannot go with it; "
         "give the schedule a task that keeps the first job"
     )
+
+
+def _check_fair_by(task: str, fair_by: object) -> str | None:
+    try:
+        return check_fair_by(fair_by)
+    except InvalidInput as exc:
+        raise ConfigError(f"task {task!r}: {exc}") from exc
 
 
 def _check_declared_keys(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.backoff import Backoff, default_backoff, published_backoff
+from ..core.fairness import NO_KEY
 from ..core.records import Debounce, JobSpec, KeyOptions, TaskDeclaration
 from .batch import Batch
 from .job import Job
@@ -27,7 +28,8 @@ class Task:
     worker process is killed (and the attempt charged) once it is exceeded by a grace period.
     ``concurrency_key``, ``max_concurrent``, ``rate_limit``, ``rate_limit_key`` and ``rate_cost``
     are the limits its jobs are enqueued with (see docs/guides/limits.md). With ``batch``, the handler
-    receives a list of up to ``batch.size`` jobs at once (see :class:`~miniqueue.Batch`).
+    receives a list of up to ``batch.size`` jobs at once (see :class:`~miniqueue.Batch`). With
+    ``fair_by="key"`` its jobs take turns by key (see docs/guides/fairness.md).
     """
 
     name: str
@@ -50,16 +52,18 @@ class Task:
     on_failure: str | None = None
     expires_in: float | None = None
     batch: Batch | None = None
+    fair_by: str | None = None
 
     def spec(self, payload: Any = None) -> JobSpec:
         """A JobSpec of this task for ``payload``, its keys computed from the payload."""
+        concurrency_key = _key_of(self.concurrency_key, payload)
         return JobSpec(
             self.name,
             payload,
             queue=self.queue,
             priority=self.priority,
             max_attempts=self.max_attempts,
-            concurrency_key=_key_of(self.concurrency_key, payload),
+            concurrency_key=concurrency_key,
             max_concurrent=self.max_concurrent,
             rate_limit=self.rate_limit,
             rate_limit_key=_key_of(self.rate_limit_key, payload),
@@ -71,6 +75,7 @@ class Task:
             sequence_key=_key_of(self.sequence_key, payload),
             on_failure=self.on_failure,
             expires_in=self.expires_in,
+            fair_key=None if self.fair_by is None else concurrency_key or NO_KEY,
         )
 
     def declaration(self) -> TaskDeclaration:
@@ -95,7 +100,7 @@ class Task:
 
     def _key_options(self) -> KeyOptions | None:
         """What this task declares of its jobs' keys and deadline, as published (None: nothing)."""
-        if self.unique_key is None and self.sequence_key is None and self.expires_in is None:
+        if self.unique_key is None and self.sequence_key is None and self.expires_in is None and self.fair_by is None:
             return None
         debounce = self.on_conflict if isinstance(self.on_conflict, Debounce) else None
         mode = "debounce" if isinstance(self.on_conflict, Debounce) else self.on_conflict
@@ -111,6 +116,7 @@ class Task:
             sequence_key_computed=callable(self.sequence_key),
             on_failure=self.on_failure,
             expires_in=self.expires_in,
+            fair_by=self.fair_by,
         )
 
 

@@ -87,10 +87,10 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         "results": [],
         "tasks": None,
     }
-    for name in CLAIMS:  # the ids completed, then the lease's fields
+    for name in CLAIMS:  # the ids completed, then the lease's fields, then its turn
         cur = conn.execute(getattr(store, name), {**params, "shared": name.startswith("_claim_many")})
         assert cur.description is not None
-        assert [column.name for column in cur.description][1:] == list(Lease._fields)
+        assert [column.name for column in cur.description][1:] == [*Lease._fields, "turn"]
 
 
 def test_every_worker_side_write_is_fenced_and_every_finishing_statement_counts_and_settles() -> None:

@@ -770,7 +770,7 @@ def test_get_returns_the_full_record(store: Store, conn: Connection) -> None:
 _PICK = """
 SELECT id FROM miniqueue_jobs
  WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now()
- ORDER BY priority DESC, scheduled_at, id
+ ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
  LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 """
 

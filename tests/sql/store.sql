@@ -461,11 +461,11 @@ SELECT "public"."miniqueue_settle"(
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
-    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+    SELECT id, priority, coalesce(rank_at, scheduled_at) AS turn, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
+     ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
@@ -531,7 +531,7 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -541,10 +541,10 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
@@ -563,14 +563,14 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
+     ORDER BY priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -595,7 +595,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
+          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -635,15 +635,15 @@ SELECT "public"."miniqueue_settle"(
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+    SELECT c.id, c.priority, c.turn, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, priority, coalesce(rank_at, scheduled_at) AS turn, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     ORDER BY c.priority DESC, c.turn, c.id
      LIMIT %(limit)s),
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
@@ -709,7 +709,7 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -719,10 +719,10 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
@@ -741,14 +741,14 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
+     ORDER BY priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -773,7 +773,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
+          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -813,11 +813,11 @@ SELECT "public"."miniqueue_settle"(
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
-    SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+    SELECT id, priority, coalesce(rank_at, scheduled_at) AS turn, attempt FROM "public"."miniqueue_jobs"
      WHERE state = 'available' AND queue = %(queue)s AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
        AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
        AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND (paused OR max_running IS NOT NULL))
-     ORDER BY priority DESC, scheduled_at, id
+     ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
@@ -883,7 +883,7 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -893,10 +893,10 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
@@ -915,14 +915,14 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
+     ORDER BY priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -947,7 +947,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
+          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -987,15 +987,15 @@ SELECT "public"."miniqueue_settle"(
  WHERE EXISTS (SELECT 1 FROM completed WHERE (dependents IS NOT NULL OR awaited OR sequence_key IS NOT NULL) AND state IN ('completed', 'failed', 'dead', 'cancelled', 'expired', 'deleted'))
    AND (SELECT count(*) FROM counted) >= 0),
 fast AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
+    SELECT c.id, c.priority, c.turn, c.attempt FROM unnest(%(queues)b::text[]) AS q(name)
      CROSS JOIN LATERAL (
-        SELECT id, priority, scheduled_at, attempt FROM "public"."miniqueue_jobs"
+        SELECT id, priority, coalesce(rank_at, scheduled_at) AS turn, attempt FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND queue = q.name AND limits IS NULL AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
      WHERE NOT EXISTS (SELECT 1 FROM "public"."miniqueue_queues" p WHERE p.name = q.name AND (p.paused OR p.max_running IS NOT NULL))
-     ORDER BY c.priority DESC, c.scheduled_at, c.id
+     ORDER BY c.priority DESC, c.turn, c.id
      LIMIT %(limit)s),
 open_queues AS MATERIALIZED (
     SELECT q.name, p.max_running,
@@ -1061,7 +1061,7 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -1071,10 +1071,10 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     UNION ALL
     SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
-        SELECT id, queue, limits, priority, scheduled_at, attempt, rate_cost FROM "public"."miniqueue_jobs"
+        SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
-         ORDER BY priority DESC, scheduled_at, id
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id
          LIMIT least(%(limit)s, g.room)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NULL
@@ -1093,14 +1093,14 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.scheduled_at, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, scheduled_at, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, scheduled_at, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s
+      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
+            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
+     ORDER BY priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -1125,7 +1125,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone
+          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1870,7 +1870,7 @@ SELECT q.name, h.task
  CROSS JOIN LATERAL (
        SELECT task FROM "public"."miniqueue_jobs"
         WHERE state = 'available' AND limits IS NULL AND queue = q.name AND scheduled_at <= now()
-        ORDER BY priority DESC, scheduled_at, id LIMIT 1) h
+        ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id LIMIT 1) h
  CROSS JOIN LATERAL (
        SELECT count(*) AS workers, coalesce(bool_or(p.tasks IS NULL OR h.task = ANY(p.tasks)), false) AS runs
          FROM "public"."miniqueue_processes" p
@@ -2267,3 +2267,46 @@ SELECT due, walked, oldest_seconds, running FROM "public"."miniqueue_backlog"(%(
 
 -- _desired_workers
 SELECT "public"."miniqueue_desired_workers"(%(queues)s::text[], %(target)s::float8, %(max_workers)s::int);
+
+-- _rank
+SELECT "public"."miniqueue_rank_fair"(%(ids)s::bigint[], %(keys)s::text[]);
+
+-- _fair_queues
+SELECT name FROM "public"."miniqueue_queues" WHERE fair ORDER BY name;
+
+-- _set_fair
+INSERT INTO "public"."miniqueue_queues" (name, fair) VALUES (%(name)s, %(fair)s)
+ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, updated_at = now();
+
+-- _unranked
+SELECT id, coalesce(substring(limits[1] FROM '^concurrency [^ ]+ (.*)$'), '')
+  FROM "public"."miniqueue_jobs_live"
+ WHERE state IN ('waiting', 'available') AND queue = %(name)s AND rank_at IS NULL
+ ORDER BY id;
+
+-- _set_rule
+INSERT INTO "public"."miniqueue_key_rules" (pattern, "like", max_running, weight) VALUES (%(pattern)s, %(like)s, %(max)s, %(weight)s)
+ON CONFLICT (pattern) DO UPDATE SET max_running = excluded.max_running, weight = excluded.weight, set_at = now();
+
+-- _remove_rule
+DELETE FROM "public"."miniqueue_key_rules" WHERE pattern = %(pattern)s RETURNING "like";
+
+-- _apply_rules
+SELECT "public"."miniqueue_apply_key_rules"(%(like)s);
+
+-- _rules
+SELECT pattern, max_running, weight FROM "public"."miniqueue_key_rules"
+ ORDER BY strpos(pattern, '*') = 0 DESC, length(pattern) DESC, pattern;
+
+-- _shares
+SELECT j.queue, j.fair_key, coalesce(k.weight, 1), j.available, j.running,
+       (SELECT max_running FROM "public"."miniqueue_key_rule"(j.fair_key))
+  FROM (SELECT queue, fair_key, count(*) FILTER (WHERE state = 'available') AS available,
+               count(*) FILTER (WHERE state = 'running') AS running
+          FROM "public"."miniqueue_jobs_live"
+         WHERE state IN ('available', 'running') AND fair_key IS NOT NULL
+           AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+         GROUP BY queue, fair_key) j
+  LEFT JOIN "public"."miniqueue_fair_keys" k ON k.queue = j.queue AND k.key = j.fair_key
+ ORDER BY j.queue, j.fair_key
+ LIMIT %(limit)s;
