@@ -48,6 +48,9 @@ from .shards import finish_map, open_map, shards_option
     help="Tokens the job takes from its task's rate limit (see docs/guides/limits.md). Default: the task's (else 1).",
 )
 @click.option(
+    "--fair-key", help="Take turns with the other fair jobs of the queue by this key (docs/guides/fairness.md)."
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="Refuse a task no app has declared on this database (rather than enqueue it, with a note, "
@@ -75,6 +78,7 @@ def enqueue(
     on_failure: str | None,
     expires_in: float | None,
     rate_cost: int | None,
+    fair_key: str | None,
     strict: bool,
     as_json: bool,
     database_url: str | None,
@@ -106,6 +110,7 @@ def enqueue(
             on_failure=on_failure,
             rate_cost=rate_cost,
             expires_in=expires_in,
+            fair_key=fair_key,
         )
     if as_json:
         click.echo(to_json({"id": result.id, "duplicate": result.duplicate, "replaced": result.replaced}))

@@ -14,6 +14,7 @@ from .admin import demo, healthcheck, migrate, prune
 from .doctor import doctor
 from .errors import OneLineGroup
 from .jobs import cancel, enqueue, jobs, requeue
+from .keys import fair_queue, keys
 from .periodic import periodic
 from .queues import limits, queues, stats
 from .sequences import sequences
@@ -42,6 +43,7 @@ for _command in (
     stats,
     queues,
     limits,
+    keys,
     sequences,
     signal,
     signals,
@@ -54,6 +56,7 @@ for _command in (
     demo,
 ):
     main.add_command(_command)
+queues.add_command(fair_queue)
 main.add_command(web)
 main.add_command(supervise)
 

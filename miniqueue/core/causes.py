@@ -39,7 +39,7 @@ def diagnose(facts: WhyFacts) -> Diagnosis:
     elif job.state in _FINISHED:
         causes = [_finished(job)]
     else:
-        causes = list(_holding_back(facts)) or [_due(job, facts.ahead)]
+        causes = list(_holding_back(facts)) or [_due(job, facts.ahead, facts.keys_ahead)]
     return Diagnosis(
         job_id=job.id,
         queue=job.queue,
@@ -150,15 +150,29 @@ def _reapers(live: int, seen: dt.datetime | None, now: dt.datetime) -> str:
     return "no reaper is registered; start miniqueue-supervise, or run a Reaper"
 
 
-def _due(job: JobFacts, ahead: int | None) -> Cause:
+def _due(job: JobFacts, ahead: int | None, keys_ahead: int | None) -> Cause:
     count = ahead or 0
     more = "or more " if count >= MAX_COUNTED else ""
     before = "no job is" if count == 0 else f"{count} {more}due job{'s are' if count != 1 else ' is'}"
+    if job.fair_key is not None and keys_ahead:
+        return _fair_turn(job, before, count, keys_ahead)
     sentence = (
         f"Nothing holds job {job.id} back: it has been due since {when(job.scheduled_at, job.now)} and runs "
         f"when a worker of queue {job.queue!r} has a free slot; {before} ahead of it in the claim's order."
     )
     return Cause(CauseKind.DUE, sentence, {"due_since": job.scheduled_at, "ahead": count, "ahead_capped": bool(more)})
+
+
+def _fair_turn(job: JobFacts, before: str, ahead: int, keys_ahead: int) -> Cause:
+    """A due fair job whose key's turn has not come: other keys' turns are first."""
+    key = "without a key" if job.fair_key == "" else f"of key {job.fair_key!r}"
+    keys = f"{keys_ahead}{' or more' if keys_ahead >= MAX_COUNTED else ''} other key{'s' if keys_ahead != 1 else ''}"
+    sentence = (
+        f"Job {job.id} takes turns by key with the other fair jobs of queue {job.queue!r}, and its key has had "
+        f"its share for now: it is {key}, and {before} ahead of it, of {keys} (see docs/guides/fairness.md)."
+    )
+    details = {"fair_key": job.fair_key, "turn": job.turn, "ahead": ahead, "keys_ahead": keys_ahead}
+    return Cause(CauseKind.FAIR_SHARE, sentence, details)
 
 
 # -- queue and workers --------------------------------------------------------------------------

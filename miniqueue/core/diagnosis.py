@@ -42,6 +42,8 @@ class CauseKind(str, enum.Enum):
     SCHEDULED = "scheduled"
     #: Its queue's cap on running jobs is full.
     QUEUE_CAP = "queue_cap"
+    #: It is a fair job whose key's turn has not come: other keys' jobs are ahead of it.
+    FAIR_SHARE = "fair_share"
     #: A concurrency limit it needs is full.
     CONCURRENCY_LIMIT = "concurrency_limit"
     #: A rate limit it needs has no token yet.

@@ -46,6 +46,10 @@ class JobFacts(NamedTuple):
     queue_cap: int | None
     served_at: dt.datetime | None
     now: dt.datetime
+    #: Its fair key (None: not a fair job), and its turn: its rank among its queue's fair jobs,
+    #: or its due time (see docs/guides/fairness.md).
+    fair_key: str | None = None
+    turn: dt.datetime | None = None
 
 
 class WorkerFacts(NamedTuple):
@@ -106,3 +110,5 @@ class WhyFacts(NamedTuple):
     parents: tuple[ParentFacts, ...] = ()
     sequence: SequenceFacts | None = None
     ahead: int | None = None
+    #: Of the jobs ahead of a fair job, how many other fair keys they are of (up to MAX_COUNTED).
+    keys_ahead: int | None = None

@@ -35,7 +35,7 @@ SELECT j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.
        j.parents, j.pending_parents, j.run_when, j.sequence_key, j.signal_key, j.signal_timeout_at, j.expires_at,
        j.steps -> -1 AS last_step, j.errors -> -1 AS last_failure,
        coalesce(q.paused, false) AS paused, q.updated_at AS settings_changed_at, q.max_running AS queue_cap,
-       s.served_at, now() AS now
+       s.served_at, now() AS now, j.fair_key, coalesce(j.rank_at, j.scheduled_at) AS turn
   FROM {jobs} j
   LEFT JOIN {queues} q ON q.name = j.queue
   LEFT JOIN {served_queues} s ON s.queue = j.queue
@@ -127,8 +127,8 @@ SELECT count(*) FROM (
     UNION ALL
     (SELECT 1 FROM {jobs} j
       WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = %(queue)s AND j.priority = %(priority)s
-        AND j.scheduled_at <= %(scheduled_at)s
-        AND (j.scheduled_at, j.id) < (%(scheduled_at)s::timestamptz, %(id)s::bigint)
+        AND j.scheduled_at <= now()
+        AND (coalesce(j.rank_at, j.scheduled_at), j.id) < (%(turn)s::timestamptz, %(id)s::bigint)
       LIMIT %(cap)s)
     UNION ALL
     (SELECT 1 FROM {jobs} j
@@ -144,6 +144,20 @@ SELECT count(*) FROM (
 ) a
 """
 
+# Of the due fair jobs ahead of a fair job in the claim's order (up to %(cap)s of them, read from
+# the claim index in its order), how many other keys they are of: the keys whose turns come first.
+_WHY_KEYS_AHEAD = """
+SELECT count(DISTINCT a.fair_key) FROM (
+    SELECT j.fair_key FROM {jobs} j
+     WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = %(queue)s AND j.scheduled_at <= now()
+       AND j.fair_key IS DISTINCT FROM %(key)s
+       AND (j.priority > %(priority)s
+            OR j.priority = %(priority)s
+               AND (coalesce(j.rank_at, j.scheduled_at), j.id) < (%(turn)s::timestamptz, %(id)s::bigint))
+     ORDER BY j.priority DESC, coalesce(j.rank_at, j.scheduled_at), j.id
+     LIMIT %(cap)s) a
+"""
+
 
 class Why(StoreBase):
     """The facts behind :meth:`miniqueue.Client.why`."""
@@ -154,6 +168,7 @@ class Why(StoreBase):
     _why_parents = Statement(_WHY_PARENTS)
     _why_sequence = Statement(_WHY_SEQUENCE)
     _why_ahead = Statement(_WHY_AHEAD)
+    _why_keys_ahead = Statement(_WHY_KEYS_AHEAD)
 
     def why_steps(self, job_id: int) -> Steps[WhyFacts]:
         """What holds job ``job_id`` back (or that it ran), read in one transaction: JobNotFound
@@ -176,7 +191,8 @@ class Why(StoreBase):
         due = job.state is State.AVAILABLE and job.scheduled_at <= job.now
         limits = (yield from self._read_limits(job)) if due else ()
         ahead = (yield from self._read_ahead(job)) if due else None
-        return WhyFacts(job, workers, limits, parents, sequence, ahead)
+        keys_ahead = (yield from self._read_keys_ahead(job)) if due and job.fair_key is not None else None
+        return WhyFacts(job, workers, limits, parents, sequence, ahead, keys_ahead)
 
     def _read_workers(self, job: JobFacts) -> Steps[WorkerFacts]:
         params = {"live": LIVE_SECONDS, "holder": job.leased_by, "queue": job.queue}
@@ -212,8 +228,14 @@ class Why(StoreBase):
             "queue": job.queue,
             "priority": job.priority,
             "scheduled_at": job.scheduled_at,
+            "turn": job.turn,
             "id": job.id,
             "cap": MAX_COUNTED,
         }
         rows: list[tuple[Any, ...]] = yield Query(self._why_ahead, params)
+        return min(int(rows[0][0]), MAX_COUNTED)
+
+    def _read_keys_ahead(self, job: JobFacts) -> Steps[int]:
+        params = {"queue": job.queue, "priority": job.priority, "turn": job.turn, "id": job.id, "key": job.fair_key}
+        rows: list[tuple[Any, ...]] = yield Query(self._why_keys_ahead, {**params, "cap": MAX_COUNTED})
         return min(int(rows[0][0]), MAX_COUNTED)

@@ -32,7 +32,7 @@ TEST_DATABASE_ENV = "TEST_DATABASE_URL"
 #: Every table whose rows are queue data (jobs, their idempotency keys, schedules and those made
 #: at run time, queue settings, processes, counts, limits and pauses, finished jobs per minute, task
 #: declarations, served queues, sequence keys, unique keys' windows, signals kept for no job
-#: yet); ``miniqueue_migrations`` stays, so the schema stays migrated, and so do the history's
+#: yet, fair keys and key rules); ``miniqueue_migrations`` stays, so the schema stays migrated, and so do the history's
 #: partitions (``miniqueue_history_partitions``), which hold no rows then.
 QUEUE_TABLES = (
     "miniqueue_jobs",
@@ -50,6 +50,8 @@ QUEUE_TABLES = (
     "miniqueue_sequences",
     "miniqueue_unique_windows",
     "miniqueue_signals",
+    "miniqueue_fair_keys",
+    "miniqueue_key_rules",
 )
 
 _CREATE_DATABASE = "CREATE DATABASE {name}"
