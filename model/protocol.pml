@@ -537,6 +537,10 @@ ltl no_job_lost { <> [] ALL_JOBS(FINAL) }
  *   _table_health               reads table statistics
  *   _backlog                    reads the backlog an autoscaler acts on
  *   _desired_workers            reads how many workers would drain it in time
+ *   _aging_queues               reads the queues whose jobs age, with their top priorities
+ *   _age_jobs                   raises the priority of waiting jobs: the claim's order is not modelled
+ *   _set_queue_aging            sets a queue's aging interval: no job's state
+ *   _queue_aging                reads the queues' aging intervals
  *   _release_sequence           lets a blocked sequence go on: sequences are left out
  *   _blocked_sequences          reads the blocked sequences
  *   _sequence                   reads a sequence

@@ -224,6 +224,16 @@ def check_seconds(name: str, value: object, *, limit: float = MAX_DELAY_SECONDS)
     return float(seconds)
 
 
+def check_age_after(value: object) -> float:
+    """A queue's priority aging interval: a positive number of seconds, at most ``MAX_DELAY_SECONDS``
+    (NaN and infinity are neither)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_DELAY_SECONDS:
+        raise InvalidInput(
+            f"age_after {show(value)} is invalid: use a positive number of seconds, at most {MAX_DELAY_SECONDS:.0f}"
+        )
+    return float(value)
+
+
 def check_schedule(run_at: object, delay: object) -> tuple[dt.datetime | None, float]:
     """Validate the two ways of scheduling a job; return ``(run_at, delay_seconds)``."""
     if run_at is not None and delay is not None:

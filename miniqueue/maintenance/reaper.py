@@ -1,5 +1,6 @@
-"""The reaper: returns expired leases to the queue, expires jobs past their deadline, prunes
-finished jobs, and (given an app) enqueues the app's periodic jobs as their slots come due.
+"""The reaper: returns expired leases to the queue, expires jobs past their deadline, raises the
+priority of waiting jobs in the queues whose jobs age, prunes finished jobs, and (given an app)
+enqueues the app's periodic jobs as their slots come due.
 
 It is the backstop for workers that vanish without anyone noticing (a lost host, a killed
 process whose supervisor died too). Recovery is one conditional UPDATE per batch that
@@ -22,6 +23,7 @@ from ..core.errors import ConfigError, DatabaseUnavailable
 from ..core.health import HORIZON_WARN_SECONDS, held_too_long
 from ..core.records import DEFAULT_QUEUE, State
 from ..core.steps import run
+from ..store.aging import AgingPosition
 from ..store.history import CLASSES
 from ..store.store import Store
 from ..tasks.app import App
@@ -30,6 +32,8 @@ from .vacuum import Vacuum
 
 #: The longest a pass spends pruning before it goes back to recovering leases (seconds).
 PRUNE_SLICE = 1.0
+#: The longest a pass spends raising priorities (seconds); a sweep cut short goes on at the next.
+AGING_SLICE = 1.0
 
 log = logging.getLogger("miniqueue.reaper")
 
@@ -88,6 +92,8 @@ class ReaperResult:
     moved: int = 0
     #: Jobs that waited for a signal past their timeout, resumed.
     timed_out: int = 0
+    #: Jobs whose priority aging raised (see miniqueue.store.aging).
+    aged: int = 0
 
 
 class Reaper:
@@ -110,6 +116,8 @@ class Reaper:
         self._horizon_warned: set[tuple[object, ...]] = set()
         # Why the role may not keep the history's partitions, as last logged (said once).
         self._history_refused: str | None = None
+        # Where the sweep of the aging queues stopped at its time slice: the queue and its position.
+        self._aging_at: tuple[str, AgingPosition] | None = None
 
     def stop(self) -> None:
         """Make :meth:`run` return after the current pass (thread-safe)."""
@@ -141,6 +149,7 @@ class Reaper:
                 break
         self._expire(self._conn, result)
         self._time_out_waits(self._conn, result)
+        self._age(self._conn, result)
         self.store.drop_ended_keys(self._conn, self.config.batch_size)
         self._watch_horizon(self._conn)
         self._keep_history(self._conn, result)
@@ -181,6 +190,29 @@ class Reaper:
             result.timed_out += len(resumed)
             if len(resumed) < self.config.batch_size:
                 return
+
+    def _age(self, conn: Connection, result: ReaperResult) -> None:
+        """Raise the priority of the jobs that have waited another interval, in the queues whose
+        jobs age (see miniqueue.store.aging): a sweep of each queue in batches, for at most
+        AGING_SLICE seconds a pass. A sweep cut short goes on from where it stopped at the next
+        pass, and the queues after it come next: a long backlog in one queue holds up neither the
+        rest of its own jobs nor the other queues' for more than a turn."""
+        deadline = time.monotonic() + AGING_SLICE
+        tops = self.store.aging_queues(conn)
+        stopped = dict([self._aging_at]) if self._aging_at is not None and self._aging_at[0] in tops else {}
+        self._aging_at = None
+        first = next(iter(stopped), "")
+        for queue in sorted(tops, key=lambda name: (name < first, name)):  # from the queue it stopped in
+            position = stopped.get(queue) or AgingPosition.start(tops[queue])
+            while not self._stopping.is_set():
+                batch = self.store.age_jobs(conn, queue, tops[queue], position, self.config.batch_size)
+                result.aged += batch.raised
+                if batch.read < self.config.batch_size:
+                    break
+                position = batch.position
+                if time.monotonic() >= deadline:
+                    self._aging_at = (queue, position)
+                    return
 
     def _watch_horizon(self, conn: Connection) -> None:
         """Warn once about each snapshot held past the threshold (see miniqueue.core.health): no

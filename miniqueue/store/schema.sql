@@ -1,6 +1,6 @@
 -- miniqueue's database schema, written out for reading: every table, column, constraint, index,
 -- storage and statistics setting and function that the migrations in `migrations/` leave behind,
--- as of migration 034 (034_fair_share.sql).
+-- as of migration 035 (035_priority_aging.sql).
 --
 -- This file is documentation, not what `miniqueue migrate` runs: migrate applies the numbered
 -- files of `migrations/` (and records them in miniqueue_migrations, at the end of this file), and
@@ -120,6 +120,9 @@ CREATE TABLE miniqueue_jobs (
     -- miniqueue_rank_fair); NULL for a job that is not fair, which takes its turn by its due time.
     fair_key             TEXT,
     rank_at              TIMESTAMPTZ,
+    -- The priority the job was enqueued with, once priority aging raised it (the reaper, in a
+    -- queue with age_after); NULL: never raised.
+    aged_from            SMALLINT,
 
     CONSTRAINT positive_attempts CHECK (max_attempts >= 1 AND attempt_budget >= 1),
     CONSTRAINT expires_after_enqueue CHECK (expires_at > created_at),
@@ -189,7 +192,8 @@ ALTER TABLE miniqueue_jobs_live
     ALTER COLUMN run_alone SET STATISTICS 0,
     ALTER COLUMN started_at SET STATISTICS 0,
     ALTER COLUMN fair_key SET STATISTICS 10,
-    ALTER COLUMN rank_at SET STATISTICS 0;
+    ALTER COLUMN rank_at SET STATISTICS 0,
+    ALTER COLUMN aged_from SET STATISTICS 0;
 
 -- The claim index: available jobs without limits, in the claim's order (priority DESC, then the
 -- job's turn: its fair rank, or its due time; then id), so a claim reads the first entries
@@ -543,7 +547,10 @@ CREATE TABLE miniqueue_queues (
     -- concurrency scope 'queue:<name>' of miniqueue_limits.
     max_running INT         CHECK (max_running > 0),
     -- Every job of the queue is fair (`miniqueue queues fair`): see miniqueue_fair_keys.
-    fair        BOOLEAN     NOT NULL DEFAULT false
+    fair        BOOLEAN     NOT NULL DEFAULT false,
+    -- Priority aging (`miniqueue queues age`): the reaper raises the queue's due jobs one priority
+    -- step per this many seconds due, up to its top; NULL: off.
+    age_after   DOUBLE PRECISION CHECK (age_after > 0)
 );
 
 -- What each task declares, published by the workers of the apps that run against this database,

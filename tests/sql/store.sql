@@ -2268,6 +2268,99 @@ SELECT due, walked, oldest_seconds, running FROM "public"."miniqueue_backlog"(%(
 -- _desired_workers
 SELECT "public"."miniqueue_desired_workers"(%(queues)s::text[], %(target)s::float8, %(max_workers)s::int);
 
+-- _aging_queues
+WITH RECURSIVE aging AS (
+    SELECT name FROM "public"."miniqueue_queues" WHERE age_after IS NOT NULL
+), groups(queue, limits, priority) AS (
+    SELECT a.name, f.limits, f.priority
+      FROM aging a
+     CROSS JOIN LATERAL (SELECT limits, priority FROM "public"."miniqueue_jobs"
+                          WHERE state = 'available' AND limits IS NOT NULL AND queue = a.name
+                          ORDER BY limits, priority DESC LIMIT 1) f
+    UNION ALL
+    SELECT g.queue, n.limits, n.priority
+      FROM groups g
+     CROSS JOIN LATERAL (SELECT limits, priority FROM "public"."miniqueue_jobs"
+                          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
+                          ORDER BY limits, priority DESC LIMIT 1) n
+)
+SELECT a.name, greatest((SELECT priority FROM "public"."miniqueue_jobs"
+                          WHERE state = 'available' AND limits IS NULL AND queue = a.name
+                          ORDER BY priority DESC LIMIT 1),
+                        (SELECT max(g.priority) FROM groups g WHERE g.queue = a.name))
+  FROM aging a
+ ORDER BY a.name;
+
+-- _age_jobs
+WITH setting AS (
+    SELECT age_after, now() - make_interval(secs => age_after) AS due_before
+      FROM "public"."miniqueue_queues" WHERE name = %(queue)s AND age_after IS NOT NULL
+), seen AS (
+    SELECT s.*, least(%(top)s::int, s.enqueued_priority
+                      + floor(extract(epoch FROM now() - s.scheduled_at) / (SELECT age_after FROM setting)))::smallint
+                AS raised
+      FROM (
+        (SELECT 1 AS part, id, limits, priority, coalesce(rank_at, scheduled_at) AS at, scheduled_at,
+                coalesce(aged_from, priority) AS enqueued_priority
+           FROM "public"."miniqueue_jobs"
+          WHERE state = 'available' AND queue = %(queue)s AND priority < %(top)s::int
+            AND scheduled_at <= (SELECT due_before FROM setting) AND limits IS NULL AND %(limits)s::text[] IS NULL
+            AND priority = %(priority)s::int AND (coalesce(rank_at, scheduled_at), id) > (%(at)s::timestamptz, %(id)s::bigint)
+          ORDER BY coalesce(rank_at, scheduled_at), id LIMIT %(limit)s)
+        UNION ALL
+        (SELECT 2, id, limits, priority, coalesce(rank_at, scheduled_at), scheduled_at, coalesce(aged_from, priority)
+           FROM "public"."miniqueue_jobs"
+          WHERE state = 'available' AND queue = %(queue)s AND priority < %(top)s::int
+            AND scheduled_at <= (SELECT due_before FROM setting) AND limits IS NULL AND %(limits)s::text[] IS NULL
+            AND priority < %(priority)s::int
+          ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id LIMIT %(limit)s)
+        UNION ALL
+        (SELECT 3, id, limits, priority, scheduled_at, scheduled_at, coalesce(aged_from, priority)
+           FROM "public"."miniqueue_jobs"
+          WHERE state = 'available' AND queue = %(queue)s AND priority < %(top)s::int
+            AND scheduled_at <= (SELECT due_before FROM setting) AND limits = %(limits)s::text[]
+            AND priority = %(priority)s::int AND (scheduled_at, id) > (%(at)s::timestamptz, %(id)s::bigint)
+          ORDER BY scheduled_at, id LIMIT %(limit)s)
+        UNION ALL
+        (SELECT 4, id, limits, priority, scheduled_at, scheduled_at, coalesce(aged_from, priority)
+           FROM "public"."miniqueue_jobs"
+          WHERE state = 'available' AND queue = %(queue)s AND priority < %(top)s::int
+            AND scheduled_at <= (SELECT due_before FROM setting) AND limits = %(limits)s::text[]
+            AND priority < %(priority)s::int
+          ORDER BY priority DESC, scheduled_at, id LIMIT %(limit)s)
+        UNION ALL
+        (SELECT 5, id, limits, priority, scheduled_at, scheduled_at, coalesce(aged_from, priority)
+           FROM "public"."miniqueue_jobs"
+          WHERE state = 'available' AND queue = %(queue)s AND priority < %(top)s::int
+            AND scheduled_at <= (SELECT due_before FROM setting) AND limits > coalesce(%(limits)s::text[], '{}')
+          ORDER BY limits, priority DESC, scheduled_at, id LIMIT %(limit)s)
+      ) s
+     LIMIT %(limit)s
+), risen AS (
+    SELECT j.id, s.raised
+      FROM "public"."miniqueue_jobs" j JOIN seen s ON s.id = j.id
+     WHERE s.raised > s.priority
+       AND j.state = 'available' AND j.priority = s.priority AND j.scheduled_at = s.scheduled_at
+       FOR UPDATE OF j SKIP LOCKED
+), raised AS (
+    UPDATE "public"."miniqueue_jobs" j
+       SET aged_from = coalesce(j.aged_from, j.priority), priority = r.raised
+      FROM risen r
+     WHERE j.id = r.id AND j.state = 'available' AND j.priority < r.raised
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM raised), (SELECT count(*) FROM seen), last.limits, last.priority, last.at, last.id
+  FROM (SELECT 1) one
+  LEFT JOIN (SELECT limits, priority, at, id FROM seen
+              ORDER BY part DESC, limits DESC, priority, at DESC, id DESC LIMIT 1) last ON true;
+
+-- _set_queue_aging
+INSERT INTO "public"."miniqueue_queues" (name, age_after) VALUES (%(name)s, %(age_after)s::float8)
+ON CONFLICT (name) DO UPDATE SET age_after = excluded.age_after, updated_at = now();
+
+-- _queue_aging
+SELECT name, age_after FROM "public"."miniqueue_queues" WHERE age_after IS NOT NULL ORDER BY name;
+
 -- _rank
 SELECT "public"."miniqueue_rank_fair"(%(ids)s::bigint[], %(keys)s::text[]);
 
