@@ -237,8 +237,9 @@ def show_job(job_id: int, as_json: bool, database_url: str | None, shards_source
     history = fields.pop("errors")
     del fields["steps"]
     # Attempts as people read them, charged of the budget (the run counts every run: the fencing token).
-    fields = {key: value for key, value in fields.items() if key not in ("max_attempts", "attempt_budget")}
+    fields = {key: value for key, value in fields.items() if key not in ("max_attempts", "attempt_budget", "aged_from")}
     fields["attempt"] = job.describe_attempts().removeprefix("attempt ")
+    fields["priority"] = job.describe_priority()
     fields["progress"] = "-" if progress is None else f"{progress.describe()} at {progress.at}"
     for key, value in fields.items():
         shown = to_json(value) if key in ("payload", "result", "parents", "dependents") else value

@@ -1,4 +1,4 @@
-"""Commands on queues: ``stats``, ``queues`` (pause, resume, limit, list) and ``limits``."""
+"""Commands on queues: ``stats``, ``queues`` (pause, resume, limit, age, list) and ``limits``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from ..client.sharded import ShardedClient, summed
 from ..core.errors import DatabaseUnavailable
 from ..core.records import QueueStats, State
 from ..core.shard_map import ShardMap
+from ..core.validation import MAX_DELAY_SECONDS
 from .database import current_schema, database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json
+from .params import Seconds
 from .shards import finish_map, load_map, open_map, shards_option
 
 
@@ -168,31 +170,62 @@ def limit_queue(name: str, max_running: int | None, remove: bool, create: bool, 
     click.echo(f"queue {name}: at most {max_running} running" if max_running else f"queue {name}: no cap")
 
 
+@queues.command("age")
+@click.argument("name")
+@click.argument("seconds", type=Seconds(min=0, min_open=True, max=MAX_DELAY_SECONDS), required=False)
+@click.option("--off", is_flag=True, help="Stop aging the queue's jobs (they keep the priorities they reached).")
+@create_option
+@database_option
+@friendly_errors
+def age_queue(name: str, seconds: float | None, off: bool, create: bool, database_url: str | None) -> None:
+    """Age the jobs of queue NAME: each due job's priority rises one step per SECONDS it has been
+    due, up to the highest priority among the queue's waiting jobs, so that a stream of
+    high-priority jobs never starves the rest (or stop with --off). The reaper raises them: see
+    "Priority aging" in docs/guides/fairness.md."""
+    if (seconds is None) == (not off):
+        raise click.UsageError("give either SECONDS or --off")
+    with open_client(database_url) as client:
+        client.age_queue(name, seconds, create=create)
+    click.echo(f"queue {name}: {_aging(seconds)}")
+
+
+def _aging(seconds: float | None) -> str:
+    return "no aging" if seconds is None else f"priority rises a step per {seconds:g}s due"
+
+
 @queues.command("list")
 @click.option(
-    "--json", "as_json", is_flag=True, help='Print the queues as a JSON array of {"queue", "paused", "max_running"}.'
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print the queues as a JSON array of {"queue", "paused", "max_running", "age_after"}.',
 )
 @database_option
 @shards_option
 @friendly_errors
 def list_queues(as_json: bool, database_url: str | None, shards_source: str | None) -> None:
-    """Every queue that has jobs, is paused or capped: whether it is paused, and its cap; with a
-    shard map, per database (each holds its own cap) and each queue's total (a database that
-    does not answer is named, exit 1)."""
+    """Every queue that has jobs, is paused, capped or aging: whether it is paused, its cap and its
+    aging; with a shard map, per database (each holds its own cap) and each queue's total (a
+    database that does not answer is named, exit 1)."""
     if shards_source:
         _sharded_queues(shards_source, as_json)
         return
     with open_client(database_url) as client:
         found = client.list_queues()
         caps = client.queue_limits()
-    names = sorted(set(found) | set(caps))
+        aging = client.queue_aging()
+    names = sorted(set(found) | set(caps) | set(aging))
     if as_json:
-        rows = [{"queue": n, "paused": found.get(n, False), "max_running": caps.get(n)} for n in names]
+        rows = [
+            {"queue": n, "paused": found.get(n, False), "max_running": caps.get(n), "age_after": aging.get(n)}
+            for n in names
+        ]
         click.echo(to_json(rows))
         return
     for name in names:
         cap = f"at most {caps[name]} running" if name in caps else "no cap"
-        click.echo(f"{name:<32} {'paused' if found.get(name) else 'active':<8} {cap}")
+        ages = f", {_aging(aging[name])}" if name in aging else ""
+        click.echo(f"{name:<32} {'paused' if found.get(name) else 'active':<8} {cap}{ages}")
 
 
 def _sharded_queues(shards_source: str, as_json: bool) -> None:

@@ -43,6 +43,7 @@ from ..core.records import (
 from ..core.steps import Steps, arun
 from ..core.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_job_ids
 from ..store.store import LimitWait
+from .aging import age_queue_steps
 from .base import BaseClient, _check_wait, group_callbacks
 from .results import await_for, awatch, progress_steps
 from .schedules import AsyncSchedules
@@ -295,6 +296,14 @@ class AsyncClient(BaseClient):
     async def queue_limits(self, *, conn: AsyncConnection | None = None) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
         return await self._run(self.store.queue_limits_steps(), conn)
+
+    async def age_queue(self, name: str, age_after: float | None, *, create: bool = False) -> None:
+        """Age the jobs of queue ``name`` (see :meth:`miniqueue.Client.age_queue`); None: off."""
+        await self._run(age_queue_steps(self, name, age_after, create))
+
+    async def queue_aging(self, *, conn: AsyncConnection | None = None) -> dict[str, float]:
+        """The queues whose jobs age, and their intervals (seconds)."""
+        return await self._run(self.store.queue_aging_steps(), conn)
 
     async def fair_queue(self, name: str, fair: bool = True, *, create: bool = False) -> int:
         """Make every job of queue ``name`` fair, or not (see :meth:`miniqueue.Client.fair_queue`)."""

@@ -41,6 +41,7 @@ from ..core.validation import (
 )
 from ..store.migrate import latest_version
 from ..store.store import LimitWait
+from .aging import age_queue_steps
 from .base import BaseClient, _check_wait, group_callbacks
 from .inspection import Inspection
 from .results import progress_steps, wait_for, watch
@@ -376,6 +377,19 @@ class Client(BaseClient, Inspection):
     def queue_limits(self, *, conn: Connection | None = None) -> dict[str, int]:
         """The queues with a cap on running jobs, and their caps."""
         return self._run(self.store.queue_limits_steps(), conn)
+
+    def age_queue(self, name: str, age_after: float | None, *, create: bool = False) -> None:
+        """Age the jobs of queue ``name``: each due job's priority rises one step per ``age_after``
+        seconds it has been due, up to the highest priority among the queue's available jobs, so
+        that a stream of high-priority jobs never starves the others (the reaper raises them:
+        see "Priority aging" in docs/guides/fairness.md). None turns aging off; the jobs keep the
+        priorities they reached. ``age_after`` is a positive number of seconds: anything else
+        raises InvalidInput, and nothing is stored. Unknown names: as :meth:`pause_queues`."""
+        self._run(age_queue_steps(self, name, age_after, create))
+
+    def queue_aging(self, *, conn: Connection | None = None) -> dict[str, float]:
+        """The queues whose jobs age, and their intervals (seconds)."""
+        return self._run(self.store.queue_aging_steps(), conn)
 
     def fair_queue(self, name: str, fair: bool = True, *, create: bool = False) -> int:
         """Make every job of queue ``name`` fair (see docs/guides/fairness.md), or, with

@@ -493,6 +493,9 @@ class JobRecord:
     #: Every run so far, charged or not (the fencing token), and when the latest started.
     run: int = 0
     started_at: dt.datetime | None = None
+    #: The priority it was enqueued with, once priority aging raised :attr:`priority` (see
+    #: docs/guides/fairness.md); None: never raised.
+    aged_from: int | None = None
 
     @property
     def charged_attempts(self) -> int:
@@ -502,6 +505,10 @@ class JobRecord:
     def describe_attempts(self) -> str:
         """``attempt 2 of 5``, or ``attempt 2 of 5, 4 runs`` (see :func:`describe_attempts`)."""
         return describe_attempts(self.run, self.max_attempts, self.attempt_budget)
+
+    def describe_priority(self) -> str:
+        """``7``, or ``7 (enqueued at 0, aged)`` once priority aging raised it."""
+        return str(self.priority) if self.aged_from is None else f"{self.priority} (enqueued at {self.aged_from}, aged)"
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ _STATES = "SELECT id, state, attempt FROM {jobs} WHERE id = ANY(%(ids)s::bigint[
 _GET = """SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at, started_at
+       steps, signal_key, signal_timeout_at, started_at, aged_from
   FROM {jobs} WHERE id = %(id)s"""
 
 # What a job's result is, or why there is none.
@@ -58,7 +58,7 @@ _LIST = """
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at, started_at
+       steps, signal_key, signal_timeout_at, started_at, aged_from
   FROM {jobs}
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)

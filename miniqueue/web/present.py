@@ -52,7 +52,8 @@ def timeline(job: JobRecord) -> list[Event]:
     """Created, scheduled, each run that ended without completing (when it started, who ran it,
     why it ended), each requeue (and the end it undid), the run now, finished. Attempts are
     numbered as ``jobs show`` counts them; a run handed back uncharged is named by its run."""
-    events = [Event(job.created_at, "created", "Created", f"queue {job.queue}, priority {job.priority}")]
+    enqueued_priority = job.priority if job.aged_from is None else job.aged_from  # before aging raised it
+    events = [Event(job.created_at, "created", "Created", f"queue {job.queue}, priority {enqueued_priority}")]
     if job.state is State.AVAILABLE or job.scheduled_at != job.created_at:
         events.append(Event(job.scheduled_at, "scheduled", "Scheduled", "runnable from this time"))
     for entry in job.errors:

@@ -1115,9 +1115,9 @@ def test_known_queues_are_those_waiting_running_finished_or_already_set(
     assert ok(cli("queues", "resume", "later")) == "resumed later\n"
     assert paused_rows(conn) == {"waiting": True, "busy": True, "finished": False, "later": False}
     assert json.loads(ok(cli("queues", "list", "--json"))) == [
-        {"queue": "busy", "paused": True, "max_running": None},
-        {"queue": "finished", "paused": False, "max_running": None},
-        {"queue": "waiting", "paused": True, "max_running": None},
+        {"queue": "busy", "paused": True, "max_running": None, "age_after": None},
+        {"queue": "finished", "paused": False, "max_running": None, "age_after": None},
+        {"queue": "waiting", "paused": True, "max_running": None, "age_after": None},
     ]
 
 

@@ -401,7 +401,7 @@ def test_the_cli_caps_a_queue_and_shows_what_waits_on_limits(
     result = cli(dsn, "queues", "limit", "mail", "2")
     assert (result.exit_code, result.output) == (0, "queue mail: at most 2 running\n")
     listed = json.loads(cli(dsn, "queues", "list", "--json").output)
-    assert listed == [{"queue": "mail", "paused": False, "max_running": 2}]
+    assert listed == [{"queue": "mail", "paused": False, "max_running": 2, "age_after": None}]
     (running,) = claim(store, conn, queues=("mail",))
     waits = json.loads(cli(dsn, "limits", "--json").output)
     assert waits == [

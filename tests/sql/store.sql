@@ -1685,7 +1685,7 @@ SELECT id, state, attempt FROM "public"."miniqueue_jobs" WHERE id = ANY(%(ids)s:
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at, started_at
+       steps, signal_key, signal_timeout_at, started_at, aged_from
   FROM "public"."miniqueue_jobs" WHERE id = %(id)s;
 
 -- _result
@@ -1700,7 +1700,7 @@ RETURNING CASE WHEN state = 'available' AND scheduled_at <= now() THEN pg_notify
 SELECT id, queue, task, payload, state, priority, attempt, max_attempts, idempotency_key, scheduled_at,
        created_at, lease_expires_at, leased_by, last_error, completed_at, finished_at, errors, result, parents,
        dependents, pending_parents, attempt_budget, unique_key, unique_while_running, sequence_key, expires_at,
-       steps, signal_key, signal_timeout_at, started_at
+       steps, signal_key, signal_timeout_at, started_at, aged_from
   FROM "public"."miniqueue_jobs"
  WHERE (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
