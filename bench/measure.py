@@ -51,6 +51,11 @@ class Sample:
     scale_up_ms: float | None = None
     peak_workers: int | None = None
     scale_down_ms: float | None = None
+    # The fair-share rows: when the small tenants' last job completed and their fair share's time
+    # (ms from their commit), and the weight-3 key's completions over the weight-1 key's.
+    fair_last_ms: float | None = None
+    fair_share_ms: float | None = None
+    weight_ratio: float | None = None
 
     @property
     def jobs_per_s(self) -> float:

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from miniqueue import JobSpec
+from miniqueue import Client, JobSpec
 from miniqueue.core.db import Connection, connect
 from miniqueue.core.steps import Query, Steps
 from miniqueue.core.validation import validate
@@ -30,6 +30,9 @@ COMPLETE_BATCH = 100
 ENQUEUE_MANY_BATCH = 10_000
 # A tiny run (--tiny): the same checks on a few hundred jobs, only to see that they run.
 TINY_QUEUED_JOBS, TINY_ENQUEUE_MANY_BATCH = 500, 100
+# The fair claim's check: a backlog of fair jobs over many keys (see docs/guides/fairness.md).
+FAIR_JOBS, FAIR_KEYS, FAIR_BATCH = 1_000_000, 10_000, 10_000
+TINY_FAIR_JOBS, TINY_FAIR_KEYS = 500, 10
 CLAIM_INDEX = "idx_miniqueue_jobs_claim"
 _SORT_NODE = re.compile(r"(^|->\s+)(Incremental )?Sort\s+\(")
 _JOIN_FILTER_REMOVED = re.compile(r"Rows Removed by Join Filter: (\d+)")
@@ -84,7 +87,22 @@ def check_plans(server_dsn: str, *, tiny: bool = False) -> list[PlanCheck]:
             check_claim(conn, "after ANALYZE"),
             check_complete_many(conn, COMPLETE_BATCH),
             check_enqueue_many(conn, TINY_ENQUEUE_MANY_BATCH if tiny else ENQUEUE_MANY_BATCH),
+            check_fair_claim(server_dsn, TINY_FAIR_JOBS if tiny else FAIR_JOBS, TINY_FAIR_KEYS if tiny else FAIR_KEYS),
         ]
+
+
+def check_fair_claim(server_dsn: str, jobs: int, keys: int) -> PlanCheck:
+    """At ``jobs`` fair jobs over ``keys`` keys, the claim reads the first entries of the claim
+    index (each job's turn is in it) in order, as it does for jobs that are not fair: no Sort."""
+    with scratch_database(server_dsn, "fair plans") as dsn, connect(dsn, purpose="bench-plans") as conn:
+        with Client(dsn, notify=False) as client:
+            for start in range(0, jobs, FAIR_BATCH):
+                stop = min(start + FAIR_BATCH, jobs)
+                client.enqueue_many(
+                    [JobSpec(TASK, payload(n), queue=QUEUE, fair_key=f"k{n % keys}") for n in range(start, stop)]
+                )
+        conn.execute("ANALYZE miniqueue_jobs_live")
+        return check_claim(conn, f"{jobs:,} fair jobs over {keys:,} keys")
 
 
 def check_claim(conn: Connection, when: str) -> PlanCheck:

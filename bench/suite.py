@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from . import (
+    aging,
     autoscale,
     batch,
     claim,
@@ -13,6 +14,7 @@ from . import (
     drain,
     durable,
     enqueue,
+    fair_share,
     fairness,
     history,
     horizon,
@@ -40,9 +42,11 @@ BENCHMARKS: list[Benchmark] = [
     *latency.BENCHMARKS,
     *cpu.BENCHMARKS,
     *autoscale.BENCHMARKS,
+    *aging.BENCHMARKS,
     *iobound.BENCHMARKS,
     *scale.BENCHMARKS,
     *limits.BENCHMARKS,
+    *fair_share.BENCHMARKS,
     *keys.BENCHMARKS,
     *online.BENCHMARKS,
     *history.BENCHMARKS,

@@ -13,6 +13,9 @@ from .options import (
     ALL_SCENARIOS,
     BATCH_SIZE,
     EVERYTHING,
+    FAIR_RULE,
+    FAIR_RULE_LIMIT,
+    FAIR_TENANTS,
     LIMIT_KEYS,
     MODES,
     SCENARIOS,
@@ -103,6 +106,13 @@ def parser() -> argparse.ArgumentParser:
         "and check that no key ever had more leases at once than its limit",
     )
     p.add_argument("--limit-share", type=float, default=0.3, help="share of the jobs with a key (with --limits)")
+    p.add_argument(
+        "--fair",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help=f"make every plain job fair: by its concurrency key, else by a tenant key ({', '.join(FAIR_TENANTS)}) "
+        f"that the rule {FAIR_RULE!r} limits to {FAIR_RULE_LIMIT} running; check that no tenant key exceeded it",
+    )
     p.add_argument(
         "--workflow",
         action="store_true",

@@ -61,6 +61,13 @@ SHARDED_JOBS_PER_SECOND = 10
 #: ``max_concurrent``. Every job naming a key is enqueued with that key's limit.
 LIMIT_KEYS = {"key-0": 1, "key-1": 1, "key-2": 1, "key-3": 1, "key-4": 2}
 
+#: With ``--fair`` (chaos.check_fair): the tenant keys the plain jobs without a concurrency key take
+#: turns by, the rule that limits them (at most FAIR_RULE_LIMIT running each), and a key the rules
+#: weigh: its pattern and its weight.
+FAIR_TENANTS = ("tenant-0", "tenant-1", "tenant-2")
+FAIR_RULE, FAIR_RULE_LIMIT = "tenant-*", 1
+FAIR_WEIGHTED = ("tenant-0", 3.0)
+
 #: With ``--unique`` and ``--sequences``: how the keys are named (``unique-0``, ``seq-0``, ...).
 UNIQUE_PREFIX = "unique-"
 SEQUENCE_PREFIX = "seq-"
@@ -85,13 +92,12 @@ EVERYTHING: dict[str, Any] = {
     "databases": 2,
     "scenarios": ALL_SCENARIOS,
     "report": True,
-    # Fair keys (fair scheduling among a queue's keys) are not in miniqueue yet. When they are,
-    # their mode is switched on here ("fair": True), beside its rule in a chaos/check_fair.py.
+    "fair": True,
 }
 #: The modes a run over several databases may add to its plain jobs: with one of them (or a
 #: scenario list of its own), ``--databases N`` is the full run over N databases; without, it is
 #: the outage run (chaos.sharded).
-MODES = ("limits", "workflow", "unique", "sequences", "durable", "batches", "async_handlers")
+MODES = ("limits", "workflow", "unique", "sequences", "durable", "batches", "async_handlers", "fair")
 
 
 def sharded_defaults(databases: int, outage: float, outage_after: float) -> tuple[int, int, tuple[int, int]]:
@@ -133,6 +139,9 @@ class Options:
     #: Give a share of the jobs a concurrency key (:data:`LIMIT_KEYS`), and check the limits held.
     limits: bool = False
     limit_share: float = 0.3
+    #: Make every plain job fair (chaos.check_fair): by its concurrency key, else by a tenant key
+    #: that a rule limits; and check that no tenant key ran more jobs at once than its rule allows.
+    fair: bool = False
     #: Enqueue groups (members and a ``then`` callback) and chains among the jobs, and check that
     #: every dependent ran once, after its parents completed.
     workflow: bool = False

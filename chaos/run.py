@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .check_durable import durable_rows
+from .check_fair import set_rules
 from .durable_jobs import Signaller, enqueue_durable
 from .faults import Fault, Injector
 from .feeder import Blocked, Feeder, reconcile, release_blocked
@@ -82,6 +83,8 @@ def run(options: Options) -> int:
         timeline = Timeline()
         sampler = Sampler(site, timeline)
         sampler.start()
+        if options.fair:
+            set_rules([shard.server.dsn for shard in site.shards])
         with site.producer() as producer:
             workload = enqueue(producer, options, rng)
             say(
@@ -212,6 +215,8 @@ def _modes(options: Options) -> str:
     modes = []
     if options.limits:
         modes.append(f"limits on {options.limit_share:.0%} of the jobs")
+    if options.fair:
+        modes.append("fair jobs")
     if options.workflow:
         modes.append(
             f"{options.groups} groups of {options.group_size} + callback, "

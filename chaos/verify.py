@@ -14,6 +14,7 @@ from miniqueue.core.shard_map import MODULUS
 
 from .app import PLANNED_FAILURE
 from .check_batches import batch_rows
+from .check_fair import fair_rows
 from .check_leases import forgotten_rows, retry_rows
 from .check_limits import limit_rows
 from .check_sequences import sequence_rows
@@ -87,6 +88,8 @@ def judge(evidence: Evidence, run: RunRecord) -> Verdict:
     rows += _effect_rows(evidence, run, data)
     if run.options.limits:
         rows += limit_rows(evidence, run.workload, data, per_database=run.options.sharded)
+    if run.options.fair:
+        rows += fair_rows(evidence, run.workload, data, per_database=run.options.sharded)
     if run.options.workflow:
         rows += workflow_rows(evidence, run.workload, data)
     if run.options.batches:

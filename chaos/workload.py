@@ -41,7 +41,7 @@ from miniqueue import Client, JobSpec
 from miniqueue.client.sharded import ShardedClient
 
 from .app import BATCH_TASK, QUEUE, SEQUENCE_TASK, TASK, UNIQUE_TASK
-from .options import BATCH_SIZE, LIMIT_KEYS, Options
+from .options import BATCH_SIZE, FAIR_TENANTS, LIMIT_KEYS, Options
 
 #: Due times per concurrency key: its jobs are due at one of these, plus up to BURST_JITTER s.
 BURSTS_PER_KEY = 3
@@ -76,6 +76,8 @@ class Planned:
     effect: bool
     sleep_ms: int
     key: str | None
+    #: With --fair: the tenant key it takes turns by, when it has no concurrency key.
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,8 @@ class Workload:
     effect_jobs: set[int] = field(default_factory=set)
     sleep_ms: dict[int, int] = field(default_factory=dict)
     keys: dict[int, str] = field(default_factory=dict)
+    #: With --fair: each job that takes turns by a tenant key, and the key.
+    tenants: dict[int, str] = field(default_factory=dict)
     #: Each dependent's parents, in the order given, and its role (GROUP_CALLBACK or CHAIN_STEP).
     parents: dict[int, tuple[int, ...]] = field(default_factory=dict)
     roles: dict[int, str] = field(default_factory=dict)
@@ -142,6 +146,8 @@ class Workload:
             self.effect_jobs.add(job)
         if planned.key is not None:
             self.keys[job] = planned.key
+        if planned.tenant is not None:
+            self.tenants[job] = planned.tenant
 
     def add_found(self, job: int, payload: dict[str, object]) -> None:
         """A keyed job the database holds but no enqueue returned (its reply was lost)."""
@@ -201,7 +207,10 @@ class Draw:
             concurrency_key=key,
             max_concurrent=LIMIT_KEYS[key] if key is not None else None,
         )
-        return Planned(spec, effect, sleep, key)
+        if not options.fair:
+            return Planned(spec, effect, sleep, key)
+        tenant = None if key is not None else self.rng.choice(FAIR_TENANTS)
+        return Planned(spec._replace(fair_key=key or tenant), effect, sleep, key, tenant)
 
     def key(self) -> str | None:
         """A concurrency key for a share of the jobs (with ``--limits``), else None."""

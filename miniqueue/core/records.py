@@ -380,6 +380,8 @@ class Lease(NamedTuple):
     #: Whether the job runs alone in its worker's process (no other handler beside it): its last
     #: run's process died while other handlers ran, and which job killed it is not known.
     run_alone: bool | None = None
+    #: A fair job's key ("" for a fair job without one); None for a job that is not fair.
+    fair_key: str | None = None
 
 
 def charged_attempts(attempt: int, max_attempts: int, budget: int) -> int:

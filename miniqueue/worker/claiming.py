@@ -70,6 +70,8 @@ class ClaimPolicy:
         self.nudged = True
         #: The last claim came back full: there is probably more.
         self.backlog = False
+        #: The last claim that took jobs took fair ones: hold fewer (see PrefetchPolicy.size).
+        self.fair = False
         #: A job holding a concurrency slot finished since the last claim: its slot is free for
         #: the key's next job, a reason to claim that no notification announces.
         self.freed_slot = False
@@ -116,7 +118,8 @@ class ClaimPolicy:
         """
         busy = self.busy_kinds(now)
         # Batch tasks hold whole batches, enough to fill them whatever the prefetch says.
-        capacity = batch_capacity(self.handler_slots + self.prefetch.size(stuck=bool(busy)), self.slots.batches)
+        extra = self.prefetch.size(stuck=bool(busy), fair=self.fair)
+        capacity = batch_capacity(self.handler_slots + extra, self.slots.batches)
         self.claim_batch = max(1, capacity // 2)
         held = self.slots.held()
         free = capacity - held + finishing
@@ -134,6 +137,8 @@ class ClaimPolicy:
         groups ``kept``: note whether there is more, and move the limited-jobs cursor."""
         self._note_limited(leases, asked, kept, now)
         self.backlog = len(leases) == asked
+        if leases:
+            self.fair = any(lease.fair_key is not None for lease in leases)
 
     def _note_limited(self, leases: list[Lease], asked: int, kept: set[tuple[str, ...]], now: float) -> None:
         """Move the limited-jobs cursor past the groups just claimed (the last one, in the

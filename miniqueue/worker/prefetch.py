@@ -23,6 +23,9 @@ Prefetch = int | Literal["auto"]
 #: The most jobs ``auto`` holds beyond the handler threads. Batches of about 100 to 1,000 are
 #: where the drain's rate levels off; more only lengthens the lease list the heartbeat renews.
 AUTO_CAP = 1000
+#: The most ``auto`` holds while the worker's jobs are fair (docs/guides/fairness.md): a job it
+#: holds is out of the turns, so a key that arrives waits behind every job the workers hold.
+FAIR_CAP = 300
 #: How many recent run times ``auto`` averages: enough to smooth noise, few enough to follow a
 #: change of workload within a second of a fast drain.
 WINDOW = 256
@@ -62,15 +65,15 @@ class PrefetchPolicy:
         if self.fixed is None:
             self._durations.append(seconds)
 
-    def size(self, *, stuck: bool = False) -> int:
-        """Jobs to hold beyond the handler threads right now."""
+    def size(self, *, stuck: bool = False, fair: bool = False) -> int:
+        """Jobs to hold beyond the handler threads right now (``fair``: the last claim took fair jobs)."""
         if self.fixed is not None:
             return self.fixed
         if stuck or not self._durations:
             return 0
         # Floor the mean at 10 us: a no-op job measures near zero, and the cap decides anyway.
         mean = max(sum(self._durations) / len(self._durations), 1e-5)
-        return min(AUTO_CAP, int(self.concurrency * self.kinds * self.budget / mean))
+        return min(FAIR_CAP if fair else AUTO_CAP, int(self.concurrency * self.kinds * self.budget / mean))
 
     def stuck(self, running_for: list[float]) -> bool:
         """True when every handler of one kind (``running_for``: how long each of that kind has

@@ -147,6 +147,7 @@ def test_plan_checks_run(server_dsn: str) -> None:
         "claim x100",
         "complete_many x100",
         "enqueue_many x100 with keys",
+        "claim x100",
     ]
     assert all(check.plan for check in checks)
 

@@ -58,8 +58,8 @@ from chaos.check_workflow import workflow_rows
 from chaos.evidence import Attempt, Evidence, Execution
 from chaos.faults import Fault
 from chaos.keyed import Holding, KeyedEvidence, Overlap, Run
-from chaos.options import ALL_SCENARIOS, BATCH_SIZE, LIMIT_KEYS
-from chaos.report import FAIR_KEYS_LINE, INVARIANTS
+from chaos.options import ALL_SCENARIOS, BATCH_SIZE, FAIR_RULE_LIMIT, FAIR_TENANTS, LIMIT_KEYS
+from chaos.report import INVARIANTS
 from chaos.server import Harness
 from chaos.supervisors import SupervisorLog, supervisor_rows
 from chaos.verify import explain, lost_attempt_causes
@@ -175,7 +175,7 @@ def test_everything_at_once_under_every_fault_loses_nothing_and_reports_every_in
         _keep_report(report)  # for CI, passed or not
     options = result["options"]
     assert options["everything"] and options["databases"] == 2 and options["async_handlers"] is False
-    for mode in ("limits", "workflow", "unique", "sequences", "durable", "batches"):
+    for mode in ("limits", "workflow", "unique", "sequences", "durable", "batches", "fair"):
         assert options[mode], mode
     # Every job stored completed exactly once, but the one planned to die (it blocked its key).
     blocked = result["blocked"]
@@ -248,12 +248,15 @@ def test_everything_at_once_under_every_fault_loses_nothing_and_reports_every_in
     assert batches["jobs"] == 22 and batches["calls"] >= 1, batches
     assert max(int(size) for size in batches["sizes"]) <= BATCH_SIZE, batches
     assert batches["oversize"] == [] and batches["not_alone_next"] == [], batches
-    # The report: every invariant's line, each at 0, and fair keys not run (not in miniqueue yet).
+    # --fair: every plain job took turns by key; no tenant key ran more jobs at once than its rule.
+    assert result["fair_limit_exceeded"] == [] and set(result["fair"]) == set(FAIR_TENANTS), result["fair"]
+    for seen in result["fair"].values():
+        assert seen["most_leases_at_once"] <= seen["limit"] == FAIR_RULE_LIMIT, seen
+    # The report: every invariant's line, each at 0.
     assert report.exists() and report.with_name("report-throughput.svg").exists()
     assert report.with_name("report-recovery.svg").read_text().startswith("<svg")
     invariants = _table_lines(report, "Invariants")
-    assert set(invariants) == {i.name for i in INVARIANTS} | {FAIR_KEYS_LINE}, invariants
-    assert invariants.pop(FAIR_KEYS_LINE) == "not run"
+    assert set(invariants) == {i.name for i in INVARIANTS}, invariants
     assert set(invariants.values()) == {"0"}, invariants
     # Two faults the run once found, fixed since: each is an invariant line of its own.
     assert invariants["re-claimed leases forgotten by a live worker"] == "0"

@@ -313,6 +313,7 @@ SETUPS: dict[str, Callable[[Context], Setup]] = {
     "docs/tutorial.md": tutorial,
     "docs/guides/enqueue.md": enqueue_page,
     "docs/guides/limits.md": app_and_client,
+    "docs/guides/fairness.md": app_and_client,
     "docs/guides/keys.md": keys_page,
     "docs/guides/durable.md": app_and_client,
     "docs/guides/middleware.md": app_and_client,
