@@ -512,6 +512,7 @@ ltl no_job_lost { <> [] ALL_JOBS(FINAL) }
  *   _apply_rules                re-ranks waiting fair jobs and sets their rule's limit scope: no job's state
  *   _rules                      reads the key rules
  *   _shares                     reads what each fair key holds
+ *   _why_keys_ahead             reads the fair keys ahead of a job
  *   _queue_limits               reads the queues' caps
  *   _known_queues               reads which queues exist
  *   _known_queue_names          reads the queues' names

@@ -403,7 +403,13 @@ class Client(BaseClient, Inspection):
         return sorted(self._run(self.store.fair_queues_steps(), conn))
 
     def set_key_rule(
-        self, pattern: str, *, limit: int | None = None, weight: float | None = None, every_key: bool = False
+        self,
+        pattern: str,
+        *,
+        limit: int | None = None,
+        weight: float | None = None,
+        every_key: bool = False,
+        conn: Connection | None = None,
     ) -> KeyRule:
         """Set the rule of the keys ``pattern`` matches (``*`` matches any characters): at most
         ``limit`` of a key's fair jobs run at once, and its ``weight`` (its jobs take that many
@@ -411,11 +417,11 @@ class Client(BaseClient, Inspection):
         next claim, for the jobs waiting too. A key takes each setting from the most specific rule
         that sets it: its own name first, then the longest pattern. A pattern of ``*`` alone needs
         ``every_key=True``. Returns the rule as stored."""
-        return self._run(self._set_key_rule_steps(pattern, limit, weight, every_key))
+        return self._run(self._set_key_rule_steps(pattern, limit, weight, every_key), conn)
 
-    def remove_key_rule(self, pattern: str) -> bool:
+    def remove_key_rule(self, pattern: str, *, conn: Connection | None = None) -> bool:
         """Remove the rule of ``pattern`` (the keys it matched take the other rules'); False if there was none."""
-        return self._run(self._remove_key_rule_steps(pattern))
+        return self._run(self._remove_key_rule_steps(pattern), conn)
 
     def key_rules(self, *, conn: Connection | None = None) -> list[KeyRule]:
         """Every key rule, most specific first."""

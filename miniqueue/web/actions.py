@@ -12,6 +12,7 @@ and an action on a periodic schedule to the database the request names (each hol
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -108,6 +109,29 @@ class Actions:
         self.dash.audit(request, f"{verb}-queue", 1, target=f"queue={name}")
         return self._redirect(request, f"/queues?done={verb}")
 
+    async def key_rule(self, request: Request) -> Response:
+        """Set a key rule (pattern, limit, weight, every_key) or remove one (pattern), on every
+        database (each enforces its own rules)."""
+        form = await request.form()
+        pattern = str(form.get("pattern", ""))
+        verb = request.path_params["action"]
+        if verb not in ("set", "unset"):
+            raise InvalidInput(f"key rule action {verb!r} is invalid: use set or unset")
+        limit, weight = _number(form.get("limit"), int, "limit"), _number(form.get("weight"), float, "weight")
+
+        def run(client: Client, conn: Connection) -> None:
+            if verb == "set":
+                client.set_key_rule(
+                    pattern, limit=limit, weight=weight, every_key=bool(form.get("every_key")), conn=conn
+                )
+            else:
+                client.remove_key_rule(pattern, conn=conn)
+
+        for database in self.dash.databases:
+            await self.dash.query_on(database, run)
+        self.dash.audit(request, f"{verb}-key-rule", 1, target=f"pattern={pattern}")
+        return self._redirect(request, f"/queues?done={verb}-rule")
+
     def _by_database(self, target: Target) -> dict[str, Target]:
         """The part of ``target`` on each database: its own ids, or the filter on every one."""
         if target.ids is None:
@@ -163,6 +187,17 @@ class Actions:
         job_id = await self.dash.query_on(database, run)
         self.dash.audit(request, "run-schedule", 1, ids=[job_id], target=_schedule_target(database, name))
         return self._redirect(request, f"/jobs/{job_id}?done=run")
+
+
+def _number(value: object, kind: type[int] | type[float], name: str) -> Any:
+    """A form's number field (None when left empty); InvalidInput naming it when it is no number."""
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise InvalidInput(f"{name} {text!r} is invalid: use a number") from None
 
 
 def _schedule_target(database: str, name: str) -> str:

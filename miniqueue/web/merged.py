@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from ..client.inspection import LimitWait
 from ..client.merging import TOTAL, Answers, answered, summed_throughput, total_waits, unreachable
 from ..client.sharded import summed
+from ..core.fairness import KeyRule, KeyShare
 from ..core.records import BlockedSequence, HorizonHolder, QueueStats, State
 from . import present
 
@@ -90,6 +91,8 @@ class QueuesReading(NamedTuple):
     caps: dict[str, int]
     waits: list[LimitWait]
     blocked: list[BlockedSequence]
+    rules: list[KeyRule]
+    shares: list[KeyShare]
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,8 @@ def queues(answers: Answers[QueuesReading], known: list[str]) -> dict[str, Any]:
         "rows": [_queue_row(queue, found) for queue in names],
         "waits": waits,
         "blocked": [(name, b) for name, r in found.items() for b in r.blocked],
+        "rules": [(name, rule) for name, r in found.items() for rule in r.rules],
+        "shares": [(name, share, _running_share(share, r.shares)) for name, r in found.items() for share in r.shares],
         "sharded": len(answers) > 1 or "" not in answers,
         "unreachable": {name: str(why) for name, why in unreachable(answers).items()},
     }
@@ -143,6 +148,12 @@ def _queue_row(queue: str, found: dict[str, QueuesReading]) -> QueueRow:
         max_running=None if None in cap_values else sum(c for c in cap_values if c is not None),
         caps=caps if len(found) > 1 else (),
     )
+
+
+def _running_share(share: KeyShare, shares: list[KeyShare]) -> float | None:
+    """A fair key's share of its queue's running fair jobs now (None: none run)."""
+    running = sum(s.running for s in shares if s.queue == share.queue)
+    return share.running / running if running else None
 
 
 def _holds(reading: QueuesReading, queue: str) -> bool:

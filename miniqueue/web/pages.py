@@ -44,6 +44,8 @@ NOTICES = {
     "disable": "Disabled the schedule: its slots are skipped.",
     "run": "Enqueued a run of the schedule now.",
     "delete-schedule": "Deleted the schedule: it enqueues nothing more.",
+    "set-rule": "Set the key rule: it holds from the next claim.",
+    "unset-rule": "Removed the key rule.",
 }
 
 
@@ -205,6 +207,8 @@ class Pages:
                 caps=client.queue_limits(conn=conn),
                 waits=client.limit_waits(conn=conn),
                 blocked=client.blocked_sequences(limit=100, conn=conn),
+                rules=client.key_rules(conn=conn),
+                shares=client.key_shares(limit=200, conn=conn),
             )
 
         known = self.dash.app.queues if self.dash.app else []

@@ -139,6 +139,7 @@ def _routes(dash: Dashboard) -> list[Route | Mount]:
         Route("/periodic/{name}/{action}", actions.schedule, methods=["POST"], name="schedule_action"),
         Route("/queues", pages.queues, name="queues"),
         Route("/queues/{name}/{action}", actions.queue, methods=["POST"], name="queue_action"),
+        Route("/keys/{action}", actions.key_rule, methods=["POST"], name="key_rule_action"),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
 

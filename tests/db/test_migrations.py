@@ -31,6 +31,7 @@ def recorded(conn: Connection, schema: str = "public") -> list[tuple[int, str]]:
 
 QUEUE_TABLES = [
     "miniqueue_counts",
+    "miniqueue_fair_keys",
     "miniqueue_finished_minutes",
     "miniqueue_history_partitions",
     "miniqueue_idempotency_keys",
@@ -40,6 +41,7 @@ QUEUE_TABLES = [
     "miniqueue_jobs_failed",
     "miniqueue_jobs_failed_default",
     "miniqueue_jobs_live",
+    "miniqueue_key_rules",
     "miniqueue_limits",
     "miniqueue_migrations",
     "miniqueue_pauses",

@@ -442,6 +442,29 @@ def test_pause_and_resume_a_queue(
     assert post(web, "/queues/Bad%20Name/pause").status_code == 400
 
 
+
+def test_the_queues_page_sets_and_removes_key_rules_and_shows_each_fair_key(
+    web: TestClient, client: Client, store: Store, conn: Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=AUDIT)
+    client.enqueue_many([JobSpec("report", {}, queue="reports", fair_key=key) for key in ("acme", "acme", "globex")])
+    store.claim(conn, ["reports"], WORKER, 30, 1)
+    response = post(web, "/keys/set", pattern="acme", limit="2", weight="3")
+    assert response.headers["location"] == "/queues?done=set-rule"
+    assert [(r.pattern, r.max_running, r.weight) for r in client.key_rules()] == [("acme", 2, 3.0)]
+    page = web.get("/queues").text
+    assert "<code>acme</code>" in page and "Set the key rule" not in page
+    assert "globex" in page and "100%" in page  # acme runs the queue's one running fair job
+    assert post(web, "/keys/set", pattern="*", limit="1").status_code == 400  # every key, not said
+    assert post(web, "/keys/set", pattern="x", limit="many").status_code == 400
+    assert [r.pattern for r in client.key_rules()] == ["acme"]
+    post(web, "/keys/unset", pattern="acme")
+    assert client.key_rules() == []
+    assert audit_lines(caplog) == [
+        "user=anonymous@testclient action=set-key-rule pattern=acme count=1 outcome=ok",
+        "user=anonymous@testclient action=unset-key-rule pattern=acme count=1 outcome=ok",
+    ]
+
 def schedules_app() -> App:
     app = App()
     app.task("send_digest", queue="emails", max_attempts=3)(lambda job: None)

@@ -595,7 +595,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
+          limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -773,7 +773,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
+          limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -947,7 +947,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
+          limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -1125,7 +1125,7 @@ UPDATE "public"."miniqueue_jobs"
        lease_expires_at = now() + make_interval(secs => %(lease_duration)s)
  WHERE id = ANY(ARRAY(SELECT id FROM chosen)) AND state = 'available'
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
-          limits, parents, trace_context, attempt_budget, run_alone, coalesce(rank_at, scheduled_at) AS turn
+          limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
 SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
@@ -2180,7 +2180,7 @@ SELECT j.id, j.queue, j.task, j.state, j.priority, j.attempt, j.max_attempts, j.
        j.parents, j.pending_parents, j.run_when, j.sequence_key, j.signal_key, j.signal_timeout_at, j.expires_at,
        j.steps -> -1 AS last_step, j.errors -> -1 AS last_failure,
        coalesce(q.paused, false) AS paused, q.updated_at AS settings_changed_at, q.max_running AS queue_cap,
-       s.served_at, now() AS now
+       s.served_at, now() AS now, j.fair_key, coalesce(j.rank_at, j.scheduled_at) AS turn
   FROM "public"."miniqueue_jobs" j
   LEFT JOIN "public"."miniqueue_queues" q ON q.name = j.queue
   LEFT JOIN "public"."miniqueue_served_queues" s ON s.queue = j.queue
@@ -2246,8 +2246,8 @@ SELECT count(*) FROM (
     UNION ALL
     (SELECT 1 FROM "public"."miniqueue_jobs" j
       WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = %(queue)s AND j.priority = %(priority)s
-        AND j.scheduled_at <= %(scheduled_at)s
-        AND (j.scheduled_at, j.id) < (%(scheduled_at)s::timestamptz, %(id)s::bigint)
+        AND j.scheduled_at <= now()
+        AND (coalesce(j.rank_at, j.scheduled_at), j.id) < (%(turn)s::timestamptz, %(id)s::bigint)
       LIMIT %(cap)s)
     UNION ALL
     (SELECT 1 FROM "public"."miniqueue_jobs" j
@@ -2261,6 +2261,17 @@ SELECT count(*) FROM (
         AND (j.scheduled_at, j.id) < (%(scheduled_at)s::timestamptz, %(id)s::bigint)
       LIMIT %(cap)s)
 ) a;
+
+-- _why_keys_ahead
+SELECT count(DISTINCT a.fair_key) FROM (
+    SELECT j.fair_key FROM "public"."miniqueue_jobs" j
+     WHERE j.state = 'available' AND j.limits IS NULL AND j.queue = %(queue)s AND j.scheduled_at <= now()
+       AND j.fair_key IS DISTINCT FROM %(key)s
+       AND (j.priority > %(priority)s
+            OR j.priority = %(priority)s
+               AND (coalesce(j.rank_at, j.scheduled_at), j.id) < (%(turn)s::timestamptz, %(id)s::bigint))
+     ORDER BY j.priority DESC, coalesce(j.rank_at, j.scheduled_at), j.id
+     LIMIT %(cap)s) a;
 
 -- _backlog
 SELECT due, walked, oldest_seconds, running FROM "public"."miniqueue_backlog"(%(queues)s::text[]);
@@ -2305,7 +2316,8 @@ WITH setting AS (
            FROM "public"."miniqueue_jobs"
           WHERE state = 'available' AND queue = %(queue)s AND priority < %(top)s::int
             AND scheduled_at <= (SELECT due_before FROM setting) AND limits IS NULL AND %(limits)s::text[] IS NULL
-            AND priority = %(priority)s::int AND (coalesce(rank_at, scheduled_at), id) > (%(at)s::timestamptz, %(id)s::bigint)
+            AND priority = %(priority)s::int
+            AND (coalesce(rank_at, scheduled_at), id) > (%(at)s::timestamptz, %(id)s::bigint)
           ORDER BY coalesce(rank_at, scheduled_at), id LIMIT %(limit)s)
         UNION ALL
         (SELECT 2, id, limits, priority, coalesce(rank_at, scheduled_at), scheduled_at, coalesce(aged_from, priority)
