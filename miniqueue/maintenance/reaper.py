@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,10 @@ from .vacuum import Vacuum
 PRUNE_SLICE = 1.0
 #: The longest a pass spends raising priorities (seconds); a sweep cut short goes on at the next.
 AGING_SLICE = 1.0
+#: How often a pass reads the highest priority among an aging queue's jobs with limits (seconds):
+#: one probe per group of limits (0.5 s at 10,000 keys), where the jobs without limits take one.
+#: Between two readings a pass caps the rise at the higher of the two, that one as last read.
+LIMITED_TOP_SECONDS = 30.0
 
 log = logging.getLogger("miniqueue.reaper")
 
@@ -118,6 +123,9 @@ class Reaper:
         self._history_refused: str | None = None
         # Where the sweep of the aging queues stopped at its time slice: the queue and its position.
         self._aging_at: tuple[str, AgingPosition] | None = None
+        # The aging queues' top priorities among their jobs with limits, as last read, and when.
+        self._limited_tops: dict[str, int | None] = {}
+        self._limited_tops_at = -math.inf
 
     def stop(self) -> None:
         """Make :meth:`run` return after the current pass (thread-safe)."""
@@ -198,7 +206,7 @@ class Reaper:
         pass, and the queues after it come next: a long backlog in one queue holds up neither the
         rest of its own jobs nor the other queues' for more than a turn."""
         deadline = time.monotonic() + AGING_SLICE
-        tops = self.store.aging_queues(conn)
+        tops = self._aging_tops(conn)
         stopped = dict([self._aging_at]) if self._aging_at is not None and self._aging_at[0] in tops else {}
         self._aging_at = None
         first = next(iter(stopped), "")
@@ -213,6 +221,21 @@ class Reaper:
                 if time.monotonic() >= deadline:
                     self._aging_at = (queue, position)
                     return
+
+    def _aging_tops(self, conn: Connection) -> dict[str, int]:
+        """Each aging queue with a job waiting, and its top: the highest priority among its
+        available jobs (among those with limits, as read within LIMITED_TOP_SECONDS)."""
+        limited = time.monotonic() - self._limited_tops_at >= LIMITED_TOP_SECONDS
+        found = self.store.aging_queues(conn, limited=limited)
+        if limited:
+            self._limited_tops = {queue: with_limits for queue, (_, with_limits) in found.items()}
+            self._limited_tops_at = time.monotonic()
+        tops = {}
+        for queue, (plain, _) in found.items():
+            known = [top for top in (plain, self._limited_tops.get(queue)) if top is not None]
+            if known:
+                tops[queue] = max(known)
+        return tops
 
     def _watch_horizon(self, conn: Connection) -> None:
         """Warn once about each snapshot held past the threshold (see miniqueue.core.health): no

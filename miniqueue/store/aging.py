@@ -19,10 +19,10 @@ from ..core.steps import Query, Steps
 from ..core.validation import check_queue_name
 from .base import Statement, StoreBase, compose
 
-# The queues whose jobs age, each with its top: the highest priority among its available jobs,
-# read from the first entry of the claim index and of each group of limited jobs (one probe per
-# group, stepping from one group to the next through the limited jobs' index, as the claim does).
-# A queue without an available job has no top (NULL), and nothing to age.
+# The queues whose jobs age, each with the highest priority among its available jobs without
+# limits (the first entry of the claim index) and, if %(limited)s, among those with limits (the
+# first entry of each group of the limited jobs' index, stepping from one group to the next as the
+# claim does: one probe per group, 0.5 s at 10,000 groups); NULL where it has none.
 _AGING_QUEUES = """
 WITH RECURSIVE aging AS (
     SELECT name FROM {queues} WHERE age_after IS NOT NULL
@@ -32,6 +32,7 @@ WITH RECURSIVE aging AS (
      CROSS JOIN LATERAL (SELECT limits, priority FROM {jobs}
                           WHERE state = 'available' AND limits IS NOT NULL AND queue = a.name
                           ORDER BY limits, priority DESC LIMIT 1) f
+     WHERE %(limited)s
     UNION ALL
     SELECT g.queue, n.limits, n.priority
       FROM groups g
@@ -39,10 +40,10 @@ WITH RECURSIVE aging AS (
                           WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
                           ORDER BY limits, priority DESC LIMIT 1) n
 )
-SELECT a.name, greatest((SELECT priority FROM {jobs}
-                          WHERE state = 'available' AND limits IS NULL AND queue = a.name
-                          ORDER BY priority DESC LIMIT 1),
-                        (SELECT max(g.priority) FROM groups g WHERE g.queue = a.name))
+SELECT a.name,
+       (SELECT priority FROM {jobs} WHERE state = 'available' AND limits IS NULL AND queue = a.name
+         ORDER BY priority DESC LIMIT 1),
+       (SELECT max(g.priority) FROM groups g WHERE g.queue = a.name)
   FROM aging a
  ORDER BY a.name
 """
@@ -172,9 +173,11 @@ class Aging(StoreBase):
     _set_queue_aging = Statement(_SET_QUEUE_AGING)
     _queue_aging = Statement(_QUEUE_AGING)
 
-    def aging_queues(self, conn: Connection) -> dict[str, int]:
-        """The queues whose jobs age and have available jobs, each with its top priority."""
-        return {name: top for name, top in self._rows(conn, self._aging_queues, {}) if top is not None}
+    def aging_queues(self, conn: Connection, *, limited: bool) -> dict[str, tuple[int | None, int | None]]:
+        """The queues whose jobs age, each with the highest priority among its available jobs
+        without limits and (if ``limited``; None otherwise) with limits; None where it has none."""
+        rows = self._rows(conn, self._aging_queues, {"limited": limited})
+        return {name: (plain, with_limits) for name, plain, with_limits in rows}
 
     def age_jobs(self, conn: Connection, queue: str, top: int, after: AgingPosition, limit: int) -> AgedBatch:
         """Raise the jobs of ``queue`` that rise among the next ``limit`` read after ``after``

@@ -98,6 +98,33 @@ def test_the_top_counts_the_jobs_with_limits_and_the_limited_jobs_age_too(
     assert priorities(conn, plain, limited) == [(7, 0), (7, 0)]
 
 
+def test_the_top_among_jobs_with_limits_is_read_again_after_a_while(
+    client: Client, conn: Connection, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It takes a probe per group of limits, so a reaper reads it every LIMITED_TOP_SECONDS; the
+    top among the jobs without limits is read at every pass."""
+    monkeypatch.setattr(reaper_module, "LIMITED_TOP_SECONDS", 3600.0)
+    client.enqueue("t", queue="q", priority=5, concurrency_key="a", max_concurrent=1)
+    old = client.enqueue("t", queue="q").id
+    due_for(conn, 20 * MINUTE, old)
+    client.age_queue("q", MINUTE)
+    reaper = Reaper(dsn, ReaperConfig(prune=False, vacuum=False))
+    try:
+        reaper.run_once()
+        assert priorities(conn, old) == [(5, 0)]
+        client.enqueue("t", queue="q", priority=8, concurrency_key="b", max_concurrent=1)
+        reaper.run_once()
+        assert priorities(conn, old) == [(5, 0)], "the top among jobs with limits as last read"
+        client.enqueue("t", queue="q", priority=7)
+        reaper.run_once()
+        assert priorities(conn, old) == [(7, 0)], "the top among jobs without limits, read at every pass"
+        monkeypatch.setattr(reaper_module, "LIMITED_TOP_SECONDS", 0.0)
+        reaper.run_once()
+        assert priorities(conn, old) == [(8, 0)]
+    finally:
+        reaper.close()
+
+
 def test_queues_without_aging_and_jobs_not_waiting_are_left_alone(
     client: Client, conn: Connection, dsn: str, store: Store
 ) -> None:

@@ -2288,6 +2288,7 @@ WITH RECURSIVE aging AS (
      CROSS JOIN LATERAL (SELECT limits, priority FROM "public"."miniqueue_jobs"
                           WHERE state = 'available' AND limits IS NOT NULL AND queue = a.name
                           ORDER BY limits, priority DESC LIMIT 1) f
+     WHERE %(limited)s
     UNION ALL
     SELECT g.queue, n.limits, n.priority
       FROM groups g
@@ -2295,10 +2296,10 @@ WITH RECURSIVE aging AS (
                           WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits > g.limits
                           ORDER BY limits, priority DESC LIMIT 1) n
 )
-SELECT a.name, greatest((SELECT priority FROM "public"."miniqueue_jobs"
-                          WHERE state = 'available' AND limits IS NULL AND queue = a.name
-                          ORDER BY priority DESC LIMIT 1),
-                        (SELECT max(g.priority) FROM groups g WHERE g.queue = a.name))
+SELECT a.name,
+       (SELECT priority FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NULL AND queue = a.name
+         ORDER BY priority DESC LIMIT 1),
+       (SELECT max(g.priority) FROM groups g WHERE g.queue = a.name)
   FROM aging a
  ORDER BY a.name;
 
