@@ -17,6 +17,8 @@ from .batch import TARGETS as BATCH_TARGETS
 from .claim import FLOOR_DRAIN
 from .cpu import BASELINE, Calibration
 from .durable import TARGETS as DURABLE_TARGETS
+from .fair_share import FAIR_SHARE_FACTOR, WEIGHT_TOLERANCE, WEIGHTS
+from .fair_share import TARGETS as FAIR_TARGETS
 from .fairness import ROWS as FAIRNESS_ROWS
 from .history import TARGETS as HISTORY_TARGETS
 from .keys import TARGETS as KEYED_TARGETS
@@ -101,6 +103,7 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
             )
     verdicts += _autoscaling(by_name)
     verdicts += _aging(by_name)
+    verdicts += _fair_share(by_name)
     if (reads := by_name.get("scale-reads")) is not None:
         for label, field, limit in (
             ("miniqueue stats, end to end", "p50_ms", 300.0),
@@ -142,6 +145,7 @@ def evaluate(rows: Sequence[RowResult]) -> list[Verdict]:
         **SHARD_TARGETS,
         **BATCH_TARGETS,
         **LIMIT_TARGETS,
+        **FAIR_TARGETS,
     }
     for name, (baseline, share) in same_run.items():
         keyed, plain = by_name.get(name), by_name.get(baseline)
@@ -280,6 +284,35 @@ def _autoscaling(by_name: dict[str, RowResult]) -> list[Verdict]:
                 AUTOSCALE["peak_workers"],
                 lambda v: f"{v:.0f}",
                 "autoscale-burst",
+            )
+        )
+    return found
+
+
+def _fair_share(by_name: dict[str, RowResult]) -> list[Verdict]:
+    """The fair-share rows' targets besides their rates (see :mod:`bench.fair_share`)."""
+    found = []
+    if (fair := by_name.get("fair-2")) is not None:
+        last, share = fair.median_of("fair_last_ms"), fair.median_of("fair_share_ms")
+        if last is not None and share:
+            found.append(
+                _at_most(
+                    "fair-2: the small tenants' last job / their fair share's time",
+                    last / share,
+                    FAIR_SHARE_FACTOR,
+                    lambda v: f"{v:.2f}x",
+                    "fair-2",
+                )
+            )
+    if (weights := by_name.get("fair-weights-2")) is not None and (ratio := weights.median_of("weight_ratio")):
+        off = abs(ratio - WEIGHTS) / WEIGHTS
+        found.append(
+            _at_most(
+                f"fair-weights-2: completions {WEIGHTS:g}:1, off by",
+                off * 100,
+                WEIGHT_TOLERANCE * 100,
+                lambda v: f"{v:.1f}%",
+                "fair-weights-2",
             )
         )
     return found
