@@ -442,7 +442,6 @@ def test_pause_and_resume_a_queue(
     assert post(web, "/queues/Bad%20Name/pause").status_code == 400
 
 
-
 def test_the_queues_page_sets_and_removes_key_rules_and_shows_each_fair_key(
     web: TestClient, client: Client, store: Store, conn: Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -464,6 +463,7 @@ def test_the_queues_page_sets_and_removes_key_rules_and_shows_each_fair_key(
         "user=anonymous@testclient action=set-key-rule pattern=acme count=1 outcome=ok",
         "user=anonymous@testclient action=unset-key-rule pattern=acme count=1 outcome=ok",
     ]
+
 
 def schedules_app() -> App:
     app = App()
