@@ -45,7 +45,7 @@ DRAIN_TIMEOUT_SECONDS = 900.0
 _DRAINED = """
 SELECT (SELECT id FROM miniqueue_jobs
          WHERE state = 'available' AND limits IS NULL AND queue = %(queue)s
-         ORDER BY priority DESC, scheduled_at, id LIMIT 1) IS NULL
+         ORDER BY priority DESC, coalesce(rank_at, scheduled_at), id LIMIT 1) IS NULL
    AND (SELECT id FROM miniqueue_jobs
          WHERE state = 'available' AND limits IS NOT NULL AND queue = %(queue)s
          ORDER BY limits LIMIT 1) IS NULL

@@ -43,8 +43,7 @@ from typing import Any
 MODES = ("absent", "off", "no-provider", "sdk-dropped", "sdk-batch")
 
 _DRAINED = """
-SELECT (SELECT id FROM miniqueue_jobs WHERE state = 'available' ORDER BY priority DESC, scheduled_at, id LIMIT 1)
-       IS NULL
+SELECT (SELECT id FROM miniqueue_jobs WHERE state = 'available' LIMIT 1) IS NULL
    AND (SELECT id FROM miniqueue_jobs WHERE state = 'running' AND lease_expires_at IS NOT NULL LIMIT 1) IS NULL
 """
 
