@@ -25,7 +25,7 @@ Prefetch = int | Literal["auto"]
 AUTO_CAP = 1000
 #: The most ``auto`` holds while the worker's jobs are fair (docs/guides/fairness.md): a job it
 #: holds is out of the turns, so a key that arrives waits behind every job the workers hold.
-FAIR_CAP = 300
+FAIR_CAP = 400
 #: How many recent run times ``auto`` averages: enough to smooth noise, few enough to follow a
 #: change of workload within a second of a fast drain.
 WINDOW = 256
