@@ -76,32 +76,46 @@ $$;
 -- one quantum (1 ms) over the key's weight apart; and give each job whose key a rule limits the
 -- key's limit (the scope 'concurrency * <key>', over every task). The key rows are locked in
 -- order, so two enqueues of the same keys wait for each other rather than deadlock, and the
--- second ranks after the first. Returns the jobs ranked.
+-- second ranks after the first. The jobs are looked up by `j.id = ANY(ids)`, which the planner
+-- reads as probes of the primary key (a join on the unnested ids alone it may hash over a scan of
+-- the whole backlog); each call is planned for its arrays (a generic plan, guessing ten jobs,
+-- compared every job with every other). A key row is only locked, not written, until its turns
+-- move. A transaction reads a queue's current turn once and keeps it
+-- (a setting local to the transaction): the jobs it ranked in an earlier call left versions
+-- without a rank at the head of the claim index, which a later call's probe would walk past, a
+-- walk that grows with every call. Returns the jobs ranked.
 CREATE FUNCTION miniqueue_rank_fair(ids BIGINT[], keys TEXT[]) RETURNS INT
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     ranked INT;
 BEGIN
     INSERT INTO miniqueue_fair_keys AS k (queue, key, weight)
     SELECT DISTINCT j.queue, u.key, coalesce((miniqueue_key_rule(u.key)).weight, 1)
       FROM unnest(ids, keys) AS u(id, key) JOIN miniqueue_jobs_live j ON j.id = u.id
+     WHERE j.id = ANY(ids)
      ORDER BY 1, 2
-    ON CONFLICT (queue, key) DO UPDATE SET key = excluded.key;
+    ON CONFLICT (queue, key) DO NOTHING;
+    PERFORM 1 FROM miniqueue_fair_keys k
+      JOIN (SELECT DISTINCT j.queue, u.key FROM unnest(ids, keys) AS u(id, key)
+              JOIN miniqueue_jobs_live j ON j.id = u.id WHERE j.id = ANY(ids)) f ON f.queue = k.queue AND f.key = k.key
+     ORDER BY k.queue, k.key FOR UPDATE OF k;
 
     WITH fresh AS (
         SELECT j.id, j.queue, u.key, j.limits,
                row_number() OVER (PARTITION BY j.queue, u.key ORDER BY j.id) AS n
           FROM unnest(ids, keys) AS u(id, key) JOIN miniqueue_jobs_live j ON j.id = u.id
-         WHERE j.state IN ('waiting', 'available')
+         WHERE j.id = ANY(ids) AND j.state IN ('waiting', 'available')
     ), clock AS (
         SELECT q.queue, coalesce(
-                   (SELECT coalesce(h.rank_at, h.scheduled_at) FROM miniqueue_jobs_live h
-                     WHERE h.state = 'available' AND h.limits IS NULL AND h.queue = q.queue AND h.rank_at IS NOT NULL
-                     ORDER BY h.priority DESC, coalesce(h.rank_at, h.scheduled_at), h.id LIMIT 1),
-                   (SELECT k.next_at FROM miniqueue_fair_keys k WHERE k.queue = q.queue AND k.next_at > '-infinity'
-                     ORDER BY k.next_at DESC LIMIT 1),
-                   now()) AS now_at
-          FROM (SELECT DISTINCT queue FROM fresh) q
+                   nullif(current_setting(q.kept, true), '')::timestamptz,
+                   set_config(q.kept, coalesce(
+                       (SELECT coalesce(h.rank_at, h.scheduled_at) FROM miniqueue_jobs_live h
+                         WHERE h.state = 'available' AND h.limits IS NULL AND h.queue = q.queue AND h.rank_at IS NOT NULL
+                         ORDER BY h.priority DESC, coalesce(h.rank_at, h.scheduled_at), h.id LIMIT 1),
+                       (SELECT k.next_at FROM miniqueue_fair_keys k WHERE k.queue = q.queue AND k.next_at > '-infinity'
+                         ORDER BY k.next_at DESC LIMIT 1),
+                       now())::text, true)::timestamptz) AS now_at
+          FROM (SELECT DISTINCT queue, 'miniqueue.fair_clock_' || md5(queue) AS kept FROM fresh) q
     ), turns AS (
         SELECT k.queue, k.key, greatest(k.next_at, c.now_at) AS first_at, interval '1 millisecond' / k.weight AS step,
                (miniqueue_key_rule(k.key)).max_running AS max_running
