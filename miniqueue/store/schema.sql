@@ -871,8 +871,7 @@ $$;
 -- second ranks after the first. The jobs are looked up by `j.id = ANY(ids)`, which the planner
 -- reads as probes of the primary key (a join on the unnested ids alone it may hash over a scan of
 -- the whole backlog); each call is planned for its arrays (a generic plan, guessing ten jobs,
--- compared every job with every other). A key row is only locked, not written, until its turns
--- move. A transaction reads a queue's current turn once and keeps it
+-- compared every job with every other). A transaction reads a queue's current turn once and keeps it
 -- (a setting local to the transaction): the jobs it ranked in an earlier call left versions
 -- without a rank at the head of the claim index, which a later call's probe would walk past, a
 -- walk that grows with every call. Returns the jobs ranked.
@@ -886,11 +885,7 @@ BEGIN
       FROM unnest(ids, keys) AS u(id, key) JOIN miniqueue_jobs_live j ON j.id = u.id
      WHERE j.id = ANY(ids)
      ORDER BY 1, 2
-    ON CONFLICT (queue, key) DO NOTHING;
-    PERFORM 1 FROM miniqueue_fair_keys k
-      JOIN (SELECT DISTINCT j.queue, u.key FROM unnest(ids, keys) AS u(id, key)
-              JOIN miniqueue_jobs_live j ON j.id = u.id WHERE j.id = ANY(ids)) f ON f.queue = k.queue AND f.key = k.key
-     ORDER BY k.queue, k.key FOR UPDATE OF k;
+    ON CONFLICT (queue, key) DO UPDATE SET key = excluded.key;
 
     WITH fresh AS (
         SELECT j.id, j.queue, u.key, j.limits,
@@ -908,31 +903,33 @@ BEGIN
                          ORDER BY k.next_at DESC LIMIT 1),
                        now())::text, true)::timestamptz) AS now_at
           FROM (SELECT DISTINCT queue, 'miniqueue.fair_clock_' || md5(queue) AS kept FROM fresh) q
-    ), turns AS (
-        SELECT k.queue, k.key, greatest(k.next_at, c.now_at) AS first_at, interval '1 millisecond' / k.weight AS step,
-               (miniqueue_key_rule(k.key)).max_running AS max_running
-          FROM miniqueue_fair_keys k JOIN clock c ON c.queue = k.queue
-         WHERE (k.queue, k.key) IN (SELECT queue, key FROM fresh)
+    ), ranked AS (
+        -- Each job with its key's first turn and step: a probe of the key's row per job, whatever
+        -- the planner guesses of the arrays' sizes.
+        SELECT f.id, f.queue, f.key, f.n, greatest(k.next_at, c.now_at) AS first_at,
+               interval '1 millisecond' / k.weight AS step, (miniqueue_key_rule(f.key)).max_running AS max_running
+          FROM fresh f JOIN clock c ON c.queue = f.queue
+          JOIN miniqueue_fair_keys k ON k.queue = f.queue AND k.key = f.key
     ), scoped AS (
         INSERT INTO miniqueue_limits AS l (scope, max_running)
-        SELECT 'concurrency * ' || t.key, t.max_running FROM turns t WHERE t.max_running IS NOT NULL
+        SELECT DISTINCT 'concurrency * ' || r.key, r.max_running FROM ranked r WHERE r.max_running IS NOT NULL
          ORDER BY 1
         ON CONFLICT (scope) DO UPDATE SET max_running = excluded.max_running
          WHERE l.max_running IS DISTINCT FROM excluded.max_running
     ), stamped AS (
         UPDATE miniqueue_jobs_live j
-           SET rank_at = t.first_at + t.step * (f.n - 1), fair_key = f.key,
-               limits = CASE WHEN t.max_running IS NULL THEN j.limits
-                             ELSE ARRAY(SELECT DISTINCT s FROM unnest(coalesce(j.limits, '{}') || ('concurrency * ' || t.key)) AS s
+           SET rank_at = r.first_at + r.step * (r.n - 1), fair_key = r.key,
+               limits = CASE WHEN r.max_running IS NULL THEN j.limits
+                             ELSE ARRAY(SELECT DISTINCT s FROM unnest(coalesce(j.limits, '{}') || ('concurrency * ' || r.key)) AS s
                                          ORDER BY s) END
-          FROM fresh f JOIN turns t ON t.queue = f.queue AND t.key = f.key
-         WHERE j.id = f.id
-        RETURNING f.queue, f.key
+          FROM ranked r
+         WHERE j.id = r.id AND j.id = ANY(ids)
+        RETURNING r.queue, r.key, r.first_at, r.step
     ), moved AS (
-        UPDATE miniqueue_fair_keys k SET next_at = t.first_at + t.step * s.n
-          FROM turns t JOIN (SELECT queue, key, count(*) AS n FROM stamped GROUP BY queue, key) s
-               ON s.queue = t.queue AND s.key = t.key
-         WHERE k.queue = t.queue AND k.key = t.key
+        UPDATE miniqueue_fair_keys k SET next_at = s.first_at + s.step * s.n
+          FROM (SELECT queue, key, min(first_at) AS first_at, min(step) AS step, count(*) AS n
+                  FROM stamped GROUP BY queue, key) s
+         WHERE k.queue = s.queue AND k.key = s.key
     )
     SELECT count(*) INTO ranked FROM stamped;
     RETURN ranked;
