@@ -40,7 +40,7 @@ class here and one branch in each executor.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import psycopg
 
@@ -133,22 +133,39 @@ def _ran_alone(conn: Connection | AsyncConnection) -> bool:
     return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
-def _drive(conn: Connection, steps: Steps[T]) -> T:
-    result: Any = None
-    error: Exception | None = None
-    while True:
+class _Driven(Generic[T]):
+    """Steps being driven, as an iterator of their requests: after each request, an executor
+    sets its ``result``, or the ``error`` it raised; once they are done, ``value`` is theirs."""
+
+    value: T
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self.steps = steps
+        self.result: Any = None
+        self.error: Exception | None = None
+
+    def __iter__(self) -> _Driven[T]:
+        return self
+
+    def __next__(self) -> Request:
+        error, self.error = self.error, None
         try:
             # A request that failed is thrown back into the steps, so that they can catch it
             # (and name what failed) or let it propagate.
-            request = steps.throw(error) if error is not None else steps.send(result)
+            return self.steps.throw(error) if error is not None else self.steps.send(self.result)
         except StopIteration as done:
-            value: T = done.value
-            return value
-        error = None
+            self.value = done.value
+            raise StopIteration from None
+
+
+def _drive(conn: Connection, steps: Steps[T]) -> T:
+    driven = _Driven(steps)
+    for request in driven:
         try:
-            result = _do(conn, request)
+            driven.result = _do(conn, request)
         except Exception as exc:
-            error = exc
+            driven.error = exc
+    return driven.value
 
 
 def _do(conn: Connection, request: Request) -> Any:
@@ -180,19 +197,13 @@ async def arun(conn: AsyncConnection, steps: Steps[T]) -> T:
 
 
 async def _adrive(conn: AsyncConnection, steps: Steps[T]) -> T:
-    result: Any = None
-    error: Exception | None = None
-    while True:
+    driven = _Driven(steps)
+    for request in driven:
         try:
-            request = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as done:
-            value: T = done.value
-            return value
-        error = None
-        try:
-            result = await _ado(conn, request)
+            driven.result = await _ado(conn, request)
         except Exception as exc:
-            error = exc
+            driven.error = exc
+    return driven.value
 
 
 async def _ado(conn: AsyncConnection, request: Request) -> Any:
