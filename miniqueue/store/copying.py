@@ -110,18 +110,14 @@ class Copying(StoreBase):
     def _copy_many(
         self, count: int, jobs: Iterable[NewJob], scheduled: bool, notify: bool, trace_context: str | None
     ) -> Steps[list[EnqueueResult]]:
-        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"count": count})
-        [(now, ids)] = drawn
-        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
+        now, ids = yield from self._drawn_ids(count)
         due: set[str] = set()
         if trace_context is None:
             statement = self._copy_scheduled if scheduled else self._copy_due
         else:
             statement = self._copy_scheduled_traced if scheduled else self._copy_due_traced
         yield CopyIn(statement, _copy_rows(ids, jobs, now, scheduled, due, trace_context))
-        if notify and due:
-            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
-        return [EnqueueResult(id=job_id) for job_id in ids]
+        return (yield from self._copied(ids, due, notify))
 
     def copy_keyed_steps(
         self,
@@ -159,16 +155,26 @@ class Copying(StoreBase):
         notify: bool,
         trace_context: str | None,
     ) -> Steps[list[EnqueueResult]]:
-        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"count": count})
-        [(now, ids)] = drawn
-        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
+        now, ids = yield from self._drawn_ids(count)
         queues: set[str] = set()
         if due:
             yield CopyIn(self._copy_keyed_due, _due_keyed_rows(ids, jobs, seen, queues))
         else:
             yield CopyIn(self._copy_keyed, _keyed_rows(ids, jobs, seen, now, queues, trace_context))
-        if notify and queues:
-            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(queues)})
+        return (yield from self._copied(ids, queues, notify))
+
+    def _drawn_ids(self, count: int) -> Steps[tuple[dt.datetime, list[int]]]:
+        """The transaction's now() and ``count`` job ids, in order, for a COPY."""
+        drawn: list[tuple[Any, ...]] = yield Query(self._draw_ids, {"count": count})
+        [(now, ids)] = drawn
+        ids.sort()  # one session's nextval() only grows: already in order, so this costs nothing
+        return now, ids
+
+    def _copied(self, ids: list[int], due: set[str], notify: bool) -> Steps[list[EnqueueResult]]:
+        """A COPY's results, once each queue of ``due`` (given a job due at once) is notified
+        (if ``notify``)."""
+        if notify and due:
+            yield Query(self._notify_queues, {"channel": self.channel, "queues": sorted(due)})
         return [EnqueueResult(id=job_id) for job_id in ids]
 
 
@@ -185,15 +191,7 @@ def _copy_rows(
     for job_id, job in zip(ids, jobs, strict=True):
         if job.idempotency_key is not None or job.scopes or job.keys.keyed:
             raise ValueError("copy_many() takes jobs without keys, limits or deadlines: use enqueue_many()")
-        row: tuple[Any, ...] = (
-            job_id,
-            job.queue,
-            job.task,
-            job.payload_json,
-            job.priority,
-            job.max_attempts,
-            job.max_attempts,
-        )
+        row = _columns(job_id, job)
         if trace_context is not None:
             row = (*row, trace_context)
         if scheduled:
@@ -206,6 +204,12 @@ def _copy_rows(
             raise ValueError("copy_many() was given a scheduled job without scheduled=True")
         if at <= now:
             due.add(job.queue)
+
+
+def _columns(job_id: int, job: NewJob) -> tuple[Any, ...]:
+    """The columns every COPY of jobs starts with: id, queue, task, payload, priority,
+    max_attempts and attempt_budget (a new job's whole budget)."""
+    return (job_id, job.queue, job.task, job.payload_json, job.priority, job.max_attempts, job.max_attempts)
 
 
 def copyable(job: NewJob) -> bool:
@@ -239,20 +243,7 @@ def _keyed_rows(
         expires = keys.expires_at or (None if keys.expires_in is None else now + dt.timedelta(seconds=keys.expires_in))
         if at <= now:
             due.add(job.queue)
-        yield (
-            job_id,
-            job.queue,
-            job.task,
-            job.payload_json,
-            job.priority,
-            job.max_attempts,
-            job.max_attempts,
-            at,
-            trace_context,
-            keys.unique_key,
-            keys.unique_while_running,
-            expires,
-        )
+        yield (*_columns(job_id, job), at, trace_context, keys.unique_key, keys.unique_while_running, expires)
 
 
 def _due_keyed_rows(
@@ -273,16 +264,7 @@ def _due_keyed_rows(
         ):
             raise ValueError("copy_keyed_steps(due=True) was given a job it cannot store so: use due=False")
         queues.add(job.queue)
-        yield (
-            job_id,
-            job.queue,
-            job.task,
-            job.payload_json,
-            job.priority,
-            job.max_attempts,
-            job.max_attempts,
-            keys.unique_key,
-        )
+        yield (*_columns(job_id, job), keys.unique_key)
 
 
 def refusing_stale_deadlines(steps: Steps[Any]) -> Steps[Any]:
