@@ -16,8 +16,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..core.db import Connection, connect
 from ..core.errors import ConfigError, DatabaseUnavailable
@@ -41,6 +42,8 @@ AGING_SLICE = 1.0
 LIMITED_TOP_SECONDS = 30.0
 
 log = logging.getLogger("miniqueue.reaper")
+
+S = TypeVar("S", bound=Sized)
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -136,8 +139,8 @@ class Reaper:
         result = ReaperResult()
         if self._conn is None:
             self._conn = connect(self.dsn, purpose="reaper", schema=self.config.schema)
-        while not self._stopping.is_set():
-            states = self.store.recover_expired_leases(self._conn, self.config.batch_size)
+        conn = self._conn
+        for states in self._batches(lambda size: self.store.recover_expired_leases(conn, size)):
             back = sorted(i for i, s in states.items() if s == State.AVAILABLE)
             dead = sorted(i for i, s in states.items() if s == State.DEAD)
             # Each is a failed attempt (its worker vanished), so each leaves a log line.
@@ -153,17 +156,15 @@ class Reaper:
                 )
             result.recovered += len(back)
             result.dead += len(dead)
-            if len(states) < self.config.batch_size:
-                break
-        self._expire(self._conn, result)
-        self._time_out_waits(self._conn, result)
-        self._age(self._conn, result)
-        self.store.drop_ended_keys(self._conn, self.config.batch_size)
-        self._watch_horizon(self._conn)
-        self._keep_history(self._conn, result)
-        self._move_legacy(self._conn, result)
+        self._expire(conn, result)
+        self._time_out_waits(conn, result)
+        self._age(conn, result)
+        self.store.drop_ended_keys(conn, self.config.batch_size)
+        self._watch_horizon(conn)
+        self._keep_history(conn, result)
+        self._move_legacy(conn, result)
         result.scheduled = len(self.schedule_periodic())
-        self.store.trim_throughput(self._conn)
+        self.store.trim_throughput(conn)
         return result
 
     def schedule_periodic(self, now: dt.datetime | None = None) -> list[int]:
@@ -180,23 +181,26 @@ class Reaper:
 
     def _expire(self, conn: Connection, result: ReaperResult) -> None:
         """Expire every job whose deadline passed before it was claimed, in batches; each leaves a log line."""
-        while not self._stopping.is_set():
-            expired = self.store.expire_jobs(conn, self.config.batch_size)
+        for expired in self._batches(lambda size: self.store.expire_jobs(conn, size)):
             if expired:
                 log.warning("job(s) %s expired: not started by their deadline", ", ".join(map(str, expired)))
             result.expired += len(expired)
-            if len(expired) < self.config.batch_size:
-                return
 
     def _time_out_waits(self, conn: Connection, result: ReaperResult) -> None:
         """Resume, in batches, every job whose wait for a signal timed out: its handler runs
         again and its wait raises SignalTimeout (see docs/guides/durable.md)."""
-        while not self._stopping.is_set():
-            resumed = run(conn, self.store.time_out_waits_steps(self.config.batch_size))
+        for resumed in self._batches(lambda size: run(conn, self.store.time_out_waits_steps(size))):
             if resumed:
                 log.info("job(s) %s: no signal before the timeout; they run again", ", ".join(map(str, resumed)))
             result.timed_out += len(resumed)
-            if len(resumed) < self.config.batch_size:
+
+    def _batches(self, batch: Callable[[int], S]) -> Iterator[S]:
+        """What ``batch(batch_size)`` does, again and again, until a batch does less than a whole
+        batch (the last) or the reaper stops."""
+        while not self._stopping.is_set():
+            done = batch(self.config.batch_size)
+            yield done
+            if len(done) < self.config.batch_size:
                 return
 
     def _age(self, conn: Connection, result: ReaperResult) -> None:
