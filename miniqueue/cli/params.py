@@ -4,6 +4,7 @@ checked by click so that a wrong one is a usage error before anything reaches th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import click
@@ -25,32 +26,36 @@ class JsonText(click.ParamType):  # type: ignore[type-arg]
             self.fail(str(exc), param, ctx)
 
 
-class WorkerCount(click.ParamType):  # type: ignore[type-arg]
+class _Scaling(click.ParamType):  # type: ignore[type-arg]
+    """A setting of the autoscaler, read by ``parse`` (a value already read, a default, passes as
+    it is); the rule it breaks is the usage error."""
+
+    read: ClassVar[type]
+    parse: Callable[[str], Any]
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, self.read):
+            return value
+        try:
+            return self.parse(str(value))
+        except ConfigError as exc:
+            self.fail(f"{value!r}: {str(exc).split(' is invalid: ', 1)[-1]}", param, ctx)
+
+
+class WorkerCount(_Scaling):
     """``--workers``: a number, or ``MIN:MAX`` (autoscaling): ``(low, high or None)``."""
 
     name = "n|min:max"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        try:
-            return parse_workers(str(value))
-        except ConfigError as exc:
-            self.fail(f"{value!r}: {str(exc).split(' is invalid: ', 1)[-1]}", param, ctx)
+    read = tuple
+    parse = staticmethod(parse_workers)
 
 
-class CpuCeiling(click.ParamType):  # type: ignore[type-arg]
+class CpuCeiling(_Scaling):
     """``--scale-cpu-ceiling``: a busy share above 0 and at most 1, or ``off``."""
 
     name = "share|off"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_cpu_ceiling(str(value))
-        except ConfigError as exc:
-            self.fail(f"{value!r}: {str(exc).split(' is invalid: ', 1)[-1]}", param, ctx)
+    read = float
+    parse = staticmethod(parse_cpu_ceiling)
 
 
 class Seconds(click.FloatRange):
