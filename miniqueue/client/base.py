@@ -506,24 +506,14 @@ def _check_wait(job_id: int, timeout: float) -> tuple[int, float]:
 
 def _plain(spec: JobSpec) -> bool:
     """Whether a job can go by COPY: no idempotency key, no limits, no keys, no deadline."""
-    return (
-        spec.idempotency_key is None
-        and spec.concurrency_key is None
-        and spec.rate_limit is None
-        and spec.unique_key is None
-        and spec.sequence_key is None
-        and spec.expires_in is None
-        and spec.expires_at is None
-    )
+    return _unlimited(spec) and spec.unique_key is None and spec.sequence_key is None and _no_deadline(spec)
 
 
 def _copyable(spec: JobSpec) -> bool:
     """Whether a job's keys can go by COPY (see Store.copy_keyed_steps): unique keys kept on a
     conflict, without a window, and deadlines; no idempotency key, limits or sequence."""
     return (
-        spec.idempotency_key is None
-        and spec.concurrency_key is None
-        and spec.rate_limit is None
+        _unlimited(spec)
         and spec.sequence_key is None
         and spec.unique_window is None
         and spec.on_conflict in (None, "keep")
@@ -532,13 +522,17 @@ def _copyable(spec: JobSpec) -> bool:
 
 def _due_and_held_while_running(spec: JobSpec) -> bool:
     """Whether a job is due at once, without a deadline, and holds its unique key (if any) while it runs."""
-    return (
-        spec.run_at is None
-        and spec.delay is None
-        and spec.expires_in is None
-        and spec.expires_at is None
-        and (spec.unique_states is None or "running" in spec.unique_states)
-    )
+    due = spec.run_at is None and spec.delay is None
+    return due and _no_deadline(spec) and (spec.unique_states is None or "running" in spec.unique_states)
+
+
+def _unlimited(spec: JobSpec) -> bool:
+    """Whether a job has no idempotency key and no limits (concurrency or rate)."""
+    return spec.idempotency_key is None and spec.concurrency_key is None and spec.rate_limit is None
+
+
+def _no_deadline(spec: JobSpec) -> bool:
+    return spec.expires_in is None and spec.expires_at is None
 
 
 def _one_by_one(spec: JobSpec) -> bool:
