@@ -95,7 +95,9 @@ _CONCURRENCY = "concurrency "
 def holds_a_slot(limits: list[str] | None) -> bool:
     """Whether a job with these scope names holds a concurrency slot while it runs (its
     finishing frees the slot; a rate limit's token is spent for good)."""
-    return any(scope.startswith(_CONCURRENCY) for scope in limits or ())
+    if not limits:
+        return False
+    return any(scope.startswith(_CONCURRENCY) for scope in limits)
 
 
 def queue_scope(queue: str) -> str:

@@ -110,6 +110,25 @@ class Job(DurableSteps):
     back until a time or a signal (``async def`` handlers: :meth:`astep`, :meth:`asleep`, ...).
     """
 
+    # What most jobs never change, as class attributes: a worker makes a Job per job, and each
+    # assignment in __init__ is a share of a no-op job's cost. An instance sets its own when it
+    # changes one.
+    # The Event is made only if a handler waits on it (see should_stop and wait).
+    _stop: threading.Event | None = None
+    _stop_reason: str | None = None
+    _on_stop: Callable[[str], None] | None = None
+    completed_in_transaction = False
+    _parent_outcomes: dict[int, ParentOutcome] | None = None
+    # The connection of the job's completing transaction while its block runs (add_to_group).
+    _completing_on: Connection | AsyncConnection[Any] | None = None
+    #: The result set by :meth:`set_result`, as JSON text (None: none set).
+    result_json: str | None = None
+    #: This attempt's span while it runs (set by :mod:`miniqueue.tracing` when tracing is on).
+    _trace: Any = None
+    #: The latest progress reported (JSON text; None: none), and whether the heartbeat has yet to take it.
+    progress_json: str | None = None
+    _progress_unsent = False
+
     def __init__(
         self,
         lease: Lease,
@@ -150,30 +169,14 @@ class Job(DurableSteps):
         self.worker_id = worker_id
         #: When the handler was handed the job (``time.monotonic()``), for timeouts.
         self.started_at = time.monotonic()
-        # The Event is made only if a handler waits on it: most jobs never do, and creating one
-        # per job was a measurable share of a no-op job's cost.
-        self._stop: threading.Event | None = None
-        self._stop_reason: str | None = None
-        self._on_stop: Callable[[str], None] | None = None
         self._transaction = transaction
         self._atransaction = atransaction
-        self.completed_in_transaction = False
         #: The jobs this one waited for (empty for a job enqueued without ``depends_on``).
         self.parents: tuple[int, ...] = tuple(lease.parents) if lease.parents else ()
-        self._parent_outcomes: dict[int, ParentOutcome] | None = None
         self._read_results = read_results
         self._max_result_bytes = max_result_bytes
         self._steps_store = steps
         self._groups = groups
-        # The connection of the job's completing transaction while its block runs (add_to_group).
-        self._completing_on: Connection | AsyncConnection[Any] | None = None
-        #: The result set by :meth:`set_result`, as JSON text (None: none set).
-        self.result_json: str | None = None
-        #: This attempt's span while it runs (set by :mod:`miniqueue.tracing` when tracing is on).
-        self._trace: Any = None
-        #: The latest progress reported (JSON text; None: none), and whether the heartbeat has yet to take it.
-        self.progress_json: str | None = None
-        self._progress_unsent = False
 
     @property
     def _on_event_loop(self) -> bool:

@@ -15,6 +15,7 @@ import inspect
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, cast
 
 from ..core.db import UndecodableJson
@@ -42,18 +43,23 @@ class Executor:
         self.max_result_bytes = max_result_bytes
         self.hooks = hooks or WorkerHooks()
         self._unknown_tasks: set[str] = set()
+        #: Each task's handler, ready to call (made once per task, not per job).
+        self._calls: dict[str, Callable[[Job], Any]] = {}
 
     def run(self, job: Job) -> Outcome:
         """Run one ``def`` handler and classify what it did."""
-        task = self.app.tasks.get(job.task)
-        if task is None:
-            return self._unknown_task(job)
+        call = self._calls.get(job.task)
+        if call is None:
+            task = self.app.tasks.get(job.task)
+            if task is None:
+                return self._unknown_task(job)
+            call = self._calls[job.task] = functools.partial(_call, task.handler)
         if (unreadable := _unreadable(job)) is not None:
             return unreadable
         try:
             self.hooks.on_handler_start(job)  # (a trace's span starts: it encloses the middleware)
             try:
-                returned = self.app.middleware_stack.run(job, functools.partial(_call, task.handler))
+                returned = self.app.middleware_stack.run(job, call)
             finally:
                 self.hooks.on_handler_end(job)
         except BaseException as exc:  # whatever the handler (or a middleware) raises is its outcome
@@ -134,7 +140,7 @@ class Executor:
 def _call(handler: Handler, job: Job) -> Any:
     """Run a ``def`` handler; one that returned an awaitable did not run, which is its error."""
     returned = handler(job)
-    if inspect.isawaitable(returned):
+    if returned is not None and inspect.isawaitable(returned):
         raise TypeError(_not_awaited(returned, job.task))
     return returned
 
