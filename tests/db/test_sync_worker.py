@@ -4,7 +4,10 @@ What holds for every handler is in ``test_worker.py``, run for both kinds."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
+
+from psycopg.conninfo import make_conninfo
 
 from miniqueue import Client
 from miniqueue.core.db import Connection, create_pool
@@ -52,3 +55,24 @@ def test_worker_with_a_pool_uses_it_for_transactions(client: Client, conn: Conne
         finally:
             running.stop()
     assert conn.execute("SELECT job_id FROM effects").fetchall() == [(job_id,)]
+
+
+def test_a_jobs_timestamps_reach_its_handler_in_utc(client: Client, conn: Connection, dsn: str) -> None:
+    """The claim connection reads timestamps in UTC whatever the session's zone would be (here
+    New York, from the DSN): the same instants as stored, as aware datetimes in UTC."""
+    app = App()
+    seen: list[tuple[dt.datetime, dt.datetime]] = []
+
+    @app.task("stamped")
+    def stamped(job: Job) -> None:
+        seen.append((job.scheduled_at, job.created_at))
+
+    job_id = app.enqueue(client, "stamped").id
+    running = Running(Worker(app, make_conninfo(dsn, options="-c TimeZone=America/New_York"), FAST))
+    try:
+        wait_until(lambda: row(conn, job_id)["state"] == "completed", what="job completed")
+    finally:
+        running.stop()
+    stored = row(conn, job_id)
+    assert seen == [(stored["scheduled_at"], stored["created_at"])]
+    assert all(stamp.utcoffset() == dt.timedelta(0) for stamp in seen[0])
