@@ -97,25 +97,16 @@ class Dispatcher:
             threads.submit(functools.partial(self._work_batch, jobs))
 
     def make_job(self, lease: Lease) -> Job:
-        """The job a handler receives for ``lease``."""
-        limit = self.max_result_bytes
-        read = self.read_results if lease.parents else None
-        if lease.task in self.slots.async_tasks:
-            return Job(
-                lease,
-                worker_id=self.worker_id,
-                atransaction=self.atransaction,
-                max_result_bytes=limit,
-                read_results=read,
-                steps=self.steps,
-                groups=self.groups,
-            )
+        """The job a handler receives for ``lease``: an ``async def`` handler's opens its
+        transactions on the event loop, a ``def`` handler's on its thread."""
+        on_loop = lease.task in self.slots.async_tasks
         return Job(
             lease,
             worker_id=self.worker_id,
-            transaction=self.transaction,
-            max_result_bytes=limit,
-            read_results=read,
+            transaction=None if on_loop else self.transaction,
+            atransaction=self.atransaction if on_loop else None,
+            max_result_bytes=self.max_result_bytes,
+            read_results=self.read_results if lease.parents else None,
             steps=self.steps,
             groups=self.groups,
         )

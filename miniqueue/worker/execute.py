@@ -10,12 +10,13 @@ on the thread or the event loop that ran it; recording the outcome is the claim 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from ..core.db import UndecodableJson
@@ -85,33 +86,43 @@ class Executor:
     def run_batch(self, jobs: list[Job]) -> list[Outcome]:
         """Run a ``def`` batch handler on ``jobs`` (of one task), inside each job's run hooks,
         and classify what it did to each (see :class:`~miniqueue.Batch`)."""
-        handler = cast(BatchHandler, self.app.tasks[jobs[0].task].handler)
         unreadable, readable = _split_unreadable(jobs)
         if not readable:
             return [unreadable[job.id] for job in jobs]
-        for job in readable:
-            self.hooks.on_handler_start(job)
-        try:
-            ran = self.app.middleware_stack.run_batch(readable, functools.partial(_call_batch, handler))
-        finally:
-            for job in readable:
-                self.hooks.on_handler_end(job)
-        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id], len(readable)) for job in jobs]
+        with self._handling(readable):
+            ran = self.app.middleware_stack.run_batch(readable, functools.partial(_call_batch, self._batch(jobs)))
+        return self._batch_outcomes(jobs, unreadable, ran)
 
     async def run_batch_async(self, jobs: list[Job]) -> list[Outcome]:
         """Await an ``async def`` batch handler on ``jobs``, as :meth:`run_batch` runs a ``def`` one."""
-        handler = cast(BatchHandler, self.app.tasks[jobs[0].task].handler)
         unreadable, readable = _split_unreadable(jobs)
         if not readable:
             return [unreadable[job.id] for job in jobs]
-        for job in readable:
+        with self._handling(readable):
+            ran = await self.app.middleware_stack.arun_batch(readable, self._batch(jobs))
+        return self._batch_outcomes(jobs, unreadable, ran)
+
+    def _batch(self, jobs: list[Job]) -> BatchHandler:
+        """The batch handler of ``jobs``' task."""
+        return cast(BatchHandler, self.app.tasks[jobs[0].task].handler)
+
+    @contextlib.contextmanager
+    def _handling(self, jobs: list[Job]) -> Iterator[None]:
+        """Each job's handler hooks around one handler's run of them all."""
+        for job in jobs:
             self.hooks.on_handler_start(job)
         try:
-            ran = await self.app.middleware_stack.arun_batch(readable, handler)
+            yield
         finally:
-            for job in readable:
+            for job in jobs:
                 self.hooks.on_handler_end(job)
-        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id], len(readable)) for job in jobs]
+
+    def _batch_outcomes(
+        self, jobs: list[Job], unreadable: dict[int, Outcome], ran: dict[int, tuple[Any, BaseException | None]]
+    ) -> list[Outcome]:
+        """Each job's outcome: failed unread, or from its result or error in the batch that ran."""
+        batch_of = len(jobs) - len(unreadable)
+        return [unreadable.get(job.id) or self._batch_outcome(job, *ran[job.id], batch_of) for job in jobs]
 
     def _batch_outcome(self, job: Job, result: Any, error: BaseException | None, batch_of: int) -> Outcome:
         """One job's outcome from its result, or error, in a batch of ``batch_of`` jobs."""
