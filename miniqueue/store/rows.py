@@ -5,12 +5,38 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from psycopg.types.numeric import Int4, Int8
+import psycopg
+from psycopg import postgres
+from psycopg.types.array import ListBinaryDumper
 
 from ..core.steps import Query, Steps
 
 # A monitoring query must answer quickly or not at all: it never holds up what called it.
 MONITORING_TIMEOUT = "SET LOCAL statement_timeout = '5s'"
+
+
+class _Bigints(list[int]):
+    """A list of ints psycopg sends as ``bigint[]`` (see :func:`bigints`)."""
+
+
+class _Ints(list[int]):
+    """A list of ints psycopg sends as ``int[]``."""
+
+
+class _BigintsDumper(ListBinaryDumper):
+    oid = postgres.types["int8"].array_oid
+    element_oid = postgres.types["int8"].oid
+
+
+class _IntsDumper(ListBinaryDumper):
+    oid = postgres.types["int4"].array_oid
+    element_oid = postgres.types["int4"].oid
+
+
+# For every connection made from now on (a connection made before keeps psycopg's list dumper,
+# which types the list by its largest value: the same values, the statements cast them).
+psycopg.adapters.register_dumper(_Bigints, _BigintsDumper)
+psycopg.adapters.register_dumper(_Ints, _IntsDumper)
 
 
 def bigints(values: Iterable[int]) -> list[int]:
@@ -20,13 +46,14 @@ def bigints(values: Iterable[int]) -> list[int]:
     statement that casts the parameter (``%(ids)b::bigint[]``) and reads it per row (``= ANY``
     as a filter, ``width_bucket``, a subscript) converts the whole array again on every row: a
     completion of 1,000 jobs whose ids were in the ``int4`` range spent 13 of its 20 ms so.
-    Sent as the type the statement names, the cast costs nothing."""
-    return [Int8(value) for value in values]
+    Sent as the type the statement names, the cast costs nothing. (A list whose dumper names
+    its type: wrapping each value in psycopg's ``Int8`` cost a worker 0.6 us per job and array.)"""
+    return _Bigints(values)
 
 
 def ints(values: Iterable[int]) -> list[int]:
     """``values`` as a list psycopg sends as ``int[]`` (see :func:`bigints`)."""
-    return [Int4(value) for value in values]
+    return _Ints(values)
 
 
 def columns(leases: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
