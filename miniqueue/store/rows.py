@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import postgres
 from psycopg.types.array import ListBinaryDumper
+from psycopg.types.numeric import Int4, Int8
 
 from ..core.steps import Query, Steps
 
@@ -48,12 +49,22 @@ def bigints(values: Iterable[int]) -> list[int]:
     completion of 1,000 jobs whose ids were in the ``int4`` range spent 13 of its 20 ms so.
     Sent as the type the statement names, the cast costs nothing. (A list whose dumper names
     its type: wrapping each value in psycopg's ``Int8`` cost a worker 0.6 us per job and array.)"""
-    return _Bigints(values)
+    return _in_range(_Bigints(values), 63)
 
 
 def ints(values: Iterable[int]) -> list[int]:
     """``values`` as a list psycopg sends as ``int[]`` (see :func:`bigints`)."""
-    return _Ints(values)
+    return _in_range(_Ints(values), 31)
+
+
+def _in_range(values: list[int], bits: int) -> list[int]:
+    """``values``, or, when one does not fit the type (``bits`` and a sign), each value wrapped
+    in psycopg's type of that name, which sends it as text: the server then refuses it with an
+    error naming the value (InvalidInput), where the list's dumper would fail in psycopg."""
+    if values and (min(values) < -(2**bits) or max(values) >= 2**bits):
+        wrap = Int8 if bits == 63 else Int4
+        return [wrap(value) for value in values]
+    return values
 
 
 def columns(leases: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
