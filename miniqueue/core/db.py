@@ -315,10 +315,12 @@ def behind_pooler() -> bool:
     raise ConfigError(f"{POOLER_ENV}={value!r} is invalid: use 1 (connections go through PgBouncer) or 0")
 
 
-def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) -> str:
+def conninfo(dsn: str, *, purpose: str, schema: str = "public", utc: bool = False, **extra: Any) -> str:
     """The connection string miniqueue uses: ``dsn`` plus application_name, client_encoding
     UTF8 and, unless :func:`behind_pooler`, the session settings the store relies on (a pinned
-    search_path among them) after the DSN's own options."""
+    search_path among them) after the DSN's own options; with ``utc``, timestamps read in UTC
+    too (psycopg converts each into the session's zone, and for any zone but UTC itself,
+    'Etc/UTC' included, that cost a worker 2 of the 5.6 us it took to read a claimed job)."""
     check_dsn(dsn)
     check_schema(schema)
     if not behind_pooler():
@@ -335,6 +337,7 @@ def conninfo(dsn: str, *, purpose: str, schema: str = "public", **extra: Any) ->
             "datestyle=ISO",
             "intervalstyle=postgres",
             "default_transaction_isolation=read\\ committed",
+            *(["TimeZone=UTC"] if utc else []),
         ]
         # After the DSN's own options (a statement_timeout, say), which stay: the later -c wins.
         own = " ".join(f"-c {setting}" for setting in settings)
@@ -392,7 +395,7 @@ def _pool_options(
 ) -> dict[str, Any]:
     """The options a sync and an async pool share: the connections' conninfo and session settings,
     in autocommit, and the pool's sizes and wait."""
-    extra = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+    extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
     return {
         "conninfo": conninfo(dsn, purpose=purpose, schema=schema, **extra),
         "min_size": min_size,

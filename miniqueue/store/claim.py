@@ -36,9 +36,6 @@ _PRIORITY = operator.itemgetter(5)
 # Plan each statement of the session for its parameters, or let PostgreSQL choose again.
 _CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
 _DEFAULT_PLANS = "RESET plan_cache_mode"
-# Timestamps read in UTC: psycopg builds a datetime in the session's zone, and in any zone but
-# UTC itself (the name; 'Etc/UTC' is another) that conversion was a tenth of a no-op job's cost.
-_UTC = "SET TimeZone = 'UTC'"
 
 
 def load_statements(text: str) -> dict[str, str]:
@@ -195,12 +192,6 @@ class Claiming(StoreBase):
             return (self._claim_one_down if descending else self._claim_one), params
         params["queues"] = queues
         return (self._claim_many_down if descending else self._claim_many), params
-
-    def read_in_utc(self, conn: Connection) -> None:
-        """Make ``conn`` return timestamps in UTC (the claimed jobs' among them), whatever the
-        server's time zone: the same instants, read at a third of the cost."""
-        with translate_errors():
-            conn.execute(_UTC)
 
     def set_custom_plans(self, conn: Connection, on: bool) -> None:
         """Make ``conn`` plan every statement for its parameters (``on``), or let PostgreSQL

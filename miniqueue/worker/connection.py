@@ -36,10 +36,9 @@ class ClaimConnection:
         """The connection, opened (and the tasks published) if need be; raises
         DatabaseUnavailable if the database cannot be reached."""
         if self._conn is None:
-            self._conn = connect(self.dsn, purpose="worker", schema=self.schema)
+            # Timestamps in UTC: the claimed jobs' (behind a pooler, the server's zone: see conninfo).
+            self._conn = connect(self.dsn, purpose="worker", schema=self.schema, utc=True)
             tolerate_bad_json(self._conn)  # one job's payload never fails the claim of the others
-            if not behind_pooler():  # (a SET there would stay on a server connection others share)
-                self.store.read_in_utc(self._conn)
             if not self._published:
                 self.store.publish_tasks(self._conn, self.app.declarations(), self.queues)
                 self._published = True
