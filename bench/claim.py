@@ -83,9 +83,12 @@ def floor_statement(store: Store, worker_id: str, batch: int) -> tuple[str, dict
     """The statement a worker's claim loop sends (``Store.complete_and_claim``) and the claim's
     parameters, as the store builds them (``Store._claim_query``, which ``complete_and_claim``
     calls) for a worker of one queue whose jobs have no limits: its cursor over the limited
-    jobs stays empty and it goes upwards (``after=[]``, not ``descending``: the defaults), and
-    it claims the one task its app declares."""
-    return store._claim_query([QUEUE], worker_id, LEASE_SECONDS, batch, after=(), descending=False, tasks=[TASK])
+    jobs stays empty and it goes upwards (``after=[]``, not ``descending``: the defaults), it
+    claims the one task its app declares, and, with one handler, may take a whole claim of one
+    key's jobs together."""
+    return store._claim_query(
+        [QUEUE], worker_id, LEASE_SECONDS, batch, after=(), descending=False, tasks=[TASK], together=batch
+    )
 
 
 def floor_params(claim_params: dict[str, Any], held: list[tuple[int, int]]) -> dict[str, Any]:
@@ -116,12 +119,12 @@ def floor_worker(spec: ClaimSpec, gate: Gate) -> WorkerReport:
             except psycopg.errors.SerializationFailure:
                 continue  # a row it locked moved to the history meanwhile: run again, as the store does
             rows = cur.fetchall()
-            if attempt is None:  # the leases' columns follow the completed ids (see _COMPLETE_AND_CLAIM)
+            if attempt is None:  # the leases' columns follow the ids completed and taken together
                 attempt = [column.name for column in cur.description or ()].index("attempt")
             completed = len(rows[0][0] or ()) if rows else 0
             if completed != len(held):
                 raise RuntimeError(f"completed {completed} of the {len(held)} jobs this worker held")
-            held = [(row[1], row[attempt]) for row in rows if row[1] is not None]
+            held = [(row[2], row[attempt]) for row in rows if row[2] is not None]
             laps.record(began, len(held))
             if not held:
                 return laps.report()

@@ -1,4 +1,4 @@
-"""The limits rule (``--limits``): no concurrency key ever had more leases at once than its
+"""The limits rule (``--limits``): no concurrency key ever had more lanes at once than its
 ``max_concurrent``.
 
 A slot is a lease: the claim takes it, and it is free once the job leaves ``running`` at that
@@ -8,10 +8,25 @@ claim to the transition that ended it, not from the handler's run. A SIGKILLed w
 is gone at once, but its slot stays held until its lease is released, and a frozen worker's
 handler may still run after its lease expired and the slot went to another job.
 
+Lanes, not leases. When a key has room for exactly one more lease, one claim may lease several
+of its available jobs together to one worker, which runs them one after another, never two at
+once: they are one lane, held from that claim until the last of them ends. The database admits a
+new lane only while the key's leases are below its limit, so a key's leases may exceed the limit
+but its lanes never do, and the rule counts lanes (the most leases at once is reported beside).
+Leases taken together share the key, the worker and the claiming transaction
+(``chaos_transitions.xact``). A claim within its room takes each job on a lane of its own, as
+every claim of several jobs of one key did before lanes, so leases that share all three are one
+lane only when there are more of them than the room the claim found (the limit less the key's
+leases held just before its first claim); else each is a lane. The room seen here is never less
+than the claim's own (a release stamped before the claim but committed after its snapshot is
+free here and held there), so a claim read as separate lanes adds no more lanes than it had room
+for: the reading never invents an overrun. A lease without a claiming transaction (records made
+by hand) is a lane of its own.
+
 A limit is scoped to its task (``--batches``: the batch task's jobs of a key hold the key's slots
 of their own task), and over several databases each database enforces its own (a key's jobs on a
 spread queue go to the database of its hash, but a group or a chain is enqueued on one database
-whatever its members' keys): the rule holds per task and per database.
+whatever its members' keys): the rule holds per task and per database, and so do the lanes.
 
 Claims and ends are stamped with ``clock_timestamp()`` in the transaction that made them. A claim
 admitted on a freed slot read that release committed, so its stamp comes after the release's;
@@ -22,8 +37,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from miniqueue.core.shard_map import MODULUS
 
@@ -34,49 +50,115 @@ from .rows import Row, info
 from .workload import Workload
 
 
+class Held(Protocol):
+    """Something held from a claim to an end (None: never ended): a lease, or a lane."""
+
+    @property
+    def claimed(self) -> float: ...
+
+    @property
+    def ended(self) -> float | None: ...
+
+
+H = TypeVar("H", bound=Held)
+
+
 @dataclass(frozen=True)
-class Peak:
-    """The most leases of one key held at once, which ones (the first time that many were), and
-    how long, in all, the key had at least ``limit`` leases."""
+class Lane:
+    """The leases of one key that one claim took together (one lease, for most), run one after
+    another by their worker: held from the first claim to the last end (None: one never ended)."""
+
+    leases: tuple[Attempt, ...]
+
+    @property
+    def claimed(self) -> float:
+        return min(lease.claimed for lease in self.leases)
+
+    @property
+    def ended(self) -> float | None:
+        ends = [lease.ended for lease in self.leases]
+        return None if any(end is None for end in ends) else max(end for end in ends if end is not None)
+
+
+@dataclass(frozen=True)
+class Peak(Generic[H]):
+    """The most leases or lanes of one key held at once, which ones (the first time that many
+    were), and how long, in all, the key had at least ``limit`` of them."""
 
     count: int
-    holders: tuple[Attempt, ...]
+    holders: tuple[H, ...]
     seconds_at_limit: float
 
 
-def peak(leases: list[Attempt], limit: int) -> Peak:
-    """Sweep the leases' claims and ends in time order (an end before a claim at the same time).
-    A lease that never ended counts as held to the end (its time at the limit up to the last
-    claim or end recorded)."""
-    events = sorted(
-        [(lease.claimed, 1, index) for index, lease in enumerate(leases)]
-        + [(math.inf if lease.ended is None else lease.ended, 0, index) for index, lease in enumerate(leases)]
+def _events(held: Sequence[Held]) -> list[tuple[float, int, int]]:
+    """Each one's claim and end, in time order (an end before a claim at the same time); an end
+    that never came is at infinity."""
+    return sorted(
+        [(x.claimed, 1, index) for index, x in enumerate(held)]
+        + [(math.inf if x.ended is None else x.ended, 0, index) for index, x in enumerate(held)]
     )
-    held: set[int] = set()
-    best, holders = 0, tuple[Attempt, ...]()
+
+
+def peak(held: Sequence[H], limit: int) -> Peak[H]:
+    """Sweep the claims and ends in time order (an end before a claim at the same time). One
+    that never ended counts as held to the end (its time at the limit up to the last claim or end
+    recorded)."""
+    holding: set[int] = set()
+    best, holders = 0, tuple[H, ...]()
     at_limit, since = 0.0, None
     last = 0.0
-    for at, claim, index in events:
+    for at, claim, index in _events(held):
         if claim:
-            held.add(index)
+            holding.add(index)
         else:
-            held.discard(index)
+            holding.discard(index)
         last = at if math.isfinite(at) else last
-        if len(held) > best:
-            best, holders = len(held), tuple(leases[i] for i in sorted(held))
-        if len(held) >= limit and since is None:
+        if len(holding) > best:
+            best, holders = len(holding), tuple(held[i] for i in sorted(holding))
+        if len(holding) >= limit and since is None:
             since = at
-        elif len(held) < limit and since is not None:
+        elif len(holding) < limit and since is not None:
             at_limit += last - since
             since = None
-    if since is not None:  # held to the end by a lease that never ended: counted to the last record
+    if since is not None:  # held to the end by one that never ended: counted to the last record
         at_limit += last - since
     return Peak(best, holders, at_limit)
 
 
+def lanes(leases: Sequence[Attempt], limit: int) -> list[Lane]:
+    """The lanes of one key's leases in one scope, in claim order: the leases of one worker's
+    claiming transaction are one lane when there are more of them than the room that claim found
+    (``limit`` less the leases held just before its first claim), else a lane each; a lease with no
+    claiming transaction is a lane of its own."""
+    claims: dict[tuple[str | None, int], list[int]] = {}
+    for index, lease in enumerate(leases):
+        if lease.claim_xact is not None:
+            claims.setdefault((lease.worker, lease.claim_xact), []).append(index)
+    claim_of = {index: claim for claim, members in claims.items() if len(members) > 1 for index in members}
+    room: dict[tuple[str | None, int], int] = {}
+    holding: set[int] = set()
+    for _, is_claim, index in _events(leases):
+        if not is_claim:
+            holding.discard(index)
+            continue
+        claim = claim_of.get(index)
+        if claim is not None and claim not in room:  # its first lease: none of its own held yet
+            room[claim] = limit - len(holding)
+        holding.add(index)
+    found: list[Lane] = []
+    for index, lease in enumerate(leases):
+        claim = claim_of.get(index)
+        if claim is None or len(claims[claim]) <= room[claim]:
+            found.append(Lane((lease,)))
+        elif index == claims[claim][0]:
+            members = sorted((leases[i] for i in claims[claim]), key=lambda x: x.claimed)
+            found.append(Lane(tuple(members)))
+    return sorted(found, key=lambda lane: lane.claimed)
+
+
 def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any], per_database: bool = False) -> list[Row]:
-    """A row per key: the most leases at once (on any one database, ``per_database``), which must
-    not exceed the key's limit."""
+    """A row per key: the most lanes at once (on any one database, ``per_database``), which must
+    not exceed the key's limit, with the most leases at once beside it."""
     keyed = [lease for job in workload.keys for lease in ev.by_job.get(job, [])]
     cut = sum(1 for lease in keyed if lease.end_state != "completed")
     rows = [
@@ -92,17 +174,24 @@ def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any], per_datab
             task = BATCH_TASK if job in workload.batch_jobs else TASK
             scope = f"db{job % MODULUS} {task}" if per_database else task
             scopes.setdefault(scope, []).extend(ev.by_job.get(job, []))
-        peaks = {scope: peak(leases, limit) for scope, leases in sorted(scopes.items())}
-        found = max(peaks.values(), key=lambda p: p.count, default=peak([], limit))
+        scope_lanes = {scope: lanes(leases, limit) for scope, leases in sorted(scopes.items())}
+        peaks = {scope: peak(held, limit) for scope, held in scope_lanes.items()}
+        found = max(peaks.values(), key=lambda p: p.count, default=peak(list[Lane](), limit))
+        most_leases = max((peak(leases, limit).count for leases in scopes.values()), default=0)
         leases = sum(len(x) for x in scopes.values())
+        lane_count = sum(len(x) for x in scope_lanes.values())
+        together = sum(1 for x in scope_lanes.values() for lane in x if len(lane.leases) > 1)
         at_limit = sum(p.seconds_at_limit for p in peaks.values())
         offenders = [f"{scope}: {_describe(key, limit, p)}" for scope, p in peaks.items() if p.count > limit]
         exceeded += offenders
         report[key] = {
             "max_concurrent": limit,
-            "max_overlap": found.count,
+            "max_overlap": found.count,  # lanes: the rule's count
+            "max_leases_at_once": most_leases,
             "jobs": len(jobs),
             "leases": leases,
+            "lanes": lane_count,
+            "lanes_taken_together": together,
             "seconds_at_limit": round(at_limit, 3),
         }
         if len(peaks) > 1:
@@ -110,8 +199,9 @@ def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any], per_datab
         where = f", {len(peaks)} scopes (task, database)" if len(peaks) > 1 else ""
         rows.append(
             Row(
-                f"  {key} (max_concurrent {limit}): most leases at once",
-                f"{found.count} ({len(jobs)} jobs, {leases} leases, {at_limit:.1f}s at the limit{where})",
+                f"  {key} (max_concurrent {limit}): most lanes at once",
+                f"{found.count} (most leases at once {most_leases}; {len(jobs)} jobs, {leases} leases in "
+                f"{lane_count} lanes, {together} lanes of several; {at_limit:.1f}s at the limit{where})",
                 f"must be <= {limit}",
                 not offenders,
                 offenders,
@@ -121,13 +211,21 @@ def limit_rows(ev: Evidence, workload: Workload, data: dict[str, Any], per_datab
     return rows
 
 
-def _describe(key: str, limit: int, found: Peak) -> str:
-    """The key, and the leases it held at once when it first went over its limit."""
-    leases = "; ".join(
-        f"job {x.job} attempt {x.attempt} by {x.worker} from {_clock(x.claimed)} to {_clock(x.ended)}"
-        for x in found.holders
+def _describe(key: str, limit: int, found: Peak[Lane]) -> str:
+    """The key, and the lanes it held at once when it first went over its limit."""
+    held = "; ".join(_lane(lane) for lane in found.holders)
+    return f"{key}: {found.count} lanes at once (max_concurrent {limit}): {held}"
+
+
+def _lane(lane: Lane) -> str:
+    """A lane: its one lease, or the leases taken together and when each was held."""
+    if len(lane.leases) == 1:
+        x = lane.leases[0]
+        return f"job {x.job} attempt {x.attempt} by {x.worker} from {_clock(x.claimed)} to {_clock(x.ended)}"
+    jobs = ", ".join(
+        f"job {x.job} attempt {x.attempt} from {_clock(x.claimed)} to {_clock(x.ended)}" for x in lane.leases
     )
-    return f"{key}: {found.count} leases at once (max_concurrent {limit}): {leases}"
+    return f"{len(lane.leases)} leases taken together by {lane.leases[0].worker} ({jobs})"
 
 
 def _clock(at: float | None) -> str:

@@ -103,7 +103,8 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         default=argparse.SUPPRESS,
         help=f"give a share of the jobs a concurrency key ({', '.join(f'{k} max {n}' for k, n in LIMIT_KEYS.items())}) "
-        "and check that no key ever had more leases at once than its limit",
+        "and check that no key ever had more lanes at once than its limit (a lane: the leases one claim took "
+        "together, run one after another)",
     )
     p.add_argument("--limit-share", type=float, default=0.3, help="share of the jobs with a key (with --limits)")
     p.add_argument(

@@ -31,6 +31,9 @@ class Attempt:
     #: to the job by then.
     due: float | None = None
     charged: int | None = None
+    #: The transaction that claimed it (``chaos_transitions.xact``): the leases of one key that
+    #: one claim took together share it (see chaos.check_limits). None in records made by hand.
+    claim_xact: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -84,12 +87,12 @@ class Evidence:
             found.states[int(job)] = (str(state), int(attempt))
         transitions = db.rows(
             "SELECT job_id, attempt, from_state, to_state, worker, error, extract(epoch FROM at)::float8, "
-            "extract(epoch FROM due)::float8, charged "
+            "extract(epoch FROM due)::float8, charged, xact "
             "FROM chaos_transitions WHERE job_id NOT IN (SELECT id FROM miniqueue_jobs WHERE task = %s) ORDER BY id",
             [DURABLE_TASK],
         )
-        for job, attempt, before, after, worker, error, at, due, charged in transitions:
-            found._transition(int(job), int(attempt), before, after, worker, error, float(at) - clock_offset)
+        for job, attempt, before, after, worker, error, at, due, charged, xact in transitions:
+            found._transition(int(job), int(attempt), before, after, worker, error, float(at) - clock_offset, int(xact))
             if due is not None and after == "available" and before == "running":
                 lease = found.by_job[int(job)][-1] if found.by_job.get(int(job)) else None
                 if lease is not None and lease.attempt == int(attempt) and lease.end_state == "available":
@@ -132,10 +135,18 @@ class Evidence:
         return whole
 
     def _transition(
-        self, job: int, attempt: int, before: str | None, after: str, worker: str | None, error: str | None, at: float
+        self,
+        job: int,
+        attempt: int,
+        before: str | None,
+        after: str,
+        worker: str | None,
+        error: str | None,
+        at: float,
+        xact: int | None = None,
     ) -> None:
         if after == "running":
-            claim = Attempt(job, attempt, worker, at)
+            claim = Attempt(job, attempt, worker, at, claim_xact=xact)
             self.leases.append(claim)
             self.by_job[job].append(claim)
             self.claims[(job, attempt)] += 1

@@ -382,6 +382,9 @@ class Lease(NamedTuple):
     run_alone: bool | None = None
     #: A fair job's key ("" for a fair job without one); None for a job that is not fair.
     fair_key: str | None = None
+    #: Whether the claim took the job together with others of its limits, in the one slot they
+    #: had free: its worker runs those jobs one after another, never two at once.
+    together: bool = False
 
 
 def charged_attempts(attempt: int, max_attempts: int, budget: int) -> int:

@@ -30,8 +30,8 @@ from .rows import aligned, columns
 MAX_GROUPS_PER_CLAIM = 1000
 
 # A claimed row's turn and id, and its priority (see complete_and_claim).
-_TURN_AND_ID = operator.itemgetter(-1, 1)
-_PRIORITY = operator.itemgetter(5)
+_TURN_AND_ID = operator.itemgetter(-1, 2)
+_PRIORITY = operator.itemgetter(6)
 
 # Plan each statement of the session for its parameters, or let PostgreSQL choose again.
 _CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
@@ -56,7 +56,7 @@ def load_statements(text: str) -> dict[str, str]:
 
 _PARTS = load_statements(Path(__file__).with_name("claim.sql").read_text(encoding="utf-8"))
 #: The clauses the template uses in each variant, as claim.sql's header describes them.
-_SHARED = {name: _PARTS[name].strip("\n") for name in ("room", "held", "refilled")}
+_SHARED = {name: _PARTS[name].strip("\n") for name in ("room", "has_room", "held", "refilled")}
 _QUEUES = {"one": _PARTS["fast_one"].strip("\n"), "many": _PARTS["fast_many"].strip("\n")}
 _QUEUE_NAMES = {"one": _PARTS["queue_names_one"].strip("\n"), "many": _PARTS["queue_names_many"].strip("\n")}
 _DIRECTIONS = {"up": {"next": ">", "order": ""}, "down": {"next": "<", "order": " DESC"}}
@@ -64,7 +64,9 @@ _DIRECTIONS = {"up": {"next": ">", "order": ""}, "down": {"next": "<", "order": 
 
 def _claim(queues: str, direction: str) -> Statement:
     """The variant of the claim from ``queues`` ("one" or "many"), stepping ``direction``."""
-    room = compose(_SHARED["room"], held=_SHARED["held"], refilled=_SHARED["refilled"])
+    room, has_room = (
+        compose(_SHARED[name], held=_SHARED["held"], refilled=_SHARED["refilled"]) for name in ("room", "has_room")
+    )
     return Statement(
         compose(
             _PARTS["claim"],
@@ -72,6 +74,7 @@ def _claim(queues: str, direction: str) -> Statement:
             fast=_QUEUES[queues],
             queue_names=_QUEUE_NAMES[queues],
             room=room,
+            has_room=has_room,
             held=_SHARED["held"],
             refilled=_SHARED["refilled"],
             **_DIRECTIONS[direction],
@@ -98,6 +101,8 @@ class Claiming(StoreBase):
         after: Sequence[str] = (),
         descending: bool = False,
         tasks: Sequence[str] | None = None,
+        together: int = 1,
+        per_group: int = 1,
     ) -> list[Lease]:
         """Lease up to ``limit`` available jobs from ``queues``, best first.
 
@@ -112,11 +117,27 @@ class Claiming(StoreBase):
         caller claimed, so that successive claims go round every group): in the order of their
         limits, or ``descending`` (from the last group when ``after`` is empty). Given
         ``tasks``, only jobs of those tasks are claimed (a worker's: its app's tasks).
+
+        Of a group with room for one more job, whose every limit counts running jobs, up to
+        ``together`` jobs are taken *together*: the caller must run them one after another, never
+        two at once (their leases are flagged ``together``). ``per_group`` is how many jobs the
+        caller expects a group to give (its last claim's), so that the claim locks the limits of
+        about as many groups as it needs, not one group per job.
         """
         if not queues or limit < 1:
             return []
         return self.complete_and_claim(
-            conn, worker_id, (), queues, lease_duration, limit, after=after, descending=descending, tasks=tasks
+            conn,
+            worker_id,
+            (),
+            queues,
+            lease_duration,
+            limit,
+            after=after,
+            descending=descending,
+            tasks=tasks,
+            together=together,
+            per_group=per_group,
         )[1]
 
     def complete_and_claim(
@@ -132,6 +153,8 @@ class Claiming(StoreBase):
         descending: bool = False,
         results: Mapping[int, str] | None = None,
         tasks: Sequence[str] | None = None,
+        together: int = 1,
+        per_group: int = 1,
     ) -> tuple[set[int], list[Lease]]:
         """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit):
         the claim (with nothing to complete, :meth:`claim` sends it with empty arrays).
@@ -143,15 +166,27 @@ class Claiming(StoreBase):
         """
         ids, attempts = columns(completions)
         query, params = self._claim_query(
-            queues, worker_id, lease_duration, max(limit, 0), after=after, descending=descending, tasks=tasks
+            queues,
+            worker_id,
+            lease_duration,
+            max(limit, 0),
+            after=after,
+            descending=descending,
+            tasks=tasks,
+            together=together,
+            per_group=per_group,
         )
         rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": aligned(ids, results)})
         completed = set(rows[0][0] or ()) if rows else set()
-        # Each row: the ids completed (first row only), the lease, and its turn (see claim.sql).
-        # Best first: by turn and id, then (a stable sort) by priority, highest first.
-        claimed = sorted((row for row in rows if row[1] is not None), key=_TURN_AND_ID)
+        together_ids = set(rows[0][1] or ()) if rows else set()
+        # Each row: the ids completed and those taken together (first row only), the lease, and
+        # its turn (see claim.sql). Best first: by turn and id, then (a stable sort) by priority,
+        # highest first.
+        claimed = sorted((row for row in rows if row[2] is not None), key=_TURN_AND_ID)
         claimed.sort(key=_PRIORITY, reverse=True)
-        return completed, [Lease(*row[1:-1]) for row in claimed]
+        if not together_ids:
+            return completed, [Lease(*row[2:-1]) for row in claimed]
+        return completed, [Lease._make((*row[2:-1], row[2] in together_ids)) for row in claimed]
 
     def _claim_query(
         self,
@@ -163,6 +198,8 @@ class Claiming(StoreBase):
         after: Sequence[str],
         descending: bool,
         tasks: Sequence[str] | None = None,
+        together: int = 1,
+        per_group: int = 1,
     ) -> tuple[str, dict[str, Any]]:
         queues = list(dict.fromkeys(queues))  # a queue named twice would claim its rows twice over
         if not queues:
@@ -178,12 +215,14 @@ class Claiming(StoreBase):
             # few more for groups whose room was taken meanwhile (their scope rows stay locked
             # while the claim runs, so a small claim takes few more than it needs); and groups
             # seen at most per queue, those passed over (full, or locked by another claim) included.
-            "groups": min(limit, MAX_GROUPS_PER_CLAIM) + min(limit, 16),
+            # (With jobs taken together, enough for ``per_group`` jobs a group.)
+            "groups": -(-min(limit, MAX_GROUPS_PER_CLAIM) // max(1, min(per_group, together))) + min(limit, 16),
             "scan": 4 * (min(limit, MAX_GROUPS_PER_CLAIM) + 16),
             # Of which the groups of the jobs being completed take at most one per job claimed:
             # the sweep keeps the rest.
             "kept": min(limit, MAX_GROUPS_PER_CLAIM),
             "tasks": None if tasks is None else list(tasks),
+            "together": max(1, together),
             # Whether two groups of the claim may share a scope: one key's jobs in two queues.
             "shared": len(queues) > 1,
         }

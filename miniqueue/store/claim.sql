@@ -11,9 +11,10 @@
 --                  ` DESC`): see "Up or down".
 -- So the store prepares four variants, each named for its switches (claim_one, claim_many,
 -- claim_one_down, claim_many_down: miniqueue/store/claim.py composes them). Every other
--- difference between two claims is a parameter: how many (%(limit)s), whether groups of a claim
--- may share a scope (%(shared)s: several queues), the worker's tasks. Two clauses are written
--- once and used more than once: {room} (of a limit row), {held} (whether a holder still holds
+-- difference between two claims is a parameter: how many (%(limit)s; of a group taken together,
+-- %(together)s), whether groups of a claim may share a scope (%(shared)s: several queues), the
+-- worker's tasks. Two clauses are written
+-- once and used more than once: {room} and {has_room} (of a limit row), {held} (whether a holder still holds
 -- its slot) and {refilled} (a rate limit's tokens now); {completion} is the worker's completion (miniqueue/store/finishing.py, as outcomes
 -- sends it alone). {jobs}, {limits}, {queues} and the other names in braces become the schema's
 -- names. What a clause holds is the text after its `-- name:` line and comment, up to the next
@@ -29,7 +30,7 @@
 -- running jobs, go through admission, in the same statement (see migration 012 for the tables):
 --   open_queues  the queues claimed from that are not paused, each with its cap's scope if any;
 --   kept         the groups of the limited jobs the statement completes (`completed`; none in
---                a claim with nothing to complete), looked at first: each has a
+--                a claim with nothing to complete) that have a job left, looked at first: each has a
 --                slot this very statement frees, so no holder of it needs a look, and no probe has
 --                to find it. A worker stays with a key while it has jobs, and at least
 --                min(%(limit)s, 16) groups of every claim are left to the sweep below, so the keys
@@ -48,7 +49,8 @@
 --                passed over without waiting, so that two workers never queue on the same limit,
 --                nor deadlock, and a claim behind another's still fills up from the groups after it;
 --   scopes       each scope's room, when groups of the claim may share a scope (see "Sharing");
---   limited      the best jobs of each group, as many as its room, locked. Looked for only once
+--   limited      the best jobs of each group, as many as its room (or up to %(together)s of a
+--                group taken together: see "Together"), locked. Looked for only once
 --                the scopes are locked (whose holders are current), they are seldom jobs another
 --                worker claimed after this statement's snapshot: locking one of those would hold
 --                up that worker's completion of it until this claim commits;
@@ -57,7 +59,8 @@
 --                take its room in job order, each job its rate cost of a rate scope's tokens (one
 --                slot of any other scope's), so a job whose cost the tokens left cannot cover waits
 --                (and so do the group's jobs behind it, which could otherwise keep it waiting);
---   chosen       the best of the unlimited candidates and the admitted ones;
+--   chosen       the best of the unlimited candidates and the admitted ones, a group taken
+--                together ranked by its best job, so that its jobs come whole;
 --   taken        the chosen jobs' slots and tokens (their rate costs summed), recorded with the
 --                lease they belong to, and the holders that ended pruned. (A scope's new holders are listed in no particular
 --                order, ids and attempts aligned: ordering them took a sort per scope, a thousand
@@ -70,10 +73,12 @@
 -- A job held back stays available and spends no attempt.
 -- A job past its deadline (expires_at) is passed over, whatever its limits: the reaper expires it.
 --
--- Room ({room}). The room of a limit row `l` as of its latest version (the claim has it locked,
--- or is about to), read twice in `looked`: whole tokens (the bucket refilled up to now), or slots
--- not held. A limit of 1 with room has no holder left to keep, so the claim neither counts its
--- room again nor looks up its ended holders when it takes its slot.
+-- Room ({room}, {has_room}). The room of a limit row `l` as of its latest version (the claim has
+-- it locked, or is about to), read in `looked`: whole tokens (the bucket refilled up to now), or
+-- slots not held. Whether it has any is read first, counting its holders only until they fill
+-- it: a key whose slot a lane of jobs taken together holds is passed over at its first holder,
+-- not after a look at each. A limit of 1 with room has no holder left to keep, so the claim
+-- neither counts its room again nor looks up its ended holders when it takes its slot.
 --
 -- Held ({held}). Whether holder `h` (its job row `j` among the live jobs, as this statement's snapshot
 -- shows it, or NULL) of limit row `l` still holds its slot, in the room and in `taken`. Read from
@@ -134,6 +139,18 @@
 -- took (a probe and a look at the limit each: 2 groups seen per group taken, with 2 workers);
 -- going opposite ways they meet twice a round.
 --
+-- Together (`limited`). A group with room for one more job (a limit of 1 with no holder, or a
+-- limit's last free slot) whose one scope counts running jobs gives up to %(together)s jobs,
+-- taken together: they hold that one slot between them, and the worker runs them one after
+-- another, never two at once (its caller says how many one handler of it will run). Each is a
+-- holder of the slot, so the key has no room until the last of them ends, and each is leased as
+-- any job is: a lane of leases, which the limit counts as one. A rate limit spends a token a job
+-- and a queue cap counts every running job, so their groups are never taken together; nor are
+-- groups of several scopes. The claim returns the ids taken together on its first row. This
+-- pays the per-group work (a probe, a look at the limit, its lock and its update) once for
+-- several jobs, where a key has a backlog; the worker's `per_group` says how many jobs a group
+-- gave it last time, so that the claim looks at only as many groups as it needs (%(groups)s).
+--
 -- Completing and claiming in one statement. The two updates touch disjoint rows (running and
 -- leased to us, versus available). A LEFT JOIN keeps the completed ids even when nothing is
 -- claimed; they ride on the first row only (repeating the array on every claimed row cost more
@@ -151,7 +168,11 @@ open_queues AS MATERIALIZED (
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT k.queue, k.limits, q.scope
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+     CROSS JOIN LATERAL (
+        SELECT 1 FROM {jobs} WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
+     LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -171,7 +192,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -180,11 +201,12 @@ looked AS MATERIALIZED (
         SELECT queue, limits, limits || scope FROM groups r
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE {room} END AS room
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
+               bool_and(x.counted) AS counted
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE {room} END AS room, l.max_running IS NOT NULL AS counted
                   FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND {room} > 0
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND {has_room}
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.locked) = cardinality(g.scopes)
@@ -197,17 +219,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
+           min(j.id) OVER w AS lead_id
+      FROM looked g CROSS JOIN LATERAL (
+        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
+         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
+    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -230,14 +256,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+      FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, turn, id LIMIT %(limit)s
+    SELECT id, attempt, scopes, rate_cost, together
+      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
+                   1 AS rate_cost, false AS together FROM fast
+            UNION ALL
+            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE {limits} l
@@ -262,7 +291,8 @@ UPDATE {jobs}
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END,
+       CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(id) FROM chosen WHERE together) END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
  WHERE (SELECT count(*) FROM settled) >= 0
 
@@ -301,6 +331,14 @@ unnest(%(queues)b::text[])
 CASE WHEN l.max_running IS NULL THEN floor({refilled})::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE {held})::int
+     END
+
+-- name: has_room
+-- {has_room}: whether a limit row has room (see "Room"): a whole token, or a slot its holders leave.
+CASE WHEN l.max_running IS NULL THEN {refilled} >= 1
+     ELSE (SELECT count(*) FROM (SELECT FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                                   LEFT JOIN {jobs} j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
+                                  WHERE {held} LIMIT l.max_running) x) < l.max_running
      END
 
 -- name: held

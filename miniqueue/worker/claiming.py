@@ -87,6 +87,9 @@ class ClaimPolicy:
         self.cursor: list[str] = []
         #: When (monotonic) a limited job was last claimed.
         self.limited_at = float("-inf")
+        #: How many jobs a group of limited jobs gave the last claim that took jobs together (see
+        #: :meth:`together`): the next claim locks the limits of about as many groups as it needs.
+        self.per_group = 1
 
     # -- reasons -------------------------------------------------------------------------------
 
@@ -148,20 +151,31 @@ class ClaimPolicy:
         once rather than at the next poll. The groups of the jobs the claim completed (``kept``)
         came first, wherever they lie, so they do not move the cursor."""
         groups = {tuple(lease.limits) for lease in leases if lease.limits}
+        # The groups the claim looked for: one per job, or fewer where jobs come together.
+        wanted = -(-asked // self.per_group)
         if groups:
             self.limited_at = now
+            together = [tuple(lease.limits or ()) for lease in leases if lease.together]
+            self.per_group = max(1, len(together) // len(set(together))) if together else 1
         swept = groups - kept
         last = min if self.descending else max
         if len(groups) >= MAX_GROUPS_PER_CLAIM:
             self.cursor = list(last(swept)) if swept else self.cursor
             self.nudged = True
-        elif len(leases) < asked and self.cursor:
+        elif len(leases) < asked and len(groups) < wanted and self.cursor:
             self.cursor = []
             self.nudged = True
         elif swept:
             self.cursor = list(last(swept))
         elif not groups:
             self.cursor = []
+
+    def together(self, claim: int) -> int:
+        """How many jobs of one group a claim of ``claim`` jobs may take together, to run one
+        after another in a slot of their limits (see :class:`~miniqueue.worker.slots.Slots`): as
+        many as one handler is expected to run of the claim, so that a worker never holds more
+        of one key than a handler of its can get through while its other handlers run others."""
+        return max(1, claim // self.handler_slots)
 
     # -- timing --------------------------------------------------------------------------------
 

@@ -81,6 +81,10 @@ class Slots:
     may_hold_alone: bool = False
     #: The job running alone in this process, if one is: nothing starts beside it.
     alone: int | None = None
+    #: The limits of each running job that its claim took together with others (by job id and
+    #: run), and those limits as a set: of the jobs taken together, one of a group runs at a time.
+    lanes: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
+    busy_lanes: set[tuple[str, ...]] = field(default_factory=set)
 
     def held(self) -> int:
         with self.lock:
@@ -111,10 +115,7 @@ class Slots:
                 if self.start_by.pop(lease.id, now) > now:
                     break
                 self.overdue.append(lease)  # a stall (SIGSTOP, swap) outlived its lease: not ours to start
-            job = make_job(lease)
-            self.running[(job.id, job.run)] = job
-            self.running_async += run_async
-            return job
+            return self._run(make_job(lease), lease, run_async)
 
     def _alone_first(self, run_async: bool, *, batch: bool) -> Lease | Literal[False] | None:
         """What a job that runs alone asks of this start: None, nothing (none runs or is ready:
@@ -146,11 +147,23 @@ class Slots:
         if self.start_by.pop(lease.id, 0.0) <= time.monotonic():
             self.overdue.append(lease)  # as in start_next: not ours to start
             return None
-        job = make_job(lease)
-        self.running[(job.id, job.run)] = job
-        self.running_async += run_async
+        job = self._run(make_job(lease), lease, run_async)
         self.alone = job.id
         return job
+
+    def _run(self, job: Job, lease: Lease, run_async: bool) -> Job:
+        """``lease``'s job is running: noted, with its group's lane if it was taken together."""
+        self.running[(job.id, job.run)] = job
+        self.running_async += run_async
+        if lease.together:
+            lane = tuple(lease.limits or ())
+            self.lanes[(job.id, job.run)] = lane
+            self.busy_lanes.add(lane)
+        return job
+
+    def _waits(self, lease: Lease) -> bool:
+        """Whether ``lease`` waits for a job of its group taken together with it to end."""
+        return lease.together and tuple(lease.limits or ()) in self.busy_lanes
 
     def _handlers(self, run_async: bool) -> int:
         """Handlers of the kind running: a batch of jobs counts once."""
@@ -160,11 +173,11 @@ class Slots:
     def _take(self, run_async: bool) -> Lease | None:
         """The first ready lease of the kind, in claim order (the only kind, in most apps),
         that is not a batch task's."""
-        first = self.ready[0].task
-        if self.is_async(first) == run_async and first not in self.batches:
+        first = self.ready[0]
+        if self.is_async(first.task) == run_async and first.task not in self.batches and not self._waits(first):
             return self.ready.popleft()
         for index, lease in enumerate(self.ready):
-            if self.is_async(lease.task) == run_async and lease.task not in self.batches:
+            if self.is_async(lease.task) == run_async and lease.task not in self.batches and not self._waits(lease):
                 del self.ready[index]
                 return lease
         return None
@@ -194,12 +207,25 @@ class Slots:
             for task, options in self.batches.items():
                 if self.is_async(task) != run_async:
                     continue
-                leases = due_batch(
-                    [lease for lease in self.ready if lease.task == task], options, self.ready_since, now
-                )
+                leases = due_batch(self._startable(task), options, self.ready_since, now)
                 if leases:
                     return self._start_batch(make_job, leases, run_async, now)
             return []
+
+    def _startable(self, task: str) -> list[Lease]:
+        """The ready leases of batch task ``task`` that may start now: of the jobs taken together,
+        one of a group, and none of a group one of which runs."""
+        leases, lanes = [], set()
+        for lease in self.ready:
+            if lease.task != task:
+                continue
+            if lease.together:
+                lane = tuple(lease.limits or ())
+                if lane in self.busy_lanes or lane in lanes:
+                    continue
+                lanes.add(lane)
+            leases.append(lease)
+        return leases
 
     def _start_batch(
         self, make_job: Callable[[Lease], Job], leases: list[Lease], run_async: bool, now: float
@@ -210,12 +236,9 @@ class Slots:
         for lease in leases:
             self.ready_since.pop(lease.id, None)
             if self.start_by.pop(lease.id, now) > now:
-                jobs.append(make_job(lease))
+                jobs.append(self._run(make_job(lease), lease, run_async))
             else:
                 self.overdue.append(lease)  # as in start_next: not ours to start
-        for job in jobs:
-            self.running[(job.id, job.run)] = job
-        self.running_async += len(jobs) if run_async else 0
         self.batched.update(job.id for job in jobs[1:])
         self.batched_by_kind[run_async] += max(0, len(jobs) - 1)
         return jobs
@@ -261,6 +284,8 @@ class Slots:
                 self.alone = None
             if self.running.pop((job.id, job.run), None) is not None and job.task in self.async_tasks:
                 self.running_async -= 1
+            if self.lanes and (lane := self.lanes.pop((job.id, job.run), None)) is not None:
+                self.busy_lanes.discard(lane)
             if job.id in self.batched:
                 self.batched.discard(job.id)
                 self.batched_by_kind[job.task in self.async_tasks] -= 1

@@ -388,6 +388,8 @@ class Worker:
             descending=claims.descending,
             results=batch.results,
             tasks=self._tasks,
+            together=claims.together(claim),
+            per_group=claims.per_group,
         )
         claims.claimed(leases, claim, batch.kept(), time.monotonic())
         self._slots.add_ready(leases, start_deadline(sent_at, self.config.lease_duration))

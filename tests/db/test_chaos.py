@@ -21,8 +21,9 @@ so a kill lands on several at once) with ``--limits --workflow``, on one databas
 every scenario is still injected, each one once early on).
 
 The rules of the modes are also shown to catch what they are meant to catch, on records built by
-hand: leases of one key held at once, a dependent claimed before its parent completed, two runs
-of one key at once (allowed only past a lost lease), a re-claimed lease its live worker forgot and
+hand: leases of one key held at once, and lanes (the leases one claim took past its room are one),
+a dependent claimed before its parent completed, two runs of one key at once (allowed only past a
+lost lease), a re-claimed lease its live worker forgot and
 a retry put off past the backoff of its charged attempts (two faults the run once found, fixed
 since); and the keyed SQL on rows made by hand
 in a database of the session's server (an overlap, two holders of a unique key, a sequence job
@@ -52,7 +53,7 @@ import pytest
 from chaos import schema
 from chaos.check_batches import batch_rows
 from chaos.check_leases import forgotten_rows, retry_rows
-from chaos.check_limits import peak
+from chaos.check_limits import lanes, peak
 from chaos.check_unique import judge_overlaps
 from chaos.check_workflow import workflow_rows
 from chaos.evidence import Attempt, Evidence, Execution
@@ -130,7 +131,7 @@ def _assert_every_fault_injected(faults: dict[str, int], scenarios: tuple[str, .
 
 
 def _assert_limits_and_workflow(result: dict[str, Any]) -> None:
-    # --limits: no key ever had more leases at once than its max_concurrent (on its task and database).
+    # --limits: no key ever had more lanes at once than its max_concurrent (on its task and database).
     assert result["limit_exceeded"] == []
     assert set(result["limits"]) == set(LIMIT_KEYS)
     for key, seen in result["limits"].items():
@@ -248,10 +249,10 @@ def test_everything_at_once_under_every_fault_loses_nothing_and_reports_every_in
     assert batches["jobs"] == 22 and batches["calls"] >= 1, batches
     assert max(int(size) for size in batches["sizes"]) <= BATCH_SIZE, batches
     assert batches["oversize"] == [] and batches["not_alone_next"] == [], batches
-    # --fair: every plain job took turns by key; no tenant key ran more jobs at once than its rule.
+    # --fair: every plain job took turns by key; no tenant key had more lanes at once than its rule.
     assert result["fair_limit_exceeded"] == [] and set(result["fair"]) == set(FAIR_TENANTS), result["fair"]
     for seen in result["fair"].values():
-        assert seen["most_leases_at_once"] <= seen["limit"] == FAIR_RULE_LIMIT, seen
+        assert seen["most_lanes_at_once"] <= seen["limit"] == FAIR_RULE_LIMIT, seen
     # The report: every invariant's line, each at 0.
     assert report.exists() and report.with_name("report-throughput.svg").exists()
     assert report.with_name("report-recovery.svg").read_text().startswith("<svg")
@@ -371,6 +372,36 @@ def test_the_limits_rule_counts_leases_held_at_once() -> None:
     assert found.count == 2
     assert [x.job for x in found.holders] == [1, 2]
     assert found.seconds_at_limit == 5.0  # from 0 s on, to the last record (lease 3 never ended)
+
+
+def _claimed(job: int, claimed: float, ended: float | None, xact: int, worker: str = "host:100:w") -> Attempt:
+    return Attempt(job, 1, worker, claimed, ended, None if ended is None else "completed", claim_xact=xact)
+
+
+def test_the_limits_rule_counts_the_leases_one_claim_took_together_at_room_1_as_one_lane() -> None:
+    # Limit 2: job 1 holds a slot; one claim (transaction 7) takes jobs 2, 3 and 4 together, more
+    # than its room of 1: one lane, held until job 4 ends at 6.0, beside job 1's.
+    held = [_claimed(1, 0.0, 5.0, 1, "host:101:w")]
+    together = [_claimed(2, 1.0, 2.0, 7), _claimed(3, 1.0, 4.0, 7), _claimed(4, 1.0, 6.0, 7)]
+    found = lanes([*held, *together], 2)
+    assert [[x.job for x in lane.leases] for lane in found] == [[1], [2, 3, 4]]
+    assert (found[1].claimed, found[1].ended) == (1.0, 6.0)
+    assert peak(found, 2).count == 2 and peak([*held, *together], 2).count == 4
+    # Job 5 claimed at 5.5, after job 1 ended, while the lane still runs: two lanes at once.
+    assert peak(lanes([*held, *together, _claimed(5, 5.5, 7.0, 8)], 2), 2).count == 2
+    # Claimed at 4.5, before job 1 ended, it is a third lane: over the limit.
+    over = peak(lanes([*held, *together, _claimed(5, 4.5, 7.0, 8)], 2), 2)
+    assert over.count == 3 and [len(lane.leases) for lane in over.holders] == [1, 3, 1]
+    # A claim of two jobs within its room of 2 (job 1 not yet claimed) is two lanes, as every claim
+    # was before lanes: job 1 claimed beside them is a third, over the limit.
+    within = lanes([_claimed(2, 0.0, 2.0, 7), _claimed(3, 0.0, 4.0, 7), _claimed(1, 0.5, 5.0, 9, "host:101:w")], 2)
+    assert [len(lane.leases) for lane in within] == [1, 1, 1]
+    assert peak(within, 2).count == 3
+    # Other workers' or transactions' leases, and leases recorded without a transaction, are lanes
+    # of their own.
+    apart = [_claimed(2, 1.0, 2.0, 7), _claimed(3, 1.0, 2.0, 7, "host:102:w"), _claimed(4, 1.0, 2.0, 8)]
+    assert len(lanes([*held, *apart], 2)) == 4
+    assert len(lanes([_lease(1, 0.0, 1.0), _lease(2, 0.0, 1.0)], 1)) == 2
 
 
 def test_the_workflow_rules_catch_an_early_claim_and_a_wrong_parent_result() -> None:

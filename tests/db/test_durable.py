@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from miniqueue import AsyncClient, Client, SignalTimeout, State, StepError
@@ -104,7 +105,12 @@ def row_when_finished(conn: Connection, job_id: int, client: Client, timeout: fl
     """The job's row once it finished, making its retries due at once."""
 
     def done() -> bool:
-        conn.execute("UPDATE miniqueue_jobs SET scheduled_at = now() WHERE id = %s AND state = 'available'", [job_id])
+        try:
+            conn.execute(
+                "UPDATE miniqueue_jobs SET scheduled_at = now() WHERE id = %s AND state = 'available'", [job_id]
+            )
+        except psycopg.errors.SerializationFailure:
+            return False  # a worker claimed or finished the job meanwhile (its row moved): look again
         return finished(conn, job_id)
 
     wait_until(done, timeout=timeout, what=f"job {job_id} finished")

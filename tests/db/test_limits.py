@@ -51,6 +51,38 @@ def test_a_key_runs_at_most_its_limit_and_other_keys_are_not_held_back(
     assert ids(claim(store, conn)) == [a[1]], "the completed job's slot is free"
 
 
+def test_a_claim_takes_a_free_keys_jobs_together_and_they_hold_its_one_slot(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    a = [client.enqueue("t", {"i": i}, concurrency_key="A").id for i in range(5)]
+    b = client.enqueue("t", {}, concurrency_key="B").id
+    plain = client.enqueue("t", {}).id
+    first = store.claim(conn, ["default"], "w", 30.0, 100, together=4)
+    assert ids(first) == sorted([*a[:4], b, plain]), "up to 4 of a free key's jobs, the oldest"
+    assert {lease.id for lease in first if lease.together} == {*a[:4], b}, "a job without limits is never together"
+    assert [lease.id for lease in first if lease.limits == first[0].limits][:1] == [a[0]], "the key's oldest first"
+    assert store.claim(conn, ["default"], "v", 30.0, 100, together=4) == [], "A's one slot is held"
+    assert store.complete_many(conn, "w", [(job, 1) for job in a[:3]]) == set(a[:3])
+    assert store.claim(conn, ["default"], "v", 30.0, 100, together=4) == [], "the last job taken together holds it"
+    assert store.complete_many(conn, "w", [(a[3], 1)]) == {a[3]}
+    assert ids(store.claim(conn, ["default"], "v", 30.0, 100, together=4)) == [a[4]]
+    assert count(conn, "state = 'completed' AND attempt = 1") == 4
+
+
+def test_jobs_are_taken_together_only_into_a_keys_last_free_slot_and_never_past_a_rate(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    wide = [client.enqueue("t", {"i": i}, concurrency_key="W", max_concurrent=3).id for i in range(9)]
+    taken = store.claim(conn, ["default"], "w", 30.0, 100, together=10)
+    assert (ids(taken), [lease.together for lease in taken]) == (wide[:3], [False] * 3), "3 free slots: 3 jobs apart"
+    assert store.complete_many(conn, "w", [(wide[0], 1)]) == {wide[0]}
+    again = store.claim(conn, ["default"], "v", 30.0, 100, together=10)
+    assert ids(again) == wide[3:] and all(lease.together for lease in again), "one free slot: the rest together"
+    rated = [client.enqueue("r", {"i": i}, rate_limit="1/h").id for i in range(3)]
+    taken = store.claim(conn, ["default"], "w", 30.0, 100, together=10)
+    assert (ids(taken), taken[0].together) == (rated[:1], False), "a rate's one token starts one job"
+
+
 def test_claims_go_round_the_keys_from_a_cursor_upwards_or_downwards(
     client: Client, store: Store, conn: Connection
 ) -> None:
@@ -264,6 +296,35 @@ def test_limits_hold_with_many_workers(dsn: str, client: Client, conn: Connectio
     assert 1 <= overlap["wide"] <= 3
     assert count(conn, "attempt <> 1") == 0
     assert conn.execute("SELECT count(DISTINCT job_id) = count(*) FROM runs").fetchone() == (True,)
+
+
+def test_a_worker_runs_a_keys_jobs_taken_together_one_after_another(
+    dsn: str, client: Client, conn: Connection, start_worker: StartWorker
+) -> None:
+    conn.execute("CREATE TABLE lane_runs (job_id BIGINT, key TEXT, started TIMESTAMPTZ, ended TIMESTAMPTZ)")
+    app = App()
+
+    @app.task("work", concurrency_key=lambda payload: payload["key"])
+    def work(job: Job) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            [(started,)] = c.execute("SELECT clock_timestamp()").fetchall()
+            job.wait(0.01)
+            c.execute("INSERT INTO lane_runs VALUES (%s, %s, %s, clock_timestamp())", [job.id, "A", started])
+
+    client.enqueue_many([app.task_spec("work", {"key": "A"}) for _ in range(12)])
+    start_worker(app, concurrency=4, prefetch=8, lease_duration=5.0, heartbeat_seconds=1.0)
+    wait_until(lambda: count(conn, "state = 'completed'") == 12, timeout=30, what="12 jobs of one key completed")
+    # Claims of 4 free handlers and 8 prefetched jobs take 3 of the key's jobs together (12 / 4).
+    [(claims, most)] = conn.execute(
+        "SELECT count(DISTINCT started_at), max(n) FROM (SELECT started_at, count(*) OVER (PARTITION BY started_at) n"
+        " FROM miniqueue_jobs WHERE task = 'work') t"
+    ).fetchall()
+    assert claims < 12 and most > 1, "some claim took several of the key's jobs"
+    [(overlap,)] = conn.execute("""
+        SELECT max((SELECT count(*) FROM lane_runs b WHERE b.started <= a.started AND b.ended > a.started))
+          FROM lane_runs a""")
+    assert overlap == 1, "never two of them at once, on 4 handler threads"
+    assert count(conn, "attempt <> 1") == 0
 
 
 # -- caps per queue ---------------------------------------------------------------------------------

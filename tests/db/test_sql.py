@@ -86,11 +86,14 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         "kept": 1,
         "results": [],
         "tasks": None,
+        "together": 1,
     }
-    for name in CLAIMS:  # the ids completed, then the lease's fields, then its turn
+    # The ids completed and those taken together, then the lease's fields (but whether it was
+    # taken together), then its turn.
+    for name in CLAIMS:
         cur = conn.execute(getattr(store, name), {**params, "shared": name.startswith("_claim_many")})
         assert cur.description is not None
-        assert [column.name for column in cur.description][1:] == [*Lease._fields, "turn"]
+        assert [column.name for column in cur.description][2:] == [*Lease._fields[:-1], "turn"]
 
 
 def test_every_worker_side_write_is_fenced_and_every_finishing_statement_counts_and_settles() -> None:

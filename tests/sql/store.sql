@@ -474,7 +474,11 @@ open_queues AS MATERIALIZED (
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT k.queue, k.limits, q.scope
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+     CROSS JOIN LATERAL (
+        SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
+     LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -494,7 +498,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -503,21 +507,23 @@ looked AS MATERIALIZED (
         SELECT queue, limits, limits || scope FROM groups r
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
+               bool_and(x.counted) AS counted
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
+     END END AS room, l.max_running IS NOT NULL AS counted
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
+     ELSE (SELECT count(*) FROM (SELECT FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                                   LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
+                                  WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false) LIMIT l.max_running) x) < l.max_running
+     END
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.locked) = cardinality(g.scopes)
@@ -530,17 +536,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
+           min(j.id) OVER w AS lead_id
+      FROM looked g CROSS JOIN LATERAL (
+        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
+         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
+    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -563,14 +573,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+      FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, turn, id LIMIT %(limit)s
+    SELECT id, attempt, scopes, rate_cost, together
+      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
+                   1 AS rate_cost, false AS together FROM fast
+            UNION ALL
+            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -597,7 +610,8 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END,
+       CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(id) FROM chosen WHERE together) END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
  WHERE (SELECT count(*) FROM settled) >= 0;
 
@@ -652,7 +666,11 @@ open_queues AS MATERIALIZED (
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT k.queue, k.limits, q.scope
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+     CROSS JOIN LATERAL (
+        SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
+     LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -672,7 +690,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -681,21 +699,23 @@ looked AS MATERIALIZED (
         SELECT queue, limits, limits || scope FROM groups r
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
+               bool_and(x.counted) AS counted
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
+     END END AS room, l.max_running IS NOT NULL AS counted
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
+     ELSE (SELECT count(*) FROM (SELECT FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                                   LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
+                                  WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false) LIMIT l.max_running) x) < l.max_running
+     END
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.locked) = cardinality(g.scopes)
@@ -708,17 +728,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
+           min(j.id) OVER w AS lead_id
+      FROM looked g CROSS JOIN LATERAL (
+        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
+         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
+    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -741,14 +765,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+      FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, turn, id LIMIT %(limit)s
+    SELECT id, attempt, scopes, rate_cost, together
+      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
+                   1 AS rate_cost, false AS together FROM fast
+            UNION ALL
+            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -775,7 +802,8 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END,
+       CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(id) FROM chosen WHERE together) END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
  WHERE (SELECT count(*) FROM settled) >= 0;
 
@@ -826,7 +854,11 @@ open_queues AS MATERIALIZED (
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT k.queue, k.limits, q.scope
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+     CROSS JOIN LATERAL (
+        SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
+     LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -846,7 +878,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -855,21 +887,23 @@ looked AS MATERIALIZED (
         SELECT queue, limits, limits || scope FROM groups r
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
+               bool_and(x.counted) AS counted
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
+     END END AS room, l.max_running IS NOT NULL AS counted
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
+     ELSE (SELECT count(*) FROM (SELECT FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                                   LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
+                                  WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false) LIMIT l.max_running) x) < l.max_running
+     END
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.locked) = cardinality(g.scopes)
@@ -882,17 +916,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
+           min(j.id) OVER w AS lead_id
+      FROM looked g CROSS JOIN LATERAL (
+        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
+         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
+    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -915,14 +953,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+      FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, turn, id LIMIT %(limit)s
+    SELECT id, attempt, scopes, rate_cost, together
+      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
+                   1 AS rate_cost, false AS together FROM fast
+            UNION ALL
+            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -949,7 +990,8 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END,
+       CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(id) FROM chosen WHERE together) END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
  WHERE (SELECT count(*) FROM settled) >= 0;
 
@@ -1004,7 +1046,11 @@ open_queues AS MATERIALIZED (
      WHERE NOT coalesce(p.paused, false)
 ),
 kept AS MATERIALIZED (
-    SELECT DISTINCT k.queue, k.limits, q.scope FROM (SELECT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue LIMIT %(kept)s
+    SELECT k.queue, k.limits, q.scope
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+     CROSS JOIN LATERAL (
+        SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
+     LIMIT %(kept)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -1024,7 +1070,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -1033,21 +1079,23 @@ looked AS MATERIALIZED (
         SELECT queue, limits, limits || scope FROM groups r
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
-        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room
+        SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
+               bool_and(x.counted) AS counted
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room
+     END END AS room, l.max_running IS NOT NULL AS counted
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
-               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
-     ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
-                            LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
+               AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
+     ELSE (SELECT count(*) FROM (SELECT FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
+                                   LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running')
+                                  WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
-                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END > 0
+                AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false) LIMIT l.max_running) x) < l.max_running
+     END
                    FOR UPDATE OF l SKIP LOCKED) x
         OFFSET 0) s
      WHERE cardinality(s.locked) = cardinality(g.scopes)
@@ -1060,17 +1108,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
+           min(j.id) OVER w AS lead_id
+      FROM looked g CROSS JOIN LATERAL (
+        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, g.room)
+         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
+    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -1093,14 +1145,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost FROM limited c
+    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+      FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost
-      FROM (SELECT id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost FROM fast
-            UNION ALL SELECT id, priority, turn, attempt, scopes, rate_cost FROM admitted) a
-     ORDER BY priority DESC, turn, id LIMIT %(limit)s
+    SELECT id, attempt, scopes, rate_cost, together
+      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
+                   1 AS rate_cost, false AS together FROM fast
+            UNION ALL
+            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -1127,7 +1182,8 @@ UPDATE "public"."miniqueue_jobs"
 RETURNING id, queue, task, payload, priority, attempt, max_attempts, scheduled_at, created_at, lease_expires_at,
           limits, parents, trace_context, attempt_budget, run_alone, fair_key, coalesce(rank_at, scheduled_at) AS turn
 )
-SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END, c.*
+SELECT CASE WHEN row_number() OVER () = 1 THEN d.ids END,
+       CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(id) FROM chosen WHERE together) END, c.*
   FROM (SELECT array_agg(id) AS ids FROM completed) d LEFT JOIN claimed c ON true
  WHERE (SELECT count(*) FROM settled) >= 0;
 

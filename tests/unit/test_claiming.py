@@ -230,3 +230,19 @@ def test_a_ready_lease_must_start_with_a_margin_before_it_ends() -> None:
     assert start_deadline(100.0, 30.0) == pytest.approx(127.0), "a tenth of a long lease"
     assert start_deadline(100.0, 5.0) == pytest.approx(104.0), "at least a second"
     assert start_deadline(100.0, 1.0) == pytest.approx(100.5), "at most half the lease"
+
+
+def test_a_claim_takes_together_what_one_handler_runs_and_looks_for_as_many_groups_as_it_needs() -> None:
+    claims = policy(concurrency=4)
+    assert (claims.together(100), claims.together(3), claims.per_group) == (25, 1, 1)
+    keyed = [lease(n, limits=[f"concurrency t k{n % 5}"])._replace(together=True) for n in range(50)]
+    claims.claimed(keyed, 100, set(), now=1.0)
+    assert (claims.per_group, claims.cursor) == (10, ["concurrency t k4"]), "50 jobs over 5 groups"
+    keyed = [lease(n, limits=[f"concurrency t k{5 + n % 9}"])._replace(together=True) for n in range(90)]
+    claims.claimed(keyed, 100, set(), now=2.0)
+    assert claims.cursor == [], "short, having looked for 10 groups and found 9: back to the first group"
+    keyed = [lease(n, limits=[f"concurrency t k{n % 10}"])._replace(together=True) for n in range(90)]
+    claims.claimed(keyed, 100, set(), now=3.0)
+    assert claims.cursor == ["concurrency t k9"], "short, but all 10 groups looked for were found: go on"
+    claims.claimed([lease(1, limits=["concurrency t k1"])], 100, set(), now=4.0)
+    assert claims.per_group == 1, "no job taken together"

@@ -54,13 +54,14 @@ RUNS = {
     # The broken variants: each must break its invariant.
     "fence without the attempt": Run(("BROKEN_FENCE",), "fenced_write_by_holder"),
     "effect outside the completion": Run(("BROKEN_EFFECT",), "one_effect_per_job"),
-    "claim ignoring the limit": Run(("BROKEN_LIMIT",), "limit_held_by_leases"),
+    "claim ignoring the limit": Run(("BROKEN_LIMIT",), "limit_held_by_lanes"),
+    "jobs taken together run at once": Run(("BROKEN_TOGETHER",), "limit_held_by_lanes"),
     "step recorded without the fence": Run(("BROKEN_STEP",), "recorded_step_never_reruns"),
     "reaper that deletes": Run(("BROKEN_LOST", "LIVENESS"), "no_job_lost"),
     "hand-back that spends the budget": Run(("BROKEN_DEAD", "FAULTS"), "dead_exactly_at_max_attempts"),
     "reaper that does not charge": Run(("BROKEN_CHARGE",), "dead_exactly_at_max_attempts"),
     # What the protocol does not promise, and why (model/README.md).
-    "handlers past their lease": Run(("STRICT_LIMIT",), "limit_held_by_leases"),
+    "handlers past their lease": Run(("STRICT_LIMIT",), "limit_held_by_lanes"),
     "steps of a stale run": Run(("STRICT_STEPS",), "recorded_step_never_reruns"),
 }
 

@@ -71,3 +71,30 @@ def test_a_batch_tasks_job_that_runs_alone_starts_as_a_batch_of_one() -> None:
     assert slots.start_batch(make_job, limit=2) == [], "nothing starts beside it"
     slots.finish(alone[0])
     assert [job.id for job in slots.start_batch(make_job, limit=2)] == [1, 3]
+
+
+def test_jobs_taken_together_run_one_at_a_time_and_others_pass_them() -> None:
+    slots = Slots()
+    key, other = ["concurrency t A"], ["concurrency t B"]
+    together = [lease(n)._replace(limits=key, together=True) for n in (1, 2)]
+    apart = [lease(3)._replace(limits=key), lease(4)._replace(limits=other, together=True)]
+    slots.add_ready([*together, *apart], start_by=time.monotonic() + 60)
+    started = [slots.start_next(make_job, limit=4) for _ in range(4)]
+    assert [job.id if job else None for job in started] == [1, 3, 4, None], "2 waits for 1; 3 holds a slot of its own"
+    first = started[0]
+    assert first is not None
+    slots.finish(first)
+    second = slots.start_next(make_job, limit=4)
+    assert second is not None and second.id == 2
+
+
+def test_a_batch_takes_one_job_of_a_group_taken_together() -> None:
+    slots = Slots(batches={"b": Batch(size=10, wait=0.0)})
+    key = ["concurrency b A"]
+    leases = [lease(n)._replace(task="b", limits=key, together=True) for n in (1, 2)] + [lease(3)._replace(task="b")]
+    slots.add_ready(leases, start_by=time.monotonic() + 60)
+    batch = slots.start_batch(make_job, limit=2)
+    assert [job.id for job in batch] == [1, 3]
+    assert slots.start_batch(make_job, limit=2) == [], "2 waits while 1 runs"
+    slots.finish(batch[0])
+    assert [job.id for job in slots.start_batch(make_job, limit=2)] == [2]
