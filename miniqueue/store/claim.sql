@@ -13,9 +13,9 @@
 -- claim_one_down, claim_many_down: miniqueue/store/claim.py composes them). Every other
 -- difference between two claims is a parameter: how many (%(limit)s; of a group taken together,
 -- %(together)s), whether groups of a claim may share a scope (%(shared)s: several queues), the
--- worker's tasks. Two clauses are written
--- once and used more than once: {room} and {has_room} (of a limit row), {held} (whether a holder still holds
--- its slot) and {refilled} (a rate limit's tokens now); {completion} is the worker's completion (miniqueue/store/finishing.py, as outcomes
+-- worker's tasks. Some clauses are written once and used more than once: {room} and {has_room}
+-- (of a limit row), {held} (whether a holder still holds its slot) and {refilled} (a rate limit's
+-- tokens now); {completion} is the worker's completion (miniqueue/store/finishing.py, as outcomes
 -- sends it alone). {jobs}, {limits}, {queues} and the other names in braces become the schema's
 -- names. What a clause holds is the text after its `-- name:` line and comment, up to the next
 -- one, byte for byte (a trailing space included); tests/sql/store.sql shows each variant whole.

@@ -172,7 +172,7 @@ class Slots:
 
     def _take(self, run_async: bool) -> Lease | None:
         """The first ready lease of the kind, in claim order (the only kind, in most apps),
-        that is not a batch task's."""
+        that is not a batch task's and does not wait for a job taken together with it."""
         first = self.ready[0]
         if self.is_async(first.task) == run_async and first.task not in self.batches and not self._waits(first):
             return self.ready.popleft()
