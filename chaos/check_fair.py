@@ -6,7 +6,7 @@ by that key, and the others by one of FAIR_TENANTS, keys that only the rule FAIR
 FAIR_RULE_LIMIT running, over every task, on each database), one of them weighted by a rule too.
 The rule's limit is a lease like any concurrency slot (see chaos.check_limits), judged the same
 way: from the claim to the transition that ended it, per database, counting lanes (the leases one
-claim took together when the key had room for one more are one lane, run one after another).
+claim took together when a key of limit 1 was free are one lane, run one after another).
 """
 
 from __future__ import annotations

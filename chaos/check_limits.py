@@ -8,7 +8,7 @@ claim to the transition that ended it, not from the handler's run. A SIGKILLed w
 is gone at once, but its slot stays held until its lease is released, and a frozen worker's
 handler may still run after its lease expired and the slot went to another job.
 
-Lanes, not leases. When a key has room for exactly one more lease, one claim may lease several
+Lanes, not leases. When a key of limit 1 is free, one claim may lease several
 of its available jobs together to one worker, which runs them one after another, never two at
 once: they are one lane, held from that claim until the last of them ends. The database admits a
 new lane only while the key's leases are below its limit, so a key's leases may exceed the limit
@@ -129,10 +129,11 @@ def lanes(leases: Sequence[Attempt], limit: int) -> list[Lane]:
     """The lanes of one key's leases in one scope, in claim order: the leases of one worker's
     claiming transaction are one lane when there are more of them than the room that claim found
     (``limit`` less the leases held just before its first claim), else a lane each; a lease with no
-    claiming transaction is a lane of its own."""
+    claiming transaction is a lane of its own. Only a limit of 1 takes jobs together: under a
+    larger one every lease is a lane, so a claim past such a limit's room shows as an overrun."""
     claims: dict[tuple[str | None, int], list[int]] = {}
     for index, lease in enumerate(leases):
-        if lease.claim_xact is not None:
+        if lease.claim_xact is not None and limit == 1:
             claims.setdefault((lease.worker, lease.claim_xact), []).append(index)
     claim_of = {index: claim for claim, members in claims.items() if len(members) > 1 for index in members}
     room: dict[tuple[str | None, int], int] = {}

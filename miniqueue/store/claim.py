@@ -118,8 +118,8 @@ class Claiming(StoreBase):
         limits, or ``descending`` (from the last group when ``after`` is empty). Given
         ``tasks``, only jobs of those tasks are claimed (a worker's: its app's tasks).
 
-        Of a group with room for one more job, whose every limit counts running jobs, up to
-        ``together`` jobs are taken *together*: the caller must run them one after another, never
+        Of a group whose one limit is a free limit of 1, up to ``together`` jobs are taken
+        *together*: the caller must run them one after another, never
         two at once (their leases are flagged ``together``). ``per_group`` is how many jobs the
         caller expects a group to give (its last claim's), so that the claim locks the limits of
         about as many groups as it needs, not one group per job.
@@ -206,21 +206,23 @@ class Claiming(StoreBase):
             raise InvalidInput("claim needs at least one queue")
         # Going down, the first group is the last: an array with a NULL sorts after every other.
         start: list[str | None] = [*after] or ([None] if descending else [])
+        # The groups needed to fill the claim: one a job, or, where jobs come together, one for
+        # each ``per_group`` jobs.
+        needed = -(-min(limit, MAX_GROUPS_PER_CLAIM) // max(1, min(per_group, together)))
         params: dict[str, Any] = {
             "worker": worker_id,
             "lease_duration": float(lease_duration),
             "limit": limit,
             "after": start,
-            # Groups taken into admission: enough to fill the claim with one job per group, and a
-            # few more for groups whose room was taken meanwhile (their scope rows stay locked
-            # while the claim runs, so a small claim takes few more than it needs); and groups
-            # seen at most per queue, those passed over (full, or locked by another claim) included.
-            # (With jobs taken together, enough for ``per_group`` jobs a group.)
-            "groups": -(-min(limit, MAX_GROUPS_PER_CLAIM) // max(1, min(per_group, together))) + min(limit, 16),
+            # Groups taken into admission: those needed, and a few more for groups whose room was
+            # taken meanwhile (their scope rows stay locked while the claim runs, so a small claim
+            # takes few more than it needs); and groups seen at most per queue, those passed over
+            # (full, or locked by another claim) included.
+            "groups": needed + min(limit, 16),
             "scan": 4 * (min(limit, MAX_GROUPS_PER_CLAIM) + 16),
-            # Of which the groups of the jobs being completed take at most one per job claimed:
-            # the sweep keeps the rest.
-            "kept": min(limit, MAX_GROUPS_PER_CLAIM),
+            # Of which the groups of the jobs being completed take at most those needed: the
+            # sweep keeps the rest.
+            "kept": needed,
             "tasks": None if tasks is None else list(tasks),
             "together": max(1, together),
             # Whether two groups of the claim may share a scope: one key's jobs in two queues.

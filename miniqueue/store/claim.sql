@@ -59,8 +59,9 @@
 --                take its room in job order, each job its rate cost of a rate scope's tokens (one
 --                slot of any other scope's), so a job whose cost the tokens left cannot cover waits
 --                (and so do the group's jobs behind it, which could otherwise keep it waiting);
---   chosen       the best of the unlimited candidates and the admitted ones, a group taken
---                together ranked by its best job, so that its jobs come whole;
+--   chosen       the best of the unlimited candidates and the admitted ones, the jobs of a
+--                group taken together ranked, within their priority, by the group's oldest, so
+--                that they come whole;
 --   taken        the chosen jobs' slots and tokens (their rate costs summed), recorded with the
 --                lease they belong to, and the holders that ended pruned. (A scope's new holders are listed in no particular
 --                order, ids and attempts aligned: ordering them took a sort per scope, a thousand
@@ -139,14 +140,15 @@
 -- took (a probe and a look at the limit each: 2 groups seen per group taken, with 2 workers);
 -- going opposite ways they meet twice a round.
 --
--- Together (`limited`). A group with room for one more job (a limit of 1 with no holder, or a
--- limit's last free slot) whose one scope counts running jobs gives up to %(together)s jobs,
--- taken together: they hold that one slot between them, and the worker runs them one after
--- another, never two at once (its caller says how many one handler of it will run). Each is a
--- holder of the slot, so the key has no room until the last of them ends, and each is leased as
--- any job is: a lane of leases, which the limit counts as one. A rate limit spends a token a job
--- and a queue cap counts every running job, so their groups are never taken together; nor are
--- groups of several scopes. The claim returns the ids taken together on its first row. This
+-- Together (`limited`). A group whose one scope is a limit of 1 with no holder gives up to
+-- %(together)s jobs, taken together: they hold that one slot between them, and the worker runs
+-- them one after another, never two at once (its caller says how many one handler of it will
+-- run). Each is a holder of the slot, so the key has no room until the last of them ends, and
+-- each is leased as any job is: a lane of leases, which the limit counts as one. A larger limit
+-- keeps a job a slot (a lane in its last free slot would hold the others' room until it ended);
+-- a rate limit spends a token a job and a queue cap counts every running job, so their groups
+-- are never taken together; nor are groups of several scopes, and where groups may share a
+-- scope (several queues, weighted costs) `blocked` cuts a lane to its first job. The claim returns the ids taken together on its first row. This
 -- pays the per-group work (a probe, a look at the limit, its lock and its update) once for
 -- several jobs, where a key has a backlog; the worker's `per_group` says how many jobs a group
 -- gave it last time, so that the claim looks at only as many groups as it needs (%(groups)s).
@@ -192,7 +194,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.single FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -202,8 +204,8 @@ looked AS MATERIALIZED (
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
-               bool_and(x.counted) AS counted
-          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE {room} END AS room, l.max_running IS NOT NULL AS counted
+               bool_and(x.single) AS single
+          FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE {room} END AS room, l.max_running = 1 AS single
                   FROM {limits} l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND {has_room}
@@ -219,10 +221,10 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
-           min(j.id) OVER w AS lead_id
+    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
       FROM looked g CROSS JOIN LATERAL (
-        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
+        SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
@@ -233,7 +235,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -256,17 +258,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
-                   1 AS rate_cost, false AS together FROM fast
+      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+                   false AS together FROM fast
             UNION ALL
-            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE {limits} l

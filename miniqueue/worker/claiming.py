@@ -152,7 +152,7 @@ class ClaimPolicy:
         came first, wherever they lie, so they do not move the cursor."""
         groups = {tuple(lease.limits) for lease in leases if lease.limits}
         # The groups the claim looked for: one per job, or fewer where jobs come together.
-        wanted = -(-asked // self.per_group)
+        wanted = -(-asked // min(self.per_group, self.together(asked)))
         if groups:
             self.limited_at = now
             together = [tuple(lease.limits or ()) for lease in leases if lease.together]

@@ -252,7 +252,9 @@ class Slots:
             free = {
                 task: options for task, options in self.batches.items() if self._handlers(self.is_async(task)) < limit
             }
-            return due_in(self.ready, free, self.ready_since, now)
+            # Only the leases that may start count: one waiting for a job taken together with it
+            # is due when that job ends, not before.
+            return due_in([lease for task in free for lease in self._startable(task)], free, self.ready_since, now)
 
     def renewed(self, ids: Collection[int], start_by: float) -> None:
         """The heartbeat renewed these leases: those still ready may start until ``start_by``."""

@@ -378,29 +378,25 @@ def _claimed(job: int, claimed: float, ended: float | None, xact: int, worker: s
     return Attempt(job, 1, worker, claimed, ended, None if ended is None else "completed", claim_xact=xact)
 
 
-def test_the_limits_rule_counts_the_leases_one_claim_took_together_at_room_1_as_one_lane() -> None:
-    # Limit 2: job 1 holds a slot; one claim (transaction 7) takes jobs 2, 3 and 4 together, more
-    # than its room of 1: one lane, held until job 4 ends at 6.0, beside job 1's.
+def test_the_limits_rule_counts_the_leases_one_claim_took_together_under_a_limit_of_1_as_one_lane() -> None:
+    # Limit 1: job 1 holds the slot until 5.0; then one claim (transaction 7) takes jobs 2, 3 and 4
+    # together: one lane, held until job 4 ends at 9.0.
     held = [_claimed(1, 0.0, 5.0, 1, "host:101:w")]
-    together = [_claimed(2, 1.0, 2.0, 7), _claimed(3, 1.0, 4.0, 7), _claimed(4, 1.0, 6.0, 7)]
-    found = lanes([*held, *together], 2)
+    together = [_claimed(2, 6.0, 7.0, 7), _claimed(3, 6.0, 8.0, 7), _claimed(4, 6.0, 9.0, 7)]
+    found = lanes([*held, *together], 1)
     assert [[x.job for x in lane.leases] for lane in found] == [[1], [2, 3, 4]]
-    assert (found[1].claimed, found[1].ended) == (1.0, 6.0)
-    assert peak(found, 2).count == 2 and peak([*held, *together], 2).count == 4
-    # Job 5 claimed at 5.5, after job 1 ended, while the lane still runs: two lanes at once.
-    assert peak(lanes([*held, *together, _claimed(5, 5.5, 7.0, 8)], 2), 2).count == 2
-    # Claimed at 4.5, before job 1 ended, it is a third lane: over the limit.
-    over = peak(lanes([*held, *together, _claimed(5, 4.5, 7.0, 8)], 2), 2)
-    assert over.count == 3 and [len(lane.leases) for lane in over.holders] == [1, 3, 1]
-    # A claim of two jobs within its room of 2 (job 1 not yet claimed) is two lanes, as every claim
-    # was before lanes: job 1 claimed beside them is a third, over the limit.
-    within = lanes([_claimed(2, 0.0, 2.0, 7), _claimed(3, 0.0, 4.0, 7), _claimed(1, 0.5, 5.0, 9, "host:101:w")], 2)
-    assert [len(lane.leases) for lane in within] == [1, 1, 1]
-    assert peak(within, 2).count == 3
+    assert (found[1].claimed, found[1].ended) == (6.0, 9.0)
+    assert peak(found, 1).count == 1 and peak([*held, *together], 1).count == 3
+    # Job 5 claimed at 8.5 by another claim while the lane still runs: two lanes at once, over.
+    over = peak(lanes([*held, *together, _claimed(5, 8.5, 10.0, 8)], 1), 1)
+    assert over.count == 2 and [len(lane.leases) for lane in over.holders] == [3, 1]
+    # The same three taken together under a limit of 2 are three lanes: only a limit of 1 takes
+    # jobs together, so a claim past a larger limit's room shows as an overrun.
+    assert peak(lanes(together, 2), 2).count == 3
     # Other workers' or transactions' leases, and leases recorded without a transaction, are lanes
     # of their own.
-    apart = [_claimed(2, 1.0, 2.0, 7), _claimed(3, 1.0, 2.0, 7, "host:102:w"), _claimed(4, 1.0, 2.0, 8)]
-    assert len(lanes([*held, *apart], 2)) == 4
+    apart = [_claimed(2, 6.0, 7.0, 7), _claimed(3, 6.0, 7.0, 7, "host:102:w"), _claimed(4, 6.0, 7.0, 8)]
+    assert len(lanes([*held, *apart], 1)) == 4
     assert len(lanes([_lease(1, 0.0, 1.0), _lease(2, 0.0, 1.0)], 1)) == 2
 
 

@@ -69,7 +69,7 @@ def test_a_claim_takes_a_free_keys_jobs_together_and_they_hold_its_one_slot(
     assert count(conn, "state = 'completed' AND attempt = 1") == 4
 
 
-def test_jobs_are_taken_together_only_into_a_keys_last_free_slot_and_never_past_a_rate(
+def test_jobs_are_taken_together_only_under_a_limit_of_1_and_never_past_a_rate(
     client: Client, store: Store, conn: Connection
 ) -> None:
     wide = [client.enqueue("t", {"i": i}, concurrency_key="W", max_concurrent=3).id for i in range(9)]
@@ -77,7 +77,7 @@ def test_jobs_are_taken_together_only_into_a_keys_last_free_slot_and_never_past_
     assert (ids(taken), [lease.together for lease in taken]) == (wide[:3], [False] * 3), "3 free slots: 3 jobs apart"
     assert store.complete_many(conn, "w", [(wide[0], 1)]) == {wide[0]}
     again = store.claim(conn, ["default"], "v", 30.0, 100, together=10)
-    assert ids(again) == wide[3:] and all(lease.together for lease in again), "one free slot: the rest together"
+    assert (ids(again), again[0].together) == (wide[3:4], False), "its last free slot: one job, the others' room kept"
     rated = [client.enqueue("r", {"i": i}, rate_limit="1/h").id for i in range(3)]
     taken = store.claim(conn, ["default"], "w", 30.0, 100, together=10)
     assert (ids(taken), taken[0].together) == (rated[:1], False), "a rate's one token starts one job"

@@ -498,7 +498,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.single FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -508,13 +508,13 @@ looked AS MATERIALIZED (
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
-               bool_and(x.counted) AS counted
+               bool_and(x.single) AS single
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room, l.max_running IS NOT NULL AS counted
+     END END AS room, l.max_running = 1 AS single
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
@@ -536,10 +536,10 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
-           min(j.id) OVER w AS lead_id
+    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
       FROM looked g CROSS JOIN LATERAL (
-        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
+        SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
@@ -550,7 +550,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -573,17 +573,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
-                   1 AS rate_cost, false AS together FROM fast
+      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+                   false AS together FROM fast
             UNION ALL
-            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -690,7 +690,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.single FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -700,13 +700,13 @@ looked AS MATERIALIZED (
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
-               bool_and(x.counted) AS counted
+               bool_and(x.single) AS single
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room, l.max_running IS NOT NULL AS counted
+     END END AS room, l.max_running = 1 AS single
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
@@ -728,10 +728,10 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
-           min(j.id) OVER w AS lead_id
+    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
       FROM looked g CROSS JOIN LATERAL (
-        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
+        SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
@@ -742,7 +742,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -765,17 +765,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
-                   1 AS rate_cost, false AS together FROM fast
+      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+                   false AS together FROM fast
             UNION ALL
-            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -878,7 +878,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.single FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -888,13 +888,13 @@ looked AS MATERIALIZED (
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
-               bool_and(x.counted) AS counted
+               bool_and(x.single) AS single
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room, l.max_running IS NOT NULL AS counted
+     END END AS room, l.max_running = 1 AS single
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
@@ -916,10 +916,10 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
-           min(j.id) OVER w AS lead_id
+    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
       FROM looked g CROSS JOIN LATERAL (
-        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
+        SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
@@ -930,7 +930,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -953,17 +953,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
-                   1 AS rate_cost, false AS together FROM fast
+      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+                   false AS together FROM fast
             UNION ALL
-            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -1070,7 +1070,7 @@ snapshot AS MATERIALIZED (  -- this statement's snapshot, xids modulo 2^32 (see 
       FROM pg_current_snapshot() AS s
 ),
 looked AS MATERIALIZED (
-    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.counted FROM (
+    SELECT g.queue, g.limits, g.scopes, s.locked, s.rooms, s.room, s.single FROM (
         SELECT q.name AS queue, NULL::text[] AS limits, q.scope AS scopes
           FROM open_queues q WHERE q.max_running IS NOT NULL
         UNION ALL
@@ -1080,13 +1080,13 @@ looked AS MATERIALIZED (
          WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.queue = r.queue AND k.limits = r.limits)) g
      CROSS JOIN snapshot t CROSS JOIN LATERAL (
         SELECT array_agg(x.scope) AS locked, array_agg(x.room) AS rooms, min(x.room) AS room,
-               bool_and(x.counted) AS counted
+               bool_and(x.single) AS single
           FROM (SELECT l.scope, CASE WHEN l.max_running = 1 THEN 1 ELSE CASE WHEN l.max_running IS NULL THEN floor(least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))))::int
      ELSE l.max_running - (SELECT count(*) FROM unnest(l.holder_ids, l.holder_attempts) AS h(id, attempt)
                             LEFT JOIN "public"."miniqueue_jobs" j ON j.id = h.id AND j.state IN ('waiting', 'available', 'running') WHERE ((j.state = 'running' AND j.attempt = h.attempt) OR j.attempt < h.attempt
              OR (j.id IS NULL AND NOT EXISTS (SELECT 1 FROM "public"."miniqueue_limits" v WHERE v.scope = l.scope AND v.xmin = l.xmin))) AND NOT coalesce((%(ids)b::bigint[])[width_bucket(h.id, %(ids)b::bigint[])] = h.id
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false))::int
-     END END AS room, l.max_running IS NOT NULL AS counted
+     END END AS room, l.max_running = 1 AS single
                   FROM "public"."miniqueue_limits" l WHERE l.scope = ANY(g.scopes) AND (l.paused_until IS NULL OR l.paused_until <= now()) AND NOT (l.xmax <> '0'
                AND ((l.xmax::text::bigint - t.next) & 4294967295 < 1048576 OR l.xmax::text::bigint = ANY(t.running))
                AND l.xmax::text::bigint IS DISTINCT FROM pg_current_xact_id_if_assigned()::text::bigint & 4294967295) AND CASE WHEN l.max_running IS NULL THEN least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) >= 1
@@ -1108,10 +1108,10 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, max(j.priority) OVER w AS lead_priority, min(j.turn) OVER w AS lead,
-           min(j.id) OVER w AS lead_id
+    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
       FROM looked g CROSS JOIN LATERAL (
-        SELECT g.room = 1 AND cardinality(g.scopes) = 1 AND g.counted AS together) t CROSS JOIN LATERAL (
+        SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
@@ -1122,7 +1122,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.priority, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -1145,17 +1145,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead_priority, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, priority AS lead_priority, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes,
-                   1 AS rate_cost, false AS together FROM fast
+      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+                   false AS together FROM fast
             UNION ALL
-            SELECT id, lead_priority, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY lead_priority DESC, lead, lead_id, priority DESC, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l

@@ -98,3 +98,13 @@ def test_a_batch_takes_one_job_of_a_group_taken_together() -> None:
     assert slots.start_batch(make_job, limit=2) == [], "2 waits while 1 runs"
     slots.finish(batch[0])
     assert [job.id for job in slots.start_batch(make_job, limit=2)] == [2]
+
+
+def test_a_batch_waiting_on_a_job_taken_together_is_not_due_until_that_job_ends() -> None:
+    slots = Slots(batches={"b": Batch(size=10, wait=0.0)})
+    key = ["concurrency b A"]
+    slots.add_ready([lease(n)._replace(task="b", limits=key, together=True) for n in (1, 2)], time.monotonic() + 60)
+    [first] = slots.start_batch(make_job, limit=2)
+    assert slots.batch_due_in(time.monotonic(), limit=2) == float("inf"), "2 cannot start: the loop does not spin"
+    slots.finish(first)
+    assert slots.batch_due_in(time.monotonic(), limit=2) == 0.0
