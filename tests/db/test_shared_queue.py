@@ -40,7 +40,10 @@ def test_two_apps_on_one_queue_run_only_their_own_tasks_and_charge_nothing_for_t
     assert runs.fetchall() == [("a", "a1", 1000, 1000), ("a", "a2", 1000, 1000), ("b", "b1", 1000, 1000)]
     charged = "attempt_budget - (max_attempts - attempt)"
     assert count(conn, f"{charged} <> 1") == 0, "each job was charged its one run, none for a hand-back"
-    assert count(conn, "state = 'dead' OR errors IS NOT NULL AND errors <> '[]'::jsonb") == 0
+    # No error but a hand-back of a prefetched job (a loaded machine's handlers outlive the
+    # prefetch budget), which charges nothing.
+    failed = "EXISTS (SELECT FROM jsonb_array_elements(errors) e WHERE e::text NOT LIKE '%attempt not charged%')"
+    assert count(conn, f"state = 'dead' OR errors IS NOT NULL AND {failed}") == 0
 
     orphan = client.enqueue("c1", queue="shared").id
     wait_until(
