@@ -368,8 +368,8 @@ def _full_limit(job: JobFacts, scope: ScopeFacts) -> Cause | None:
         )
         return Cause(CauseKind.QUEUE_CAP, sentence, {"queue": job.queue, **details})
     sentence = (
-        f"Concurrency limit {scope.scope!r} is full: {len(scope.holders)} of {_count(scope.max_running, 'slot')}, "
-        f"held by {holders}."
+        f"Concurrency limit {scope.scope!r} is full: {min(len(scope.holders), scope.max_running)} of "
+        f"{_count(scope.max_running, 'slot')}, held by {holders}."
     )
     return Cause(CauseKind.CONCURRENCY_LIMIT, sentence, details)
 

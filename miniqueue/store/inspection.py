@@ -168,7 +168,7 @@ WITH waiting AS (
 ), scopes AS (
     SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
 )
-SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
+SELECT w.scope, w.waiting, l.max_running, l.rate, least(cardinality(h.holders), l.max_running) AS held,
        least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
        h.holders, CASE WHEN l.paused_until > now() THEN l.paused_until END,
        CASE WHEN l.paused_until > now() THEN l.paused_by END
@@ -208,7 +208,8 @@ _STATE_ORDER = (
 class LimitWait(NamedTuple):
     """One limit that jobs wait on or hold slots of: its scope name, how many due jobs wait, and
     its state (a concurrency limit's ``max_running``, slots ``held`` and the ids of the jobs
-    holding them, ``holders``; or a rate limit's ``rate`` per second and ``tokens`` left), and
+    holding them, ``holders``, where the jobs a claim took together hold one slot; or a rate
+    limit's ``rate`` per second and ``tokens`` left), and
     while it is paused (back-pressure: RateLimited), until when and by which job."""
 
     scope: str

@@ -69,6 +69,21 @@ def test_a_claim_takes_a_free_keys_jobs_together_and_they_hold_its_one_slot(
     assert count(conn, "state = 'completed' AND attempt = 1") == 4
 
 
+def test_jobs_taken_together_show_as_one_slot_held_by_each_of_them(
+    dsn: str, client: Client, store: Store, conn: Connection
+) -> None:
+    a = [client.enqueue("t", {"i": i}, concurrency_key="A").id for i in range(4)]
+    taken = store.claim(conn, ["default"], "w", 30.0, 100, together=3)
+    assert ids(taken) == a[:3]
+    [wait] = client.limit_waits()
+    assert (wait.held, wait.max_running, wait.holders, wait.waiting) == (1, 1, a[:3], 1)
+    said = CliRunner().invoke(main, ["jobs", "why", str(a[3]), "--database-url", dsn], env={"DATABASE_URL": None})
+    assert said.exit_code == 0, said.output
+    assert f"is full: 1 of 1 slot, held by jobs {a[0]}, {a[1]}, {a[2]}." in said.output
+    shown = CliRunner().invoke(main, ["limits", "--database-url", dsn], env={"DATABASE_URL": None})
+    assert shown.exit_code == 0 and "1/1 slots held by jobs" in shown.output, shown.output
+
+
 def test_jobs_are_taken_together_only_under_a_limit_of_1_and_never_past_a_rate(
     client: Client, store: Store, conn: Connection
 ) -> None:

@@ -1847,7 +1847,7 @@ WITH waiting AS (
 ), scopes AS (
     SELECT scope, sum(waiting)::bigint AS waiting FROM waiting GROUP BY scope
 )
-SELECT w.scope, w.waiting, l.max_running, l.rate, cardinality(h.holders) AS held,
+SELECT w.scope, w.waiting, l.max_running, l.rate, least(cardinality(h.holders), l.max_running) AS held,
        least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) AS tokens,
        h.holders, CASE WHEN l.paused_until > now() THEN l.paused_until END,
        CASE WHEN l.paused_until > now() THEN l.paused_by END
