@@ -82,9 +82,8 @@ class Slots:
     #: The job running alone in this process, if one is: nothing starts beside it.
     alone: int | None = None
     #: The limits of each running job that its claim took together with others (by job id and
-    #: run), and those limits as a set: of the jobs taken together, one of a group runs at a time.
+    #: run): of the jobs taken together, one of a group runs at a time.
     lanes: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
-    busy_lanes: set[tuple[str, ...]] = field(default_factory=set)
 
     def held(self) -> int:
         with self.lock:
@@ -156,14 +155,12 @@ class Slots:
         self.running[(job.id, job.run)] = job
         self.running_async += run_async
         if lease.together:
-            lane = tuple(lease.limits or ())
-            self.lanes[(job.id, job.run)] = lane
-            self.busy_lanes.add(lane)
+            self.lanes[(job.id, job.run)] = tuple(lease.limits or ())
         return job
 
     def _waits(self, lease: Lease) -> bool:
         """Whether ``lease`` waits for a job of its group taken together with it to end."""
-        return lease.together and tuple(lease.limits or ()) in self.busy_lanes
+        return lease.together and tuple(lease.limits or ()) in self.lanes.values()
 
     def _handlers(self, run_async: bool) -> int:
         """Handlers of the kind running: a batch of jobs counts once."""
@@ -221,7 +218,7 @@ class Slots:
                 continue
             if lease.together:
                 lane = tuple(lease.limits or ())
-                if lane in self.busy_lanes or lane in lanes:
+                if lane in lanes or lane in self.lanes.values():
                     continue
                 lanes.add(lane)
             leases.append(lease)
@@ -286,8 +283,7 @@ class Slots:
                 self.alone = None
             if self.running.pop((job.id, job.run), None) is not None and job.task in self.async_tasks:
                 self.running_async -= 1
-            if self.lanes and (lane := self.lanes.pop((job.id, job.run), None)) is not None:
-                self.busy_lanes.discard(lane)
+            self.lanes.pop((job.id, job.run), None)
             if job.id in self.batched:
                 self.batched.discard(job.id)
                 self.batched_by_kind[job.task in self.async_tasks] -= 1
