@@ -187,27 +187,26 @@ schedule_app_option = click.option(
 )
 
 
-@periodic.command("enable")
-@click.argument("name")
-@schedule_app_option
-@database_option
-@friendly_errors
-def enable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
-    """Enable schedule NAME (a schedule a scheduler has run, or one of --app's)."""
-    app = load_app(app_ref) if app_ref else None
-    with open_client(database_url) as client:
-        client.enable_schedule(name, app=app)
-    click.echo(f"schedule {name} enabled")
+def _switch_command(verb: str, enabled: bool, doc: str) -> click.Command:
+    """``periodic enable`` or ``periodic disable``: one command, but for the verb."""
+
+    @periodic.command(verb, help=doc)
+    @click.argument("name")
+    @schedule_app_option
+    @database_option
+    @friendly_errors
+    def switch(name: str, app_ref: str | None, database_url: str | None) -> None:
+        app = load_app(app_ref) if app_ref else None
+        with open_client(database_url) as client:
+            (client.enable_schedule if enabled else client.disable_schedule)(name, app=app)
+        click.echo(f"schedule {name} {verb}d")
+
+    return switch
 
 
-@periodic.command("disable")
-@click.argument("name")
-@schedule_app_option
-@database_option
-@friendly_errors
-def disable_periodic(name: str, app_ref: str | None, database_url: str | None) -> None:
-    """Disable schedule NAME (its slots are skipped until enabled again)."""
-    app = load_app(app_ref) if app_ref else None
-    with open_client(database_url) as client:
-        client.disable_schedule(name, app=app)
-    click.echo(f"schedule {name} disabled")
+enable_periodic = _switch_command(
+    "enable", True, "Enable schedule NAME (a schedule a scheduler has run, or one of --app's)."
+)
+disable_periodic = _switch_command(
+    "disable", False, "Disable schedule NAME (its slots are skipped until enabled again)."
+)

@@ -129,28 +129,26 @@ create_option = click.option(
 )
 
 
-@queues.command("pause")
-@click.argument("names", nargs=-1, required=True)
-@create_option
-@database_option
-@friendly_errors
-def pause_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
-    """Stop every worker, on every host, from claiming jobs of these queues (all or none)."""
-    with open_client(database_url) as client:
-        paused = client.pause_queues(names, create=create)
-    click.echo(f"paused {', '.join(paused)}")
+def _pause_command(verb: str, paused: bool, doc: str) -> click.Command:
+    """``queues pause`` or ``queues resume``: one command, but for the verb."""
+
+    @queues.command(verb, help=doc)
+    @click.argument("names", nargs=-1, required=True)
+    @create_option
+    @database_option
+    @friendly_errors
+    def switch(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
+        with open_client(database_url) as client:
+            switched = (client.pause_queues if paused else client.resume_queues)(names, create=create)
+        click.echo(f"{verb}d {', '.join(switched)}")
+
+    return switch
 
 
-@queues.command("resume")
-@click.argument("names", nargs=-1, required=True)
-@create_option
-@database_option
-@friendly_errors
-def resume_queues(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
-    """Let workers claim jobs of these queues again (all or none)."""
-    with open_client(database_url) as client:
-        resumed = client.resume_queues(names, create=create)
-    click.echo(f"resumed {', '.join(resumed)}")
+pause_queues = _pause_command(
+    "pause", True, "Stop every worker, on every host, from claiming jobs of these queues (all or none)."
+)
+resume_queues = _pause_command("resume", False, "Let workers claim jobs of these queues again (all or none).")
 
 
 @queues.command("limit")

@@ -13,6 +13,7 @@ Each operation is written once as steps, which :class:`Schedules` (sync) and
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
@@ -21,7 +22,6 @@ from ..core.errors import ConfigError, InvalidInput
 from ..core.records import Schedule
 from ..core.steps import Steps, atomic
 from ..core.validation import check_schedule_name, check_task_name
-from ..store.schedules import ScheduleDefinition
 from ..store.store import Store
 from ..tasks.periodic import CatchUp, Periodic, as_periodic
 
@@ -125,8 +125,7 @@ class ScheduleSteps:
         return atomic(self._create_in_one(schedule, enabled))
 
     def _create_in_one(self, p: Periodic, enabled: bool) -> Steps[Schedule]:
-        definition = ScheduleDefinition(p.name, p.cron, p.task, p.payload, p.timezone, p.catch_up, p.grace)
-        if not (yield from self.store.create_schedule_steps(definition, enabled)):
+        if not (yield from self.store.create_schedule_steps(dataclasses.asdict(p), enabled)):
             existing = yield from self.store.stored_schedule_steps(p.name)
             raise InvalidInput(_taken(p.name, existing is not None))
         return (yield from self._get_known(p.name))

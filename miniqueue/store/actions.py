@@ -68,9 +68,8 @@ UPDATE {jobs}
  WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('available', 'running', 'waiting')
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), {finishing}
-SELECT id FROM cancelled WHERE (SELECT count(*) FROM settled) >= 0
 """,
-    finishing=finishing("cancelled"),
+    finishing=finishing("cancelled", select="id"),
 )
 
 # Delete jobs that are not running, and the idempotency keys they held (`unkeyed`). `counted`

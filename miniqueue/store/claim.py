@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.db import Connection, translate_errors
+from ..core.db import Connection
 from ..core.errors import InvalidInput
 from ..core.records import Lease
 from .base import Statement, StoreBase, compose
@@ -32,10 +32,6 @@ MAX_GROUPS_PER_CLAIM = 1000
 # A claimed row's turn and id, and its priority (see complete_and_claim).
 _TURN_AND_ID = operator.itemgetter(-1, 2)
 _PRIORITY = operator.itemgetter(6)
-
-# Plan each statement of the session for its parameters, or let PostgreSQL choose again.
-_CUSTOM_PLANS = "SET plan_cache_mode = force_custom_plan"
-_DEFAULT_PLANS = "RESET plan_cache_mode"
 
 
 def load_statements(text: str) -> dict[str, str]:
@@ -214,15 +210,14 @@ class Claiming(StoreBase):
             "lease_duration": float(lease_duration),
             "limit": limit,
             "after": start,
-            # Groups taken into admission: those needed, and a few more for groups whose room was
-            # taken meanwhile (their scope rows stay locked while the claim runs, so a small claim
-            # takes few more than it needs); and groups seen at most per queue, those passed over
-            # (full, or locked by another claim) included.
-            "groups": needed + min(limit, 16),
+            # Groups taken into admission: those needed, and a few more (as many again, 16 at
+            # most) for groups that give fewer jobs than hoped (each of those gives one job at
+            # most: see claim.sql); and groups seen at most per queue, those passed over (full,
+            # or locked by another claim) included. The groups of the jobs being completed take
+            # at most those needed: the sweep keeps the rest.
+            "groups": needed + min(needed, 16),
             "scan": 4 * (min(limit, MAX_GROUPS_PER_CLAIM) + 16),
-            # Of which the groups of the jobs being completed take at most those needed: the
-            # sweep keeps the rest.
-            "kept": needed,
+            "needed": needed,
             "tasks": None if tasks is None else list(tasks),
             "together": max(1, together),
             # Whether two groups of the claim may share a scope: one key's jobs in two queues.
@@ -233,9 +228,3 @@ class Claiming(StoreBase):
             return (self._claim_one_down if descending else self._claim_one), params
         params["queues"] = queues
         return (self._claim_many_down if descending else self._claim_many), params
-
-    def set_custom_plans(self, conn: Connection, on: bool) -> None:
-        """Make ``conn`` plan every statement for its parameters (``on``), or let PostgreSQL
-        choose a generic plan for a prepared statement again (see the worker's use)."""
-        with translate_errors():
-            conn.execute(_CUSTOM_PLANS if on else _DEFAULT_PLANS)

@@ -21,7 +21,8 @@ sequence_key``, the new state), :func:`finishing` adds:
   error). Each list is ordered by (parent, dependent) so the three arrays of cancellations line up.
 
 A CTE runs only if the statement reads it: the statement's final ``WHERE (SELECT count(*) FROM
-settled) >= 0`` reads ``settled``, which reads ``counted``, and both conditions are always true.
+settled) >= 0`` reads ``settled``, which reads ``counted``, and both conditions are always true
+(``finishing(rows, select=...)`` ends a statement so, selecting from ``rows``).
 A statement that removes finished jobs takes them off the counts instead (:func:`counted_off`:
 -count(*), in the hour each finished in); the minutes they finished in keep them. One that
 deletes jobs lets go of their idempotency keys (:func:`unkeyed`).
@@ -68,9 +69,13 @@ SELECT {settle}(
    AND (SELECT count(*) FROM counted) >= 0)"""  # noqa: E501
 
 
-def finishing(rows: str) -> str:
-    """``counted``, ``per_minute`` and ``settled`` of the jobs CTE ``rows`` finished."""
-    return compose(f"{_COUNTED}, {_PER_MINUTE}, {_SETTLED}", rows=rows)
+def finishing(rows: str, select: str | None = None) -> str:
+    """``counted``, ``per_minute`` and ``settled`` of the jobs CTE ``rows`` finished; with
+    ``select``, the statement's end as well: those columns of ``rows``, read once ``settled`` ran."""
+    clauses = compose(f"{_COUNTED}, {_PER_MINUTE}, {_SETTLED}", rows=rows)
+    if select is None:
+        return clauses
+    return f"{clauses}\nSELECT {select} FROM {rows} WHERE (SELECT count(*) FROM settled) >= 0"
 
 
 def counted_off(rows: str) -> str:

@@ -44,9 +44,8 @@ UPDATE {jobs}
    AND state = 'running' AND lease_expires_at < now()
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), {finishing}
-SELECT id, state FROM recovered WHERE (SELECT count(*) FROM settled) >= 0
 """,  # noqa: E501
-    finishing=finishing("recovered"),
+    finishing=finishing("recovered", select="id, state"),
 )
 
 # Expire the jobs whose deadline passed before any worker claimed them (the claim passes over
@@ -72,9 +71,8 @@ UPDATE {jobs}
    AND state IN ('available', 'waiting') AND expires_at <= now() AND signal_key IS NULL
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), {finishing}
-SELECT id FROM expired WHERE (SELECT count(*) FROM settled) >= 0
 """,  # noqa: E501
-    finishing=finishing("expired"),
+    finishing=finishing("expired", select="id"),
 )
 
 # The unique keys' windows that ended (the reaper, every pass, in batches).

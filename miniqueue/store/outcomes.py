@@ -72,9 +72,8 @@ UPDATE {jobs} j
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id AND j.attempt = f.attempt AND state = 'running' AND leased_by = %(worker)s
 RETURNING j.id, j.queue, j.state, j.dependents, j.awaited, j.sequence_key
 ), {finishing}
-SELECT id, state FROM failed WHERE (SELECT count(*) FROM settled) >= 0
 """,  # noqa: E501
-    finishing=finishing("failed"),
+    finishing=finishing("failed", select="id, state"),
 )
 
 # Fail a job permanently: the handler said never retry. The error history gains an entry as in
@@ -89,9 +88,8 @@ UPDATE {jobs}
  WHERE id = %(id)s AND attempt = %(attempt)s AND state = 'running' AND leased_by = %(worker)s
 RETURNING id, queue, state, dependents, awaited, sequence_key
 ), {finishing}
-SELECT id FROM failed WHERE (SELECT count(*) FROM settled) >= 0
 """,  # noqa: E501
-    finishing=finishing("failed"),
+    finishing=finishing("failed", select="id"),
 )
 
 # Put a job back to sleep without spending an attempt (the attempt number still moves on when

@@ -10,7 +10,8 @@ operator already gave a code schedule is refused in the same statement.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -85,18 +86,6 @@ RETURNING name
 """
 
 
-class ScheduleDefinition(NamedTuple):
-    """What a runtime schedule is made of (the columns written at create)."""
-
-    name: str
-    cron: str
-    task: str
-    payload: Any
-    timezone: str
-    catch_up: str
-    grace: float
-
-
 class StoredSchedules(StoreBase):
     """Periodic schedules created at run time."""
 
@@ -122,9 +111,10 @@ class StoredSchedules(StoreBase):
         rows: list[dict[str, Any]] = yield Query(self._schedule, {"name": name}, named=True)
         return Schedule(**rows[0]) if rows else None
 
-    def create_schedule_steps(self, definition: ScheduleDefinition, enabled: bool) -> Steps[bool]:
-        """Store a schedule (validated); False if its name is taken (by the code or at run time)."""
-        params = definition._asdict() | {"payload": _json(definition.payload), "enabled": enabled}
+    def create_schedule_steps(self, definition: Mapping[str, Any], enabled: bool) -> Steps[bool]:
+        """Store a schedule (validated), ``definition`` being its columns by name (a Periodic's
+        fields); False if its name is taken (by the code or at run time)."""
+        params = {**definition, "payload": _json(definition["payload"]), "enabled": enabled}
         rows: list[tuple[Any, ...]] = yield Query(self._create_schedule, params)
         return bool(rows)
 

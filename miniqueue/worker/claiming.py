@@ -18,6 +18,8 @@ SQL, so each is tested without a database:
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ..core.limits import holds_a_slot
 from ..core.records import Lease
 from ..store.store import MAX_GROUPS_PER_CLAIM
@@ -155,8 +157,11 @@ class ClaimPolicy:
         wanted = -(-asked // min(self.per_group, self.together(asked)))
         if groups:
             self.limited_at = now
-            together = [tuple(lease.limits or ()) for lease in leases if lease.together]
-            self.per_group = max(1, len(together) // len(set(together))) if together else 1
+            # A group beyond those the claim needed gives one job at most (see claim.sql): only
+            # the groups that gave more tell how many a group gives.
+            together = Counter(tuple(lease.limits or ()) for lease in leases if lease.together)
+            several = [jobs for jobs in together.values() if jobs > 1]
+            self.per_group = max(1, sum(several) // len(several)) if several else 1
         swept = groups - kept
         last = min if self.descending else max
         if len(groups) >= MAX_GROUPS_PER_CLAIM:
@@ -188,14 +193,6 @@ class ClaimPolicy:
         if self.limited_flowing(now):
             return min(self.config.poll_interval, LIMITED_POLL_INTERVAL)
         return self.config.poll_interval
-
-    def custom_plans(self, now: float) -> bool:
-        """Whether the claim should be planned for its parameters: while limited jobs flow.
-        PostgreSQL's generic plan for the claim, which it picks after five runs of the prepared
-        statement, ran claims of limited jobs 4x slower; planning the statement afresh each
-        time otherwise added a millisecond to every claim, which one-job-at-a-time flows (a
-        chain, enqueue-to-start latency) feel."""
-        return self.limited_flowing(now)
 
     # -- handing back --------------------------------------------------------------------------
 

@@ -2,9 +2,7 @@
 
 Opened on first use, and then the app's task declarations are published (once per worker:
 producers without the app fill their jobs' options from them, see "Tasks and
-their options" in docs/guides/tasks.md). Closed after a database error, and opened again by the next use. It also
-remembers how it plans the claim statement (see :meth:`ClaimConnection.plan_custom`), which a
-new connection has to be told again.
+their options" in docs/guides/tasks.md). Closed after a database error, and opened again by the next use.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from ..core.db import Connection, behind_pooler, connect, tolerate_bad_json
+from ..core.db import Connection, connect, tolerate_bad_json
 from ..store.store import Store
 from ..tasks.app import App
 
@@ -24,9 +22,6 @@ class ClaimConnection:
         self.dsn, self.store, self.app, self.queues, self.schema = dsn, store, app, queues, schema
         self._conn: Connection | None = None
         self._published = False
-        # Whether the connection plans each statement for its parameters; None until the
-        # connection has been set either way.
-        self._custom_plans: bool | None = None
 
     @property
     def is_open(self) -> bool:
@@ -44,17 +39,8 @@ class ClaimConnection:
                 self._published = True
         return self._conn
 
-    def plan_custom(self, wanted: bool) -> None:
-        """Plan each claim for its parameters (``wanted``), or keep PostgreSQL's generic plan;
-        set only when it changes. Behind a pooler nothing is prepared, so every plan is custom
-        already."""
-        if wanted != self._custom_plans and not behind_pooler():
-            self.store.set_custom_plans(self.get(), wanted)
-            self._custom_plans = wanted
-
     def close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()
             self._conn = None
-            self._custom_plans = None

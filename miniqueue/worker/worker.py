@@ -375,7 +375,6 @@ class Worker:
         """Complete ``batch``'s jobs and claim ``claim`` more in one statement, where the claim
         policy says; the leases join the ready ones."""
         claims = self._claims
-        self._claim_conn.plan_custom(claims.custom_plans(time.monotonic()))
         sent_at = time.monotonic()  # the leases end no sooner than lease_duration after this
         completed, leases = self.store.complete_and_claim(
             conn,

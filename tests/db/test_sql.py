@@ -83,7 +83,7 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         "after": [],
         "groups": 2,
         "scan": 68,
-        "kept": 1,
+        "needed": 1,
         "results": [],
         "tasks": None,
         "together": 1,

@@ -478,7 +478,7 @@ kept AS MATERIALIZED (
       FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
-     LIMIT %(kept)s
+     LIMIT %(needed)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -538,14 +538,14 @@ scopes AS MATERIALIZED (
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
            CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
-      FROM looked g CROSS JOIN LATERAL (
+      FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
+         LIMIT least(%(limit)s, CASE WHEN t.together AND g.n > %(needed)s THEN 1 WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
@@ -670,7 +670,7 @@ kept AS MATERIALIZED (
       FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
-     LIMIT %(kept)s
+     LIMIT %(needed)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -730,14 +730,14 @@ scopes AS MATERIALIZED (
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
            CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
-      FROM looked g CROSS JOIN LATERAL (
+      FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
+         LIMIT least(%(limit)s, CASE WHEN t.together AND g.n > %(needed)s THEN 1 WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
@@ -858,7 +858,7 @@ kept AS MATERIALIZED (
       FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
-     LIMIT %(kept)s
+     LIMIT %(needed)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -918,14 +918,14 @@ scopes AS MATERIALIZED (
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
            CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
-      FROM looked g CROSS JOIN LATERAL (
+      FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
+         LIMIT least(%(limit)s, CASE WHEN t.together AND g.n > %(needed)s THEN 1 WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
@@ -1050,7 +1050,7 @@ kept AS MATERIALIZED (
       FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
-     LIMIT %(kept)s
+     LIMIT %(needed)s
 ),
 groups(queue, scope, limits, depth) AS (
     SELECT q.name, q.scope, f.limits, 1 FROM open_queues q CROSS JOIN LATERAL (
@@ -1110,14 +1110,14 @@ scopes AS MATERIALIZED (
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
            CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
-      FROM looked g CROSS JOIN LATERAL (
+      FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, CASE WHEN t.together THEN %(together)s ELSE g.room END)
+         LIMIT least(%(limit)s, CASE WHEN t.together AND g.n > %(needed)s THEN 1 WHEN t.together THEN %(together)s ELSE g.room END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)

@@ -202,16 +202,15 @@ def test_a_claim_of_no_limited_job_resets_the_cursor() -> None:
     assert claims.cursor == [] and claims.limited_at == float("-inf")
 
 
-def test_while_limited_jobs_flow_the_worker_polls_sooner_and_plans_for_the_parameters(
+def test_while_limited_jobs_flow_the_worker_polls_sooner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     claims = policy(poll_interval=1.0)
-    assert claims.poll_interval(now=100.0) == 1.0 and not claims.custom_plans(now=100.0)
+    assert claims.poll_interval(now=100.0) == 1.0
     claims.claimed([lease(1, limits=["concurrency t A"])], 1, set(), now=100.0)
     assert claims.poll_interval(now=101.0) == claiming.LIMITED_POLL_INTERVAL
-    assert claims.custom_plans(now=101.0)
     later = 100.0 + claiming.LIMITED_POLL_WINDOW
-    assert claims.poll_interval(now=later) == 1.0 and not claims.custom_plans(now=later)
+    assert claims.poll_interval(now=later) == 1.0
     monkeypatch.setattr(claiming, "LIMITED_POLL_INTERVAL", 60.0)
     assert claims.poll_interval(now=101.0) == 1.0, "never slower than the worker's own poll"
 
@@ -244,5 +243,8 @@ def test_a_claim_takes_together_what_one_handler_runs_and_looks_for_as_many_grou
     keyed = [lease(n, limits=[f"concurrency t k{n % 10}"])._replace(together=True) for n in range(90)]
     claims.claimed(keyed, 100, set(), now=3.0)
     assert claims.cursor == ["concurrency t k9"], "short, but all 10 groups looked for were found: go on"
-    claims.claimed([lease(1, limits=["concurrency t k1"])], 100, set(), now=4.0)
+    spare = [lease(100 + n, limits=[f"concurrency t s{n}"])._replace(together=True) for n in range(16)]
+    claims.claimed(keyed[:84] + spare, 100, set(), now=4.0)
+    assert claims.per_group == 8, "84 jobs over 10 groups; the spare groups' one job each does not count"
+    claims.claimed([lease(1, limits=["concurrency t k1"])], 100, set(), now=5.0)
     assert claims.per_group == 1, "no job taken together"
