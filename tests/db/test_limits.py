@@ -69,6 +69,20 @@ def test_a_claim_takes_a_free_keys_jobs_together_and_they_hold_its_one_slot(
     assert count(conn, "state = 'completed' AND attempt = 1") == 4
 
 
+def test_a_spare_key_fills_a_claim_of_jobs_taken_together_only_where_the_keys_needed_fall_short(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    spare = client.enqueue("t", {}, concurrency_key="k2").id  # the oldest job, of the key swept second
+    needed = [client.enqueue("t", {"i": i}, concurrency_key="k1").id for i in range(5)]
+    # One key is needed for 5 jobs of 5 a key; k2 is looked at as a spare.
+    taken = store.claim(conn, ["default"], "w", 30.0, 5, together=5, per_group=5)
+    assert ids(taken) == needed, "k1's jobs come whole; k2's older job waits to be taken with its key's others"
+    assert (row(conn, spare)["state"], row(conn, spare)["attempt"]) == ("available", 0)
+    short = [client.enqueue("t", {"i": i}, concurrency_key="k3").id for i in range(3)]
+    taken = store.claim(conn, ["default"], "w", 30.0, 5, together=5, per_group=5)
+    assert ids(taken) == [spare, short[0]], "k1 held, k2 needed but one job short: the spare k3 fills in, one job"
+
+
 def test_jobs_taken_together_show_as_one_slot_held_by_each_of_them(
     dsn: str, client: Client, store: Store, conn: Connection
 ) -> None:

@@ -537,7 +537,8 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id,
+           coalesce(t.together AND g.n > %(needed)s AND %(together)s > 1, false) AS spare
       FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
@@ -550,7 +551,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -573,17 +574,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.spare, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
-            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, spare, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -729,7 +730,8 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id,
+           coalesce(t.together AND g.n > %(needed)s AND %(together)s > 1, false) AS spare
       FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
@@ -742,7 +744,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -765,17 +767,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.spare, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
-            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, spare, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -917,7 +919,8 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id,
+           coalesce(t.together AND g.n > %(needed)s AND %(together)s > 1, false) AS spare
       FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
@@ -930,7 +933,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -953,17 +956,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.spare, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
-            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, spare, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
@@ -1109,7 +1112,8 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id,
+           coalesce(t.together AND g.n > %(needed)s AND %(together)s > 1, false) AS spare
       FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
         SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
@@ -1122,7 +1126,7 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -1145,17 +1149,17 @@ blocked AS MATERIALIZED (
      WHERE r.spent > m.room
 ),
 admitted AS (
-    SELECT c.id, c.lead, c.lead_id, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
+    SELECT c.id, c.lead, c.lead_id, c.spare, c.priority, c.turn, c.attempt, c.scopes, c.rate_cost, c.together
       FROM limited c
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
     SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
-            SELECT id, lead, lead_id, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
-     ORDER BY priority DESC, lead, lead_id, turn, id LIMIT %(limit)s
+            SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
+     ORDER BY priority DESC, spare, lead, lead_id, turn, id LIMIT %(limit)s
 ),
 taken AS (
     UPDATE "public"."miniqueue_limits" l
