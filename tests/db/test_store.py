@@ -4,6 +4,7 @@ recover, requeue), then fencing, recovery, ordering, batches, the operator side,
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -794,6 +795,36 @@ def test_claim_plan_uses_the_claim_index_without_sorting(client: Client, conn: C
     nodes = list(_plan_nodes(plan_row[0][0]["Plan"]))
     assert "idx_miniqueue_jobs_claim" in {n.get("Index Name") for n in nodes}, nodes
     assert not any(n["Node Type"] in {"Sort", "Incremental Sort", "Seq Scan"} for n in nodes), nodes
+
+
+def test_the_limited_claims_generic_plan_steps_through_indexes_never_the_backlog(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    """A worker keeps PostgreSQL's generic plan for its claim (the statement is prepared after a
+    few runs, and planned once): for limited jobs too, that plan must step from key to key through
+    the limited jobs' index and look up each key's limit row, never read the backlog or every
+    limit row."""
+    client.enqueue_many([JobSpec("t", {"i": i}, concurrency_key=f"k{i % 5000}") for i in range(20_000)])
+    conn.execute("ANALYZE miniqueue_jobs_live")
+    plans: list[str] = []
+    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_format = json"):
+        conn.execute(f"SET {setting}")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.prepare_threshold = 0
+    conn.execute("SET client_min_messages = log")
+    try:
+        leases = store.claim(conn, ["default"], "w", 30.0, 500, together=500, per_group=4)
+    finally:
+        conn.execute("RESET client_min_messages")
+    assert len(leases) == 500
+    claim_plans = [json.loads(text.partition("plan:")[2])["Plan"] for text in plans if "miniqueue_limits" in text]
+    assert len(claim_plans) == 1, plans
+    nodes = list(_plan_nodes(claim_plans[0]))
+    assert "idx_miniqueue_jobs_limited" in {n.get("Index Name") for n in nodes}
+    scanned = {n.get("Relation Name") for n in nodes if n["Node Type"] == "Seq Scan"}
+    assert not scanned & {"miniqueue_jobs_live", "miniqueue_jobs", "miniqueue_limits"}, scanned
 
 
 def test_copy_many_refuses_jobs_it_cannot_store_faithfully(store: Store, conn: Connection) -> None:
