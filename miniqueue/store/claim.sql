@@ -233,16 +233,15 @@ scopes AS MATERIALIZED (
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id,
-           coalesce(t.together AND g.n > %(needed)s AND %(together)s > 1, false) AS spare
-      FROM (SELECT *, row_number() OVER () AS n FROM looked) g CROSS JOIN LATERAL (
-        SELECT cardinality(g.scopes) = 1 AND g.single AS together) t CROSS JOIN LATERAL (
+           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id, t.together AND g.spare AND %(together)s > 1 AS spare
+      FROM (SELECT *, row_number() OVER () > %(needed)s AS spare FROM looked) g CROSS JOIN LATERAL (
+        SELECT coalesce(cardinality(g.scopes) = 1 AND g.single, false) AS together) t CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM {jobs}
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
-         LIMIT least(%(limit)s, CASE WHEN t.together AND g.n > %(needed)s THEN 1 WHEN t.together THEN %(together)s ELSE g.room END)
+         LIMIT least(%(limit)s, CASE WHEN NOT t.together THEN g.room WHEN g.spare THEN 1 ELSE %(together)s END)
            FOR UPDATE SKIP LOCKED) j
      WHERE g.limits IS NOT NULL
     WINDOW w AS (PARTITION BY g.queue, g.limits)

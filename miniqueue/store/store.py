@@ -43,7 +43,7 @@ from __future__ import annotations
 from .actions import OperatorActions
 from .aging import Aging
 from .backlog import Scaling
-from .claim import MAX_GROUPS_PER_CLAIM, Claiming
+from .claim import MAX_GROUPS_PER_CLAIM, Claiming, groups_needed
 from .durable_steps import Durable
 from .enqueue import Enqueuing
 from .fairness import Fairness
@@ -71,6 +71,7 @@ __all__ = [
     "Release",
     "Store",
     "_columns",
+    "groups_needed",
     "job_filter",
 ]
 

@@ -22,7 +22,7 @@ from collections import Counter
 
 from ..core.limits import holds_a_slot
 from ..core.records import Lease
-from ..store.store import MAX_GROUPS_PER_CLAIM
+from ..store.store import MAX_GROUPS_PER_CLAIM, groups_needed
 from .batching import batch_capacity
 from .config import WorkerConfig
 from .prefetch import PrefetchPolicy, parse_prefetch
@@ -153,8 +153,7 @@ class ClaimPolicy:
         once rather than at the next poll. The groups of the jobs the claim completed (``kept``)
         came first, wherever they lie, so they do not move the cursor."""
         groups = {tuple(lease.limits) for lease in leases if lease.limits}
-        # The groups the claim looked for: one per job, or fewer where jobs come together.
-        wanted = -(-asked // min(self.per_group, self.together(asked)))
+        wanted = groups_needed(asked, self.together(asked), self.per_group)  # the groups it looked for
         if groups:
             self.limited_at = now
             # A group beyond those the claim needed gives one job at most (see claim.sql): only
