@@ -20,13 +20,11 @@ from ..supervise.healthcheck import probe_database, probe_url
 from .database import current_schema, database_option, open_client, resolve_database
 from .errors import friendly_errors
 from .params import Duration, Seconds
-from .shards import load_map, shards_option
+from .shards import database_or_map_command, load_map
 
 
 @click.command()
-@database_option
-@shards_option
-@friendly_errors
+@database_or_map_command
 def migrate(database_url: str | None, shards_source: str | None) -> None:
     """Create or upgrade the queue's tables (safe to run concurrently); with a shard map, on
     every database of the map, each then joining it (its ids carry its index from then on)."""

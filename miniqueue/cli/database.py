@@ -18,6 +18,7 @@ from ..client.client import Client
 from ..core.db import check_dsn, check_schema
 from ..core.errors import MiniqueueError
 from ..store.migrate import run_migrations
+from .errors import friendly_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,6 +53,19 @@ _schema_option = click.option(
 def database_option(command: F) -> F:
     """``--database-url`` and ``--schema``: where the queue lives."""
     return _database_url_option(_schema_option(command))
+
+
+def client_command(command: Callable[..., None]) -> Callable[..., None]:
+    """``--database-url`` and ``--schema``, errors in one line (:func:`friendly_errors`), and
+    ``command`` called with ``client``: a Client on that database, closed when it returns. For
+    a command that opens the client first thing."""
+
+    @functools.wraps(command)
+    def with_client(*args: Any, database_url: str | None, **kwargs: Any) -> None:
+        with open_client(database_url) as client:
+            command(*args, client=client, **kwargs)
+
+    return database_option(friendly_errors(with_client))
 
 
 def current_schema() -> str:

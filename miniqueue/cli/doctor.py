@@ -6,9 +6,9 @@ import sys
 
 import click
 
+from ..client.client import Client
 from ..core.health import HORIZON_WARN_SECONDS, diagnose
-from .database import database_option, open_client
-from .errors import friendly_errors
+from .database import client_command
 from .output import to_json
 from .params import Seconds
 
@@ -22,15 +22,13 @@ from .params import Seconds
     show_default=True,
     help="Report a snapshot held longer than this.",
 )
-@database_option
-@friendly_errors
-def doctor(as_json: bool, horizon_seconds: float, database_url: str | None) -> None:
+@client_command
+def doctor(as_json: bool, horizon_seconds: float, client: Client) -> None:
     """What holds the MVCC horizon back (a long or idle transaction, a prepared transaction, a
     replication slot, a standby's feedback), the jobs table's dead rows and sizes, autovacuum,
     connection headroom, the schema's version and this host's clock. Exit 0 when all is well, 1
     when something needs a human (see docs/operations/health.md)."""
-    with open_client(database_url) as client:
-        reading = client.health()
+    reading = client.health()
     checks = diagnose(reading, horizon_seconds=horizon_seconds)
     healthy = all(check.ok for check in checks)
     if as_json:

@@ -9,12 +9,13 @@ from typing import Any
 
 import click
 
+from ..client.client import Client
 from ..core.records import Debounce, JobRecord, State
-from .database import database_option, open_client
+from .database import client_command, database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json
 from .params import JOB_ID, JsonText
-from .shards import finish_map, open_map, shards_option
+from .shards import database_or_map_command, finish_map, open_map
 
 
 @click.command()
@@ -150,9 +151,7 @@ _JOB_LINE = "{:>{id}}  {:<9}  {:<16} {:<24} {:>9}  {:<19}  {}"
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option("--before", "before_id", type=JOB_ID, help="Only jobs listed after this job id (the next page).")
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON array, newest first.")
-@database_option
-@shards_option
-@friendly_errors
+@database_or_map_command
 def list_jobs(
     queue: str | None,
     state: str | None,
@@ -214,9 +213,7 @@ def _print_jobs(rows: Sequence[tuple[str, JobRecord]]) -> None:
 @jobs.command("show")
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
-@database_option
-@shards_option
-@friendly_errors
+@database_or_map_command
 def show_job(job_id: int, as_json: bool, database_url: str | None, shards_source: str | None) -> None:
     """Every field of one job (its result, parents and dependents too), with its error history;
     with a shard map, from the database its id names (shown first)."""
@@ -253,14 +250,12 @@ def show_job(job_id: int, as_json: bool, database_url: str | None, shards_source
 @jobs.command("why")
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
-@database_option
-@friendly_errors
-def why_job(job_id: int, as_json: bool, database_url: str | None) -> None:
+@client_command
+def why_job(job_id: int, as_json: bool, client: Client) -> None:
     """Why job JOB_ID has not run: each cause that holds it back, most decisive first (its
     deadline, a blocked sequence, a paused queue, no worker, parents, a signal, its turn, a
     schedule, a full limit, an expired lease), or that it ran, runs, or is due."""
-    with open_client(database_url) as client:
-        diagnosis = client.why(job_id)
+    diagnosis = client.why(job_id)
     if as_json:
         click.echo(to_json(diagnosis.to_dict()))
         return
@@ -320,10 +315,8 @@ def requeue(
 
 @click.command()
 @click.argument("job_ids", type=JOB_ID, nargs=-1, required=True)
-@database_option
-@friendly_errors
-def cancel(job_ids: tuple[int, ...], database_url: str | None) -> None:
+@client_command
+def cancel(job_ids: tuple[int, ...], client: Client) -> None:
     """Cancel available or running jobs (a running handler is told at its next heartbeat)."""
-    with open_client(database_url) as client:
-        cancelled = client.cancel(list(job_ids))
+    cancelled = client.cancel(list(job_ids))
     click.echo(f"cancelled {len(cancelled)} job(s)")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from ..client.client import Client
 from ..core.fairness import KeyRule, KeyShare
-from .database import database_option, open_client
-from .errors import friendly_errors
+from .database import client_command
 from .output import to_json
 
 
@@ -20,25 +20,21 @@ def keys() -> None:
 @click.option("--limit", type=int, help="At most this many of a matching key's fair jobs run at once, on every host.")
 @click.option("--weight", type=float, help="A matching key's jobs take this many turns for one of a key of weight 1.")
 @click.option("--every-key", is_flag=True, help="PATTERN is '*' alone and means every key.")
-@database_option
-@friendly_errors
-def set_rule(pattern: str, limit: int | None, weight: float | None, every_key: bool, database_url: str | None) -> None:
+@client_command
+def set_rule(pattern: str, limit: int | None, weight: float | None, every_key: bool, client: Client) -> None:
     """Set the rule of the keys PATTERN matches ('*' matches any characters), replacing its rule.
     It holds from the next claim, for the jobs waiting too; a key takes each setting from the
     most specific rule that sets it (its own name, then the longest pattern)."""
-    with open_client(database_url) as client:
-        rule = client.set_key_rule(pattern, limit=limit, weight=weight, every_key=every_key)
+    rule = client.set_key_rule(pattern, limit=limit, weight=weight, every_key=every_key)
     click.echo(f"keys {rule.pattern!r}: {_settings(rule)}")
 
 
 @keys.command("unset")
 @click.argument("pattern")
-@database_option
-@friendly_errors
-def unset_rule(pattern: str, database_url: str | None) -> None:
+@client_command
+def unset_rule(pattern: str, client: Client) -> None:
     """Remove the rule of PATTERN (the keys it matched take the other rules')."""
-    with open_client(database_url) as client:
-        removed = client.remove_key_rule(pattern)
+    removed = client.remove_key_rule(pattern)
     if not removed:
         raise click.ClickException(f"no rule has the pattern {pattern!r} (see `miniqueue keys list`)")
     click.echo(f"keys {pattern!r}: rule removed")
@@ -47,14 +43,12 @@ def unset_rule(pattern: str, database_url: str | None) -> None:
 @keys.command("list")
 @click.option("--queue", help="Only the keys of this queue.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"rules": [...], "keys": [...]} as JSON.')
-@database_option
-@friendly_errors
-def list_keys(queue: str | None, as_json: bool, database_url: str | None) -> None:
+@client_command
+def list_keys(queue: str | None, as_json: bool, client: Client) -> None:
     """The rules, most specific first, then each fair key with jobs: its weight, limit, and its
     jobs waiting and running now."""
-    with open_client(database_url) as client:
-        rules = client.key_rules()
-        shares = client.key_shares(queue)
+    rules = client.key_rules()
+    shares = client.key_shares(queue)
     if as_json:
         click.echo(to_json({"rules": [r._asdict() for r in rules], "keys": [s._asdict() for s in shares]}))
         return
@@ -72,13 +66,11 @@ def list_keys(queue: str | None, as_json: bool, database_url: str | None) -> Non
 @click.option(
     "--create", is_flag=True, help="Also accept a queue not seen yet (no job waiting or running, never paused)."
 )
-@database_option
-@friendly_errors
-def fair_queue(name: str, off: bool, create: bool, database_url: str | None) -> None:
+@client_command
+def fair_queue(name: str, off: bool, create: bool, client: Client) -> None:
     """Make every job of queue NAME fair: jobs take turns by key (their concurrency key, or the
     fair_key they were given); the jobs waiting take theirs at once."""
-    with open_client(database_url) as client:
-        ranked = client.fair_queue(name, not off, create=create)
+    ranked = client.fair_queue(name, not off, create=create)
     if off:
         click.echo(f"queue {name}: only jobs whose task or caller says so are fair")
     else:

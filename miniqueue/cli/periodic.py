@@ -8,12 +8,13 @@ from typing import Any
 
 import click
 
+from ..client.client import Client
 from ..client.schedules import UNCHANGED, ListedSchedule
 from ..core.errors import InvalidInput
 from ..core.records import Schedule
 from ..core.validation import parse_json
 from ..tasks.loading import load_app
-from .database import database_option, open_client
+from .database import client_command, database_option, open_client
 from .errors import friendly_errors
 from .output import to_json
 from .params import JsonText, Seconds
@@ -104,8 +105,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the sc
 )
 @click.option("--disabled", is_flag=True, help="Create it disabled (enable it later).")
 @json_option
-@database_option
-@friendly_errors
+@client_command
 def add_periodic(
     name: str,
     cron: str,
@@ -116,23 +116,22 @@ def add_periodic(
     grace: float,
     disabled: bool,
     as_json: bool,
-    database_url: str | None,
+    client: Client,
 ) -> None:
     """Create schedule NAME at run time: a job of --task at each slot of CRON, from the next one.
 
     Every reaper of the database schedules it from its next pass. A name a schedule of the code
     already has is refused."""
-    with open_client(database_url) as client:
-        made = client.schedules.create(
-            name,
-            cron,
-            task=task,
-            payload=payload,
-            timezone=timezone,
-            catch_up=catch_up,
-            grace=grace,
-            enabled=not disabled,
-        )
+    made = client.schedules.create(
+        name,
+        cron,
+        task=task,
+        payload=payload,
+        timezone=timezone,
+        catch_up=catch_up,
+        grace=grace,
+        enabled=not disabled,
+    )
     _show(made, as_json, "created")
 
 
@@ -171,12 +170,10 @@ def _payload(text: str) -> Any:
 
 @periodic.command("delete")
 @click.argument("name")
-@database_option
-@friendly_errors
-def delete_periodic(name: str, database_url: str | None) -> None:
+@client_command
+def delete_periodic(name: str, client: Client) -> None:
     """Delete schedule NAME, created at run time: it enqueues nothing more (its jobs stay)."""
-    with open_client(database_url) as client:
-        client.schedules.delete(name)
+    client.schedules.delete(name)
     click.echo(f"schedule {name} deleted")
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from ..client.client import Client
 from ..client.inspection import LimitWait
 from ..client.merging import TOTAL, QueueSetting, answered, total_settings, total_waits, unreachable
 from ..client.sharded import ShardedClient, summed
@@ -13,11 +14,11 @@ from ..core.errors import DatabaseUnavailable
 from ..core.records import QueueStats, State
 from ..core.shard_map import ShardMap
 from ..core.validation import MAX_DELAY_SECONDS
-from .database import current_schema, database_option, open_client
+from .database import client_command, current_schema, database_option, open_client
 from .errors import friendly_errors
 from .output import ids_line, to_json
 from .params import Seconds
-from .shards import finish_map, load_map, open_map, shards_option
+from .shards import database_or_map_command, finish_map, load_map, open_map
 
 
 @click.command()
@@ -27,9 +28,7 @@ from .shards import finish_map, load_map, open_map, shards_option
     is_flag=True,
     help="First recount finished jobs from the table (a repair after migrating with workers running; reads every row).",
 )
-@database_option
-@shards_option
-@friendly_errors
+@database_or_map_command
 def stats(as_json: bool, recount: bool, database_url: str | None, shards_source: str | None) -> None:
     """Per queue: jobs by state, the oldest waiting job's age, running and expired leases; with
     a shard map, per database and in total (a database that does not answer is named, exit 1).
@@ -135,11 +134,9 @@ def _pause_command(verb: str, paused: bool, doc: str) -> click.Command:
     @queues.command(verb, help=doc)
     @click.argument("names", nargs=-1, required=True)
     @create_option
-    @database_option
-    @friendly_errors
-    def switch(names: tuple[str, ...], create: bool, database_url: str | None) -> None:
-        with open_client(database_url) as client:
-            switched = (client.pause_queues if paused else client.resume_queues)(names, create=create)
+    @client_command
+    def switch(names: tuple[str, ...], create: bool, client: Client) -> None:
+        switched = (client.pause_queues if paused else client.resume_queues)(names, create=create)
         click.echo(f"{verb}d {', '.join(switched)}")
 
     return switch
@@ -198,9 +195,7 @@ def _aging(seconds: float | None) -> str:
     is_flag=True,
     help='Print the queues as a JSON array of {"queue", "paused", "max_running", "age_after"}.',
 )
-@database_option
-@shards_option
-@friendly_errors
+@database_or_map_command
 def list_queues(as_json: bool, database_url: str | None, shards_source: str | None) -> None:
     """Every queue that has jobs, is paused, capped or aging: whether it is paused, its cap and its
     aging; with a shard map, per database (each holds its own cap) and each queue's total (a
@@ -265,9 +260,7 @@ def _setting_dict(name: str, setting: QueueSetting) -> dict[str, Any]:
     show_default=True,
     help="Show at most this many limits (those with the most jobs waiting, then slots held).",
 )
-@database_option
-@shards_option
-@friendly_errors
+@database_or_map_command
 def limits(as_json: bool, count: int, database_url: str | None, shards_source: str | None) -> None:
     """The limits jobs wait on or hold slots of: for each, the due jobs that name it, and its
     slots held and by which jobs, or its tokens left (see docs/guides/limits.md); with a shard

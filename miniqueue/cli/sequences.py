@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .database import database_option, open_client
+from ..client.client import Client
+from .database import client_command, database_option, open_client
 from .errors import friendly_errors
 from .output import to_json
 
@@ -33,11 +34,9 @@ def sequences(ctx: click.Context, as_json: bool, database_url: str | None) -> No
 
 @sequences.command("release")
 @click.argument("key")
-@database_option
-@friendly_errors
-def release(key: str, database_url: str | None) -> None:
+@client_command
+def release(key: str, client: Client) -> None:
     """Let sequence KEY go on past the failed or dead job that blocks it (which stays as it is)."""
-    with open_client(database_url) as client:
-        blocking, holder = client.release_sequence(key)
+    blocking, holder = client.release_sequence(key)
     after = "no job waited" if holder is None else f"job {holder} runs next"
     click.echo(f"sequence {key!r} released from job {blocking}: {after}")

@@ -20,7 +20,7 @@ from ..core.scaling import CPU_SATURATED, DEFAULT_SCALE_COOLDOWN, DEFAULT_SCALE_
 from .database import current_schema, database_option, resolve_database
 from .errors import OneLineCommand, friendly_errors
 from .params import CpuCeiling, Seconds, WorkerCount
-from .shards import load_map, shards_option
+from .shards import database_or_map_command, load_map, shards_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,9 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 )
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
 @click.option("--app", "app_ref", help="Your app (module:attribute): schedules' cron and next run, and run now.")
-@database_option
-@shards_option
-@friendly_errors
+@database_or_map_command
 def web(
     host: str,
     port: int,

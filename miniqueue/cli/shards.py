@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -11,7 +12,7 @@ from ..core.db import mask_dsn
 from ..core.errors import ConfigError, DatabaseUnavailable
 from ..core.records import State
 from ..core.shard_map import SHARDS_ENV, ShardMap
-from .database import current_schema
+from .database import current_schema, database_option
 from .errors import friendly_errors
 from .output import to_json
 
@@ -22,6 +23,15 @@ shards_option = click.option(
     envvar=SHARDS_ENV,
     help=f"The shard map: a JSON file or the JSON itself (default: ${SHARDS_ENV}).",
 )
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def database_or_map_command(command: F) -> F:
+    """``--database-url``, ``--schema`` and ``--shards`` (one database, or every database of a
+    shard map), and errors in one line (:func:`friendly_errors`): a command that runs on either."""
+    return database_option(shards_option(friendly_errors(command)))
+
 
 _UNFINISHED = (State.AVAILABLE, State.RUNNING, State.WAITING)
 

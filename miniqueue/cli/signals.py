@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from .database import database_option, open_client
-from .errors import friendly_errors
+from ..client.client import Client
+from .database import client_command
 from .output import to_json
 from .params import JsonText
 
@@ -15,13 +15,11 @@ from .params import JsonText
 @click.command()
 @click.argument("key")
 @click.option("--data", type=JsonText(), default="null", show_default=True, help="The signal's data, as JSON.")
-@database_option
-@friendly_errors
-def signal(key: str, data: Any, database_url: str | None) -> None:
+@client_command
+def signal(key: str, data: Any, client: Client) -> None:
     """Send signal KEY: it resumes the oldest job waiting for it, or is kept until one waits
     (see docs/guides/durable.md)."""
-    with open_client(database_url) as client:
-        job_id = client.signal(key, data)
+    job_id = client.signal(key, data)
     if job_id is None:
         click.echo(f"signal {key!r} kept: no job waits for it yet")
     else:
@@ -31,12 +29,10 @@ def signal(key: str, data: Any, database_url: str | None) -> None:
 @click.command()
 @click.option("--key", help="Only this key.")
 @click.option("--json", "as_json", is_flag=True, help="Print them as a JSON array.")
-@database_option
-@friendly_errors
-def signals(key: str | None, as_json: bool, database_url: str | None) -> None:
+@client_command
+def signals(key: str | None, as_json: bool, client: Client) -> None:
     """The signals kept for no job yet, per key, oldest first."""
-    with open_client(database_url) as client:
-        kept = client.kept_signals(key)
+    kept = client.kept_signals(key)
     if as_json:
         click.echo(to_json([{"key": k, "count": n, "oldest": oldest} for k, n, oldest in kept]))
         return
