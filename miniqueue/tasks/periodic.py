@@ -32,6 +32,7 @@ import datetime as dt
 import functools
 import math
 import zoneinfo
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -101,27 +102,38 @@ class Periodic:
 
     def latest_slot(self, now: dt.datetime) -> dt.datetime:
         """The most recent slot at or before ``now``, as a UTC instant."""
-        t = now.astimezone(UTC)
-        if self.timezone == "UTC":
-            return self._wall_at_or_before(t)
-        while True:
-            span = span_of(self.zone, t)
-            found = self._last_in(span, t)
-            if found is not None:
-                return found
-            t = min(span.start - _TICK, self._resume_before(span))
+        return self._search(
+            now, self._wall_at_or_before, self._last_in, lambda span: min(span.start - _TICK, self._resume_before(span))
+        )
 
     def next_slot(self, now: dt.datetime) -> dt.datetime:
         """The first slot after ``now``, as a UTC instant."""
+        return self._search(
+            now,
+            self._wall_after,
+            lambda span, _t: self._first_in(span, now),
+            lambda span: max(span.end, self._resume_after(span)),
+        )
+
+    def _search(
+        self,
+        now: dt.datetime,
+        on_utc: Callable[[dt.datetime], dt.datetime],
+        found_in: Callable[[Span, dt.datetime], dt.datetime | None],
+        onward: Callable[[Span], dt.datetime],
+    ) -> dt.datetime:
+        """The slot sought from ``now``: ``on_utc(now)`` on UTC's clock; in another zone, span by
+        span of one offset, ``found_in(span, t)`` in the span of ``t``, from ``now`` and then at
+        ``onward(span)`` until a span holds it."""
         t = now.astimezone(UTC)
         if self.timezone == "UTC":
-            return self._wall_after(t)
+            return on_utc(t)
         while True:
             span = span_of(self.zone, t)
-            found = self._first_in(span, now)
+            found = found_in(span, t)
             if found is not None:
                 return found
-            t = max(span.end, self._resume_after(span))
+            t = onward(span)
 
     def _last_in(self, span: Span, t: dt.datetime) -> dt.datetime | None:
         """The latest slot of ``span`` at or before ``t``, an instant of the span."""
