@@ -15,7 +15,7 @@ import math
 import os
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import unquote
 
 import psycopg
@@ -26,6 +26,9 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import ConfigError, DatabaseUnavailable, InvalidInput, SchemaOutOfDate
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # only mypy reads it: see miniqueue.core.options
 
 # A URL's "user:password@" part; the slashes are optional so that a URL missing one (which
 # libpq then echoes back whole in its error) is still masked.
@@ -390,38 +393,46 @@ def connect_seconds(timeout: float) -> int:
     return max(2, math.ceil(timeout))
 
 
-def _pool_options(
-    dsn: str, purpose: str, schema: str, min_size: int, max_size: int, timeout: float, connect_timeout: int | None
-) -> dict[str, Any]:
+class PoolOptions(TypedDict, total=False):
+    """What :func:`create_pool` and :func:`create_async_pool` take beside the DSN, its
+    ``purpose`` and ``check``: the connections' ``schema`` (default ``"public"``), the pool's
+    ``min_size`` (1) and ``max_size`` (4), ``timeout``, the longest wait for a connection (30
+    seconds), and ``connect_timeout``, libpq's bound on each new connection's attempt (whole
+    seconds; None, the default: libpq's own)."""
+
+    schema: str
+    min_size: int
+    max_size: int
+    timeout: float
+    connect_timeout: int | None
+
+
+def _pool_options(dsn: str, purpose: str, options: PoolOptions) -> dict[str, Any]:
     """The options a sync and an async pool share: the connections' conninfo and session settings,
-    in autocommit, and the pool's sizes and wait."""
+    in autocommit, and the pool's sizes and wait (TypeError for a keyword that is none of
+    :class:`PoolOptions`: a TypedDict checks nothing at run time)."""
+    unknown = options.keys() - PoolOptions.__annotations__.keys()
+    if unknown:
+        raise TypeError(f"unknown pool options {sorted(unknown)}")
+    connect_timeout = options.get("connect_timeout")
     extra: dict[str, Any] = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
     return {
-        "conninfo": conninfo(dsn, purpose=purpose, schema=schema, **extra),
-        "min_size": min_size,
-        "max_size": max_size,
+        "conninfo": conninfo(dsn, purpose=purpose, schema=options.get("schema", "public"), **extra),
+        "min_size": options.get("min_size", 1),
+        "max_size": options.get("max_size", 4),
         "kwargs": {"autocommit": True, **session_kwargs()},
-        "timeout": timeout,
+        "timeout": options.get("timeout", 30.0),
     }
 
 
 def create_pool(
-    dsn: str,
-    *,
-    purpose: str,
-    schema: str = "public",
-    min_size: int = 1,
-    max_size: int = 4,
-    timeout: float = 30.0,
-    check: Callable[[Connection], None] | None = None,
-    connect_timeout: int | None = None,
+    dsn: str, *, purpose: str, check: Callable[[Connection], None] | None = None, **options: Unpack[PoolOptions]
 ) -> ConnectionPool[Connection]:
-    """Open a pool of autocommit connections that waits at most ``timeout`` s for one;
-    ``check`` (e.g. ``ConnectionPool.check_connection``) vets each connection handed out;
-    ``connect_timeout`` (libpq's, whole seconds) bounds each new connection's attempt."""
+    """Open a pool of autocommit connections (see :class:`PoolOptions`); ``check`` (e.g.
+    ``ConnectionPool.check_connection``) vets each connection handed out."""
     # Typed as a pool of plain connections, as a caller's own pool is: a PooledConnection is one.
     pool: ConnectionPool[Any] = ConnectionPool(
-        **_pool_options(dsn, purpose, schema, min_size, max_size, timeout, connect_timeout),
+        **_pool_options(dsn, purpose, options),
         connection_class=PooledConnection,
         configure=_configure,
         open=True,
@@ -435,18 +446,14 @@ def create_async_pool(
     dsn: str,
     *,
     purpose: str,
-    schema: str = "public",
-    min_size: int = 1,
-    max_size: int = 4,
-    timeout: float = 30.0,
     check: Callable[[AsyncConnection], Awaitable[None]] | None = None,
     name: str | None = None,
-    connect_timeout: int | None = None,
+    **options: Unpack[PoolOptions],
 ) -> AsyncConnectionPool[AsyncConnection]:
     """:func:`create_pool` for asyncio, not yet open: ``await pool.open()`` on the event loop
     that uses it (an asyncio pool belongs to the loop it was opened on)."""
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        **_pool_options(dsn, purpose, schema, min_size, max_size, timeout, connect_timeout),
+        **_pool_options(dsn, purpose, options),
         connection_class=AsyncPooledConnection,
         configure=_aconfigure,
         open=False,
