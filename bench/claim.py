@@ -93,9 +93,10 @@ def floor_statement(store: Store, worker_id: str, batch: int) -> tuple[str, dict
 
 def floor_params(claim_params: dict[str, Any], held: list[tuple[int, int]]) -> dict[str, Any]:
     """The claim's parameters with the completions of the ``(id, attempt)`` leases ``held``, as
-    ``complete_and_claim`` sends them: ids and attempts in id order, and no results."""
+    ``complete_and_claim`` sends them: ids and attempts in id order, no results, and no job of a
+    group of limited jobs to look at first."""
     ids, attempts = _columns(held)
-    return {**claim_params, "ids": ids, "attempts": attempts, "results": []}
+    return {**claim_params, "ids": ids, "attempts": attempts, "results": [], "keep": _columns([])[0]}
 
 
 def floor_worker(spec: ClaimSpec, gate: Gate) -> WorkerReport:

@@ -21,7 +21,7 @@ from ..core.errors import InvalidInput
 from ..core.records import Lease
 from .base import Statement, StoreBase, compose
 from .finishing import COMPLETION
-from .rows import aligned, columns
+from .rows import aligned, bigints, columns
 
 #: The most groups of limited jobs (jobs naming the same limits) one claim takes into admission:
 #: as many as the largest prefetch buffer ``auto`` holds. Since a claim keeps the groups of the
@@ -159,16 +159,20 @@ class Claiming(StoreBase):
         tasks: Sequence[str] | None = None,
         together: int = 1,
         per_group: int = 1,
+        keep: Iterable[int] | None = None,
     ) -> tuple[set[int], list[Lease]]:
         """:meth:`complete_many` and :meth:`claim` in one statement (one round trip, one commit):
         the claim (with nothing to complete, :meth:`claim` sends it with empty arrays).
 
         The groups of the limited jobs it completes are looked at before the others (their next
         jobs, as far as their limits allow, go to the same worker), and do not move along the
-        groups after ``after``: see docs/guides/limits.md.
+        groups after ``after``: see docs/guides/limits.md. ``keep`` names the completed jobs whose
+        groups are looked at so (None: every one); the caller leaves out a job whose claim took
+        every job of its group it found.
         Returns the ids completed (those whose lease was still held) and the new leases.
         """
         ids, attempts = columns(completions)
+        kept = ids if keep is None else bigints(keep)
         query, params = self._claim_query(
             queues,
             worker_id,
@@ -180,7 +184,9 @@ class Claiming(StoreBase):
             together=together,
             per_group=per_group,
         )
-        rows = self._rows(conn, query, {**params, "ids": ids, "attempts": attempts, "results": aligned(ids, results)})
+        rows = self._rows(
+            conn, query, {**params, "ids": ids, "attempts": attempts, "results": aligned(ids, results), "keep": kept}
+        )
         completed = set(rows[0][0] or ()) if rows else set()
         together_ids = set(rows[0][1] or ()) if rows else set()
         # Each row: the ids completed and those taken together (first row only), the lease, and

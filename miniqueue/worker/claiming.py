@@ -19,10 +19,13 @@ SQL, so each is tested without a database:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection, Sequence
 
 from ..core.limits import holds_a_slot
 from ..core.records import Lease
 from ..store.store import MAX_GROUPS_PER_CLAIM, groups_needed
+from ..tasks.job import Job
+from ..tasks.outcomes import Outcome
 from .batching import batch_capacity
 from .config import WorkerConfig
 from .prefetch import PrefetchPolicy, parse_prefetch
@@ -32,6 +35,9 @@ from .slots import Slots
 #: often: a slot freed by another worker or a refilled rate bucket sends no notification.
 LIMITED_POLL_INTERVAL = 0.1
 LIMITED_POLL_WINDOW = 5.0
+#: The most jobs :attr:`ClaimPolicy.spent` remembers (a job handed back unstarted never leaves
+#: it otherwise); forgetting them costs a probe each.
+SPENT_HELD = 10 * MAX_GROUPS_PER_CLAIM
 
 
 def goes_down(slot: str) -> bool:
@@ -92,6 +98,10 @@ class ClaimPolicy:
         #: How many jobs a group of limited jobs gave the last claim that took jobs together (see
         #: :meth:`together`): the next claim locks the limits of about as many groups as it needs.
         self.per_group = 1
+        #: The jobs held whose claim took every job of their group it found (fewer than it could
+        #: take together): the claim that completes them does not look first for more of their
+        #: group (see :meth:`kept`).
+        self.spent: set[int] = set()
 
     # -- reasons -------------------------------------------------------------------------------
 
@@ -137,7 +147,23 @@ class ClaimPolicy:
         ran_dry = not self.slots.has_ready()
         return free if ran_dry or free >= self.claim_batch else 0
 
-    def claimed(self, leases: list[Lease], asked: int, kept: set[tuple[str, ...]], now: float) -> None:
+    def kept(self, outcomes: Sequence[tuple[Job, Outcome]]) -> dict[int, tuple[str, ...]]:
+        """The limited jobs completing among ``outcomes`` whose groups the claim sent with their
+        completion looks at first, each with its limits: their slots free in that statement, and
+        the worker stays with a key while it has jobs. A job whose claim took every job of its
+        group it found is left out: its group most likely has none left, and the probe for one
+        would walk past the entries of the jobs just taken (the sweep still finds any). Forgets
+        the jobs ``outcomes`` end."""
+        kept = {
+            job.id: tuple(job.limits)
+            for job, outcome in outcomes
+            if outcome.kind == "completed" and job.limits and job.id not in self.spent
+        }
+        if self.spent:
+            self.spent.difference_update(job.id for job, _ in outcomes)
+        return kept
+
+    def claimed(self, leases: list[Lease], asked: int, kept: Collection[tuple[str, ...]], now: float) -> None:
         """A claim of ``asked`` jobs took ``leases`` at ``now``, completing jobs of the limit
         groups ``kept``: note whether there is more, and move the limited-jobs cursor."""
         self._note_limited(leases, asked, kept, now)
@@ -145,7 +171,7 @@ class ClaimPolicy:
         if leases:
             self.fair = any(lease.fair_key is not None for lease in leases)
 
-    def _note_limited(self, leases: list[Lease], asked: int, kept: set[tuple[str, ...]], now: float) -> None:
+    def _note_limited(self, leases: list[Lease], asked: int, kept: Collection[tuple[str, ...]], now: float) -> None:
         """Move the limited-jobs cursor past the groups just claimed (the last one, in the
         direction this worker goes). A claim that took as many groups as one claim takes goes on
         from there at once; one that came back short from a cursor may have run out of groups
@@ -161,7 +187,15 @@ class ClaimPolicy:
             together = Counter(tuple(lease.limits or ()) for lease in leases if lease.together)
             several = [jobs for jobs in together.values() if jobs > 1]
             self.per_group = max(1, sum(several) // len(several)) if several else 1
-        swept = groups - kept
+            # A group that gave more than one job but fewer than it could gave every job it had
+            # due and unlocked (one job alone may be a spare group's: see claim.sql).
+            lane = self.together(asked)
+            if len(self.spent) > SPENT_HELD:
+                self.spent.clear()  # jobs handed back unstarted are never finished here
+            self.spent.update(
+                lease.id for lease in leases if lease.together and 1 < together[tuple(lease.limits or ())] < lane
+            )
+        swept = groups.difference(kept)
         last = min if self.descending else max
         if len(groups) >= MAX_GROUPS_PER_CLAIM:
             self.cursor = list(last(swept)) if swept else self.cursor

@@ -59,11 +59,6 @@ class Batch:
         }
         return cls(outcomes, completions, results)
 
-    def kept(self) -> set[tuple[str, ...]]:
-        """The limit groups of the jobs completing: a claim sent with their completion looks at
-        those groups first (their slots free in the same statement)."""
-        return {tuple(job.limits) for job, outcome in self.outcomes if outcome.kind == "completed" and job.limits}
-
 
 #: Sends a batch's completions (and whatever else the statement carries) and returns the ids
 #: of the jobs it completed.

@@ -375,6 +375,7 @@ class Worker:
         """Complete ``batch``'s jobs and claim ``claim`` more in one statement, where the claim
         policy says; the leases join the ready ones."""
         claims = self._claims
+        kept = claims.kept(batch.outcomes)
         sent_at = time.monotonic()  # the leases end no sooner than lease_duration after this
         completed, leases = self.store.complete_and_claim(
             conn,
@@ -389,8 +390,9 @@ class Worker:
             tasks=self._tasks,
             together=claims.together(claim),
             per_group=claims.per_group,
+            keep=kept,
         )
-        claims.claimed(leases, claim, batch.kept(), time.monotonic())
+        claims.claimed(leases, claim, kept.values(), time.monotonic())
         self._slots.add_ready(leases, start_deadline(sent_at, self.config.lease_duration))
         return completed
 

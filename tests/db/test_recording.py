@@ -4,7 +4,6 @@ that committed just before the connection dropped."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 
@@ -155,7 +154,7 @@ def test_a_completion_that_committed_before_the_connection_dropped_is_not_report
     assert recording.flush() == {job_id: "completed"}, "the retry matched nothing, yet the job is ours and completed"
 
 
-def test_the_groups_of_the_jobs_completing_are_the_ones_a_claim_keeps() -> None:
+def test_a_batch_sends_the_completions_and_their_results() -> None:
     def job(job_id: int, limits: list[str] | None) -> Job:
         now = dt.datetime.now(dt.timezone.utc)
         return Job(Lease(job_id, "default", "t", {}, 0, 1, 5, now, now, now, limits), worker_id=WORKER)
@@ -169,5 +168,3 @@ def test_the_groups_of_the_jobs_completing_are_the_ones_a_claim_keeps() -> None:
     )
     assert batch.completions == [(1, 1), (3, 1)]
     assert batch.results == {1: "1"}
-    assert batch.kept() == {("concurrency t A",)}
-    assert dataclasses.replace(batch, outcomes=[]).kept() == set()

@@ -85,6 +85,7 @@ def test_the_claims_columns_are_the_leases_fields(store: Store, conn: Connection
         "scan": 68,
         "needed": 1,
         "results": [],
+        "keep": [],
         "tasks": None,
         "together": 1,
     }

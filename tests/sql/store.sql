@@ -475,7 +475,8 @@ open_queues AS MATERIALIZED (
 ),
 kept AS MATERIALIZED (
     SELECT k.queue, k.limits, q.scope
-      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL AND id = ANY(%(keep)b::bigint[])) k
+      JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
      LIMIT %(needed)s
@@ -667,7 +668,8 @@ open_queues AS MATERIALIZED (
 ),
 kept AS MATERIALIZED (
     SELECT k.queue, k.limits, q.scope
-      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL AND id = ANY(%(keep)b::bigint[])) k
+      JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
      LIMIT %(needed)s
@@ -855,7 +857,8 @@ open_queues AS MATERIALIZED (
 ),
 kept AS MATERIALIZED (
     SELECT k.queue, k.limits, q.scope
-      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL AND id = ANY(%(keep)b::bigint[])) k
+      JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
      LIMIT %(needed)s
@@ -1047,7 +1050,8 @@ open_queues AS MATERIALIZED (
 ),
 kept AS MATERIALIZED (
     SELECT k.queue, k.limits, q.scope
-      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL) k JOIN open_queues q ON q.name = k.queue
+      FROM (SELECT DISTINCT queue, limits FROM completed WHERE limits IS NOT NULL AND id = ANY(%(keep)b::bigint[])) k
+      JOIN open_queues q ON q.name = k.queue
      CROSS JOIN LATERAL (
         SELECT 1 FROM "public"."miniqueue_jobs" WHERE state = 'available' AND limits IS NOT NULL AND queue = k.queue AND limits = k.limits LIMIT 1) n
      LIMIT %(needed)s

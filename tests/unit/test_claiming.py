@@ -11,6 +11,7 @@ import pytest
 from miniqueue.core.records import Lease
 from miniqueue.store.store import MAX_GROUPS_PER_CLAIM
 from miniqueue.tasks.job import Job
+from miniqueue.tasks.outcomes import Outcome, OutcomeKind
 from miniqueue.worker import claiming
 from miniqueue.worker.claiming import ClaimPolicy, goes_down
 from miniqueue.worker.config import WorkerConfig
@@ -248,3 +249,23 @@ def test_a_claim_takes_together_what_one_handler_runs_and_looks_for_as_many_grou
     assert claims.per_group == 8, "84 jobs over 10 groups; the spare groups' one job each does not count"
     claims.claimed([lease(1, limits=["concurrency t k1"])], 100, set(), now=5.0)
     assert claims.per_group == 1, "no job taken together"
+
+
+def test_a_claim_looks_first_at_the_groups_completing_but_not_at_those_its_last_claim_emptied() -> None:
+    claims = policy(concurrency=1)  # a claim of 100 takes up to 100 jobs of a group together
+    emptied = [lease(n, limits=["concurrency t A"])._replace(together=True) for n in range(3)]
+    spare = [lease(10, limits=["concurrency t B"])._replace(together=True)]
+    alone = [lease(20 + n, limits=["concurrency t C"]) for n in range(2)]  # a limit of 2: a slot each
+    claims.claimed(emptied + spare + alone, 100, set(), now=1.0)
+    assert claims.spent == {0, 1, 2}, "3 jobs of A, fewer than 100: every job A had"
+
+    def done(job: Lease, kind: OutcomeKind = "completed") -> tuple[Job, Outcome]:
+        return Job(job, worker_id="w"), Outcome(kind)
+
+    outcomes = [done(emptied[0]), done(spare[0]), done(alone[0]), done(alone[1], "error"), done(lease(30))]
+    assert claims.kept(outcomes) == {10: ("concurrency t B",), 20: ("concurrency t C",)}
+    assert claims.spent == {1, 2}, "the jobs that ended are forgotten"
+    assert claims.kept([done(emptied[1])]) == {} and claims.spent == {2}
+    full = [lease(40 + n, limits=["concurrency t D"])._replace(together=True) for n in range(4)]
+    claims.claimed(full, 4, set(), now=2.0)
+    assert claims.spent == {2}, "4 jobs of D, as many as a claim of 4 takes together: D may have more"
