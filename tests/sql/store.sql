@@ -537,21 +537,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id, t.together AND g.spare AND %(together)s > 1 AS spare
+    SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
       FROM (SELECT *, row_number() OVER () > %(needed)s AS spare FROM looked) g CROSS JOIN LATERAL (
         SELECT coalesce(cardinality(g.scopes) = 1 AND g.single, false) AS together) t CROSS JOIN LATERAL (
+        SELECT *, CASE WHEN t.together THEN min(turn) OVER () ELSE turn END AS lead,
+               CASE WHEN t.together THEN min(id) OVER () ELSE id END AS lead_id FROM (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, CASE WHEN NOT t.together THEN g.room WHEN g.spare THEN 1 ELSE %(together)s END)
-           FOR UPDATE SKIP LOCKED) j
+           FOR UPDATE SKIP LOCKED) j) j
      WHERE g.limits IS NOT NULL
-    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, j.turn, j.id, g.scopes, false, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -579,8 +579,8 @@ admitted AS (
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+    SELECT priority, spare, lead, lead_id, turn, id, attempt, rate_cost, together, scopes
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, '{}'::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
             SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
@@ -730,21 +730,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id, t.together AND g.spare AND %(together)s > 1 AS spare
+    SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
       FROM (SELECT *, row_number() OVER () > %(needed)s AS spare FROM looked) g CROSS JOIN LATERAL (
         SELECT coalesce(cardinality(g.scopes) = 1 AND g.single, false) AS together) t CROSS JOIN LATERAL (
+        SELECT *, CASE WHEN t.together THEN min(turn) OVER () ELSE turn END AS lead,
+               CASE WHEN t.together THEN min(id) OVER () ELSE id END AS lead_id FROM (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, CASE WHEN NOT t.together THEN g.room WHEN g.spare THEN 1 ELSE %(together)s END)
-           FOR UPDATE SKIP LOCKED) j
+           FOR UPDATE SKIP LOCKED) j) j
      WHERE g.limits IS NOT NULL
-    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, j.turn, j.id, g.scopes, false, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -772,8 +772,8 @@ admitted AS (
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+    SELECT priority, spare, lead, lead_id, turn, id, attempt, rate_cost, together, scopes
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, '{}'::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
             SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
@@ -919,21 +919,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id, t.together AND g.spare AND %(together)s > 1 AS spare
+    SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
       FROM (SELECT *, row_number() OVER () > %(needed)s AS spare FROM looked) g CROSS JOIN LATERAL (
         SELECT coalesce(cardinality(g.scopes) = 1 AND g.single, false) AS together) t CROSS JOIN LATERAL (
+        SELECT *, CASE WHEN t.together THEN min(turn) OVER () ELSE turn END AS lead,
+               CASE WHEN t.together THEN min(id) OVER () ELSE id END AS lead_id FROM (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, CASE WHEN NOT t.together THEN g.room WHEN g.spare THEN 1 ELSE %(together)s END)
-           FOR UPDATE SKIP LOCKED) j
+           FOR UPDATE SKIP LOCKED) j) j
      WHERE g.limits IS NOT NULL
-    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, j.turn, j.id, g.scopes, false, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -961,8 +961,8 @@ admitted AS (
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+    SELECT priority, spare, lead, lead_id, turn, id, attempt, rate_cost, together, scopes
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, '{}'::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
             SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
@@ -1112,21 +1112,21 @@ scopes AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
 ),
 limited AS MATERIALIZED (
-    SELECT j.*, g.scopes, t.together, CASE WHEN t.together THEN min(j.turn) OVER w ELSE j.turn END AS lead,
-           CASE WHEN t.together THEN min(j.id) OVER w ELSE j.id END AS lead_id, t.together AND g.spare AND %(together)s > 1 AS spare
+    SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
       FROM (SELECT *, row_number() OVER () > %(needed)s AS spare FROM looked) g CROSS JOIN LATERAL (
         SELECT coalesce(cardinality(g.scopes) = 1 AND g.single, false) AS together) t CROSS JOIN LATERAL (
+        SELECT *, CASE WHEN t.together THEN min(turn) OVER () ELSE turn END AS lead,
+               CASE WHEN t.together THEN min(id) OVER () ELSE id END AS lead_id FROM (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NOT NULL AND queue = g.queue AND limits = g.limits
            AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
          ORDER BY priority DESC, scheduled_at, id
          LIMIT least(%(limit)s, CASE WHEN NOT t.together THEN g.room WHEN g.spare THEN 1 ELSE %(together)s END)
-           FOR UPDATE SKIP LOCKED) j
+           FOR UPDATE SKIP LOCKED) j) j
      WHERE g.limits IS NOT NULL
-    WINDOW w AS (PARTITION BY g.queue, g.limits)
     UNION ALL
-    SELECT j.*, g.scopes, false, j.turn, j.id, false FROM looked g CROSS JOIN LATERAL (
+    SELECT j.*, j.turn, j.id, g.scopes, false, false FROM looked g CROSS JOIN LATERAL (
         SELECT id, queue, limits, priority, scheduled_at, coalesce(rank_at, scheduled_at) AS turn, attempt, rate_cost FROM "public"."miniqueue_jobs"
          WHERE state = 'available' AND limits IS NULL AND queue = g.queue AND scheduled_at <= now() AND (expires_at IS NULL OR expires_at > now())
            AND (%(tasks)b::text[] IS NULL OR task = ANY(%(tasks)b::text[]))
@@ -1154,8 +1154,8 @@ admitted AS (
      WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.id = c.id)
 ),
 chosen AS MATERIALIZED (
-    SELECT id, attempt, scopes, rate_cost, together
-      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, NULL::text[] AS scopes, 1 AS rate_cost,
+    SELECT priority, spare, lead, lead_id, turn, id, attempt, rate_cost, together, scopes
+      FROM (SELECT id, turn AS lead, id AS lead_id, false AS spare, priority, turn, attempt, '{}'::text[] AS scopes, 1 AS rate_cost,
                    false AS together FROM fast
             UNION ALL
             SELECT id, lead, lead_id, spare, priority, turn, attempt, scopes, rate_cost, together FROM admitted) a
