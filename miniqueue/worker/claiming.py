@@ -18,7 +18,6 @@ SQL, so each is tested without a database:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Sequence
 
 from ..core.limits import holds_a_slot
@@ -110,7 +109,7 @@ class ClaimPolicy:
 
     def note_finished(self, limits: list[str] | None) -> None:
         """A handler finished a job subject to ``limits``."""
-        if holds_a_slot(limits):
+        if not self.freed_slot and holds_a_slot(limits):
             self.freed_slot = True
 
     def begin_claim(self) -> None:
@@ -178,23 +177,29 @@ class ClaimPolicy:
         after it: the next claim starts again from the first group (the last one, going down), at
         once rather than at the next poll. The groups of the jobs the claim completed (``kept``)
         came first, wherever they lie, so they do not move the cursor."""
-        groups = {tuple(lease.limits) for lease in leases if lease.limits}
-        wanted = groups_needed(asked, self.together(asked), self.per_group)  # the groups it looked for
+        groups: set[tuple[str, ...]] = set()
+        lanes: dict[tuple[str, ...], list[int]] = {}  # the jobs of each group taken together
+        for lease in leases:
+            if lease.limits:
+                group = tuple(lease.limits)
+                groups.add(group)
+                if lease.together:
+                    lanes.setdefault(group, []).append(lease.id)
+        lane = self.together(asked)
+        wanted = groups_needed(asked, lane, self.per_group)  # the groups it looked for
         if groups:
             self.limited_at = now
             # A group beyond those the claim needed gives one job at most (see claim.sql): only
             # the groups that gave more tell how many a group gives.
-            together = Counter(tuple(lease.limits or ()) for lease in leases if lease.together)
-            several = [jobs for jobs in together.values() if jobs > 1]
+            several = [len(ids) for ids in lanes.values() if len(ids) > 1]
             self.per_group = max(1, sum(several) // len(several)) if several else 1
             # A group that gave more than one job but fewer than it could gave every job it had
             # due and unlocked (one job alone may be a spare group's: see claim.sql).
-            lane = self.together(asked)
             if len(self.spent) > SPENT_HELD:
                 self.spent.clear()  # jobs handed back unstarted are never finished here
-            self.spent.update(
-                lease.id for lease in leases if lease.together and 1 < together[tuple(lease.limits or ())] < lane
-            )
+            for ids in lanes.values():
+                if 1 < len(ids) < lane:
+                    self.spent.update(ids)
         swept = groups.difference(kept)
         last = min if self.descending else max
         if len(groups) >= MAX_GROUPS_PER_CLAIM:
