@@ -160,7 +160,7 @@ class Slots:
 
     def _waits(self, lease: Lease) -> bool:
         """Whether ``lease`` waits for a job of its group taken together with it to end."""
-        return lease.together and tuple(lease.limits or ()) in self.lanes.values()
+        return lease.together and bool(self.lanes) and tuple(lease.limits or ()) in self.lanes.values()
 
     def _handlers(self, run_async: bool) -> int:
         """Handlers of the kind running: a batch of jobs counts once."""
