@@ -147,6 +147,19 @@ def test_a_claim_that_completes_a_keys_job_takes_its_next_job_wherever_the_curso
     assert ids(store.complete_and_claim(conn, "w", [(b1, 1)], ["default"], 30.0, 2)[1]) == [a3, b2]
 
 
+def test_a_completed_job_left_out_of_keep_does_not_send_the_claim_to_its_key_first(
+    client: Client, store: Store, conn: Connection
+) -> None:
+    a1, a2 = (client.enqueue("t", {"i": i}, concurrency_key="A").id for i in range(2))
+    (first,) = store.claim(conn, ["default"], "w", 30.0, 1)
+    assert first.id == a1
+    past = ["concurrency zzz"]  # where the sweep finds nothing
+    completed, leases = store.complete_and_claim(conn, "w", [(a1, 1)], ["default"], 30.0, 1, after=past, keep=[])
+    assert (completed, leases) == ({a1}, []), "A's next job waits for the sweep"
+    assert row(conn, a2)["state"] == "available"
+    assert ids(store.claim(conn, ["default"], "w", 30.0, 1)) == [a2], "which finds it"
+
+
 def test_the_keys_a_claim_kept_do_not_move_the_workers_cursor(
     client: Client, store: Store, conn: Connection, dsn: str
 ) -> None:
