@@ -20,9 +20,10 @@ from urllib.parse import unquote
 
 import psycopg
 import psycopg.errors
+from psycopg.abc import Buffer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
-from psycopg.types.json import set_json_loads
+from psycopg.types.json import JsonbLoader, JsonLoader, set_json_loads
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .errors import ConfigError, DatabaseUnavailable, InvalidInput, SchemaOutOfDate
@@ -103,13 +104,21 @@ class AsyncPooledConnection(psycopg.AsyncConnection[Any]):
         return self._statement_cursor
 
 
-_decode_json = json.JSONDecoder().decode
+_decoder = json.JSONDecoder()
+_decode_json, _scan_json = _decoder.decode, _decoder.raw_decode
 
 
-def _load_json(data: str | bytes) -> Any:
-    """json.loads for the UTF-8 text PostgreSQL sends: json.loads(bytes) first guesses the
-    encoding, which cost a worker as much per claimed job as the decoding itself."""
-    return _decode_json(data.decode() if isinstance(data, bytes) else data)
+def _load_json(data: Buffer | str) -> Any:
+    """json.loads for the UTF-8 text PostgreSQL sends, in one call a value: json.loads(bytes)
+    first guesses the encoding, which cost a worker as much per claimed job as the decoding
+    itself, and a ``jsonb`` value (never space around it) needs only the scan json.loads ends
+    in; a ``json`` value with space around it, or none, goes the whole way."""
+    text = data if isinstance(data, str) else bytes(data).decode()
+    try:
+        value, end = _scan_json(text)
+    except ValueError:  # space first, or no value: json.loads says which
+        return _decode_json(text)
+    return value if end == len(text) else _decode_json(text)
 
 
 class UndecodableJson:
@@ -125,7 +134,7 @@ class UndecodableJson:
         return f"<undecodable JSON: {self.error}>"
 
 
-def _load_json_or_mark(data: str | bytes) -> Any:
+def _load_json_or_mark(data: Buffer | str) -> Any:
     try:
         return _load_json(data)
     except (RecursionError, ValueError) as exc:
@@ -137,12 +146,20 @@ def tolerate_bad_json(conn: Connection) -> None:
     :class:`UndecodableJson`. For the worker's claim connection: rows are decoded after the claim
     has committed their leases, so one job's payload must not fail the claim of all the others
     (the worker fails that job alone, without running it)."""
-    set_json_loads(_load_json_or_mark, conn)
+    _use_json_loads(_load_json_or_mark, conn)
+
+
+def _use_json_loads(loads: Callable[[Buffer | str], Any], conn: Connection | AsyncConnection) -> None:
+    """Decode ``json`` and ``jsonb`` values on ``conn`` with ``loads``: called directly for a
+    value in text (how every statement here reads them), not through psycopg's own loader."""
+    set_json_loads(loads, conn)  # values in binary too
+    for name, base in (("json", JsonLoader), ("jsonb", JsonbLoader)):
+        conn.adapters.register_loader(name, type(base.__name__, (base,), {"load": staticmethod(loads)}))
 
 
 def _configure(conn: Connection | AsyncConnection) -> None:
     """What every connection miniqueue opens needs before its first statement."""
-    set_json_loads(_load_json, conn)
+    _use_json_loads(_load_json, conn)
 
 
 async def _aconfigure(conn: AsyncConnection) -> None:

@@ -1,9 +1,10 @@
 """Process plumbing shared by the supervisor and its children: titles and log labels, signal
-names, exit statuses, parent death."""
+names, exit statuses, parent death, the cyclic collector of a long-lived child."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import re
 import signal
@@ -39,6 +40,22 @@ def host_name() -> str:
     if not _HOST_RE.fullmatch(name):
         raise ConfigError(f"host name {name!r} (${HOST_ENV}) is invalid: use 1-100 characters of A-Z a-z 0-9 . _ -")
     return name
+
+
+#: A worker child's cyclic collector looks at its youngest objects once this many more of them
+#: are alive than at its last look (the interpreter's default is 700). A claim holds a thousand
+#: jobs at a time, each a few objects: at 700, a drain of no-op jobs spent about 2 µs a job in
+#: the collector, most of it walking the objects the child had built at start.
+YOUNG_OBJECTS_PER_COLLECTION = 20_000
+
+
+def settle_collector() -> None:
+    """Before a child's long loop: leave the objects it built at start (modules, its app, its
+    worker) out of every later collection (``gc.freeze``), and collect the young ones less
+    often (:data:`YOUNG_OBJECTS_PER_COLLECTION`). Memory is freed as before when its last
+    reference goes; only unreachable cycles wait longer, for a bounded number of objects."""
+    gc.freeze()
+    gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
 
 
 def set_title(text: str) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..core.db import Connection, connect
 from ..core.errors import AppLoadError, DatabaseUnavailable, MiniqueueError, SchemaOutOfDate
-from ..core.process import EXIT_BOOT_ERROR, EXIT_SCHEMA_REFUSED, die_with_parent, set_label, set_title
+from ..core.process import EXIT_BOOT_ERROR, EXIT_SCHEMA_REFUSED, die_with_parent, set_label, set_title, settle_collector
 from ..core.service import Service
 from ..maintenance.reaper import Reaper, ReaperConfig
 from ..observability import tracing
@@ -155,19 +155,13 @@ def _run_worker(spec: ChildSpec) -> int:
     except Exception as exc:
         reports.write(spec.report_fd, [reports.Error(f"{type(exc).__name__}: {exc}")])
         return EXIT_BOOT_ERROR
-    progress = _Progress(spec, app)
-
-    def handler_ended(job: Job) -> None:
-        board.handler_finished(job)
-        progress.handler_ended(job)
-
+    progress = _Progress(spec, app, board)
     # A span per attempt when tracing is on (miniqueue.tracing), around the supervisor's hooks.
     worker.hooks = tracing.worker_hooks(
         WorkerHooks(
-            on_job_start=progress.job_started,
             on_job_end=progress.job_ended,
-            on_handler_start=board.handler_started,
-            on_handler_end=handler_ended,
+            on_handler_start=progress.handler_started,
+            on_handler_end=progress.handler_ended,
         )
     )
     _install_stop_signals(worker.stop, board)
@@ -178,6 +172,7 @@ def _run_worker(spec: ChildSpec) -> int:
     serves = [reports.Serves("queue", queue) for queue in worker.queues]
     serves += [reports.Serves("task", task) for task in sorted(worker.app.tasks)]
     reports.write(spec.report_fd, [*serves, reports.Ready(worker.worker_id)])
+    settle_collector()
     worker.run()
     board.stop_requested()  # also when it stopped itself (max_jobs): handlers left running were not a crash
     progress.flush()
@@ -359,8 +354,9 @@ class _Reporter(Service):
 
 class _Progress:
     """What a worker tells the world about its jobs: report lines to the supervisor and its
-    process title, at a cost that does not grow with the job rate. Per job, the hooks only
-    touch a few dicts; every flush (the reporter's 0.1 s tick) sends
+    process title, at a cost that does not grow with the job rate, and its running handlers on
+    its :class:`~miniqueue.worker.inflight.InflightBoard`. Per job, the hooks only touch a few
+    dicts; every flush (the reporter's 0.1 s tick) sends
 
     - ``start`` for each job whose handler is still running, once (at once for a task with a
       hard timeout, since the supervisor times it), and ``end`` for such a job once its handler
@@ -371,12 +367,12 @@ class _Progress:
     A job whose handler starts and returns between two flushes is only counted. (Its outcome is
     recorded with the next claim, up to a batch later: counting it as running until then had
     a drain of no-op jobs send two lines per job, a tenth of a core in the supervisor.) Hooks
-    run on handler threads and the claim loop, hence the lock."""
+    run on handler threads, the event loop and the claim loop, hence the lock (the board's too)."""
 
     TITLE_SECONDS = 0.25
 
-    def __init__(self, spec: ChildSpec, app: App) -> None:
-        self.spec = spec
+    def __init__(self, spec: ChildSpec, app: App, board: InflightBoard) -> None:
+        self.spec, self.board = spec, board
         self.timeouts = {name: task.timeout for name, task in app.tasks.items() if task.timeout}
         self.lock = threading.Lock()
         self.pending: list[reports.Report] = []
@@ -385,31 +381,28 @@ class _Progress:
         self.tallies: dict[tuple[str, str, str], reports.Tally] = {}
         self.titled_at = 0.0
 
-    def job_started(self, job: Job) -> None:
+    def handler_started(self, job: Job) -> None:
         with self.lock:
+            self.board.handler_started(job)
             self.running[job.id] = job
         if job.task in self.timeouts:
             self.flush()
 
     def handler_ended(self, job: Job) -> None:
         with self.lock:
-            self._stopped(job)
+            self.board.handler_finished(job)
+            if self.running.pop(job.id, None) is not None and job.id in self.reported:
+                self.reported.discard(job.id)
+                self.pending.append(reports.End(job.id))
 
     def job_ended(self, job: Job, outcome: Outcome) -> None:
         label = "completed" if outcome.kind == "completed_in_transaction" else outcome.kind
         key = (label, job.queue, job.task)
         with self.lock:
-            self._stopped(job)  # no handler ran (an unknown task, say), or handler_ended did this
             tally = self.tallies.get(key)
             if tally is None:
                 tally = self.tallies[key] = reports.Tally()
             tally.add(outcome.duration)
-
-    def _stopped(self, job: Job) -> None:
-        """``job`` no longer runs (the lock is held)."""
-        if self.running.pop(job.id, None) is not None and job.id in self.reported:
-            self.reported.discard(job.id)
-            self.pending.append(reports.End(job.id))
 
     def beat(self, listening: bool | None) -> None:
         with self.lock:

@@ -64,7 +64,7 @@ class Dispatcher:
         self.wake, self.worker_id, self.concurrency, self.kinds = wake, worker_id, concurrency, kinds
         self.transaction, self.atransaction, self.read_results = transaction, atransaction, read_results
         self.max_result_bytes, self.steps, self.groups = max_result_bytes, steps, groups
-        # The recorder's queue itself: a handler appends to it and reads its length per job.
+        # The recorder's queue itself: a handler appends to it per job.
         self._queue = outcomes.queue
         self.hooks = WorkerHooks()
         self.threads: HandlerThreads | None = None
@@ -170,7 +170,7 @@ class Dispatcher:
             return []
         batch = self.slots.start_batch(self.make_job, self.concurrency, run_async)
         # As for one job: wake the claim loop when a claim is due or no batch is left to run.
-        if not batch or len(self._queue) >= self.claims.claim_batch:
+        if not batch or self.outcomes.unrecorded() >= self.claims.claim_batch:
             self.wake.set()
         for job in batch:
             self.hooks.on_job_start(job)
@@ -194,8 +194,9 @@ class Dispatcher:
             return None
         next_job = self.slots.start_next(self.make_job, self.concurrency, run_async)
         # Wake the claim loop when a claim is due or this handler has nothing left to run;
-        # not for every job (the loop records lone outcomes within OUTCOME_DELAY anyway).
-        if next_job is None or len(self._queue) >= self.claims.claim_batch:
+        # not for every job (the loop records lone outcomes within OUTCOME_DELAY anyway), nor
+        # for the outcomes its flush under way records (it looks again once that is done).
+        if next_job is None or self.outcomes.unrecorded() >= self.claims.claim_batch:
             self.wake.set()
         if next_job is not None:
             self.hooks.on_job_start(next_job)

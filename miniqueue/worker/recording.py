@@ -78,6 +78,9 @@ class OutcomeRecorder:
         #: Finished jobs and their outcomes, oldest first (the one deque for the worker's life:
         #: the dispatcher appends to it directly).
         self.queue: collections.deque[tuple[Job, Outcome]] = collections.deque()
+        #: How many outcomes at the queue's head the claim loop is recording now: those left are
+        #: the ones a next flush would record (see :meth:`unrecorded`).
+        self.flushing = 0
         #: Outcomes recorded (the worker's jobs done).
         self.jobs_done = 0
         # A completion was under way when the connection dropped: it may have committed.
@@ -93,11 +96,23 @@ class OutcomeRecorder:
     def __len__(self) -> int:
         return len(self.queue)
 
+    def unrecorded(self) -> int:
+        """The outcomes queued that no flush under way records (read from handler threads: the
+        count may lag by the outcomes of a flush ending, never run ahead of them)."""
+        return len(self.queue) - self.flushing
+
     def flush(self, conn: Connection, commit: Commit) -> None:
         """Record the outcomes queued now. ``commit`` sends their completions (the claim loop
         sends its claim in the same statement) and returns the jobs it completed; the rest are
         recorded here, one by one, on ``conn``."""
         batch = Batch.of(list(self.queue))
+        self.flushing = len(batch.outcomes)
+        try:
+            self._record(conn, batch, commit)
+        finally:
+            self.flushing = 0
+
+    def _record(self, conn: Connection, batch: Batch, commit: Commit) -> None:
         try:
             self._write_final_progress(conn, batch)
             completed = commit(batch)

@@ -260,7 +260,10 @@ class Worker:
                 continue
             # Handlers and notifications set the wake event; only a claim we could make right
             # now is a reason not to wait for one, and outcomes waiting to be recorded a reason
-            # not to wait long.
+            # not to wait long. A wake-up that landed during this iteration has its reason looked
+            # at here (a handler that ran dry while the claim was under way, say), so it does not
+            # cut the next wait short too.
+            self._wake.clear()
             wait = 0.0 if self._claim_size(False) else max(0.0, next_poll - time.monotonic())
             wait = min(wait, self._claims.stuck_in(time.monotonic()))
             wait = min(wait, self._slots.batch_due_in(time.monotonic(), self.config.concurrency))

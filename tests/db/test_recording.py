@@ -168,3 +168,27 @@ def test_a_batch_sends_the_completions_and_their_results() -> None:
     )
     assert batch.completions == [(1, 1), (3, 1)]
     assert batch.results == {1: "1"}
+
+
+def test_outcomes_a_flush_records_do_not_count_as_waiting(
+    app: App, client: Client, store: Store, conn: Connection
+) -> None:
+    # Handlers wake the claim loop once enough outcomes wait for a claim: those of the flush
+    # under way are not among them, nor, after it, those it recorded.
+    for i in range(3):
+        client.enqueue("t", {"i": i})
+    recording = Recording(app, store, conn)
+    first, second, third = recording.claim(3)
+    recording.finished(first, Outcome("completed"))
+    recording.finished(second, Outcome("completed"))
+    seen = []
+
+    def complete(batch: Batch) -> set[int]:
+        recording.finished(third, Outcome("completed"))  # a handler finishing meanwhile
+        seen.append(recording.recorder.unrecorded())
+        return recording.complete(batch)
+
+    recording.recorder.flush(conn, complete)
+    assert seen == [1] and recording.recorder.unrecorded() == 1 and len(recording.recorder) == 1
+    assert recording.flush() == {first.id: "completed", second.id: "completed", third.id: "completed"}
+    assert recording.recorder.unrecorded() == 0

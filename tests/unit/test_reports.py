@@ -26,6 +26,7 @@ from miniqueue.supervise.reports import (
     Tally,
 )
 from miniqueue.tasks.job import Job
+from miniqueue.worker.inflight import InflightBoard
 from miniqueue.worker.worker import Outcome
 
 
@@ -118,7 +119,8 @@ def test_a_worker_reports_a_job_running_only_while_its_handler_runs() -> None:
     fast, slow = Job(lease, worker_id="w"), Job(lease._replace(id=8), worker_id="w")
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
-    progress = _Progress(ChildSpec("worker-1", "postgresql://", write_fd, 1.0), App())
+    board = InflightBoard(2)
+    progress = _Progress(ChildSpec("worker-1", "postgresql://", write_fd, 1.0), App(), board)
 
     def flushed() -> list[reports.Report]:
         progress.flush()
@@ -129,14 +131,16 @@ def test_a_worker_reports_a_job_running_only_while_its_handler_runs() -> None:
 
     try:
         for job in (fast, slow):
-            progress.job_started(job)
+            progress.handler_started(job)
+        assert set(board.running()) == {7, 8}, "the board holds every running handler"
         progress.handler_ended(fast)
         assert flushed() == [Start(8, 1, None, "t")]
+        assert set(board.running()) == {8}
         progress.job_ended(fast, Outcome("completed", duration=0.001))
         progress.handler_ended(slow)
         progress.job_ended(slow, Outcome("completed", duration=2.0))
         sent = flushed()
-        assert sent[0] == End(8) and len(sent) == 2
+        assert sent[0] == End(8) and len(sent) == 2 and not board.running()
         assert isinstance(sent[1], Done) and sent[1].tally.count == 2
     finally:
         os.close(read_fd)
