@@ -31,8 +31,9 @@ class ClaimConnection:
         """The connection, opened (and the tasks published) if need be; raises
         DatabaseUnavailable if the database cannot be reached."""
         if self._conn is None:
-            # Timestamps in UTC: the claimed jobs' (behind a pooler, the server's zone: see conninfo).
-            self._conn = connect(self.dsn, purpose="worker", schema=self.schema, utc=True)
+            # Timestamps in UTC: the claimed jobs' (behind a pooler, the server's zone), and each
+            # statement planned once, the claim above all (see conninfo).
+            self._conn = connect(self.dsn, purpose="worker", schema=self.schema, utc=True, generic_plans=True)
             tolerate_bad_json(self._conn)  # one job's payload never fails the claim of the others
             if not self._published:
                 self.store.publish_tasks(self._conn, self.app.declarations(), self.queues)

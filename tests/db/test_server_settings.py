@@ -17,8 +17,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from miniqueue import App, Client, ConfigError, Job, Reaper, ReaperConfig, State
 from miniqueue.core.db import connect, create_pool
 from miniqueue.store.migrate import run_migrations
+from miniqueue.store.store import Store
 from miniqueue.testing import run_jobs
 from miniqueue.testing.database import create_database, drop_database
+from miniqueue.worker.connection import ClaimConnection
 
 from ..helpers import run_on_threads
 from ..serving import run_miniqueue
@@ -129,6 +131,18 @@ def test_the_dsns_own_options_stay_beside_miniqueues(dsn: str) -> None:
         assert conn.execute(shown).fetchone() == ("4321ms", "public,pg_catalog")
     with create_pool(with_options, purpose="test") as pool, pool.connection() as pooled:
         assert pooled.execute(shown).fetchone() == ("4321ms", "public,pg_catalog")
+
+
+def test_a_workers_claim_connection_plans_each_statement_once_whatever_the_servers_default(dsn: str) -> None:
+    """The claim connection asks for generic plans (see "Vacuum and planner statistics" in
+    docs/guides/retention.md); other connections keep the server's plan_cache_mode."""
+    claims = ClaimConnection(dsn, Store(), App(), ["default"], schema="public")
+    try:
+        assert claims.get().execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    finally:
+        claims.close()
+    with connect(dsn, purpose="test") as conn:
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
 
 
 def test_a_role_short_of_a_privilege_is_told_so_in_one_line(fresh_database: str, server_dsn: str) -> None:
