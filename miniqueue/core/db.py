@@ -10,6 +10,7 @@ startup parameter and never prepares a statement on the server: see :func:`behin
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -153,8 +154,17 @@ def _use_json_loads(loads: Callable[[Buffer | str], Any], conn: Connection | Asy
     """Decode ``json`` and ``jsonb`` values on ``conn`` with ``loads``: called directly for a
     value in text (how every statement here reads them), not through psycopg's own loader."""
     set_json_loads(loads, conn)  # values in binary too
-    for name, base in (("json", JsonLoader), ("jsonb", JsonbLoader)):
-        conn.adapters.register_loader(name, type(base.__name__, (base,), {"load": staticmethod(loads)}))
+    for name, loader in zip(("json", "jsonb"), _text_loaders(loads), strict=True):
+        conn.adapters.register_loader(name, loader)
+
+
+@functools.cache
+def _text_loaders(loads: Callable[[Buffer | str], Any]) -> tuple[type[JsonLoader], type[JsonbLoader]]:
+    """psycopg loaders of ``json`` and ``jsonb`` in text that call ``loads`` (made once)."""
+    return (
+        type("JsonLoader", (JsonLoader,), {"load": staticmethod(loads)}),
+        type("JsonbLoader", (JsonbLoader,), {"load": staticmethod(loads)}),
+    )
 
 
 def _configure(conn: Connection | AsyncConnection) -> None:
