@@ -4,6 +4,10 @@ and a client over a map's databases."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -18,6 +22,16 @@ from miniqueue.testing import database as testing_db
 
 #: The data folders of the session's own servers, by their DSN.
 PGDATA: dict[str, Path] = {}
+#: The postmaster of each server a test started again with ``pg_ctl``, by its DSN: the wheel's
+#: clean-up at exit stops only the process it started, and deletes the folder all the same.
+RESTARTED: dict[str, int] = {}
+
+
+@atexit.register  # registered before any server starts, so it runs after the wheel's clean-up
+def _stop_restarted() -> None:
+    for pid in RESTARTED.values():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)  # a fast shutdown
 
 
 def start_servers(server_dsn: str) -> list[str]:
@@ -41,6 +55,10 @@ def pg_ctl(server: str, action: str) -> None:
     options = ["-m", "fast"] if action == "stop" else ["-o", f"-h '' -k {conninfo_to_dict(server)['host']}"]
     argv = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "-t", "60", "-l", str(handle.log)]
     subprocess.run([*argv, *options, action], user=handle.system_user, capture_output=True, check=True, timeout=90)
+    if action == "start":
+        RESTARTED[server] = int((pgdata / "postmaster.pid").read_text().split()[0])
+    else:
+        RESTARTED.pop(server, None)
 
 
 def emptied_client(shards: ShardMap) -> Iterator[ShardedClient]:
