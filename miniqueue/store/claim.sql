@@ -54,7 +54,9 @@
 --                claim has locked (or rewritten since this statement's snapshot: _TOUCHED) is
 --                passed over without waiting, so that two workers never queue on the same limit,
 --                nor deadlock, and a claim behind another's still fills up from the groups after it;
---   scopes       each scope's room, when groups of the claim may share a scope (see "Sharing");
+--   sharing, scopes
+--                whether groups of the claim may share a scope, and if so each scope's room (see
+--                "Sharing");
 --   limited      the best jobs of each group, as many as its room (or up to %(together)s of a
 --                group taken together, one of a group beyond those needed: see "Together"),
 --                locked, each with its group's oldest (`lead`), found among the group's own rows
@@ -77,7 +79,9 @@
 --   taken        the chosen jobs' slots and tokens (their rate costs summed), recorded with the
 --                lease they belong to, and the holders that ended pruned. (A scope's new holders are listed in no particular
 --                order, ids and attempts aligned: ordering them took a sort per scope, a thousand
---                small sorts in a claim of 1,000 keys.)
+--                small sorts in a claim of 1,000 keys. A job's scopes are unnested in the select
+--                list here, as in `need` and `scopes`, not joined to a function scan, which builds a
+--                tuplestore for every row: that doubled the cost of grouping a claim's jobs by scope.)
 --   claimed      the chosen jobs leased: running, leased to %(worker)s for %(lease_duration)s seconds, their
 --                attempt one higher.
 -- A paused scope (back-pressure: its `paused_until` not yet passed, see migration 027) is
@@ -137,8 +141,8 @@
 -- ten in a generic plan, and the plan of the whole claim changed with it (a drain by the testing
 -- kit's worker ran 3x slower).
 --
--- Sharing (`scopes`, `blocked`). Whether two groups of a claim may share a scope, so that their
--- jobs must take its room in turn. In one queue, groups are distinct sets of scopes, so only a
+-- Sharing (`sharing`, then `scopes` and `blocked`). Whether two groups of a claim may share a
+-- scope, so that their jobs must take its room in turn (`ranked`, decided once a claim). In one queue, groups are distinct sets of scopes, so only a
 -- group of more than one (a key under a cap, a key and a rate limit) can share; most claims have
 -- none, and skip the ranking. Across queues, one key's jobs in two queues share it: %(shared)s.
 -- Weighing (migration 028): a job that costs more than one token needs the running sums too,
@@ -234,11 +238,14 @@ looked AS MATERIALIZED (
      WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
+sharing AS MATERIALIZED (
+    SELECT %(shared)s OR EXISTS (SELECT 1 FROM looked WHERE cardinality(scopes) > 1)
+           OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1) AS ranked
+),
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
+      FROM (SELECT unnest(locked) AS scope, unnest(rooms) AS room FROM looked) r
+     WHERE (SELECT ranked FROM sharing)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
@@ -265,15 +272,14 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT id, priority, scheduled_at, scope, CASE WHEN starts_with(scope, 'rate ') THEN rate_cost ELSE 1 END AS cost
+      FROM (SELECT id, priority, scheduled_at, rate_cost, unnest(scopes) AS scope FROM limited) c
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
+              FROM need n WHERE (SELECT ranked FROM sharing)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
 ),
@@ -301,8 +307,8 @@ taken AS (
                 WHERE l.max_running > 1 AND {held}),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE {refilled} - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+      FROM (SELECT scope, sum(rate_cost) AS used, array_agg(id) AS ids, array_agg(attempt + 1) AS attempts
+              FROM (SELECT unnest(scopes) AS scope, rate_cost, id, attempt FROM chosen) c GROUP BY scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (

@@ -94,8 +94,10 @@ class ClaimPolicy:
         self.cursor: list[str] = []
         #: When (monotonic) a limited job was last claimed.
         self.limited_at = float("-inf")
-        #: How many jobs a group of limited jobs gave the last claim that took jobs together (see
-        #: :meth:`together`): the next claim locks the limits of about as many groups as it needs.
+        #: How many jobs a group of limited jobs gave the last claim that took jobs together, on
+        #: average (see :meth:`together`): the next claim locks the limits of about as many groups
+        #: as it needs. Rounded, not floored: a group the claim's size cut short would otherwise
+        #: have the next claim lock a tenth more groups than it takes (at 10 jobs a group).
         self.per_group = 1
         #: The jobs held whose claim took every job of their group it found (fewer than it could
         #: take together): the claim that completes them does not look first for more of their
@@ -192,7 +194,7 @@ class ClaimPolicy:
             # A group beyond those the claim needed gives one job at most (see claim.sql): only
             # the groups that gave more tell how many a group gives.
             several = [len(ids) for ids in lanes.values() if len(ids) > 1]
-            self.per_group = max(1, sum(several) // len(several)) if several else 1
+            self.per_group = max(1, round(sum(several) / len(several))) if several else 1
             # A group that gave more than one job but fewer than it could gave every job it had
             # due and unlocked (one job alone may be a spare group's: see claim.sql).
             if len(self.spent) > SPENT_HELD:

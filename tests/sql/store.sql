@@ -530,11 +530,14 @@ looked AS MATERIALIZED (
      WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
+sharing AS MATERIALIZED (
+    SELECT %(shared)s OR EXISTS (SELECT 1 FROM looked WHERE cardinality(scopes) > 1)
+           OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1) AS ranked
+),
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
+      FROM (SELECT unnest(locked) AS scope, unnest(rooms) AS room FROM looked) r
+     WHERE (SELECT ranked FROM sharing)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
@@ -561,15 +564,14 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT id, priority, scheduled_at, scope, CASE WHEN starts_with(scope, 'rate ') THEN rate_cost ELSE 1 END AS cost
+      FROM (SELECT id, priority, scheduled_at, rate_cost, unnest(scopes) AS scope FROM limited) c
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
+              FROM need n WHERE (SELECT ranked FROM sharing)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
 ),
@@ -599,8 +601,8 @@ taken AS (
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+      FROM (SELECT scope, sum(rate_cost) AS used, array_agg(id) AS ids, array_agg(attempt + 1) AS attempts
+              FROM (SELECT unnest(scopes) AS scope, rate_cost, id, attempt FROM chosen) c GROUP BY scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -723,11 +725,14 @@ looked AS MATERIALIZED (
      WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
+sharing AS MATERIALIZED (
+    SELECT %(shared)s OR EXISTS (SELECT 1 FROM looked WHERE cardinality(scopes) > 1)
+           OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1) AS ranked
+),
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
+      FROM (SELECT unnest(locked) AS scope, unnest(rooms) AS room FROM looked) r
+     WHERE (SELECT ranked FROM sharing)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
@@ -754,15 +759,14 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT id, priority, scheduled_at, scope, CASE WHEN starts_with(scope, 'rate ') THEN rate_cost ELSE 1 END AS cost
+      FROM (SELECT id, priority, scheduled_at, rate_cost, unnest(scopes) AS scope FROM limited) c
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
+              FROM need n WHERE (SELECT ranked FROM sharing)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
 ),
@@ -792,8 +796,8 @@ taken AS (
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+      FROM (SELECT scope, sum(rate_cost) AS used, array_agg(id) AS ids, array_agg(attempt + 1) AS attempts
+              FROM (SELECT unnest(scopes) AS scope, rate_cost, id, attempt FROM chosen) c GROUP BY scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -912,11 +916,14 @@ looked AS MATERIALIZED (
      WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
+sharing AS MATERIALIZED (
+    SELECT %(shared)s OR EXISTS (SELECT 1 FROM looked WHERE cardinality(scopes) > 1)
+           OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1) AS ranked
+),
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
+      FROM (SELECT unnest(locked) AS scope, unnest(rooms) AS room FROM looked) r
+     WHERE (SELECT ranked FROM sharing)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
@@ -943,15 +950,14 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT id, priority, scheduled_at, scope, CASE WHEN starts_with(scope, 'rate ') THEN rate_cost ELSE 1 END AS cost
+      FROM (SELECT id, priority, scheduled_at, rate_cost, unnest(scopes) AS scope FROM limited) c
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
+              FROM need n WHERE (SELECT ranked FROM sharing)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
 ),
@@ -981,8 +987,8 @@ taken AS (
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+      FROM (SELECT scope, sum(rate_cost) AS used, array_agg(id) AS ids, array_agg(attempt + 1) AS attempts
+              FROM (SELECT unnest(scopes) AS scope, rate_cost, id, attempt FROM chosen) c GROUP BY scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (
@@ -1105,11 +1111,14 @@ looked AS MATERIALIZED (
      WHERE cardinality(s.locked) = cardinality(g.scopes)
      LIMIT %(groups)s
 ),
+sharing AS MATERIALIZED (
+    SELECT %(shared)s OR EXISTS (SELECT 1 FROM looked WHERE cardinality(scopes) > 1)
+           OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1) AS ranked
+),
 scopes AS MATERIALIZED (
     SELECT DISTINCT ON (r.scope) r.scope, r.room
-      FROM looked g CROSS JOIN LATERAL unnest(g.locked, g.rooms) AS r(scope, room)
-     WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-        OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)
+      FROM (SELECT unnest(locked) AS scope, unnest(rooms) AS room FROM looked) r
+     WHERE (SELECT ranked FROM sharing)
 ),
 limited AS MATERIALIZED (
     SELECT j.*, g.scopes, t.together, t.together AND g.spare AND %(together)s > 1 AS spare
@@ -1136,15 +1145,14 @@ limited AS MATERIALIZED (
      WHERE g.limits IS NULL
 ),
 need AS (
-    SELECT c.id, c.priority, c.scheduled_at, s.scope, CASE WHEN starts_with(s.scope, 'rate ') THEN c.rate_cost ELSE 1 END AS cost
-      FROM limited c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope)
+    SELECT id, priority, scheduled_at, scope, CASE WHEN starts_with(scope, 'rate ') THEN rate_cost ELSE 1 END AS cost
+      FROM (SELECT id, priority, scheduled_at, rate_cost, unnest(scopes) AS scope FROM limited) c
 ),
 blocked AS MATERIALIZED (
     SELECT DISTINCT r.id
       FROM (SELECT n.id, n.scope, sum(n.cost) OVER (PARTITION BY n.scope
                                                     ORDER BY n.priority DESC, n.scheduled_at, n.id) AS spent
-              FROM need n WHERE (%(shared)s OR (SELECT coalesce(bool_or(cardinality(scopes) > 1), false) FROM looked))
-                                OR EXISTS (SELECT 1 FROM limited WHERE rate_cost > 1)) r
+              FROM need n WHERE (SELECT ranked FROM sharing)) r
       JOIN scopes m ON m.scope = r.scope
      WHERE r.spent > m.room
 ),
@@ -1174,8 +1182,8 @@ taken AS (
                 AND (%(attempts)b::int[])[width_bucket(h.id, %(ids)b::bigint[])] = h.attempt, false)),
            tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE least(l.burst, l.tokens + l.rate * greatest(0, extract(epoch FROM now() - l.refilled_at))) - t.used END,
            refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE greatest(l.refilled_at, now()) END
-      FROM (SELECT s.scope, sum(c.rate_cost) AS used, array_agg(c.id) AS ids, array_agg(c.attempt + 1) AS attempts
-              FROM chosen c CROSS JOIN LATERAL unnest(c.scopes) AS s(scope) GROUP BY s.scope) t
+      FROM (SELECT scope, sum(rate_cost) AS used, array_agg(id) AS ids, array_agg(attempt + 1) AS attempts
+              FROM (SELECT unnest(scopes) AS scope, rate_cost, id, attempt FROM chosen) c GROUP BY scope) t
      WHERE l.scope = t.scope
 ),
 claimed AS (

@@ -247,6 +247,9 @@ def test_a_claim_takes_together_what_one_handler_runs_and_looks_for_as_many_grou
     spare = [lease(100 + n, limits=[f"concurrency t s{n}"])._replace(together=True) for n in range(16)]
     claims.claimed(keyed[:84] + spare, 100, set(), now=4.0)
     assert claims.per_group == 8, "84 jobs over 10 groups; the spare groups' one job each does not count"
+    cut = [lease(n, limits=[f"concurrency t k{n // 10}"])._replace(together=True) for n in range(78)]
+    claims.claimed(cut, 78, set(), now=4.5)
+    assert claims.per_group == 10, "7 groups of 10 and the last cut to 8 by the claim's size: 10 a group"
     claims.claimed([lease(1, limits=["concurrency t k1"])], 100, set(), now=5.0)
     assert claims.per_group == 1, "no job taken together"
 
