@@ -142,12 +142,13 @@
 -- kit's worker ran 3x slower).
 --
 -- Sharing (`sharing`, then `scopes` and `blocked`). Whether two groups of a claim may share a
--- scope, so that their jobs must take its room in turn (`ranked`, decided once a claim). In one queue, groups are distinct sets of scopes, so only a
--- group of more than one (a key under a cap, a key and a rate limit) can share; most claims have
--- none, and skip the ranking. Across queues, one key's jobs in two queues share it: %(shared)s.
--- Weighing (migration 028): a job that costs more than one token needs the running sums too,
--- even in a group of its own, whose room counts jobs (`limited` takes up to that many): `OR
--- EXISTS` of one in `limited`, so that jobs of cost 1 (every job without a cost) skip it still.
+-- scope, so that their jobs must take its room in turn (`ranked`, decided once a claim). In one
+-- queue, groups are distinct sets of scopes, so only a group of more than one (a key under a
+-- cap, a key and a rate limit) can share; most claims have none, and skip the ranking. Across
+-- queues, one key's jobs in two queues share it: %(shared)s. Weighing (migration 028): a job that
+-- costs more than one token needs the running sums too, even in a group of its own, whose room
+-- counts jobs (`limited` takes up to that many): `OR EXISTS` of one in `limited`, so that jobs of
+-- cost 1 (every job without a cost) skip it still.
 --
 -- Up or down (`groups`). The two directions a claim steps through the groups in, from the
 -- caller's cursor: a worker goes round them one way (`limits > ... ORDER BY limits`), its
