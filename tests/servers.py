@@ -28,10 +28,14 @@ RESTARTED: dict[str, int] = {}
 
 
 @atexit.register  # registered before any server starts, so it runs after the wheel's clean-up
-def _stop_restarted() -> None:
+def _clean_up() -> None:
+    """Stop the servers a test started again, and remove the folders the wheel emptied."""
     for pid in RESTARTED.values():
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGINT)  # a fast shutdown
+    for pgdata in PGDATA.values():
+        with contextlib.suppress(OSError):
+            pgdata.parent.rmdir()  # only once empty: the wheel deleted the data folder in it
 
 
 def start_servers(server_dsn: str) -> list[str]:
